@@ -1,0 +1,240 @@
+#include "bench_device.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "bench_cli.h"
+#include "core/thread_pool.h"
+
+#ifdef HDK_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace hdk {
+namespace bench {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+std::string cpu_model() {
+  std::ifstream info("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(info, line)) {
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  }
+  return "unknown CPU";
+}
+
+class CpuDevice : public BenchDevice {
+ public:
+  Device device() const override { return Device::cpu(); }
+
+  std::string description() const override {
+    return "CPU: " + cpu_model() + ", " + std::to_string(detail::num_threads()) + " threads";
+  }
+
+  void* allocate(size_t bytes) override {
+    void* pointer = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (pointer == nullptr) throw std::runtime_error("out of host memory");
+    return pointer;
+  }
+  void release(void* pointer) override { std::free(pointer); }
+  void upload(void* device_pointer, const void* host, size_t bytes) override {
+    std::memcpy(device_pointer, host, bytes);
+  }
+  void download(void* host, const void* device_pointer, size_t bytes) override {
+    std::memcpy(host, device_pointer, bytes);
+  }
+
+  // The threads the backend uses, each copying its share, as the backend would stream.
+  double copy_bandwidth_gbs() override {
+    const size_t bytes = size_t{256} << 20;
+    DeviceAllocation source(*this, bytes), target(*this, bytes);
+    std::memset(source.get(), 1, bytes);
+    std::memset(target.get(), 2, bytes);
+    std::vector<double> samples;
+    for (int run = 0; run < 7; ++run) {
+      const auto start = std::chrono::steady_clock::now();
+      const int64_t chunks = 256;
+      detail::parallel_for(chunks, [&](int64_t begin, int64_t end) {
+        const size_t piece = bytes / chunks;
+        std::memcpy(static_cast<char*>(target.get()) + begin * piece,
+                    static_cast<const char*>(source.get()) + begin * piece,
+                    piece * static_cast<size_t>(end - begin));
+      });
+      samples.push_back(2.0 * bytes / seconds_since(start) / 1e9);
+    }
+    return median(samples);
+  }
+
+  double time_us(const std::function<void(CudaStream)>& work,
+                 const TimingOptions& options) override {
+    for (int i = 0; i < options.warmup; ++i)
+      work(nullptr);
+    std::vector<double> samples;
+    for (int i = 0; i < options.iterations; ++i) {
+      if (options.flush_cache) flush();
+      const auto start = std::chrono::steady_clock::now();
+      work(nullptr);
+      samples.push_back(seconds_since(start) * 1e6);
+    }
+    return median(samples);
+  }
+
+  double launch_overhead_us() override {
+    return time_us([](CudaStream) {}, TimingOptions{false, 101, 5});
+  }
+
+ private:
+  // Touch more memory than any last-level cache holds.
+  void flush() {
+    const size_t bytes = size_t{64} << 20;
+    if (flush_buffer_.size() != bytes) flush_buffer_.assign(bytes, 0);
+    for (size_t i = 0; i < bytes; i += 64)
+      flush_buffer_[i]++;
+  }
+  std::vector<uint8_t> flush_buffer_;
+};
+
+#ifdef HDK_WITH_CUDA
+void check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) {
+    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
+  }
+}
+
+class CudaDevice : public BenchDevice {
+ public:
+  CudaDevice() {
+    check(cudaGetDeviceProperties(&properties_, 0), "cudaGetDeviceProperties");
+    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    check(cudaEventCreate(&start_), "cudaEventCreate");
+    check(cudaEventCreate(&stop_), "cudaEventCreate");
+    // Twice the L2 so a memset evicts every line the step could reuse.
+    flush_bytes_ = std::max<size_t>(size_t{2} * properties_.l2CacheSize, size_t{128} << 20);
+    check(cudaMalloc(&flush_buffer_, flush_bytes_), "cudaMalloc (L2 flush buffer)");
+  }
+
+  ~CudaDevice() override {
+    cudaFree(flush_buffer_);
+    cudaEventDestroy(start_);
+    cudaEventDestroy(stop_);
+    cudaStreamDestroy(stream_);
+  }
+
+  Device device() const override { return Device::cuda(0); }
+
+  std::string description() const override {
+    int driver = 0;
+    cudaDriverGetVersion(&driver);
+    return std::string(properties_.name) + " (" + std::to_string(properties_.multiProcessorCount) +
+           " SMs, " + std::to_string(properties_.l2CacheSize >> 20) + " MiB L2, " +
+           std::to_string(properties_.totalGlobalMem >> 30) + " GiB, driver CUDA " +
+           std::to_string(driver / 1000) + "." + std::to_string(driver % 1000 / 10) + ")";
+  }
+
+  void* allocate(size_t bytes) override {
+    void* pointer = nullptr;
+    check(cudaMalloc(&pointer, bytes), "cudaMalloc");
+    return pointer;
+  }
+  void release(void* pointer) override { cudaFree(pointer); }
+  void upload(void* device_pointer, const void* host, size_t bytes) override {
+    check(cudaMemcpy(device_pointer, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+  }
+  void download(void* host, const void* device_pointer, size_t bytes) override {
+    check(cudaMemcpy(host, device_pointer, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+  }
+
+  double copy_bandwidth_gbs() override {
+    const size_t bytes = size_t{1} << 30;
+    DeviceAllocation source(*this, bytes), target(*this, bytes);
+    check(cudaMemset(source.get(), 1, bytes), "cudaMemset");
+    std::vector<double> samples;
+    for (int run = 0; run < 12; ++run) {
+      check(cudaEventRecord(start_, stream_), "cudaEventRecord");
+      check(cudaMemcpyAsync(target.get(), source.get(), bytes, cudaMemcpyDeviceToDevice, stream_),
+            "cudaMemcpyAsync D2D");
+      check(cudaEventRecord(stop_, stream_), "cudaEventRecord");
+      check(cudaEventSynchronize(stop_), "cudaEventSynchronize");
+      float ms = 0.0f;
+      check(cudaEventElapsedTime(&ms, start_, stop_), "cudaEventElapsedTime");
+      if (run >= 2) samples.push_back(2.0 * bytes / (ms * 1e-3) / 1e9);
+    }
+    return median(samples);
+  }
+
+  double time_us(const std::function<void(CudaStream)>& work,
+                 const TimingOptions& options) override {
+    cudaGraph_t graph = nullptr;
+    check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "begin capture");
+    try {
+      work(stream_);
+    } catch (...) {
+      cudaStreamEndCapture(stream_, &graph);
+      if (graph != nullptr) cudaGraphDestroy(graph);
+      throw;
+    }
+    check(cudaStreamEndCapture(stream_, &graph), "end capture");
+    cudaGraphExec_t exec = nullptr;
+    check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+    std::vector<double> samples;
+    for (int i = 0; i < options.warmup + options.iterations; ++i) {
+      if (options.flush_cache) {
+        check(cudaMemsetAsync(flush_buffer_, i & 0xff, flush_bytes_, stream_), "L2 flush");
+      }
+      check(cudaEventRecord(start_, stream_), "cudaEventRecord");
+      check(cudaGraphLaunch(exec, stream_), "cudaGraphLaunch");
+      check(cudaEventRecord(stop_, stream_), "cudaEventRecord");
+      check(cudaEventSynchronize(stop_), "cudaEventSynchronize");
+      float ms = 0.0f;
+      check(cudaEventElapsedTime(&ms, start_, stop_), "cudaEventElapsedTime");
+      if (i >= options.warmup) samples.push_back(ms * 1e3);
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    return median(samples);
+  }
+
+  double launch_overhead_us() override {
+    // A graph holding one 1-byte memset: the replay cost of the smallest node.
+    return time_us(
+        [this](CudaStream stream) {
+          check(cudaMemsetAsync(flush_buffer_, 0, 1, stream), "cudaMemsetAsync");
+        },
+        TimingOptions{false, 101, 5});
+  }
+
+ private:
+  cudaDeviceProp properties_{};
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t start_ = nullptr;
+  cudaEvent_t stop_ = nullptr;
+  void* flush_buffer_ = nullptr;
+  size_t flush_bytes_ = 0;
+};
+#endif
+
+}  // namespace
+
+std::unique_ptr<BenchDevice> BenchDevice::create(bool force_cpu) {
+#ifdef HDK_WITH_CUDA
+  int count = 0;
+  if (!force_cpu && cudaGetDeviceCount(&count) == cudaSuccess && count > 0) {
+    return std::make_unique<CudaDevice>();
+  }
+  cudaGetLastError();
+#endif
+  (void)force_cpu;
+  return std::make_unique<CpuDevice>();
+}
+
+}  // namespace bench
+}  // namespace hdk

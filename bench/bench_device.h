@@ -1,0 +1,69 @@
+// Where hdk-bench runs: the first CUDA GPU when there is one, the CPU otherwise. Owns memory,
+// measures the copy bandwidth every result is judged against, and times work.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "hdk/cuda_stream.h"
+#include "hdk/device.h"
+
+namespace hdk {
+namespace bench {
+
+struct TimingOptions {
+  bool flush_cache = true;  // evict caches before each timed run (cold); false: hot
+  int iterations = 50;
+  int warmup = 5;
+};
+
+class BenchDevice {
+ public:
+  virtual ~BenchDevice() = default;
+
+  // The CUDA device when present (unless force_cpu), else the CPU.
+  static std::unique_ptr<BenchDevice> create(bool force_cpu);
+
+  virtual Device device() const = 0;
+  virtual std::string description() const = 0;
+  virtual void* allocate(size_t bytes) = 0;
+  virtual void release(void* pointer) = 0;
+  virtual void upload(void* device_pointer, const void* host, size_t bytes) = 0;
+  virtual void download(void* host, const void* device_pointer, size_t bytes) = 0;
+
+  // Read + write bytes per second of a large device-to-device (or memcpy) copy, in GB/s.
+  virtual double copy_bandwidth_gbs() = 0;
+
+  // Median microseconds of `work`. On CUDA, work is captured once into a CUDA graph and the
+  // graph is replayed; each timed replay sits between two events.
+  virtual double time_us(const std::function<void(CudaStream)>& work,
+                         const TimingOptions& options) = 0;
+
+  // Time of an empty graph replay / empty call, the fixed cost a tiny step cannot avoid.
+  virtual double launch_overhead_us() = 0;
+};
+
+// Memory freed when it goes out of scope.
+class DeviceAllocation {
+ public:
+  DeviceAllocation(BenchDevice& device, size_t bytes)
+      : device_(&device), pointer_(bytes ? device.allocate(bytes) : nullptr), bytes_(bytes) {}
+  ~DeviceAllocation() {
+    if (pointer_ != nullptr) device_->release(pointer_);
+  }
+  DeviceAllocation(const DeviceAllocation&) = delete;
+  DeviceAllocation& operator=(const DeviceAllocation&) = delete;
+  void* get() const { return pointer_; }
+  size_t size() const { return bytes_; }
+
+ private:
+  BenchDevice* device_;
+  void* pointer_;
+  size_t bytes_;
+};
+
+}  // namespace bench
+}  // namespace hdk

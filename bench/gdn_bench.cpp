@@ -1,0 +1,400 @@
+// hdk-bench gdn: GDN decode time, achieved bandwidth and its fraction of the copy bandwidth
+// measured in the same run, over presets x batch x T x state dtype; optional oracle check.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "bench_cli.h"
+#include "bench_device.h"
+#include "core/float_convert.h"
+#include "gdn/reference/decode_reference.h"
+#include "hdk/error.h"
+#include "hdk/gdn/decode.h"
+
+namespace hdk {
+namespace bench {
+namespace {
+
+struct Preset {
+  const char* name;
+  const char* model;
+  int64_t H, HV, K, V;
+};
+
+const Preset kPresets[] = {
+    {"qwen3.5-397b", "Qwen3.5-397B", 16, 64, 128, 128},
+    {"qwen3.5-397b-tp2", "Qwen3.5-397B, TP=2 shard", 8, 32, 128, 128},
+    {"qwen3.5-397b-tp4", "Qwen3.5-397B, TP=4 shard", 4, 16, 128, 128},
+    {"qwen3.5-397b-tp8", "Qwen3.5-397B, TP=8 shard", 2, 8, 128, 128},
+    {"qwen3-next", "Qwen3-Next-80B", 16, 32, 128, 128},
+    {"qwen3.5-35b", "Qwen3.5-35B", 16, 32, 128, 128},
+    {"qwen3.5-27b", "Qwen3.5-27B", 16, 48, 128, 128},
+};
+
+DType parse_dtype(const std::string& name) {
+  if (name == "fp32" || name == "float32") return DType::kFloat32;
+  if (name == "bf16" || name == "bfloat16") return DType::kBFloat16;
+  if (name == "fp16" || name == "float16") return DType::kFloat16;
+  throw std::runtime_error("unknown dtype '" + name + "' (fp32, bf16, fp16)");
+}
+
+// Deterministic non-zero values in [-1, 1) without the cost of a normal generator.
+void fill_random(std::vector<uint8_t>& bytes, DType dtype, uint64_t seed, double scale) {
+  const size_t count = bytes.size() / dtype_size(dtype);
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (size_t i = 0; i < count; ++i) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    const double unit = static_cast<double>(x >> 11) * (1.0 / 9007199254740992.0);
+    const auto value = static_cast<float>((2.0 * unit - 1.0) * scale);
+    if (dtype == DType::kFloat32) {
+      std::memcpy(bytes.data() + 4 * i, &value, 4);
+    } else {
+      const uint16_t half =
+          dtype == DType::kBFloat16 ? detail::float_to_bf16(value) : detail::float_to_half(value);
+      std::memcpy(bytes.data() + 2 * i, &half, 2);
+    }
+  }
+}
+
+double to_double(const uint8_t* bytes, DType dtype, size_t i) {
+  if (dtype == DType::kFloat32) {
+    float f;
+    std::memcpy(&f, bytes + 4 * i, 4);
+    return f;
+  }
+  uint16_t h;
+  std::memcpy(&h, bytes + 2 * i, 2);
+  return dtype == DType::kBFloat16 ? detail::bf16_to_float(h) : detail::half_to_float(h);
+}
+
+double relative_error(const std::vector<uint8_t>& got, const std::vector<uint8_t>& want,
+                      DType dtype) {
+  double diff = 0.0, ref = 0.0;
+  const size_t count = want.size() / dtype_size(dtype);
+  for (size_t i = 0; i < count; ++i) {
+    const double r = to_double(want.data(), dtype, i);
+    const double x = to_double(got.data(), dtype, i);
+    if (!std::isfinite(x)) return INFINITY;
+    diff += (x - r) * (x - r);
+    ref += r * r;
+  }
+  return ref > 0 ? std::sqrt(diff / ref) : std::sqrt(diff);
+}
+
+struct Config {
+  Preset preset;
+  int64_t B, T;
+  DType state, input;
+  gdn::StateLayout layout;
+  bool verify_mode;  // intermediates cached, pool not updated (speculative verify)
+};
+
+struct Buffers {
+  std::vector<uint8_t> q, k, v, a, b, A_log, dt_bias, indices, state, out, cache;
+};
+
+struct Measurement {
+  double time_us = 0, bytes = 0, state_bytes = 0, out_error = -1, state_error = -1;
+};
+
+class GdnBench {
+ public:
+  GdnBench(BenchDevice& device, const TimingOptions& timing, bool verify, int64_t verify_limit)
+      : device_(device), timing_(timing), verify_(verify), verify_limit_(verify_limit) {}
+
+  Measurement run(const Config& c) {
+    const int64_t B = c.B, T = c.T, H = c.preset.H, HV = c.preset.HV, K = c.preset.K,
+                  V = c.preset.V;
+    const bool vk = c.layout == gdn::StateLayout::kVK;
+    const size_t in_size = dtype_size(c.input), state_size = dtype_size(c.state);
+    const int64_t P = B;
+    const int64_t matrix = V * K;
+
+    Buffers host;
+    host.q.resize(B * T * H * K * in_size);
+    host.k.resize(host.q.size());
+    host.v.resize(B * T * HV * V * in_size);
+    host.a.resize(B * T * HV * in_size);
+    host.b.resize(host.a.size());
+    host.A_log.resize(HV * 4);
+    host.dt_bias.resize(HV * 4);
+    fill_random(host.q, c.input, 1, 1.0);
+    fill_random(host.k, c.input, 2, 1.0);
+    fill_random(host.v, c.input, 3, 1.0);
+    fill_random(host.a, c.input, 4, 2.0);
+    fill_random(host.b, c.input, 5, 2.0);
+    fill_random(host.A_log, DType::kFloat32, 6, 1.5);
+    fill_random(host.dt_bias, DType::kFloat32, 7, 1.0);
+    // Slots in random order, as a serving engine's pool hands them out.
+    std::vector<int32_t> slots(B);
+    std::iota(slots.begin(), slots.end(), 0);
+    std::shuffle(slots.begin(), slots.end(), std::mt19937(11));
+    host.indices.resize(B * 4);
+    std::memcpy(host.indices.data(), slots.data(), host.indices.size());
+    const size_t pool_bytes = static_cast<size_t>(P * HV * matrix) * state_size;
+    const size_t cache_bytes =
+        c.verify_mode ? static_cast<size_t>(B * T) * HV * matrix * state_size : 0;
+    const size_t out_bytes = static_cast<size_t>(B * T * HV * V) * in_size;
+
+    DeviceAllocation q(device_, host.q.size()), k(device_, host.k.size()),
+        v(device_, host.v.size()), a(device_, host.a.size()), b(device_, host.b.size()),
+        A_log(device_, host.A_log.size()), dt_bias(device_, host.dt_bias.size()),
+        indices(device_, host.indices.size()), state(device_, pool_bytes), out(device_, out_bytes),
+        cache(device_, cache_bytes);
+    device_.upload(q.get(), host.q.data(), host.q.size());
+    device_.upload(k.get(), host.k.data(), host.k.size());
+    device_.upload(v.get(), host.v.data(), host.v.size());
+    device_.upload(a.get(), host.a.data(), host.a.size());
+    device_.upload(b.get(), host.b.data(), host.b.size());
+    device_.upload(A_log.get(), host.A_log.data(), host.A_log.size());
+    device_.upload(dt_bias.get(), host.dt_bias.data(), host.dt_bias.size());
+    device_.upload(indices.get(), host.indices.data(), host.indices.size());
+    upload_pool(state.get(), pool_bytes, c.state);
+
+    const Device where = device_.device();
+    gdn::DecodeParams p;
+    p.q = TensorView::contiguous(q.get(), c.input, {B, T, H, K}, where);
+    p.k = TensorView::contiguous(k.get(), c.input, {B, T, H, K}, where);
+    p.v = TensorView::contiguous(v.get(), c.input, {B, T, HV, V}, where);
+    p.a = TensorView::contiguous(a.get(), c.input, {B, T, HV}, where);
+    p.b = TensorView::contiguous(b.get(), c.input, {B, T, HV}, where);
+    p.A_log = TensorView::contiguous(A_log.get(), DType::kFloat32, {HV}, where);
+    p.dt_bias = TensorView::contiguous(dt_bias.get(), DType::kFloat32, {HV}, where);
+    p.state_indices = TensorView::contiguous(indices.get(), DType::kInt32, {B}, where);
+    p.state = TensorView::contiguous(state.get(), c.state, {P, HV, vk ? V : K, vk ? K : V}, where);
+    p.out = TensorView::contiguous(out.get(), c.input, {B, T, HV, V}, where);
+    p.layout = c.layout;
+    if (c.verify_mode) {
+      p.intermediate_states =
+          TensorView::contiguous(cache.get(), c.state, {B, T, HV, vk ? V : K, vk ? K : V}, where);
+      p.update_state = false;
+    }
+
+    Measurement m;
+    if (verify_ && B <= verify_limit_) verify(c, p, host, pool_bytes, out_bytes, cache_bytes, &m);
+
+    m.time_us = device_.time_us([&](CudaStream stream) { gdn::decode(p, stream); }, timing_);
+    m.state_bytes = static_cast<double>(pool_bytes);
+    m.bytes = static_cast<double>(pool_bytes) * (c.verify_mode ? 1 : 2) +
+              static_cast<double>(cache_bytes) + static_cast<double>(out_bytes) +
+              static_cast<double>(host.q.size() + host.k.size() + host.v.size() + host.a.size() +
+                                  host.b.size() + host.indices.size());
+    return m;
+  }
+
+ private:
+  // Fills the pool from one random block repeated: non-zero everywhere, cheap at many GiB.
+  void upload_pool(void* pool, size_t bytes, DType dtype) {
+    const size_t block = std::min(bytes, size_t{16} << 20);
+    if (pool_block_.size() != block || pool_block_dtype_ != dtype) {
+      pool_block_.resize(block);
+      fill_random(pool_block_, dtype, 99, 0.5);
+      pool_block_dtype_ = dtype;
+    }
+    for (size_t offset = 0; offset < bytes; offset += block) {
+      device_.upload(static_cast<char*>(pool) + offset, pool_block_.data(),
+                     std::min(block, bytes - offset));
+    }
+  }
+
+  void verify(const Config& c, const gdn::DecodeParams& p, Buffers& host, size_t pool_bytes,
+              size_t out_bytes, size_t cache_bytes, Measurement* m) {
+    // One step on the device from a known pool, then the float64 oracle on host copies.
+    upload_pool(p.state.data, pool_bytes, c.state);
+    gdn::decode(p);
+    std::vector<uint8_t> got_out(out_bytes), got_state(pool_bytes), got_cache(cache_bytes);
+    device_.download(got_out.data(), p.out.data, out_bytes);
+    device_.download(got_state.data(), p.state.data, pool_bytes);
+    if (cache_bytes) device_.download(got_cache.data(), p.intermediate_states.data, cache_bytes);
+
+    host.state.resize(pool_bytes);
+    for (size_t offset = 0; offset < pool_bytes; offset += pool_block_.size()) {
+      std::memcpy(host.state.data() + offset, pool_block_.data(),
+                  std::min(pool_block_.size(), pool_bytes - offset));
+    }
+    host.out.assign(out_bytes, 0xFF);
+    host.cache.assign(cache_bytes, 0xFF);
+    gdn::DecodeParams ref = p;
+    auto rebind = [](TensorView view, void* data) {
+      view.data = data;
+      view.device = Device::cpu();
+      return view;
+    };
+    ref.q = rebind(p.q, host.q.data());
+    ref.k = rebind(p.k, host.k.data());
+    ref.v = rebind(p.v, host.v.data());
+    ref.a = rebind(p.a, host.a.data());
+    ref.b = rebind(p.b, host.b.data());
+    ref.A_log = rebind(p.A_log, host.A_log.data());
+    ref.dt_bias = rebind(p.dt_bias, host.dt_bias.data());
+    ref.state_indices = rebind(p.state_indices, host.indices.data());
+    ref.state = rebind(p.state, host.state.data());
+    ref.out = rebind(p.out, host.out.data());
+    if (cache_bytes) ref.intermediate_states = rebind(p.intermediate_states, host.cache.data());
+    gdn::decode_reference(ref);
+    m->out_error = relative_error(got_out, host.out, c.input);
+    m->state_error = cache_bytes ? relative_error(got_cache, host.cache, c.state)
+                                 : relative_error(got_state, host.state, c.state);
+    // The pool was left at one step past the pattern; restore it for the timed runs.
+    upload_pool(p.state.data, pool_bytes, c.state);
+  }
+
+  BenchDevice& device_;
+  TimingOptions timing_;
+  bool verify_;
+  int64_t verify_limit_;
+  std::vector<uint8_t> pool_block_;
+  DType pool_block_dtype_ = DType::kUInt8;
+};
+
+double tolerance_for(DType state, DType input) {
+  if (state == DType::kBFloat16) return 1e-2;
+  return input == DType::kFloat32 ? 1e-5 : 5e-3;
+}
+
+void print_usage() {
+  std::printf(
+      "hdk-bench gdn [options]\n"
+      "  --preset NAME[,NAME]  shapes (default qwen3.5-397b):");
+  for (const Preset& preset : kPresets)
+    std::printf(" %s", preset.name);
+  std::printf(
+      "\n"
+      "  --batch LIST          requests per step, e.g. 1,8,64 or 1-512 (powers of two)\n"
+      "  --T LIST              tokens per request (T > 1 runs the verify pass: cache on,\n"
+      "                        pool not updated; --mode decode forces updates)\n"
+      "  --state fp32,bf16     state dtypes      --input bf16|fp16|fp32 (q, k, v, a, b, out)\n"
+      "  --layout vk|kv        pool layout       --mode auto|decode|verify\n"
+      "  --hot                 keep caches warm between runs (default: flushed, cold)\n"
+      "  --iterations N        timed runs per point (median)\n"
+      "  --verify              check each point once against the float64 oracle\n"
+      "  --verify-max-batch N  skip the oracle above this batch (default 64)\n"
+      "  --json FILE           also write results as JSON\n"
+      "  --cpu                 run on the CPU even when a GPU is present\n");
+}
+
+}  // namespace
+
+int gdn_command(Options& options) {
+  if (options.flag("help")) {
+    print_usage();
+    return 0;
+  }
+  std::unique_ptr<BenchDevice> device = BenchDevice::create(options.flag("cpu"));
+  const bool gpu = device->device().is_cuda();
+  const std::vector<std::string> preset_names = options.texts("preset", {"qwen3.5-397b"});
+  const std::vector<int64_t> default_batches =
+      gpu ? std::vector<int64_t>{1, 2, 4, 8, 16, 32, 64, 128, 256, 512}
+          : std::vector<int64_t>{1, 8, 32};
+  const std::vector<int64_t> batches = options.integers("batch", default_batches);
+  const std::vector<int64_t> tokens =
+      options.integers("T", gpu ? std::vector<int64_t>{1, 2, 4, 8} : std::vector<int64_t>{1});
+  const std::vector<std::string> states = options.texts("state", {"bf16", "fp32"});
+  const DType input = parse_dtype(options.text("input", "bf16"));
+  const std::string layout_name = options.text("layout", "vk");
+  const std::string mode = options.text("mode", "auto");
+  const bool verify = options.flag("verify");
+  const int64_t verify_limit = options.integer("verify-max-batch", 64);
+  TimingOptions timing;
+  timing.flush_cache = !options.flag("hot");
+  timing.iterations = static_cast<int>(options.integer("iterations", gpu ? 50 : 15));
+  const std::string json_path = options.text("json", "");
+  options.reject_unused();
+  if (layout_name != "vk" && layout_name != "kv") throw std::runtime_error("--layout vk|kv");
+  if (mode != "auto" && mode != "decode" && mode != "verify") {
+    throw std::runtime_error("--mode auto|decode|verify");
+  }
+
+  std::printf("hdk-bench gdn on %s\n", device->description().c_str());
+  const double copy_gbs = device->copy_bandwidth_gbs();
+  const double overhead_us = device->launch_overhead_us();
+  std::printf("copy bandwidth (read + write, measured now): %.1f GB/s; empty %s: %.2f us\n",
+              copy_gbs, gpu ? "graph replay" : "call", overhead_us);
+  std::printf("timing: %s, median of %d runs%s\n\n", gpu ? "CUDA graph replay" : "wall clock",
+              timing.iterations, timing.flush_cache ? ", caches flushed before each" : ", hot");
+
+  ResultTable table({"preset", "B", "T", "state", "mode", "time_us", "GB/s", "%copy", "x_floor",
+                     "err_out", "err_state", "check"});
+  GdnBench bench(*device, timing, verify, verify_limit);
+  int failures = 0;
+  const size_t total = preset_names.size() * batches.size() * tokens.size() * states.size();
+  size_t done = 0;
+  for (const std::string& preset_name : preset_names) {
+    const Preset* preset = nullptr;
+    for (const Preset& candidate : kPresets) {
+      if (preset_name == candidate.name) preset = &candidate;
+    }
+    if (preset == nullptr) throw std::runtime_error("unknown preset '" + preset_name + "'");
+    for (const std::string& state_name : states) {
+      for (int64_t T : tokens) {
+        for (int64_t B : batches) {
+          Config c{*preset,
+                   B,
+                   T,
+                   parse_dtype(state_name),
+                   input,
+                   layout_name == "vk" ? gdn::StateLayout::kVK : gdn::StateLayout::kKV,
+                   mode == "verify" || (mode == "auto" && T > 1)};
+          ++done;
+          std::fprintf(stderr, "\r[%zu/%zu] %s B=%lld T=%lld %s ...   ", done, total, preset->name,
+                       static_cast<long long>(B), static_cast<long long>(T), state_name.c_str());
+          Measurement m;
+          try {
+            m = bench.run(c);
+          } catch (const std::exception& error) {
+            std::fprintf(stderr, "\n%s B=%lld T=%lld: %s\n", preset->name,
+                         static_cast<long long>(B), static_cast<long long>(T), error.what());
+            table.add_row({preset->name, std::to_string(B), std::to_string(T), state_name,
+                           c.verify_mode ? "verify" : "decode", "error"});
+            ++failures;
+            continue;
+          }
+          const double gbs = m.bytes / (m.time_us * 1e-6) / 1e9;
+          const double floor_us = overhead_us + m.bytes / (copy_gbs * 1e9) * 1e6;
+          std::string check = "-";
+          if (m.out_error >= 0) {
+            const double tolerance = tolerance_for(c.state, c.input);
+            const bool ok = m.out_error <= tolerance && m.state_error <= tolerance;
+            check = ok ? "ok" : "FAIL";
+            if (!ok) ++failures;
+          }
+          table.add_row({preset->name, std::to_string(B), std::to_string(T), state_name,
+                         c.verify_mode ? "verify" : "decode", format(m.time_us, 2), format(gbs, 1),
+                         format(100.0 * gbs / copy_gbs, 1), format(m.time_us / floor_us, 2),
+                         m.out_error >= 0 ? format(m.out_error, 7) : "-",
+                         m.state_error >= 0 ? format(m.state_error, 7) : "-", check});
+        }
+      }
+    }
+  }
+  std::fprintf(stderr, "\r%60s\r", "");
+  table.print();
+  std::printf(
+      "\nGB/s = minimal bytes (state read + write or cache, q, k, v, a, b, out, indices) / time;"
+      "\n%%copy = GB/s / copy bandwidth; x_floor = time / (empty launch + bytes / copy bw)\n");
+  if (!json_path.empty()) {
+    write_json(json_path, options.command_line(),
+               {{"device", device->description()},
+                {"copy_bandwidth_gbs", format(copy_gbs, 2)},
+                {"launch_overhead_us", format(overhead_us, 3)},
+                {"timing", timing.flush_cache ? "cold (flushed)" : "hot"}},
+               table.json_records());
+  }
+  if (failures > 0) {
+    std::printf("%d point(s) failed\n", failures);
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace bench
+}  // namespace hdk

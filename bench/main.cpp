@@ -1,0 +1,43 @@
+// hdk-bench: one binary, one subcommand per operation.
+#include <cstdio>
+#include <cstring>
+#include <exception>
+
+#include "bench_cli.h"
+#include "hdk/version.h"
+
+namespace {
+
+const hdk::bench::Command kCommands[] = {
+    {"gdn", "Gated DeltaNet decode (time, GB/s, % of copy bandwidth, --verify)",
+     hdk::bench::gdn_command},
+};
+
+void print_commands() {
+  std::printf("hdk-bench %s%s\nusage: hdk-bench <command> [options]   (--help per command)\n\n",
+              hdk::version(), hdk::built_with_cuda() ? " (CUDA)" : " (CPU only)");
+  for (const auto& command : kCommands)
+    std::printf("  %-8s %s\n", command.name, command.summary);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
+    print_commands();
+    return argc < 2 ? 2 : 0;
+  }
+  for (const auto& command : kCommands) {
+    if (std::strcmp(argv[1], command.name) != 0) continue;
+    try {
+      hdk::bench::Options options(argc, argv, 2);
+      return command.run(options);
+    } catch (const std::exception& error) {
+      std::fprintf(stderr, "hdk-bench %s: %s\n", command.name, error.what());
+      return 2;
+    }
+  }
+  std::fprintf(stderr, "hdk-bench: unknown command '%s'\n\n", argv[1]);
+  print_commands();
+  return 2;
+}

@@ -1,0 +1,10 @@
+// The whole public API of hdk.
+#pragma once
+
+#include "hdk/cuda_stream.h"
+#include "hdk/device.h"
+#include "hdk/dtype.h"
+#include "hdk/error.h"
+#include "hdk/gdn/decode.h"
+#include "hdk/tensor_view.h"
+#include "hdk/version.h"

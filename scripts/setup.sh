@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Makes sure the tools hdk builds with are installed. As root with apt-get it installs what is
+# missing; otherwise it prints the exact command to run and stops.
+# Usage: scripts/setup.sh [--python]   (--python adds what the Python package and its tests need)
+set -euo pipefail
+
+want_python=0
+[[ "${1:-}" == "--python" ]] && want_python=1
+
+missing=()
+need() {  # need <package> <test command...>
+  local package=$1
+  shift
+  if ! "$@" >/dev/null 2>&1; then missing+=("$package"); fi
+}
+
+need cmake command -v cmake
+need ninja-build command -v ninja
+need g++ command -v g++
+need libgtest-dev test -f /usr/include/gtest/gtest.h
+need libbenchmark-dev test -f /usr/include/benchmark/benchmark.h
+if [[ $want_python == 1 ]]; then
+  need python3-torch /usr/bin/python3 -c "import torch"
+  need python3-pytest /usr/bin/python3 -c "import pytest"
+  need python3-numpy /usr/bin/python3 -c "import numpy"
+  need python3-dev test -f "$(/usr/bin/python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>/dev/null)/Python.h"
+  need python3-setuptools /usr/bin/python3 -c "import setuptools"
+  need python3-pip /usr/bin/python3 -m pip --version
+fi
+
+if [[ ${#missing[@]} -eq 0 ]]; then
+  exit 0
+fi
+
+command="apt-get update && apt-get install -y --no-install-recommends ${missing[*]}"
+if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "setup: missing ${missing[*]}. Run as root:" >&2
+  echo "  $command" >&2
+  exit 1
+fi

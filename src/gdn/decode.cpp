@@ -1,0 +1,37 @@
+// Entry point of hdk::gdn::decode: validate once, then hand the problem to the backend of the
+// device the tensors live on.
+#include "hdk/gdn/decode.h"
+
+#include "gdn/cpu/decode_cpu.h"
+#include "gdn/decode_validation.h"
+#include "hdk/error.h"
+
+#ifdef HDK_WITH_CUDA
+#include "gdn/cuda/decode_cuda.h"
+#endif
+
+namespace hdk {
+namespace gdn {
+
+void decode(const DecodeParams& params) {
+  decode(params, nullptr);
+}
+
+void decode(const DecodeParams& params, CudaStream stream) {
+  const detail::DecodeProblem problem = detail::validate_decode(params);
+  if (params.q.device.is_cpu()) {
+    if (params.check_indices) detail::check_index_data(problem);
+    detail::decode_cpu(problem);
+    return;
+  }
+#ifdef HDK_WITH_CUDA
+  detail::decode_cuda(problem, params.check_indices, params.q.device.index, stream);
+#else
+  (void)stream;
+  throw Error("hdk::gdn::decode: the tensors are on " + params.q.device.str() +
+              " but this build of hdk has no CUDA backend (configure with -DHDK_WITH_CUDA=ON)");
+#endif
+}
+
+}  // namespace gdn
+}  // namespace hdk

@@ -1,0 +1,266 @@
+// Every GDN decode semantic against the float64 reference, on every backend this build and
+// machine have. A backend that cannot run here is skipped with the reason.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "support/gdn_case.h"
+
+namespace hdk {
+namespace testing {
+namespace {
+
+using gdn::StateLayout;
+
+struct Shape {
+  const char* name;
+  int64_t H, HV, K, V;
+};
+
+// The spec's real shapes, the other supported head sizes, and odd sizes the CPU must handle.
+const Shape kShapes[] = {
+    {"qwen3-next", 16, 32, 128, 128},
+    {"qwen3.5-397b", 16, 64, 128, 128},
+    {"397b-tp2", 8, 32, 128, 128},
+    {"397b-tp4", 4, 16, 128, 128},
+    {"397b-tp8", 2, 8, 128, 128},
+    {"qwen3.5-27b", 16, 48, 128, 128},
+    {"k64", 2, 4, 64, 64},
+    {"k256", 1, 2, 256, 256},
+    {"k64-v256", 2, 2, 64, 256},
+    {"k256-v64", 2, 2, 256, 64},
+    {"k128-v64", 2, 6, 128, 64},
+    {"odd", 1, 3, 12, 20},
+};
+
+std::vector<GdnCaseConfig> semantic_cases() {
+  std::vector<GdnCaseConfig> cases;
+  uint64_t seed = 100;
+  auto add = [&](GdnCaseConfig c) {
+    c.seed = ++seed;
+    cases.push_back(c);
+  };
+
+  // Real and supported shapes, both state dtypes, with padding rows and shuffled slots.
+  for (const Shape& shape : kShapes) {
+    for (DType state : {DType::kFloat32, DType::kBFloat16}) {
+      GdnCaseConfig c;
+      c.B = 4;
+      c.H = shape.H, c.HV = shape.HV, c.K = shape.K, c.V = shape.V;
+      c.state_dtype = state;
+      c.padding_fraction = 0.25;
+      add(c);
+    }
+  }
+
+  // Layout x state dtype x T, with the token cache on for T > 1, alternating gating sets.
+  int variant = 0;
+  for (StateLayout layout : {StateLayout::kVK, StateLayout::kKV}) {
+    for (DType state : {DType::kFloat32, DType::kBFloat16}) {
+      for (int64_t T : {1, 2, 3, 8}) {
+        GdnCaseConfig c;
+        c.B = 5, c.T = T, c.H = 2, c.HV = 4, c.K = 64, c.V = 32;
+        c.layout = layout;
+        c.state_dtype = state;
+        c.fused_gating = (variant++ % 2) == 0;
+        c.intermediate = T > 1;
+        c.padding_fraction = 0.2;
+        add(c);
+      }
+    }
+  }
+
+  // Input and output dtypes; fp32 end to end is held to 1e-5.
+  for (DType input : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+    for (StateLayout layout : {StateLayout::kVK, StateLayout::kKV}) {
+      GdnCaseConfig c;
+      c.B = 3, c.T = 2, c.H = 2, c.HV = 4, c.K = 32, c.V = 32;
+      c.layout = layout;
+      c.input_dtype = input;
+      c.gate_dtype = input;
+      c.out_dtype = input;
+      c.dt_bias_dtype = input == DType::kBFloat16 ? DType::kBFloat16 : DType::kFloat32;
+      add(c);
+    }
+  }
+  {
+    GdnCaseConfig c;  // mixed: fp16 inputs, bf16 gates, fp32 output
+    c.B = 3, c.T = 3, c.K = 32, c.V = 48;
+    c.input_dtype = DType::kFloat16;
+    c.gate_dtype = DType::kBFloat16;
+    c.out_dtype = DType::kFloat32;
+    add(c);
+  }
+
+  // Pool semantics.
+  for (StateLayout layout : {StateLayout::kVK, StateLayout::kKV}) {
+    for (DType state : {DType::kFloat32, DType::kBFloat16}) {
+      GdnCaseConfig base;
+      base.B = 8, base.T = 1, base.H = 2, base.HV = 4, base.K = 32, base.V = 32;
+      base.layout = layout;
+      base.state_dtype = state;
+
+      GdnCaseConfig c = base;  // no indices: request n uses slot n
+      c.indices = IndexKind::kNone;
+      add(c);
+      c = base;  // int64 indices, slots in random order, padding and invalid rows
+      c.index_dtype = DType::kInt64;
+      c.padding_fraction = 0.25;
+      c.invalid_rows = 2;
+      add(c);
+      c = base;  // split pool with some rows not writing, T = 2
+      c.T = 2;
+      c.split_pool = true;
+      c.no_write_fraction = 0.25;
+      c.padding_fraction = 0.125;
+      add(c);
+      c = base;  // split pool without state_indices; an invalid write index
+      c.indices = IndexKind::kNone;
+      c.split_pool = true;
+      c.invalid_rows = 1;
+      add(c);
+      c = base;  // padded slot pitch and packed (strided) q/k/v/a/b
+      c.slot_padding_rows = 3;
+      c.packed_inputs = true;
+      c.padding_fraction = 0.25;
+      add(c);
+      c = base;  // verify pass: cache on, pool untouched
+      c.T = 3;
+      c.intermediate = true;
+      c.update_state = false;
+      c.padding_fraction = 0.25;
+      c.invalid_rows = 1;
+      add(c);
+      c = base;  // cache with capacity larger than T
+      c.T = 2;
+      c.intermediate = true;
+      c.capacity = 4;
+      add(c);
+      c = base;  // vLLM speculative decoding: 2-D indices with num_accepted_tokens
+      c.T = 4;
+      c.indices = IndexKind::kPerToken;
+      c.num_accepted_tokens = true;
+      c.padding_fraction = 0.25;
+      c.invalid_rows = 1;
+      c.intermediate = true;
+      add(c);
+      c = base;  // 2-D indices without num_accepted_tokens (read column 0), int64
+      c.T = 3;
+      c.indices = IndexKind::kPerToken;
+      c.index_dtype = DType::kInt64;
+      add(c);
+      c = base;  // 2-D indices, verify only
+      c.T = 3;
+      c.indices = IndexKind::kPerToken;
+      c.num_accepted_tokens = true;
+      c.update_state = false;
+      add(c);
+      c = base;  // variable-length batch, with a zero-length request
+      c.varlen_lengths = {1, 3, 0, 2, 1, 4};
+      c.intermediate = true;
+      c.padding_fraction = 0.2;
+      add(c);
+      c = base;  // variable-length + 2-D indices + accepted tokens (vLLM's call form)
+      c.varlen_lengths = {2, 2, 1, 3};
+      c.indices = IndexKind::kPerToken;
+      c.num_accepted_tokens = true;
+      c.invalid_rows = 1;
+      add(c);
+      c = base;  // SGLang's decode form: [1, B] tokens with cu_seqlens = arange(B + 1)
+      c.varlen_lengths = {1, 1, 1, 1, 1, 1, 1};
+      c.padding_fraction = 0.3;
+      c.packed_inputs = true;
+      add(c);
+      c = base;  // no qk l2norm, explicit scale
+      c.use_qk_l2norm = false;
+      c.scale = 0.3f;
+      c.T = 2;
+      add(c);
+      c = base;  // no l2norm, default scale
+      c.use_qk_l2norm = false;
+      add(c);
+    }
+  }
+  return cases;
+}
+
+class GdnDecodeSemantics : public ::testing::TestWithParam<std::tuple<Backend, int>> {};
+
+TEST_P(GdnDecodeSemantics, MatchesReference) {
+  const Backend backend = std::get<0>(GetParam());
+  const std::string reason = backend_unavailable_reason(backend);
+  if (!reason.empty()) GTEST_SKIP() << backend_name(backend) << " backend skipped: " << reason;
+  static const std::vector<GdnCaseConfig> cases = semantic_cases();
+  const GdnCaseConfig& config = cases[std::get<1>(GetParam())];
+  SCOPED_TRACE(config.describe());
+  const GdnCase test_case(config);
+  const BufferContents expected = run_reference(test_case);
+  const BufferContents actual = run_backend(test_case, backend);
+  EXPECT_TRUE(outputs_match(test_case, expected, actual));
+
+  // The reference's invalid-index count against the test's own bookkeeping.
+  for (size_t i = 0; i < test_case.buffers().size(); ++i) {
+    if (test_case.buffers()[i].name != "invalid_index_count") continue;
+    int64_t counted = 0;
+    std::memcpy(&counted, expected[i].data(), expected[i].size());
+    if (expected[i].size() == 4) counted = static_cast<int32_t>(counted);
+    EXPECT_EQ(counted, 5 + test_case.expected_invalid());
+  }
+}
+
+std::string case_name(const ::testing::TestParamInfo<std::tuple<Backend, int>>& info) {
+  return std::string(backend_name(std::get<0>(info.param))) + "_case" +
+         std::to_string(std::get<1>(info.param));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Grid, GdnDecodeSemantics,
+    ::testing::Combine(::testing::Values(Backend::kCPU, Backend::kCUDA),
+                       ::testing::Range(0, static_cast<int>(semantic_cases().size()))),
+    case_name);
+
+// Repeated calls on fresh random inputs: the backend keeps no state between calls.
+TEST(GdnDecodeRepeated, FreshInputsEachCall) {
+  for (Backend backend : {Backend::kCPU, Backend::kCUDA}) {
+    const std::string reason = backend_unavailable_reason(backend);
+    if (!reason.empty()) {
+      std::printf("[  NOTE    ] %s backend skipped: %s\n", backend_name(backend), reason.c_str());
+      continue;
+    }
+    for (uint64_t seed = 1; seed <= 6; ++seed) {
+      GdnCaseConfig c;
+      c.B = 6, c.T = 1 + seed % 3, c.H = 4, c.HV = 8, c.K = 64, c.V = 64;
+      c.state_dtype = seed % 2 ? DType::kFloat32 : DType::kBFloat16;
+      c.padding_fraction = 0.3;
+      c.seed = 7000 + seed;
+      SCOPED_TRACE(std::string(backend_name(backend)) + " " + c.describe());
+      const GdnCase test_case(c);
+      EXPECT_TRUE(
+          outputs_match(test_case, run_reference(test_case), run_backend(test_case, backend)));
+    }
+  }
+}
+
+// Zero-sized batches and token counts are valid calls that do nothing.
+TEST(GdnDecodeEmpty, ZeroRequestsAndZeroTokens) {
+  for (Backend backend : {Backend::kCPU, Backend::kCUDA}) {
+    if (!backend_unavailable_reason(backend).empty()) continue;
+    for (int64_t B : {0, 3}) {
+      GdnCaseConfig c;
+      c.B = B;
+      c.T = B == 0 ? 1 : 0;
+      c.intermediate = true;
+      c.capacity = 2;
+      const GdnCase test_case(c);
+      EXPECT_TRUE(
+          outputs_match(test_case, run_reference(test_case), run_backend(test_case, backend)));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace hdk
