@@ -68,6 +68,9 @@ struct Command {
 
 // Defined by each command's file, collected in main.cpp.
 int gdn_command(Options& options);
+int floor_command(Options& options);
+int router_command(Options& options);
+int topk_command(Options& options);
 
 }  // namespace bench
 }  // namespace hdk

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <stdexcept>
@@ -234,6 +235,40 @@ std::unique_ptr<BenchDevice> BenchDevice::create(bool force_cpu) {
 #endif
   (void)force_cpu;
   return std::make_unique<CpuDevice>();
+}
+
+RunBaseline start_run(BenchDevice& device, const char* command, const TimingOptions& timing) {
+  const bool gpu = device.device().is_cuda();
+  std::printf("hdk-bench %s on %s\n", command, device.description().c_str());
+  RunBaseline baseline;
+  baseline.copy_gbs = device.copy_bandwidth_gbs();
+  baseline.launch_overhead_us = device.launch_overhead_us();
+  std::printf("copy bandwidth (read + write, measured now): %.1f GB/s; empty %s: %.2f us\n",
+              baseline.copy_gbs, gpu ? "graph replay" : "call", baseline.launch_overhead_us);
+  std::printf("timing: %s, median of %d runs%s\n\n", gpu ? "CUDA graph replay" : "wall clock",
+              timing.iterations, timing.flush_cache ? ", caches flushed before each" : ", hot");
+  return baseline;
+}
+
+int finish_run(const ResultTable& table, const char* legend, const Options& options,
+               const std::string& json_path, const BenchDevice& device, const RunBaseline& baseline,
+               const TimingOptions& timing, int failures) {
+  std::fprintf(stderr, "\r%60s\r", "");  // clears the progress line
+  table.print();
+  std::printf("\n%s\n", legend);
+  if (!json_path.empty()) {
+    write_json(json_path, options.command_line(),
+               {{"device", device.description()},
+                {"copy_bandwidth_gbs", format(baseline.copy_gbs, 2)},
+                {"launch_overhead_us", format(baseline.launch_overhead_us, 3)},
+                {"timing", timing.flush_cache ? "cold (flushed)" : "hot"}},
+               table.json_records());
+  }
+  if (failures > 0) {
+    std::printf("%d point(s) failed\n", failures);
+    return 1;
+  }
+  return 0;
 }
 
 }  // namespace bench

@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "bench_cli.h"
 #include "hdk/cuda_stream.h"
 #include "hdk/device.h"
 
@@ -64,6 +65,22 @@ class DeviceAllocation {
   void* pointer_;
   size_t bytes_;
 };
+
+// What every result of a run is judged against, measured at the start of the run.
+struct RunBaseline {
+  double copy_gbs = 0.0;            // read + write bytes per second of a large copy, in GB/s
+  double launch_overhead_us = 0.0;  // an empty graph replay (GPU) or call (CPU)
+};
+
+// Measures the baseline and prints the run's header: device, copy bandwidth, empty-launch
+// cost and how points are timed.
+RunBaseline start_run(BenchDevice& device, const char* command, const TimingOptions& timing);
+
+// Prints the table and the legend of its columns, writes the JSON when `json_path` is set, and
+// returns the process exit code: 1 when any point failed.
+int finish_run(const ResultTable& table, const char* legend, const Options& options,
+               const std::string& json_path, const BenchDevice& device, const RunBaseline& baseline,
+               const TimingOptions& timing, int failures);
 
 }  // namespace bench
 }  // namespace hdk

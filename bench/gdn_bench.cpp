@@ -18,6 +18,13 @@
 #include "hdk/error.h"
 #include "hdk/gdn/decode.h"
 
+#ifdef HDK_WITH_CUDA
+#include <cuda_runtime.h>
+
+#include "gdn/cuda/decode_cuda.h"
+#include "gdn/decode_validation.h"
+#endif
+
 namespace hdk {
 namespace bench {
 namespace {
@@ -104,7 +111,26 @@ struct Buffers {
 
 struct Measurement {
   double time_us = 0, bytes = 0, state_bytes = 0, out_error = -1, state_error = -1;
+  std::string launch = "-";  // the CUDA dispatcher's choice
 };
+
+// "vk w4 x2 2048" = kernel, warps per CTA, tiles per head, CTAs.
+std::string describe_launch(const gdn::DecodeParams& params, const Device& device) {
+#ifdef HDK_WITH_CUDA
+  if (!device.is_cuda()) return "-";
+  int sms = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device.index);
+  const gdn::detail::LaunchPlan plan =
+      gdn::detail::plan_launch(gdn::detail::validate_decode(params), sms);
+  return std::string(plan.kernel) + " w" + std::to_string(plan.warps_per_cta) + " r" +
+         std::to_string(plan.rows_per_thread) + " x" + std::to_string(plan.tiles_per_head) + " " +
+         std::to_string(plan.ctas);
+#else
+  (void)params;
+  (void)device;
+  return "-";
+#endif
+}
 
 class GdnBench {
  public:
@@ -182,6 +208,7 @@ class GdnBench {
     Measurement m;
     if (verify_ && B <= verify_limit_) verify(c, p, host, pool_bytes, out_bytes, cache_bytes, &m);
 
+    m.launch = describe_launch(p, where);
     m.time_us = device_.time_us([&](CudaStream stream) { gdn::decode(p, stream); }, timing_);
     m.state_bytes = static_cast<double>(pool_bytes);
     m.bytes = static_cast<double>(pool_bytes) * (c.verify_mode ? 1 : 2) +
@@ -279,7 +306,10 @@ void print_usage() {
       "  --verify              check each point once against the float64 oracle\n"
       "  --verify-max-batch N  skip the oracle above this batch (default 64)\n"
       "  --json FILE           also write results as JSON\n"
-      "  --cpu                 run on the CPU even when a GPU is present\n");
+      "  --cpu                 run on the CPU even when a GPU is present\n"
+      "  --warps N             force the VK kernel's warps per CTA (tuning sweeps)\n"
+      "  --rows-per-thread N   force the VK kernels' rows per thread (tuning): one-token\n"
+      "                        kernel 4, 8 or 16; multi-token kernel 2 or 4\n");
 }
 
 }  // namespace
@@ -308,19 +338,24 @@ int gdn_command(Options& options) {
   timing.flush_cache = !options.flag("hot");
   timing.iterations = static_cast<int>(options.integer("iterations", gpu ? 50 : 15));
   const std::string json_path = options.text("json", "");
+  const int64_t forced_warps = options.integer("warps", 0);
+  const int64_t forced_rows = options.integer("rows-per-thread", 0);
   options.reject_unused();
+#ifdef HDK_WITH_CUDA
+  gdn::detail::set_launch_override(static_cast<int>(forced_warps), static_cast<int>(forced_rows));
+#else
+  if (forced_warps != 0 || forced_rows != 0) {
+    throw std::runtime_error("--warps and --rows-per-thread need the CUDA backend");
+  }
+#endif
   if (layout_name != "vk" && layout_name != "kv") throw std::runtime_error("--layout vk|kv");
   if (mode != "auto" && mode != "decode" && mode != "verify") {
     throw std::runtime_error("--mode auto|decode|verify");
   }
 
-  std::printf("hdk-bench gdn on %s\n", device->description().c_str());
-  const double copy_gbs = device->copy_bandwidth_gbs();
-  const double overhead_us = device->launch_overhead_us();
-  std::printf("copy bandwidth (read + write, measured now): %.1f GB/s; empty %s: %.2f us\n",
-              copy_gbs, gpu ? "graph replay" : "call", overhead_us);
-  std::printf("timing: %s, median of %d runs%s\n\n", gpu ? "CUDA graph replay" : "wall clock",
-              timing.iterations, timing.flush_cache ? ", caches flushed before each" : ", hot");
+  const RunBaseline baseline = start_run(*device, "gdn", timing);
+  const double copy_gbs = baseline.copy_gbs;
+  const double overhead_us = baseline.launch_overhead_us;
 
   ResultTable table({"preset", "B", "T", "state", "mode", "time_us", "GB/s", "%copy", "x_floor",
                      "err_out", "err_state", "check"});
@@ -371,29 +406,16 @@ int gdn_command(Options& options) {
                          c.verify_mode ? "verify" : "decode", format(m.time_us, 2), format(gbs, 1),
                          format(100.0 * gbs / copy_gbs, 1), format(m.time_us / floor_us, 2),
                          m.out_error >= 0 ? format(m.out_error, 7) : "-",
-                         m.state_error >= 0 ? format(m.state_error, 7) : "-", check});
+                         m.state_error >= 0 ? format(m.state_error, 7) : "-", check, m.launch});
         }
       }
     }
   }
-  std::fprintf(stderr, "\r%60s\r", "");
-  table.print();
-  std::printf(
-      "\nGB/s = minimal bytes (state read + write or cache, q, k, v, a, b, out, indices) / time;"
-      "\n%%copy = GB/s / copy bandwidth; x_floor = time / (empty launch + bytes / copy bw)\n");
-  if (!json_path.empty()) {
-    write_json(json_path, options.command_line(),
-               {{"device", device->description()},
-                {"copy_bandwidth_gbs", format(copy_gbs, 2)},
-                {"launch_overhead_us", format(overhead_us, 3)},
-                {"timing", timing.flush_cache ? "cold (flushed)" : "hot"}},
-               table.json_records());
-  }
-  if (failures > 0) {
-    std::printf("%d point(s) failed\n", failures);
-    return 1;
-  }
-  return 0;
+  return finish_run(
+      table,
+      "GB/s = minimal bytes (state read + write or cache, q, k, v, a, b, out, indices) / time;"
+      "\n%copy = GB/s / copy bandwidth; x_floor = time / (empty launch + bytes / copy bw)",
+      options, json_path, *device, baseline, timing, failures);
 }
 
 }  // namespace bench

@@ -11,6 +11,12 @@ namespace {
 const hdk::bench::Command kCommands[] = {
     {"gdn", "Gated DeltaNet decode (time, GB/s, % of copy bandwidth, --verify)",
      hdk::bench::gdn_command},
+    {"floor", "in-place read-modify-write floors of the GPU (flat, per-warp, indexed)",
+     hdk::bench::floor_command},
+    {"router", "DeepSeek-V4 router: fused gate GEMM + top-k (time, % of copy bw, --verify)",
+     hdk::bench::router_command},
+    {"topk", "hdk::topk over [N, L] rows (time, % of copy bandwidth, --verify)",
+     hdk::bench::topk_command},
 };
 
 void print_commands() {

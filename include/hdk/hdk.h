@@ -3,8 +3,10 @@
 
 #include "hdk/cuda_stream.h"
 #include "hdk/device.h"
+#include "hdk/dsv4/router.h"
 #include "hdk/dtype.h"
 #include "hdk/error.h"
 #include "hdk/gdn/decode.h"
 #include "hdk/tensor_view.h"
+#include "hdk/topk.h"
 #include "hdk/version.h"

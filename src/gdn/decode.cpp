@@ -25,7 +25,7 @@ void decode(const DecodeParams& params, CudaStream stream) {
     return;
   }
 #ifdef HDK_WITH_CUDA
-  detail::decode_cuda(problem, params.check_indices, params.q.device.index, stream);
+  detail::decode_cuda(problem, params, stream);
 #else
   (void)stream;
   throw Error("hdk::gdn::decode: the tensors are on " + params.q.device.str() +

@@ -47,7 +47,8 @@ struct DecodeProblem {
   // Sizes.
   int64_t num_requests = 0;        // B
   int64_t tokens_per_request = 0;  // T; in variable-length mode the largest allowed (= capacity)
-  int64_t token_capacity = 0;      // C: dim 1 of 2-D state_indices / intermediate_states, else T
+  int64_t token_capacity = 0;      // most tokens a request may have (T, index columns, cache C)
+  int64_t index_columns = 0;       // C of 2-D state_indices: num_accepted_tokens lies in 1..C
   int64_t num_qk_heads = 0;        // H
   int64_t num_v_heads = 0;         // HV
   int64_t head_k = 0;              // K
@@ -135,7 +136,7 @@ HDK_HOST_DEVICE RequestPlan plan_request(const DecodeProblem& p, int64_t n) {
       int64_t column = 0;
       if (p.num_accepted_tokens.given()) {
         const int64_t accepted = p.num_accepted_tokens.at(n);
-        if (accepted < 1 || accepted > p.token_capacity) {
+        if (accepted < 1 || accepted > p.index_columns) {
           plan.invalid = true;
           break;
         }

@@ -245,6 +245,7 @@ DecodeProblem validate_decode(const DecodeParams& p) {
                    p.state_indices.shape_str());
       }
       capacity = std::min(capacity, columns);
+      problem.index_columns = columns;
       problem.index_mode = IndexMode::kPerToken;
       check.forbid(p.output_state_indices, "output_state_indices",
                    "with 2-D state_indices (each token's state goes to state_indices[n, t])");
@@ -297,6 +298,17 @@ DecodeProblem validate_decode(const DecodeParams& p) {
     problem.intermediate_states = cache.data;
     problem.intermediate_stride_request = cache.strides[0];
     problem.intermediate_stride_token = cache.strides[1];
+  }
+  if (p.max_tokens_per_request < 0) {
+    check.fail("option 'max_tokens_per_request' must be >= 0 (0 = no bound), got " +
+               std::to_string(p.max_tokens_per_request));
+  }
+  if (p.max_tokens_per_request > 0) {
+    if (!variable_length && dim1 > p.max_tokens_per_request) {
+      check.fail("option 'max_tokens_per_request' is " + std::to_string(p.max_tokens_per_request) +
+                 " but every request has T = " + std::to_string(dim1) + " tokens (dim 1 of 'q')");
+    }
+    capacity = std::min(capacity, p.max_tokens_per_request);
   }
   problem.token_capacity = capacity;
   problem.tokens_per_request = variable_length ? capacity : dim1;
@@ -382,7 +394,7 @@ void check_index_data(const DecodeProblem& problem) {
       }
       if (problem.num_accepted_tokens.given()) {
         detail += "num_accepted_tokens = " + std::to_string(problem.num_accepted_tokens.at(n)) +
-                  " (allowed 1.." + std::to_string(problem.token_capacity) + "); ";
+                  " (allowed 1.." + std::to_string(problem.index_columns) + "); ";
       }
       check.fail("check_indices: " + describe(n) + " has an index that cannot be honoured (" +
                  detail + "pool size P = " + std::to_string(problem.pool_size) +

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "hdk/error.h"
 #include "support/gdn_case.h"
 
 namespace hdk {
@@ -77,7 +78,7 @@ std::vector<GdnCaseConfig> semantic_cases() {
   for (DType input : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
     for (StateLayout layout : {StateLayout::kVK, StateLayout::kKV}) {
       GdnCaseConfig c;
-      c.B = 3, c.T = 2, c.H = 2, c.HV = 4, c.K = 32, c.V = 32;
+      c.B = 3, c.T = 2, c.H = 2, c.HV = 4, c.K = 64, c.V = 32;
       c.layout = layout;
       c.input_dtype = input;
       c.gate_dtype = input;
@@ -88,7 +89,7 @@ std::vector<GdnCaseConfig> semantic_cases() {
   }
   {
     GdnCaseConfig c;  // mixed: fp16 inputs, bf16 gates, fp32 output
-    c.B = 3, c.T = 3, c.K = 32, c.V = 48;
+    c.B = 3, c.T = 3, c.K = 64, c.V = 48;
     c.input_dtype = DType::kFloat16;
     c.gate_dtype = DType::kBFloat16;
     c.out_dtype = DType::kFloat32;
@@ -99,7 +100,7 @@ std::vector<GdnCaseConfig> semantic_cases() {
   for (StateLayout layout : {StateLayout::kVK, StateLayout::kKV}) {
     for (DType state : {DType::kFloat32, DType::kBFloat16}) {
       GdnCaseConfig base;
-      base.B = 8, base.T = 1, base.H = 2, base.HV = 4, base.K = 32, base.V = 32;
+      base.B = 8, base.T = 1, base.H = 2, base.HV = 4, base.K = 64, base.V = 32;
       base.layout = layout;
       base.state_dtype = state;
 
@@ -173,6 +174,19 @@ std::vector<GdnCaseConfig> semantic_cases() {
       c.varlen_lengths = {1, 1, 1, 1, 1, 1, 1};
       c.padding_fraction = 0.3;
       c.packed_inputs = true;
+      c.max_tokens_per_request = 1;
+      add(c);
+      c = base;  // a request longer than max_tokens_per_request is invalid and counted
+      c.varlen_lengths = {1, 2, 1, 1, 0, 1};
+      c.max_tokens_per_request = 1;
+      c.invalid_rows = 1;
+      add(c);
+      c = base;  // one token with the verify cache, 2-D indices and accepted tokens
+      c.indices = IndexKind::kPerToken;
+      c.num_accepted_tokens = true;
+      c.capacity = 3;
+      c.intermediate = true;
+      c.padding_fraction = 0.25;
       add(c);
       c = base;  // no qk l2norm, explicit scale
       c.use_qk_l2norm = false;
@@ -197,6 +211,19 @@ TEST_P(GdnDecodeSemantics, MatchesReference) {
   const GdnCaseConfig& config = cases[std::get<1>(GetParam())];
   SCOPED_TRACE(config.describe());
   const GdnCase test_case(config);
+  const bool cuda_kernel_exists =
+      (config.K == 64 || config.K == 128 || config.K == 256) && config.V % 8 == 0;
+  if (backend == Backend::kCUDA && !cuda_kernel_exists) {
+    // Head sizes without a CUDA kernel are refused with a message, never computed wrongly.
+    try {
+      run_backend(test_case, backend);
+      ADD_FAILURE() << "CUDA accepted K=" << config.K << " V=" << config.V;
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find("the CUDA backend"), std::string::npos)
+          << error.what();
+    }
+    return;
+  }
   const BufferContents expected = run_reference(test_case);
   const BufferContents actual = run_backend(test_case, backend);
   EXPECT_TRUE(outputs_match(test_case, expected, actual));
@@ -252,6 +279,7 @@ TEST(GdnDecodeEmpty, ZeroRequestsAndZeroTokens) {
       GdnCaseConfig c;
       c.B = B;
       c.T = B == 0 ? 1 : 0;
+      c.K = 64;
       c.intermediate = true;
       c.capacity = 2;
       const GdnCase test_case(c);

@@ -312,6 +312,24 @@ TEST(GdnDecodeValidation, VariableLength) {
   }
 }
 
+TEST(GdnDecodeValidation, MaxTokensPerRequest) {
+  {
+    BrokenCall call;  // T = 2 fixed-length requests cannot be bounded by 1
+    call.params.max_tokens_per_request = 1;
+    expect_error(call.params, {"'max_tokens_per_request'", "T = 2"});
+  }
+  {
+    BrokenCall call;
+    call.params.max_tokens_per_request = -1;
+    expect_error(call.params, {"'max_tokens_per_request'", ">= 0"});
+  }
+  {
+    BrokenCall call;
+    call.params.max_tokens_per_request = 2;
+    EXPECT_NO_THROW(gdn::decode(call.params));
+  }
+}
+
 TEST(GdnDecodeValidation, Options) {
   {
     BrokenCall call;

@@ -107,7 +107,7 @@ std::string GdnCaseConfig::describe() const {
        << (invalid_rows > 0 ? " invalid" : "") << (slot_padding_rows > 0 ? " pitch" : "")
        << (packed_inputs ? " packed" : "") << (intermediate ? " cache" : "")
        << (update_state ? "" : " no-update") << (varlen_lengths.empty() ? "" : " varlen")
-       << " seed=" << seed;
+       << (max_tokens_per_request > 0 ? " max-tokens" : "") << " seed=" << seed;
   return text.str();
 }
 
@@ -296,7 +296,10 @@ GdnCase::GdnCase(const GdnCaseConfig& config) : config_(config) {
   for (int64_t n = 0; n < B; ++n) {
     const bool invalid_counts = is_invalid[n] && !is_padding[n] &&
                                 (c.indices != IndexKind::kNone || (c.split_pool && c.update_state));
-    if (invalid_counts && has_tokens(n)) ++expected_invalid_;
+    // A request longer than the bound is invalid before its indices are looked at.
+    const bool too_long =
+        varlen && c.max_tokens_per_request > 0 && c.varlen_lengths[n] > c.max_tokens_per_request;
+    if (too_long || (invalid_counts && has_tokens(n))) ++expected_invalid_;
   }
 
   if (varlen) {
@@ -378,6 +381,7 @@ gdn::DecodeParams GdnCase::bind(const std::vector<void*>& bases, Device device) 
   p.scale = config_.scale;
   p.use_qk_l2norm = config_.use_qk_l2norm;
   p.update_state = config_.update_state;
+  p.max_tokens_per_request = config_.max_tokens_per_request;
   return p;
 }
 

@@ -43,6 +43,7 @@ struct GdnCaseConfig {
   int64_t capacity = 0;  // C of intermediates / 2-D indices; 0 means T (or the longest request)
   bool update_state = true;
   std::vector<int64_t> varlen_lengths;  // non-empty: cu_seqlens mode with these token counts
+  int64_t max_tokens_per_request = 0;   // DecodeParams::max_tokens_per_request
   bool count_invalid = true;
   uint64_t seed = 1;
 

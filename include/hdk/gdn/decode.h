@@ -67,6 +67,12 @@ struct DecodeParams {
   float softplus_threshold = 20.0f;
   bool update_state = true;  // false: the pool is only read (speculative verify)
 
+  // With cu_seqlens: an upper bound on any request's token count (0 = none). A request with
+  // more tokens is invalid (padding + count). Decode steps in the [1, B] form should pass 1:
+  // the CUDA backend then runs its one-token kernel, which it cannot pick from device-side
+  // cu_seqlens alone. With [B, T] tensors it must be 0 or >= T.
+  int64_t max_tokens_per_request = 0;
+
   // Debugging aid, off on the hot path: read the index tensors on the host (a device-to-host
   // copy and a synchronization for CUDA tensors) and throw hdk::Error for any index the call
   // would otherwise count in invalid_index_count, and for two requests that write one slot or

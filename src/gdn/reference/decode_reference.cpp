@@ -131,6 +131,9 @@ void decode_reference(const DecodeParams& p) {
   if (p.intermediate_states.defined() && p.intermediate_states.shape[1] < capacity) {
     capacity = p.intermediate_states.shape[1];
   }
+  if (varlen && p.max_tokens_per_request > 0 && p.max_tokens_per_request < capacity) {
+    capacity = p.max_tokens_per_request;
+  }
   const double scale = p.scale != 0.0f ? p.scale : 1.0 / std::sqrt(static_cast<double>(K));
   int64_t invalid_requests = 0;
 
@@ -165,7 +168,7 @@ void decode_reference(const DecodeParams& p) {
       int64_t column = 0;
       if (p.num_accepted_tokens.defined()) {
         const int64_t accepted = load_index(p.num_accepted_tokens, {n});
-        invalid = accepted < 1 || accepted > capacity;
+        invalid = accepted < 1 || accepted > p.state_indices.shape[1];
         column = invalid ? 0 : accepted - 1;
       }
       read_slot = load_index(p.state_indices, {n, column});

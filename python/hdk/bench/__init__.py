@@ -1,0 +1,1 @@
+"""Benchmarks: python -m hdk.bench gdn --help."""

@@ -1,0 +1,466 @@
+"""``python -m hdk.bench gdn``: hdk's GDN decode against the engines' Triton kernels.
+
+For every (state dtype, T, B) point all implementations get the same random inputs, in the same
+process: hdk (``hdk.gdn_decode``), SGLang's ``fused_sigmoid_gating_delta_rule_update`` and FLA's
+``fused_recurrent_gated_delta_rule`` when they can be imported from the peers folder
+(:mod:`hdk.bench.peers`). Each peer's results are cross-checked against hdk's (relative L2
+error of the output and of the final or intermediate states), then every implementation is
+captured once in a CUDA graph and replayed with L2 flushed before each replay; the median
+replay time is reported with its share of the device-to-device copy bandwidth measured in the
+same run, and the ratio peer time / hdk time.
+
+Modes: T = 1 is the decode step (pool read and written in place). T > 1 is the speculative
+verify pass (pool only read, the state after every token cached) for hdk and SGLang; FLA has
+neither pool nor cache, so at T > 1 it is compared with hdk running the same multi-token update
+("multi": pool updated, no cache).
+"""
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import torch
+
+import hdk
+from hdk.bench import peers
+from hdk.bench.timing import CudaTimer, HostTimer
+
+PRESETS = {
+    "qwen3.5-397b": dict(H=16, HV=64, K=128, V=128),
+    "qwen3-next": dict(H=16, HV=32, K=128, V=128),
+}
+STATE_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+INPUT_DTYPE = torch.bfloat16
+# SGLang's verify kernel computes cache offsets (index * steps * HV * K * V) in int32: past
+# 2^31 elements it faults with an illegal address (the spec measured B=512, T=4, HV=64 on an
+# H200), which would poison the CUDA context for every later point.
+SGLANG_CACHE_LIMIT = 2**31
+TOLERANCE = {torch.bfloat16: 2e-2, torch.float32: 5e-3}
+
+
+@dataclass
+class Row:
+    state: str
+    T: int
+    B: int
+    mode: str
+    impl: str
+    time_us: float = None
+    bytes: int = None
+    GBps: float = None
+    pct_copy: float = None
+    peer_over_hdk: float = None
+    err_out: float = None
+    err_state: float = None
+    check: str = None
+    note: str = ""
+
+
+@dataclass
+class Inputs:
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    A_log: torch.Tensor
+    a: torch.Tensor
+    dt_bias: torch.Tensor
+    b: torch.Tensor
+    pool: torch.Tensor  # the starting states, never written: every implementation clones it
+    indices: torch.Tensor
+    shape: dict = field(default_factory=dict)
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(
+        prog="python -m hdk.bench gdn",
+        description="hdk GDN decode vs SGLang's Triton kernel and FLA's fused_recurrent",
+    )
+    parser.add_argument("--batch", default="1,2,4,8,16,32,64,128,256,512", help="batch sizes B")
+    parser.add_argument("--T", default="1,2,4,8", help="tokens per request")
+    parser.add_argument("--state", default="bf16,fp32", help="state dtypes (bf16, fp32)")
+    parser.add_argument("--preset", default="qwen3.5-397b", choices=sorted(PRESETS))
+    parser.add_argument("--json", help="write the results to this JSON file")
+    parser.add_argument("--peers-dir", default=None, help="folder with sglang/ and fla/")
+    parser.add_argument("--impls", default="hdk,sglang,fla", help="implementations to run")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--iters", type=int, default=30, help="most timed replays per case")
+    parser.add_argument("--min-iters", type=int, default=5, help="fewest timed replays")
+    parser.add_argument(
+        "--budget-ms", type=float, default=150.0, help="replay time per case that sizes --iters"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    # For the benchmark's own tests: load stand-in peers on the CPU.
+    parser.add_argument("--cpu-peers", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    args.batch = [int(x) for x in args.batch.split(",") if x]
+    args.T = [int(x) for x in args.T.split(",") if x]
+    args.state = [x for x in args.state.split(",") if x]
+    unknown = [x for x in args.state if x not in STATE_DTYPES]
+    if unknown:
+        parser.error(f"unknown state dtype(s) {unknown}; use bf16, fp32")
+    args.impls = [x for x in args.impls.split(",") if x]
+    return args
+
+
+def make_inputs(shape, batch, tokens, state_dtype, device, seed):
+    # Drawn on the device: a B=512 pool is half a billion numbers, minutes on the host.
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed)
+    H, HV, K, V = shape["H"], shape["HV"], shape["K"], shape["V"]
+
+    def random(*size, scale=1.0, dtype=INPUT_DTYPE):
+        x = torch.randn(size, generator=generator, device=device, dtype=torch.float32)
+        return (x * scale).to(dtype)
+
+    return Inputs(
+        q=random(batch, tokens, H, K),
+        k=random(batch, tokens, H, K),
+        v=random(batch, tokens, HV, V),
+        A_log=torch.rand(HV, generator=generator, device=device) * 2.5,
+        a=random(batch, tokens, HV),
+        dt_bias=random(HV, scale=0.5, dtype=torch.float32),
+        b=random(batch, tokens, HV),
+        pool=random(batch, HV, V, K, scale=0.1, dtype=state_dtype),
+        indices=torch.arange(batch, dtype=torch.int32, device=device),
+        shape=shape,
+    )
+
+
+def minimal_bytes(x, mode, final_state_size=None):
+    """What any implementation must move: inputs, output, state read, and state (or cache)
+    writes. FLA writes a new fp32 final state, hence `final_state_size`."""
+    batch, tokens = x.q.shape[0], x.q.shape[1]
+    H, HV, K, V = (x.shape[name] for name in ("H", "HV", "K", "V"))
+    size = x.q.element_size()
+    state = batch * HV * V * K
+    state_size = x.pool.element_size()
+    moved = batch * tokens * (2 * H * K + 2 * HV * V + 2 * HV) * size
+    moved += state * state_size  # read
+    if mode == "verify":
+        moved += tokens * state * state_size
+    else:
+        moved += state * (final_state_size or state_size)
+    return moved
+
+
+@dataclass
+class Case:
+    """One implementation at one point: `call` runs it; `results()` are the tensors to compare."""
+
+    name: str
+    mode: str
+    call: Callable
+    results: Callable
+    bytes: int
+
+
+def hdk_case(x, mode):
+    pool = x.pool.clone()
+    out = torch.empty(x.v.shape, dtype=x.v.dtype, device=x.v.device)
+    cache = None
+    if mode == "verify":
+        cache = torch.empty(
+            (x.q.shape[0], x.q.shape[1]) + tuple(pool.shape[1:]),
+            dtype=pool.dtype,
+            device=pool.device,
+        )
+
+    def call():
+        hdk.gdn_decode(
+            x.q,
+            x.k,
+            x.v,
+            pool,
+            A_log=x.A_log,
+            a=x.a,
+            dt_bias=x.dt_bias,
+            b=x.b,
+            state_indices=x.indices,
+            intermediate_states=cache,
+            out=out,
+            update_state=mode != "verify",
+            use_qk_l2norm=True,
+        )
+
+    def results():
+        return {"out": out, "state": cache if mode == "verify" else pool}
+
+    return Case("hdk", mode, call, results, minimal_bytes(x, mode))
+
+
+def sglang_case(function, x, mode):
+    pool = x.pool.clone()
+    cache = rows = None
+    if mode == "verify":
+        cache = torch.empty(
+            (x.q.shape[0], x.q.shape[1]) + tuple(pool.shape[1:]),
+            dtype=pool.dtype,
+            device=pool.device,
+        )
+        rows = torch.arange(x.q.shape[0], dtype=torch.int32, device=pool.device)
+    produced = {}
+
+    def call():
+        produced["out"] = function(
+            A_log=x.A_log,
+            a=x.a,
+            dt_bias=x.dt_bias,
+            softplus_beta=1.0,
+            softplus_threshold=20.0,
+            q=x.q,
+            k=x.k,
+            v=x.v,
+            b=x.b,
+            initial_state_source=pool,
+            initial_state_indices=x.indices,
+            use_qk_l2norm_in_kernel=True,
+            disable_state_update=mode == "verify",
+            intermediate_states_buffer=cache,
+            intermediate_state_indices=rows,
+        )
+
+    def results():
+        return {"out": produced["out"], "state": cache if mode == "verify" else pool}
+
+    return Case("sglang", mode, call, results, minimal_bytes(x, mode))
+
+
+def fla_case(function, x, mode):
+    produced = {}
+
+    def call():
+        produced["out"], produced["state"] = function(
+            q=x.q,
+            k=x.k,
+            v=x.v,
+            g=x.a,
+            beta=x.b,
+            initial_state=x.pool,
+            output_final_state=True,
+            use_qk_l2norm_in_kernel=True,
+            use_gate_in_kernel=True,
+            A_log=x.A_log,
+            dt_bias=x.dt_bias,
+            use_beta_sigmoid_in_kernel=True,
+            state_v_first=True,
+        )
+
+    def results():
+        return dict(produced)
+
+    return Case("fla", mode, call, results, minimal_bytes(x, mode, final_state_size=4))
+
+
+def relative_error(actual, expected, chunk=2**24):
+    """||actual - expected|| / ||expected||, in chunks: caches of several GiB are compared."""
+    actual, expected = actual.reshape(-1), expected.reshape(-1)
+    difference = reference = 0.0
+    for start in range(0, expected.numel(), chunk):
+        mine = expected[start : start + chunk].double()
+        difference += (actual[start : start + chunk].double() - mine).square().sum().item()
+        reference += mine.square().sum().item()
+    return math.sqrt(difference / max(reference, 1e-60))
+
+
+class Runner:
+    def __init__(self, args):
+        self.args = args
+        self.device = torch.device(args.device)
+        self.timer = CudaTimer(self.device) if self.device.type == "cuda" else HostTimer()
+        self.shape = PRESETS[args.preset]
+        self.rows = []
+        self.peer_status = {}
+        self.peers = {}
+        peers_dir = args.peers_dir or peers.default_peers_dir()
+        self.peers_dir = str(peers_dir)
+        for name, loader in (("sglang", peers.load_sglang), ("fla", peers.load_fla)):
+            if name not in args.impls:
+                self.peer_status[name] = "not requested (--impls)"
+            elif self.device.type != "cuda" and not args.cpu_peers:
+                self.peer_status[name] = "skipped: the peers are Triton kernels and need CUDA"
+            else:
+                function, problem = loader(peers_dir)
+                self.peers[name] = function
+                self.peer_status[name] = "loaded" if function else problem
+        self.copy_bandwidth = self.timer.copy_bandwidth()
+
+    def timed(self, case):
+        """Median microseconds per call (graph replays on CUDA)."""
+        graph = self.timer.capture(case.call)
+        estimate = max(self.timer.estimate_us(graph), 1.0)
+        iters = int(self.args.budget_ms * 1e3 / estimate)
+        iters = max(self.args.min_iters, min(self.args.iters, iters))
+        elapsed = self.timer.time_graph(graph, iters)
+        del graph
+        return elapsed
+
+    def record(self, row, case=None, elapsed=None, reference_time=None):
+        if case is not None and elapsed is not None:
+            row.time_us = elapsed
+            row.bytes = case.bytes
+            row.GBps = case.bytes / elapsed / 1e3
+            row.pct_copy = 100.0 * case.bytes / (elapsed * 1e-6) / self.copy_bandwidth
+            if reference_time:
+                row.peer_over_hdk = elapsed / reference_time
+        self.rows.append(row)
+        print(format_row(row), flush=True)
+        if self.args.json:
+            self.write_json()
+
+    def compare(self, row, peer, reference):
+        mine, theirs = reference.results(), peer.results()
+        row.err_out = relative_error(theirs["out"], mine["out"])
+        row.err_state = relative_error(theirs["state"], mine["state"])
+        limit = TOLERANCE[self.state_dtype]
+        row.check = "ok" if max(row.err_out, row.err_state) <= limit else f"MISMATCH (> {limit})"
+
+    def run_point(self, state_name, tokens, batch):
+        self.state_dtype = STATE_DTYPES[state_name]
+        x = make_inputs(self.shape, batch, tokens, self.state_dtype, self.device, self.args.seed)
+        if tokens == 1:
+            groups = [("decode", ["sglang", "fla"])]
+        else:
+            groups = [("verify", ["sglang"]), ("multi", ["fla"])]
+        for mode, peer_names in groups:
+            available = [name for name in peer_names if self.peers.get(name)]
+            # "multi" exists only to give FLA a like-for-like hdk run.
+            if mode == "multi" and not available:
+                continue
+            self.run_group(x, state_name, tokens, batch, mode, available)
+        del x
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def run_group(self, x, state_name, tokens, batch, mode, peer_names):
+        def new_row(impl, note=""):
+            return Row(state_name, tokens, batch, mode, impl, note=note)
+
+        reference = hdk_case(x, mode)
+        reference.call()  # eager: the results every peer is checked against
+        peer_rows = []
+        for name in peer_names:
+            function = self.peers[name]
+            cache_elements = batch * tokens * x.pool[0].numel()
+            if name == "sglang" and mode == "verify" and cache_elements >= SGLANG_CACHE_LIMIT:
+                row = new_row(
+                    name,
+                    f"skipped: B*T*HV*V*K = {cache_elements} >= 2^31 overflows "
+                    "SGLang's int32 cache offsets (illegal address, see the spec)",
+                )
+                peer_rows.append((row, None, None))
+                continue
+            row = new_row(name)
+            try:
+                case = (sglang_case if name == "sglang" else fla_case)(function, x, mode)
+                case.call()
+                self.compare(row, case, reference)
+                elapsed = self.timed(case)
+                peer_rows.append((row, case, elapsed))
+                del case
+            except Exception as error:  # a peer failure is a result, not the end of the run
+                row.note = f"failed: {type(error).__name__}: {str(error).splitlines()[0][:200]}"
+                peer_rows.append((row, None, None))
+                if "illegal" in str(error) or "CUDA error" in str(error):
+                    raise
+        hdk_elapsed = self.timed(reference)
+        self.record(new_row("hdk"), reference, hdk_elapsed)
+        for row, case, elapsed in peer_rows:
+            self.record(row, case, elapsed, hdk_elapsed)
+
+    def write_json(self):
+        document = dict(
+            benchmark="gdn",
+            command=" ".join(["python -m hdk.bench gdn"] + sys.argv[2:]),
+            device=self.timer.name,
+            torch=torch.__version__,
+            hdk=hdk.__version__,
+            preset=self.args.preset,
+            shape=self.shape,
+            input_dtype="bf16",
+            copy_bandwidth_GBps=self.copy_bandwidth / 1e9,
+            l2_flush_bytes=2 * self.timer.l2_bytes,
+            timing="median CUDA-graph replay, L2 flushed before each"
+            if self.device.type == "cuda"
+            else "median eager call (CPU)",
+            peers_dir=self.peers_dir,
+            peers=self.peer_status,
+            rows=[asdict(row) for row in self.rows],
+        )
+        with open(self.args.json, "w") as handle:
+            json.dump(document, handle, indent=1)
+
+
+HEADER = (
+    f"{'state':5} {'T':>2} {'B':>4} {'mode':6} {'impl':6} {'time_us':>9} {'GB/s':>7} "
+    f"{'%copy':>6} {'peer/hdk':>8} {'err_out':>8} {'err_state':>9}  check/note"
+)
+
+
+def format_number(value, width, digits):
+    return f"{value:{width}.{digits}f}" if value is not None else f"{'-':>{width}}"
+
+
+def format_error(value, width):
+    return f"{value:{width}.1e}" if value is not None else f"{'-':>{width}}"
+
+
+def format_row(row):
+    note = " ".join(part for part in (row.check or "", row.note) if part)
+    return (
+        f"{row.state:5} {row.T:>2} {row.B:>4} {row.mode:6} {row.impl:6} "
+        f"{format_number(row.time_us, 9, 2)} {format_number(row.GBps, 7, 0)} "
+        f"{format_number(row.pct_copy, 6, 1)} {format_number(row.peer_over_hdk, 8, 2)} "
+        f"{format_error(row.err_out, 8)} {format_error(row.err_state, 9)}  {note}"
+    )
+
+
+def main(argv):
+    args = parse_args(argv)
+    started = time.time()
+    with torch.inference_mode():
+        runner = Runner(args)
+        print(
+            f"hdk {hdk.__version__} on {runner.timer.name}; torch {torch.__version__}; "
+            f"preset {args.preset} {runner.shape}; q/k/v/a/b bf16",
+            flush=True,
+        )
+        print(
+            f"copy bandwidth (read + write): {runner.copy_bandwidth / 1e9:.0f} GB/s; "
+            f"peers from {runner.peers_dir}",
+            flush=True,
+        )
+        for name, status in runner.peer_status.items():
+            print(f"  {name}: {status}", flush=True)
+        points = [(s, t, b) for s in args.state for t in args.T for b in args.batch]
+        print(HEADER, flush=True)
+        try:
+            for index, (state_name, tokens, batch) in enumerate(points):
+                try:
+                    runner.run_point(state_name, tokens, batch)
+                except torch.cuda.OutOfMemoryError as error:
+                    runner.record(
+                        Row(
+                            state_name,
+                            tokens,
+                            batch,
+                            "-",
+                            "all",
+                            note=f"out of memory: {str(error).splitlines()[0][:160]}",
+                        )
+                    )
+                    torch.cuda.empty_cache()
+        except Exception as error:
+            print(f"stopping: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+            if args.json:
+                runner.write_json()
+            return 1
+    if args.json:
+        runner.write_json()
+        print(f"wrote {args.json}", flush=True)
+    print(f"done: {len(points)} points in {time.time() - started:.0f} s", flush=True)
+    mismatches = [row for row in runner.rows if row.check and row.check != "ok"]
+    return 1 if mismatches else 0

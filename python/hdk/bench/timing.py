@@ -1,0 +1,104 @@
+"""Device timing: CUDA-graph replays with a cold L2, and the copy bandwidth of the same run."""
+
+import statistics
+import time
+
+import torch
+
+
+def median_us(samples):
+    return statistics.median(samples)
+
+
+class CudaTimer:
+    """Times one captured call per replay, writing 2x the L2 size between replays so every
+    replay starts with the call's data out of L2 (a decode step never finds its state there)."""
+
+    def __init__(self, device):
+        self.device = torch.device(device)
+        properties = torch.cuda.get_device_properties(self.device)
+        self.l2_bytes = int(getattr(properties, "L2_cache_size", 0) or 50 * 2**20)
+        self.name = properties.name
+        self._flush = torch.empty(2 * self.l2_bytes, dtype=torch.uint8, device=self.device)
+
+    def capture(self, call):
+        """A CUDA graph of `call` (which must already have run once: Triton compiles on the
+        first call, and compiling is not capturable)."""
+        torch.cuda.synchronize(self.device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            call()
+        torch.cuda.synchronize(self.device)
+        return graph
+
+    def time_graph(self, graph, iters, warmup=3, flush=True):
+        """Median microseconds of `iters` replays, each after an L2 flush (unless flush=False,
+        e.g. for the cost of an empty replay)."""
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+        for _ in range(warmup):
+            if flush:
+                self._flush.zero_()
+            graph.replay()
+        for start, end in zip(starts, ends):
+            if flush:
+                self._flush.zero_()
+            start.record()
+            graph.replay()
+            end.record()
+        torch.cuda.synchronize(self.device)
+        return median_us([start.elapsed_time(end) * 1e3 for start, end in zip(starts, ends)])
+
+    def estimate_us(self, graph):
+        """One replay's time, to size the timed loop."""
+        return self.time_graph(graph, iters=1, warmup=1)
+
+    def copy_bandwidth(self, nbytes=2**30, iters=10):
+        """Bytes read + written per second by a large device-to-device copy."""
+        source = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        target = torch.empty_like(source)
+        target.copy_(source)
+        samples = []
+        for _ in range(iters):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            target.copy_(source)
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) * 1e-3)
+        del source, target
+        return 2 * nbytes / statistics.median(samples)
+
+
+class HostTimer:
+    """The CPU counterpart (no graphs, no L2 flush): for smoke runs of the benchmark itself."""
+
+    name = "cpu"
+    l2_bytes = 0
+
+    def capture(self, call):
+        return call
+
+    def time_graph(self, call, iters, warmup=1):
+        for _ in range(warmup):
+            call()
+        samples = []
+        for _ in range(iters):
+            start = time.perf_counter()
+            call()
+            samples.append((time.perf_counter() - start) * 1e6)
+        return median_us(samples)
+
+    def estimate_us(self, call):
+        return self.time_graph(call, iters=1, warmup=0)
+
+    def copy_bandwidth(self, nbytes=2**28, iters=5):
+        source = torch.empty(nbytes, dtype=torch.uint8)
+        target = torch.empty_like(source)
+        samples = []
+        for _ in range(iters):
+            start = time.perf_counter()
+            target.copy_(source)
+            samples.append(time.perf_counter() - start)
+        return 2 * nbytes / statistics.median(samples)

@@ -1,0 +1,130 @@
+"""DeepSeek-V4 routing on the decode path: the functional API over ``torch.ops.hdk.dsv4_route``."""
+
+import torch
+
+from hdk._ops import HdkError, run_op
+
+
+def _check_tensor(name, value):
+    if value is None or isinstance(value, torch.Tensor):
+        return
+    raise TypeError(
+        f"hdk.dsv4.route: argument '{name}' must be a torch.Tensor or None, "
+        f"got {type(value).__name__}"
+    )
+
+
+def route(
+    logits=None,
+    *,
+    hidden=None,
+    gate_weight=None,
+    bias=None,
+    token_ids=None,
+    tid2eid=None,
+    top_k=6,
+    route_scale=1.0,
+    topk_ids=None,
+    topk_weights=None,
+    logits_workspace=None,
+    invalid_count=None,
+):
+    r"""DeepSeek-V4's MoE router for N tokens, in fp32::
+
+        s        = sqrt(softplus(logits))        logits = hidden @ gate_weight.T, or given
+        selected = top_k of (s + bias)          or tid2eid[token_ids] (hash routing)
+        weights  = s[selected] / s[selected].sum(-1) * route_scale
+
+    Ties in ``s + bias`` go to the lower expert index; ``topk_ids`` are in descending key order
+    (table order for hash routing). A row with a NaN logit, or whose selected ``s`` sum to 0 or
+    infinity, gets ids -1 and weights 0 and is counted in ``invalid_count``; on CUDA so is a
+    token id (or table entry) out of range, which is an error on the CPU. The call allocates
+    only what it returns (and, for the fused gate on CUDA, the ``[N, E]`` fp32 logits
+    workspace) and never synchronizes, so it can be captured in a CUDA graph. The contract is
+    docs/dsv4-router.md.
+
+    Args:
+        logits: ``[N, E]`` fp32 or bf16 (last dim contiguous); or None with hidden and
+            gate_weight.
+
+    Keyword Args:
+        hidden: ``[N, D]`` bf16: the fused gate computes ``hidden @ gate_weight.T`` itself.
+        gate_weight: ``[E, D]`` bf16.
+        bias: ``[E]`` fp32 selection bias (dense routing only; never added to the weights).
+        token_ids: ``[N]`` int32/int64 and tid2eid ``[vocab, top_k]`` int32: hash routing.
+        top_k: experts per token, 1..min(E, 2048) (default 6).
+        route_scale: weight scale (DeepSeek-V4: 1.5 Flash, 2.5 Pro).
+        topk_ids, topk_weights: ``[N, top_k]`` int32 / fp32 outputs, written in place; None:
+            allocated.
+        logits_workspace: ``[N, E]`` fp32, fused gate only: receives the logits. None: allocated
+            on CUDA (where the kernels need it), not used on the CPU.
+        invalid_count: ``[1]`` int32/int64 counter hdk adds invalid rows to (never clears).
+
+    Returns:
+        ``(topk_ids, topk_weights)``.
+
+    Raises:
+        HdkError: (a ValueError and a RuntimeError) for any invalid argument, with hdk's
+            message naming the argument, e.g. ``hdk::dsv4::route: argument 'gate_weight' must
+            have shape [E, D] = ...``.
+        TypeError: when a tensor argument is not a torch.Tensor.
+    """
+    arguments = (
+        ("logits", logits),
+        ("hidden", hidden),
+        ("gate_weight", gate_weight),
+        ("bias", bias),
+        ("token_ids", token_ids),
+        ("tid2eid", tid2eid),
+        ("topk_ids", topk_ids),
+        ("topk_weights", topk_weights),
+        ("logits_workspace", logits_workspace),
+        ("invalid_count", invalid_count),
+    )
+    for name, value in arguments:
+        _check_tensor(name, value)
+    scores = logits if logits is not None else hidden
+    if scores is None:
+        raise HdkError(
+            "hdk::dsv4::route: no scores given: pass 'logits' [N, E], or 'hidden' [N, D] with "
+            "'gate_weight' [E, D]"
+        )
+    fused = logits is None
+    if scores.dim() < 1:
+        raise HdkError(f"hdk::dsv4::route: argument "
+                       f"'{'hidden' if fused else 'logits'}' must have rank 2, got a scalar")
+    rows = scores.shape[0]
+    device = scores.device
+    # An out-of-range top_k gets hdk's message (it is checked before the output shapes), not
+    # an allocation failure.
+    columns = int(top_k) if 0 <= int(top_k) <= 2048 else 0
+    if topk_ids is None:
+        topk_ids = torch.empty((rows, columns), dtype=torch.int32, device=device)
+    if topk_weights is None:
+        topk_weights = torch.empty((rows, columns), dtype=torch.float32, device=device)
+    if (
+        logits_workspace is None
+        and fused
+        and device.type == "cuda"
+        and isinstance(gate_weight, torch.Tensor)
+        and gate_weight.dim() >= 1
+    ):
+        logits_workspace = torch.empty(
+            (rows, gate_weight.shape[0]), dtype=torch.float32, device=device
+        )
+    run_op(
+        torch.ops.hdk.dsv4_route,
+        logits,
+        hidden,
+        gate_weight,
+        bias,
+        token_ids,
+        tid2eid,
+        topk_ids,
+        topk_weights,
+        logits_workspace,
+        invalid_count,
+        int(top_k),
+        float(route_scale),
+    )
+    return topk_ids, topk_weights

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Builds hdk's Python package (the torch extension hdk._C, default mode: hdk's CPU sources
+# compiled in) for /usr/bin/python3 (or $PYTHON) into build-python/site, then runs the pytest
+# suite in python/tests. CUDA cases run where a GPU, a CUDA torch and a CUDA libhdk exist and
+# are skipped with the reason otherwise. Exits non-zero on any failure.
+#
+# pip installs with --target, so Debian's "externally managed" system Python (PEP 668) is left
+# alone and nothing needs --break-system-packages; torch must already be importable.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python=${PYTHON:-/usr/bin/python3}
+site=${HDK_PYTHON_SITE:-build-python/site}
+
+echo "python tests: building the extension for $python into $site"
+rm -rf "$site"
+"$python" -m pip install --no-build-isolation --no-deps --no-index --disable-pip-version-check --root-user-action=ignore \
+  --quiet --target "$site" ./python
+PYTHONPATH="$PWD/$site${PYTHONPATH:+:$PYTHONPATH}" \
+  "$python" -m pytest -q -rs -p no:cacheprovider python/tests

@@ -1,0 +1,83 @@
+// Host-side CUDA plumbing shared by the CUDA backends (compiled only with HDK_WITH_CUDA): error
+// checks that become hdk::Error naming the operation, a device guard, and device properties
+// read once per device so the call path makes no driver queries after the first call.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "hdk/error.h"
+
+namespace hdk {
+namespace detail {
+
+inline void check_cuda(cudaError_t status, const char* operation, const char* what) {
+  if (status != cudaSuccess) {
+    throw Error(std::string(operation) + ": " + what + " failed: " + cudaGetErrorString(status));
+  }
+}
+
+// After a launch: configuration errors come back from the launch call, others from here.
+inline void check_launch(cudaError_t launch_status, const char* operation, const char* kernel) {
+  check_cuda(launch_status, operation, kernel);
+  check_cuda(cudaGetLastError(), operation, kernel);
+}
+
+// Switches to the tensors' device for the call and back afterwards.
+class CudaDeviceGuard {
+ public:
+  CudaDeviceGuard(int device, const char* operation) {
+    check_cuda(cudaGetDevice(&previous_), operation, "cudaGetDevice");
+    if (previous_ != device) check_cuda(cudaSetDevice(device), operation, "cudaSetDevice");
+  }
+  ~CudaDeviceGuard() { cudaSetDevice(previous_); }
+  CudaDeviceGuard(const CudaDeviceGuard&) = delete;
+  CudaDeviceGuard& operator=(const CudaDeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+// A device attribute, read once per device and attribute.
+inline int cached_device_attribute(cudaDeviceAttr attribute, int device, const char* operation) {
+  constexpr int kDevices = 64;
+  constexpr int kSlots = 4;
+  static std::atomic<int> cache[kSlots][kDevices] = {};
+  const int slot = attribute == cudaDevAttrMultiProcessorCount            ? 0
+                   : attribute == cudaDevAttrMaxSharedMemoryPerBlockOptin ? 1
+                                                                          : 2;
+  int value = (device >= 0 && device < kDevices && slot < 2)
+                  ? cache[slot][device].load(std::memory_order_relaxed)
+                  : 0;
+  if (value == 0) {
+    check_cuda(cudaDeviceGetAttribute(&value, attribute, device), operation,
+               "cudaDeviceGetAttribute");
+    if (device >= 0 && device < kDevices && slot < 2) {
+      cache[slot][device].store(value, std::memory_order_relaxed);
+    }
+  }
+  return value;
+}
+
+// Raises a kernel's dynamic shared memory limit to at least `bytes` once per (kernel, device); a
+// host-side attribute, not a stream operation, so it is allowed during graph capture as well.
+template <typename Kernel>
+void allow_dynamic_shared_memory(Kernel kernel, int bytes, int device, const char* operation) {
+  static std::mutex mutex;
+  static std::map<std::pair<const void*, int>, int> raised_to;
+  const auto key = std::make_pair(reinterpret_cast<const void*>(kernel), device);
+  std::lock_guard<std::mutex> lock(mutex);
+  int& current = raised_to[key];
+  if (current >= bytes) return;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+             operation, "cudaFuncSetAttribute (dynamic shared memory)");
+  current = bytes;
+}
+
+}  // namespace detail
+}  // namespace hdk

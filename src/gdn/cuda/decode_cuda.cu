@@ -1,0 +1,218 @@
+// CUDA entry of GDN decode: backend capability checks, the optional host-side index check, the
+// launch plan, and the launch. Kernels: decode_kernel_vk.cuh, decode_kernel_kv.cuh; the choices
+// and the measurements behind them: docs/gdn-cuda-dispatch.md.
+#include "gdn/cuda/decode_cuda.h"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <string>
+#include <vector>
+
+#include "core/argument_checks.h"
+#include "gdn/cuda/decode_launch.h"
+#include "gdn/decode_validation.h"
+#include "hdk/error.h"
+
+namespace hdk {
+namespace gdn {
+namespace detail {
+namespace {
+
+using hdk::detail::ArgumentChecks;
+
+std::atomic<int> warps_override{0};
+std::atomic<int> rows_override{0};
+
+void check_cuda(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) {
+    throw Error(std::string("hdk::gdn::decode: ") + what +
+                " failed: " + cudaGetErrorString(status));
+  }
+}
+
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+// Switches to the tensors' device for the call and back afterwards.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice");
+  }
+  ~DeviceGuard() { cudaSetDevice(previous_); }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+int multiprocessor_count(int device) {
+  // Read once per device: a driver query on every decode step is avoidable host time.
+  static std::atomic<int> cached[64] = {};
+  if (device < 0 || device >= 64) device = 0;
+  int count = cached[device].load(std::memory_order_relaxed);
+  if (count == 0) {
+    check_cuda(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device),
+               "cudaDeviceGetAttribute");
+    cached[device].store(count, std::memory_order_relaxed);
+  }
+  return count;
+}
+
+void check_capabilities(const DecodeProblem& p, const DecodeParams& params) {
+  const ArgumentChecks check("hdk::gdn::decode");
+  if (p.head_k != 64 && p.head_k != 128 && p.head_k != 256) {
+    check.fail("the CUDA backend supports K = 64, 128 or 256 (dim 3 of 'q'), got " +
+               std::to_string(p.head_k) + "; CPU tensors accept any K");
+  }
+  if (p.head_v % 8 != 0) {
+    check.fail("the CUDA backend needs V (dim 3 of 'v') to be a multiple of 8, got " +
+               std::to_string(p.head_v));
+  }
+  const auto element = static_cast<int64_t>(dtype_size(p.state_dtype));
+  auto aligned = [](const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; };
+  if (!aligned(p.state) || (p.slot_pitch * element) % 16 != 0) {
+    check.fail(
+        "argument 'state' must be 16-byte aligned with a slot pitch that is a multiple of "
+        "16 bytes for the CUDA backend (pointer " +
+        std::to_string(reinterpret_cast<uintptr_t>(p.state)) + ", pitch " +
+        std::to_string(p.slot_pitch * element) + " bytes)");
+  }
+  if (p.intermediate_states != nullptr &&
+      (!aligned(p.intermediate_states) || (p.intermediate_stride_request * element) % 16 != 0 ||
+       (p.intermediate_stride_token * element) % 16 != 0)) {
+    check.fail(
+        "argument 'intermediate_states' must be 16-byte aligned with strides that are "
+        "multiples of 16 bytes for the CUDA backend, got strides " +
+        params.intermediate_states.strides_str());
+  }
+}
+
+// Copies an index tensor's bytes to the host and points `tensor` at the copy.
+void stage_on_host(const TensorView& view, IndexTensor& tensor, std::vector<uint8_t>& storage,
+                   cudaStream_t stream) {
+  if (!view.defined()) return;
+  const hdk::detail::MemorySpan span = hdk::detail::memory_span(view);
+  storage.resize(span.end - span.begin);
+  check_cuda(cudaMemcpyAsync(storage.data(), reinterpret_cast<const void*>(span.begin),
+                             storage.size(), cudaMemcpyDeviceToHost, stream),
+             "copying indices to the host (check_indices)");
+  tensor.data = storage.data() + (reinterpret_cast<uintptr_t>(view.data) - span.begin);
+}
+
+void check_indices_on_host(const DecodeProblem& problem, const DecodeParams& params,
+                           cudaStream_t stream) {
+  DecodeProblem host = problem;
+  std::vector<uint8_t> indices, outputs, accepted, offsets;
+  stage_on_host(params.state_indices, host.state_indices, indices, stream);
+  stage_on_host(params.output_state_indices, host.output_state_indices, outputs, stream);
+  stage_on_host(params.num_accepted_tokens, host.num_accepted_tokens, accepted, stream);
+  stage_on_host(params.cu_seqlens, host.cu_seqlens, offsets, stream);
+  check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize (check_indices)");
+  check_index_data(host);
+}
+
+}  // namespace
+
+int vk_rows_per_warp(DType state_dtype, int64_t head_k, int rows_per_thread) {
+  const int vec = state_dtype == DType::kFloat32 ? 4 : 8;
+  const int lanes_per_row = static_cast<int>(std::min<int64_t>(32, head_k / vec));
+  return (32 / lanes_per_row) * rows_per_thread;
+}
+
+int kv_columns_per_cta(DType state_dtype) {
+  return 8 * (state_dtype == DType::kFloat32 ? 4 : 8);
+}
+
+void set_launch_override(int warps, int rows_per_thread) {
+  warps_override.store(warps);
+  rows_override.store(rows_per_thread);
+}
+
+LaunchPlan plan_launch(const DecodeProblem& p, int sm_count) {
+  // The choices below come from sweeps on an H100 (docs/gdn-cuda-dispatch.md); sm_count is
+  // kept for heuristics that depend on the device size.
+  (void)sm_count;
+  LaunchPlan plan;
+  const int64_t heads = p.num_requests * p.num_v_heads;
+  if (p.layout == StateLayout::kKV) {
+    plan.kernel = "kv";
+    plan.warps_per_cta = static_cast<int>(p.head_k / 32);
+    plan.rows_per_thread = 8;
+    plan.tiles_per_head = ceil_div(p.head_v, kv_columns_per_cta(p.state_dtype));
+    plan.ctas = heads * plan.tiles_per_head;
+    return plan;
+  }
+  // One token per request needs no fp32 state between tokens: the lighter kernel.
+  const bool single = p.token_capacity == 1 || p.tokens_per_request == 1;
+  plan.kernel = single ? "vk1" : "vk";
+  // One-token kernel: 8 rows per thread (128 bytes per lane in flight) where they fit (bf16
+  // K = 64 has too few lanes per row, fp32 K = 256 too many registers); 2 warps per CTA.
+  // Multi-token kernel: 4 rows per thread; a CTA prepares one token per warp, so 8 warps
+  // when most tokens fit one chunk (T >= 5), 4 otherwise.
+  const bool eight_fit = !(p.state_dtype == DType::kFloat32 && p.head_k == 256) &&
+                         !(p.state_dtype == DType::kBFloat16 && p.head_k == 64);
+  plan.rows_per_thread = single && eight_fit ? 8 : 4;
+  const int64_t tokens = p.variable_length ? p.token_capacity : p.tokens_per_request;
+  plan.warps_per_cta = single ? 2 : (tokens >= 5 ? 8 : 4);
+  const int forced_rows = rows_override.load();
+  if ((single && (forced_rows == 4 || (forced_rows >= 8 && eight_fit))) ||
+      (!single && (forced_rows == 2 || forced_rows == 4))) {
+    plan.rows_per_thread = forced_rows;
+  }
+  if (const int forced = warps_override.load(); forced >= 1 && forced <= 8) {
+    plan.warps_per_cta = forced;
+  }
+  const int rows_per_warp = vk_rows_per_warp(p.state_dtype, p.head_k, plan.rows_per_thread);
+  plan.tiles_per_head = ceil_div(p.head_v, int64_t{plan.warps_per_cta} * rows_per_warp);
+  plan.ctas = heads * plan.tiles_per_head;
+  return plan;
+}
+
+void decode_cuda(const DecodeProblem& problem, const DecodeParams& params, CudaStream stream) {
+  check_capabilities(problem, params);
+  DeviceGuard guard(params.q.device.index);
+  const auto cuda_stream = static_cast<cudaStream_t>(stream);
+  if (params.check_indices) check_indices_on_host(problem, params, cuda_stream);
+  const bool no_tokens = !problem.variable_length && problem.tokens_per_request == 0;
+  if (problem.num_requests == 0 || no_tokens) return;
+
+  const LaunchPlan plan = plan_launch(problem, multiprocessor_count(params.q.device.index));
+  if (plan.ctas > 0x7fffffff) {
+    throw Error("hdk::gdn::decode: " + std::to_string(plan.ctas) +
+                " CTAs exceed the CUDA grid limit; split the batch");
+  }
+  const bool fp32 = problem.state_dtype == DType::kFloat32;
+  if (std::string(plan.kernel) == "vk1") {
+    if (fp32) {
+      launch_decode_vk_single<float>(problem, plan.warps_per_cta, plan.rows_per_thread,
+                                     plan.tiles_per_head, cuda_stream);
+    } else {
+      launch_decode_vk_single<__nv_bfloat16>(problem, plan.warps_per_cta, plan.rows_per_thread,
+                                             plan.tiles_per_head, cuda_stream);
+    }
+  } else if (problem.layout == StateLayout::kVK) {
+    if (fp32) {
+      launch_decode_vk<float>(problem, plan.warps_per_cta, plan.rows_per_thread,
+                              plan.tiles_per_head, cuda_stream);
+    } else {
+      launch_decode_vk<__nv_bfloat16>(problem, plan.warps_per_cta, plan.rows_per_thread,
+                                      plan.tiles_per_head, cuda_stream);
+    }
+  } else if (fp32) {
+    launch_decode_kv<float>(problem, plan.tiles_per_head, cuda_stream);
+  } else {
+    launch_decode_kv<__nv_bfloat16>(problem, plan.tiles_per_head, cuda_stream);
+  }
+  check_cuda(cudaGetLastError(), "launching the decode kernel");
+}
+
+}  // namespace detail
+}  // namespace gdn
+}  // namespace hdk

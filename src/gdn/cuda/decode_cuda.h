@@ -1,0 +1,33 @@
+// The CUDA backend of GDN decode (compiled only with HDK_WITH_CUDA).
+#pragma once
+
+#include "gdn/decode_problem.h"
+#include "hdk/cuda_stream.h"
+#include "hdk/gdn/decode.h"
+
+namespace hdk {
+namespace gdn {
+namespace detail {
+
+// Checks what the CUDA kernels need beyond the shared validation (head sizes, V multiple of 8,
+// 16-byte alignment), honours params.check_indices, then launches on `stream`.
+void decode_cuda(const DecodeProblem& problem, const DecodeParams& params, CudaStream stream);
+
+// Launch geometry the dispatcher picks, exposed for hdk-bench's tuning sweep.
+struct LaunchPlan {
+  const char* kernel = "";  // "vk" or "kv"
+  int warps_per_cta = 0;
+  int rows_per_thread = 0;
+  int64_t tiles_per_head = 0;
+  int64_t ctas = 0;
+};
+
+LaunchPlan plan_launch(const DecodeProblem& problem, int sm_count);
+
+// Forces the VK kernel's warps per CTA and rows per thread (0 = the dispatcher's choice). A
+// tuning aid for hdk-bench's sweeps; it affects every later call in the process.
+void set_launch_override(int warps, int rows_per_thread);
+
+}  // namespace detail
+}  // namespace gdn
+}  // namespace hdk

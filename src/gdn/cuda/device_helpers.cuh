@@ -1,0 +1,352 @@
+// Device-side pieces shared by the GDN decode kernels: element loads/stores in any input dtype,
+// 16-byte state fragments, warp reductions, and the per-token preparation every CTA does.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "gdn/decode_problem.h"
+#include "gdn/gating.h"
+
+namespace hdk {
+namespace gdn {
+namespace detail {
+
+// One scalar of q, k, v, a, b, g, beta or dt_bias: the dtype is uniform across the grid, so the
+// switch costs a predictable branch, and it keeps one kernel per state type instead of one per
+// input type (compile time, binary size).
+__device__ __forceinline__ float load_element(const void* base, DType dtype, int64_t offset) {
+  switch (dtype) {
+    case DType::kBFloat16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[offset]);
+    case DType::kFloat16:
+      return __half2float(static_cast<const __half*>(base)[offset]);
+    default:
+      return static_cast<const float*>(base)[offset];
+  }
+}
+
+__device__ __forceinline__ void store_element(void* base, DType dtype, int64_t offset,
+                                              float value) {
+  switch (dtype) {
+    case DType::kBFloat16:
+      static_cast<__nv_bfloat16*>(base)[offset] = __float2bfloat16_rn(value);
+      break;
+    case DType::kFloat16:
+      static_cast<__half*>(base)[offset] = __float2half_rn(value);
+      break;
+    default:
+      static_cast<float*>(base)[offset] = value;
+      break;
+  }
+}
+
+// A 16-byte piece of a state row: 4 fp32 or 8 bf16 values, converted to fp32 registers.
+template <typename StateT>
+struct Fragment;
+
+template <>
+struct Fragment<float> {
+  static constexpr int kSize = 4;
+  __device__ __forceinline__ static void load(const float* source, float* values) {
+    const float4 raw = __ldg(reinterpret_cast<const float4*>(source));
+    values[0] = raw.x;
+    values[1] = raw.y;
+    values[2] = raw.z;
+    values[3] = raw.w;
+  }
+  __device__ __forceinline__ static void store(float* target, const float* values) {
+    *reinterpret_cast<float4*>(target) = make_float4(values[0], values[1], values[2], values[3]);
+  }
+};
+
+template <>
+struct Fragment<__nv_bfloat16> {
+  static constexpr int kSize = 8;
+  __device__ __forceinline__ static void load(const __nv_bfloat16* source, float* values) {
+    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(source));
+    const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      // bf16 -> fp32 is a 16-bit shift; no conversion instruction needed.
+      values[2 * i] = __uint_as_float(words[i] << 16);
+      values[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+    }
+  }
+  __device__ __forceinline__ static void store(__nv_bfloat16* target, const float* values) {
+    uint32_t words[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const __nv_bfloat162 pair = __floats2bfloat162_rn(values[2 * i], values[2 * i + 1]);
+      words[i] = *reinterpret_cast<const uint32_t*>(&pair);
+    }
+    *reinterpret_cast<uint4*>(target) = make_uint4(words[0], words[1], words[2], words[3]);
+  }
+};
+
+// n contiguous elements of an input tensor (q or k) into fp32 registers: one vector load when
+// the address allows it (views into packed buffers need not be aligned), scalars otherwise.
+template <int kCount>
+__device__ __forceinline__ void load_elements(const void* base, DType dtype, int64_t offset,
+                                              float* values) {
+  if (dtype == DType::kFloat32) {
+    const float* source = static_cast<const float*>(base) + offset;
+    if (kCount % 4 == 0 && reinterpret_cast<uintptr_t>(source) % 16 == 0) {
+#pragma unroll
+      for (int i = 0; i < kCount; i += 4) {
+        const float4 raw = __ldg(reinterpret_cast<const float4*>(source + i));
+        values[i] = raw.x;
+        values[i + 1] = raw.y;
+        values[i + 2] = raw.z;
+        values[i + 3] = raw.w;
+      }
+      return;
+    }
+  } else {
+    const uint16_t* source = static_cast<const uint16_t*>(base) + offset;
+    const bool bf16 = dtype == DType::kBFloat16;
+    if (kCount % 4 == 0 && reinterpret_cast<uintptr_t>(source) % 8 == 0) {
+#pragma unroll
+      for (int i = 0; i < kCount; i += 4) {
+        const uint2 raw = __ldg(reinterpret_cast<const uint2*>(source + i));
+        const uint32_t words[2] = {raw.x, raw.y};
+#pragma unroll
+        for (int w = 0; w < 2; ++w) {
+          if (bf16) {
+            values[i + 2 * w] = __uint_as_float(words[w] << 16);
+            values[i + 2 * w + 1] = __uint_as_float(words[w] & 0xffff0000u);
+          } else {
+            const __half2 pair = *reinterpret_cast<const __half2*>(&words[w]);
+            const float2 unpacked = __half22float2(pair);
+            values[i + 2 * w] = unpacked.x;
+            values[i + 2 * w + 1] = unpacked.y;
+          }
+        }
+      }
+      return;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kCount; ++i)
+    values[i] = load_element(base, dtype, offset + i);
+}
+
+// Sum over groups of `kWidth` consecutive lanes (a power of two <= 32); every lane of the
+// group ends with the group's total.
+template <int kWidth>
+__device__ __forceinline__ float group_sum(float value) {
+#pragma unroll
+  for (int offset = kWidth / 2; offset > 0; offset /= 2) {
+    value += __shfl_xor_sync(0xffffffffu, value, offset);
+  }
+  return value;
+}
+
+// Sums kCount values over groups of kWidth consecutive lanes with a butterfly that halves the
+// values each lane carries at every step (kCount - 1 shuffles instead of kCount * log2(kWidth)).
+// On return values[0] holds the group's total of value index scattered_index(lane).
+template <int kCount, int kOffset>
+__device__ __forceinline__ void reduce_scatter_step(float* values, int lane_in_group) {
+  // Compile-time recursion keeps every array index static (a runtime halving loop put the
+  // values on the stack).
+  if constexpr (kOffset >= 1) {
+    if constexpr (kCount > 1) {
+      const bool upper = (lane_in_group & kOffset) != 0;
+#pragma unroll
+      for (int i = 0; i < kCount / 2; ++i) {
+        const float send = upper ? values[i] : values[i + kCount / 2];
+        const float keep = upper ? values[i + kCount / 2] : values[i];
+        values[i] = keep + __shfl_xor_sync(0xffffffffu, send, kOffset);
+      }
+      reduce_scatter_step<kCount / 2, kOffset / 2>(values, lane_in_group);
+    } else {
+      values[0] += __shfl_xor_sync(0xffffffffu, values[0], kOffset);
+      reduce_scatter_step<1, kOffset / 2>(values, lane_in_group);
+    }
+  }
+}
+
+template <int kCount, int kWidth>
+__device__ __forceinline__ void reduce_scatter(float* values, int lane_in_group) {
+  static_assert((kCount & (kCount - 1)) == 0 && (kWidth & (kWidth - 1)) == 0, "powers of two");
+  reduce_scatter_step<kCount, kWidth / 2>(values, lane_in_group);
+}
+
+// The value index a lane holds after reduce_scatter<kCount, kWidth>.
+template <int kCount, int kWidth>
+__device__ __forceinline__ int scattered_index(int lane_in_group) {
+  int index = 0, count = kCount;
+#pragma unroll
+  for (int offset = kWidth / 2; offset >= 1 && count > 1; offset /= 2) {
+    if (lane_in_group & offset) index += count / 2;
+    count /= 2;
+  }
+  return index;
+}
+
+// The lowest lane of a group that holds value `index` after reduce_scatter<kCount, kWidth>.
+template <int kCount, int kWidth>
+__device__ __forceinline__ int scattered_lane(int index) {
+  int lane = 0, count = kCount;
+#pragma unroll
+  for (int offset = kWidth / 2; offset >= 1 && count > 1; offset /= 2) {
+    if (index >= count / 2) {
+      lane += offset;
+      index -= count / 2;
+    }
+    count /= 2;
+  }
+  return lane;
+}
+
+__device__ __forceinline__ int64_t token_offset(const TokenTensor& x, int64_t request_row,
+                                                int64_t token, int64_t head) {
+  return request_row * x.stride_request + token * x.stride_token + head * x.stride_head;
+}
+
+// Everything one token contributes to a head, in shared memory for all of the CTA's threads.
+template <int K>
+struct alignas(16) TokenVectors {
+  float q[K];  // l2-normalized (optional) and scaled
+  float k[K];  // l2-normalized (optional)
+  float decay;
+  float beta;
+  float k_dot_q;
+};
+
+// A token's raw inputs as one warp loads them: K / 32 elements of q and k per lane, and the
+// gate inputs in lane 0. Loading is split from finishing so a kernel can issue these loads
+// together with the pool loads and pay one DRAM round trip for all of them.
+template <int K>
+struct TokenInputs {
+  static constexpr int kPerLane = K / 32;
+  float q[kPerLane];
+  float k[kPerLane];
+  float gate_a;  // a (fused gating) or g
+  float gate_b;  // b (fused gating) or beta
+  float dt_bias;
+  float A_log;
+};
+
+template <int K>
+__device__ __forceinline__ void load_token_inputs(const DecodeProblem& p, int64_t request_row,
+                                                  int64_t token, int64_t hv, int lane,
+                                                  TokenInputs<K>& in) {
+  const int64_t h = p.qk_head_of(hv);
+  if (lane == 0) {
+    const TokenTensor& a = p.fused_gating ? p.a : p.g;
+    const TokenTensor& b = p.fused_gating ? p.b : p.beta;
+    in.gate_a = load_element(a.data, a.dtype, token_offset(a, request_row, token, hv));
+    in.gate_b = load_element(b.data, b.dtype, token_offset(b, request_row, token, hv));
+    if (p.fused_gating) {
+      in.dt_bias = load_element(p.dt_bias, p.dt_bias_dtype, hv * p.dt_bias_stride);
+      in.A_log = p.A_log[hv * p.A_log_stride];
+    }
+  }
+  const int64_t q_base = token_offset(p.q, request_row, token, h);
+  const int64_t k_base = token_offset(p.k, request_row, token, h);
+#pragma unroll
+  for (int i = 0; i < TokenInputs<K>::kPerLane; ++i) {
+    const int j = i * 32 + lane;  // lane-interleaved: coalesced loads, conflict-free stores
+    in.q[i] = load_element(p.q.data, p.q.dtype, q_base + j);
+    in.k[i] = load_element(p.k.data, p.k.dtype, k_base + j);
+  }
+}
+
+// Normalizes and scales q and k, computes the gate, and writes the token's vectors.
+template <int K>
+__device__ __forceinline__ void finish_token(const DecodeProblem& p, const TokenInputs<K>& in,
+                                             int lane, TokenVectors<K>& out) {
+  float qq = 0.0f, kk = 0.0f, qk = 0.0f;
+#pragma unroll
+  for (int i = 0; i < TokenInputs<K>::kPerLane; ++i) {
+    qq += in.q[i] * in.q[i];
+    kk += in.k[i] * in.k[i];
+    qk += in.q[i] * in.k[i];
+  }
+  float q_factor = p.scale;
+  float k_factor = 1.0f;
+  if (p.use_qk_l2norm) {
+    q_factor *= rsqrtf(group_sum<32>(qq) + p.l2norm_eps);
+    k_factor = rsqrtf(group_sum<32>(kk) + p.l2norm_eps);
+  }
+  qk = group_sum<32>(qk);
+#pragma unroll
+  for (int i = 0; i < TokenInputs<K>::kPerLane; ++i) {
+    out.q[i * 32 + lane] = in.q[i] * q_factor;
+    out.k[i * 32 + lane] = in.k[i] * k_factor;
+  }
+  if (lane == 0) {
+    const float g = p.fused_gating ? fused_log_decay(in.A_log, in.gate_a, in.dt_bias,
+                                                     p.softplus_beta, p.softplus_threshold)
+                                   : in.gate_a;
+    out.decay = expf(g);
+    out.beta = p.fused_gating ? sigmoid(in.gate_b) : in.gate_b;
+    out.k_dot_q = qk * q_factor * k_factor;
+  }
+}
+
+// Which tokens request n owns, without reading any pool index (cu_seqlens only).
+struct TokenRange {
+  int64_t origin = 0;
+  int64_t count = 0;
+};
+
+__device__ __forceinline__ TokenRange request_tokens(const DecodeProblem& p, int64_t n) {
+  TokenRange range;
+  if (!p.variable_length) {
+    range.count = p.tokens_per_request;
+    return range;
+  }
+  const int64_t begin = p.cu_seqlens.at(n);
+  const int64_t end = p.cu_seqlens.at(n + 1);
+  // A malformed range is handled by plan_request; here it only must not address wild memory.
+  if (begin >= 0 && end >= begin && end <= p.total_tokens) {
+    range.origin = begin;
+    range.count = end - begin;
+  }
+  return range;
+}
+
+__device__ __forceinline__ void count_invalid(const DecodeProblem& p) {
+  if (p.invalid_index_count == nullptr) return;
+  if (p.invalid_index_count_dtype == DType::kInt64) {
+    atomicAdd(static_cast<unsigned long long*>(p.invalid_index_count), 1ull);
+  } else {
+    atomicAdd(static_cast<int*>(p.invalid_index_count), 1);
+  }
+}
+
+__device__ __forceinline__ int64_t slot_offset(const DecodeProblem& p, int64_t slot, int64_t hv) {
+  return slot * p.slot_pitch + hv * p.head_pitch;
+}
+
+__device__ __forceinline__ int64_t cache_offset(const DecodeProblem& p, int64_t n, int64_t t,
+                                                int64_t hv) {
+  return n * p.intermediate_stride_request + t * p.intermediate_stride_token + hv * p.head_pitch;
+}
+
+// Where the state after token t of request n goes besides the final slot: the verify cache and
+// the per-token pool slot of 2-D state_indices (nullptr where not asked for).
+template <typename StateT>
+struct TokenStateTargets {
+  StateT* cache;
+  StateT* token_slot;
+};
+
+template <typename StateT>
+__device__ __forceinline__ TokenStateTargets<StateT> token_state_targets(const DecodeProblem& p,
+                                                                         int64_t n, int64_t t,
+                                                                         int64_t hv) {
+  const int64_t slot = per_token_write_slot(p, n, t);
+  return {p.intermediate_states != nullptr
+              ? static_cast<StateT*>(p.intermediate_states) + cache_offset(p, n, t, hv)
+              : nullptr,
+          slot >= 0 ? static_cast<StateT*>(p.state) + slot_offset(p, slot, hv) : nullptr};
+}
+
+}  // namespace detail
+}  // namespace gdn
+}  // namespace hdk

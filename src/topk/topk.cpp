@@ -1,0 +1,37 @@
+// Entry point of hdk::topk: validate once, then hand the problem to the backend of the device the
+// tensors live on.
+#include "hdk/topk.h"
+
+#include "hdk/error.h"
+#include "topk/cpu/topk_cpu.h"
+#include "topk/topk_validation.h"
+
+#ifdef HDK_WITH_CUDA
+#include "topk/cuda/topk_cuda.h"
+#endif
+
+namespace hdk {
+
+void topk(const TensorView& values, int64_t k, const TensorView& out_values,
+          const TensorView& out_indices, const TensorView& row_lengths) {
+  topk(values, k, out_values, out_indices, row_lengths, nullptr);
+}
+
+void topk(const TensorView& values, int64_t k, const TensorView& out_values,
+          const TensorView& out_indices, const TensorView& row_lengths, CudaStream stream) {
+  const detail::TopkProblem problem =
+      detail::validate_topk(values, k, out_values, out_indices, row_lengths);
+  if (values.device.is_cpu()) {
+    detail::topk_cpu(problem);
+    return;
+  }
+#ifdef HDK_WITH_CUDA
+  detail::topk_cuda(problem, values.device.index, stream);
+#else
+  (void)stream;
+  throw Error("hdk::topk: the tensors are on " + values.device.str() +
+              " but this build of hdk has no CUDA backend (configure with -DHDK_WITH_CUDA=ON)");
+#endif
+}
+
+}  // namespace hdk
