@@ -10,10 +10,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-/usr/bin/python3}
 site=${HDK_PYTHON_SITE:-build-python/site}
+[[ $site == /* ]] || site="$PWD/$site"  # relative paths are taken from the repo root
 
 echo "python tests: building the extension for $python into $site"
 rm -rf "$site"
 "$python" -m pip install --no-build-isolation --no-deps --no-index --disable-pip-version-check --root-user-action=ignore \
   --quiet --target "$site" ./python
-PYTHONPATH="$PWD/$site${PYTHONPATH:+:$PYTHONPATH}" \
+PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" \
   "$python" -m pytest -q -rs -p no:cacheprovider python/tests
