@@ -74,40 +74,31 @@ __global__ void __launch_bounds__(kEpilogueWarps * 32)
   const bool in_registers = E <= 32 * kEntriesInRegisters;
   bool nan = false;
   uint64_t best = 0;
+  // Scores one expert into shared memory and returns its ranked selection entry (0 in hash
+  // mode); flags NaN logits and keys.
+  auto score = [&](int64_t e) -> uint64_t {
+    const int64_t offset = n * logits_row_stride + e;
+    const float x = logits_dtype == DType::kBFloat16
+                        ? __bfloat162float(static_cast<const __nv_bfloat16*>(logits)[offset])
+                        : static_cast<const float*>(logits)[offset];
+    const float s = router_score(x);
+    scores[e] = s;
+    nan |= isnan(x);
+    if (!dense) return 0;
+    const float key = p.bias != nullptr ? s + p.bias[e * p.bias_stride] : s;
+    nan |= isnan(key);
+    return ranked_entry(ordered_key(key), static_cast<uint32_t>(e));
+  };
   uint64_t entries[kEntriesInRegisters];
 #pragma unroll
   for (int i = 0; i < kEntriesInRegisters; ++i) {
-    entries[i] = 0;
     const int64_t e = lane + 32 * i;
-    if (!in_registers || e >= E) continue;
-    const int64_t offset = n * logits_row_stride + e;
-    const float x = logits_dtype == DType::kBFloat16
-                        ? __bfloat162float(static_cast<const __nv_bfloat16*>(logits)[offset])
-                        : static_cast<const float*>(logits)[offset];
-    const float s = router_score(x);
-    scores[e] = s;
-    nan |= isnan(x);
-    if (dense) {
-      const float key = p.bias != nullptr ? s + p.bias[e * p.bias_stride] : s;
-      nan |= isnan(key);
-      entries[i] = ranked_entry(ordered_key(key), static_cast<uint32_t>(e));
-      best = entries[i] > best ? entries[i] : best;
-    }
+    entries[i] = in_registers && e < E ? score(e) : 0;
+    best = entries[i] > best ? entries[i] : best;
   }
   for (int64_t e = lane; !in_registers && e < E; e += 32) {
-    const int64_t offset = n * logits_row_stride + e;
-    const float x = logits_dtype == DType::kBFloat16
-                        ? __bfloat162float(static_cast<const __nv_bfloat16*>(logits)[offset])
-                        : static_cast<const float*>(logits)[offset];
-    const float s = router_score(x);
-    scores[e] = s;
-    nan |= isnan(x);
-    if (dense) {
-      const float key = p.bias != nullptr ? s + p.bias[e * p.bias_stride] : s;
-      nan |= isnan(key);
-      const uint64_t entry = ranked_entry(ordered_key(key), static_cast<uint32_t>(e));
-      best = entry > best ? entry : best;
-    }
+    const uint64_t entry = score(e);
+    best = entry > best ? entry : best;
   }
   bool invalid = __any_sync(0xffffffffu, nan);
   __syncwarp();

@@ -126,6 +126,14 @@ int vk_rows_per_warp(DType state_dtype, int64_t head_k, int rows_per_thread) {
   return (32 / lanes_per_row) * rows_per_thread;
 }
 
+void check_row_coverage(const DecodeProblem& problem, int warps_per_cta, int rows_per_warp,
+                        int64_t tiles_per_head) {
+  if (int64_t{warps_per_cta} * rows_per_warp * tiles_per_head >= problem.head_v) return;
+  throw Error("hdk::gdn::decode: internal launch plan error: " + std::to_string(tiles_per_head) +
+              " tiles of " + std::to_string(warps_per_cta) + " x " + std::to_string(rows_per_warp) +
+              " rows do not cover V = " + std::to_string(problem.head_v));
+}
+
 int kv_columns_per_cta(DType state_dtype) {
   return 8 * (state_dtype == DType::kFloat32 ? 4 : 8);
 }

@@ -21,6 +21,12 @@ template <typename StateT>
 void launch_decode_vk(const DecodeProblem& problem, int warps_per_cta, int rows_per_thread,
                       int64_t tiles_per_head, cudaStream_t stream);
 
+// Throws unless tiles_per_head tiles of warps_per_cta x rows_per_warp rows cover a head's V
+// rows: the host's launch plan must agree with the compile-time shape of the kernel it picked,
+// or rows would go unprocessed without any error.
+void check_row_coverage(const DecodeProblem& problem, int warps_per_cta, int rows_per_warp,
+                        int64_t tiles_per_head);
+
 // One token per request (T = 1, or a capacity of 1 with cu_seqlens); rows per thread 4 or 8.
 template <typename StateT>
 void launch_decode_vk_single(const DecodeProblem& problem, int warps_per_cta, int rows_per_thread,

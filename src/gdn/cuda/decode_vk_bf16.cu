@@ -16,12 +16,16 @@ void launch_decode_vk<__nv_bfloat16>(const DecodeProblem& problem, int warps_per
   const int64_t ctas = problem.num_requests * problem.num_v_heads * tiles_per_head;
   const dim3 grid(static_cast<unsigned>(ctas)), block(warps_per_cta * 32);
   HDK_DISPATCH_HEAD_K(problem.head_k, [&] {
+    auto launch = [&](auto kernel, int rows_per_warp) {
+      check_row_coverage(problem, warps_per_cta, rows_per_warp, tiles_per_head);
+      kernel<<<grid, block, 0, stream>>>(problem, static_cast<int>(tiles_per_head));
+    };
     if (rows_per_thread == 2) {
-      gdn_decode_vk_kernel<__nv_bfloat16, kHeadK, 2>
-          <<<grid, block, 0, stream>>>(problem, static_cast<int>(tiles_per_head));
+      launch(gdn_decode_vk_kernel<__nv_bfloat16, kHeadK, 2>,
+             VKShape<__nv_bfloat16, kHeadK, 2>::kRowsPerWarp);
     } else {
-      gdn_decode_vk_kernel<__nv_bfloat16, kHeadK, 4>
-          <<<grid, block, 0, stream>>>(problem, static_cast<int>(tiles_per_head));
+      launch(gdn_decode_vk_kernel<__nv_bfloat16, kHeadK, 4>,
+             VKShape<__nv_bfloat16, kHeadK, 4>::kRowsPerWarp);
     }
   });
 }

@@ -17,15 +17,20 @@ void launch_decode_vk_single<__nv_bfloat16>(const DecodeProblem& problem, int wa
   const dim3 grid(static_cast<unsigned>(ctas)), block(warps_per_cta * 32);
   HDK_DISPATCH_HEAD_K(problem.head_k, [&] {
     constexpr int kMostRows = max_single_token_rows<__nv_bfloat16, kHeadK>();
-    auto launch = [&](auto kernel) {
+    auto launch = [&](auto kernel, int rows_per_warp) {
+      check_row_coverage(problem, warps_per_cta, rows_per_warp, tiles_per_head);
       kernel<<<grid, block, 0, stream>>>(problem, static_cast<int>(tiles_per_head));
     };
     if (rows_per_thread >= 16) {
-      launch(gdn_decode_vk_single_kernel<__nv_bfloat16, kHeadK, kMostRows>);
+      launch(gdn_decode_vk_single_kernel<__nv_bfloat16, kHeadK, kMostRows>,
+             VKShape<__nv_bfloat16, kHeadK, kMostRows>::kRowsPerWarp);
     } else if (rows_per_thread >= 8) {
-      launch(gdn_decode_vk_single_kernel<__nv_bfloat16, kHeadK, (kMostRows < 8 ? kMostRows : 8)>);
+      constexpr int kRows = kMostRows < 8 ? kMostRows : 8;
+      launch(gdn_decode_vk_single_kernel<__nv_bfloat16, kHeadK, kRows>,
+             VKShape<__nv_bfloat16, kHeadK, kRows>::kRowsPerWarp);
     } else {
-      launch(gdn_decode_vk_single_kernel<__nv_bfloat16, kHeadK, 4>);
+      launch(gdn_decode_vk_single_kernel<__nv_bfloat16, kHeadK, 4>,
+             VKShape<__nv_bfloat16, kHeadK, 4>::kRowsPerWarp);
     }
   });
 }
