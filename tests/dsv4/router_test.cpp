@@ -303,7 +303,7 @@ std::vector<RouterCase> semantic_cases() {
   }
   // The models' real gate shapes on the fused path.
   for (auto [E, D] : {std::pair<int64_t, int64_t>{256, 4096}, {384, 7168}}) {
-    for (int64_t N : {1, 64, 300}) {
+    for (int64_t N : {1, 3, 64, 300}) {  // 1 and 3: the CUDA-core product; 64, 300: MMA
       RouterCase c;
       c.E = E, c.D = D, c.N = N, c.scores = Scores::kFused;
       c.row_padding = N == 64 ? 8 : 0;
@@ -320,6 +320,8 @@ std::vector<RouterCase> semantic_cases() {
     c.N = 5, c.E = 40, c.top_k = 40, c.route_scale = 1.0f;
     add(c);
     c.E = 3, c.top_k = 2, c.D = 24, c.scores = Scores::kFused;
+    add(c);
+    c.N = 2;  // the CUDA-core gate product with one expert per CTA and D = 3 chunks
     add(c);
     c.E = 1000, c.top_k = 64, c.N = 9, c.D = 40, c.scores = Scores::kFused;
     add(c);

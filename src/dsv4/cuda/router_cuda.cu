@@ -6,6 +6,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <climits>
 #include <cstdlib>
 #include <string>
 
@@ -27,133 +29,51 @@ using hdk::detail::ranked_entry;
 
 constexpr const char* kOperation = "hdk::dsv4::route";
 constexpr int kEpilogueWarps = 4;
-// Up to 32 x 16 = 512 experts (DeepSeek-V4 has 256 / 384) each lane keeps its ranked entries in
-// registers, so picking the next winner is an unrolled register scan. The general path rescans
-// shared memory and reloads the bias instead: measured on an H100, that made one row's
-// epilogue 14 us (3,000 dependent instructions of a single warp).
-constexpr int kEntriesInRegisters = 16;
 constexpr int64_t kMaxExperts = 16384;  // the epilogue keeps a row's scores in shared memory
+constexpr int kMaxRowExperts = 512;     // the one-thread-per-expert kernel (DeepSeek-V4: 256, 384)
 
-__device__ __forceinline__ uint64_t warp_max(uint64_t value) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    const uint64_t other = __shfl_xor_sync(0xffffffffu, value, offset);
-    value = other > value ? other : value;
-  }
-  return value;
+// A warp per row in every epilogue kernel. The work is tiny (E scores, k winners) so its time is
+// the length of the warp's dependent instruction chain, not throughput: the first version, which
+// rescanned shared memory for each winner, issued ~3,000 dependent instructions per row and took
+// 12-15 us on an H100 whatever N was.
+
+__device__ __forceinline__ float load_logit(const void* logits, DType dtype, int64_t offset) {
+  return dtype == DType::kBFloat16
+             ? __bfloat162float(static_cast<const __nv_bfloat16*>(logits)[offset])
+             : static_cast<const float*>(logits)[offset];
 }
 
-__device__ __forceinline__ float selection_key(const RouterProblem& p, const float* scores,
-                                               int64_t e) {
-  return p.bias != nullptr ? scores[e] + p.bias[e * p.bias_stride] : scores[e];
-}
-
-// One warp per row. The row's scores s live in shared memory; in dense mode each lane keeps the
-// best ranked entry among its experts (e = lane, lane + 32, ...) and the warp takes the maximum
-// top_k times. Entries are unique and leave in descending order, so the lane that lost its best
-// finds the next one as the largest entry below the one just taken: no "taken" flags.
-__global__ void __launch_bounds__(kEpilogueWarps * 32)
-    router_epilogue_kernel(RouterProblem p, const void* logits, DType logits_dtype,
-                           int64_t logits_row_stride, int words_per_warp) {
-  // After the gate GEMM this kernel is launched early (programmatic dependent launch); wait for
-  // the GEMM's logits. Without a programmatic dependency this returns at once.
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  const int warps = blockDim.x >> 5;
-  const int warp = threadIdx.x >> 5;
-  const int lane = threadIdx.x & 31;
-  const int64_t n = static_cast<int64_t>(blockIdx.x) * warps + warp;
-  if (n >= p.num_tokens) return;
-  const int64_t E = p.num_experts;
-  const int64_t K = p.top_k;
-
-  extern __shared__ float epilogue_shared[];
-  float* scores = epilogue_shared + static_cast<int64_t>(warp) * words_per_warp;
-  int32_t* slots = reinterpret_cast<int32_t*>(scores + E);
-
-  const bool dense = p.mode == RoutingMode::kDense;
-  const bool in_registers = E <= 32 * kEntriesInRegisters;
-  bool nan = false;
-  uint64_t best = 0;
-  // Scores one expert into shared memory and returns its ranked selection entry (0 in hash
-  // mode); flags NaN logits and keys.
-  auto score = [&](int64_t e) -> uint64_t {
-    const int64_t offset = n * logits_row_stride + e;
-    const float x = logits_dtype == DType::kBFloat16
-                        ? __bfloat162float(static_cast<const __nv_bfloat16*>(logits)[offset])
-                        : static_cast<const float*>(logits)[offset];
-    const float s = router_score(x);
-    scores[e] = s;
-    nan |= isnan(x);
-    if (!dense) return 0;
-    const float key = p.bias != nullptr ? s + p.bias[e * p.bias_stride] : s;
-    nan |= isnan(key);
-    return ranked_entry(ordered_key(key), static_cast<uint32_t>(e));
-  };
-  uint64_t entries[kEntriesInRegisters];
-#pragma unroll
-  for (int i = 0; i < kEntriesInRegisters; ++i) {
-    const int64_t e = lane + 32 * i;
-    entries[i] = in_registers && e < E ? score(e) : 0;
-    best = entries[i] > best ? entries[i] : best;
-  }
-  for (int64_t e = lane; !in_registers && e < E; e += 32) {
-    const uint64_t entry = score(e);
-    best = entry > best ? entry : best;
-  }
-  bool invalid = __any_sync(0xffffffffu, nan);
-  __syncwarp();
-
-  float sum = 0.0f;
-  if (!invalid) {
-    if (dense) {
-      uint64_t ceiling = ~0ull;
-      for (int64_t j = 0; j < K; ++j) {
-        const uint64_t winner = warp_max(best);
-        const int64_t e = column_of(winner);
-        if ((e & 31) == lane) {
-          ceiling = winner;
-          best = 0;
-          if (in_registers) {
-#pragma unroll
-            for (int i = 0; i < kEntriesInRegisters; ++i) {
-              if (entries[i] < ceiling && entries[i] > best) best = entries[i];
-            }
-          } else {
-            for (int64_t f = lane; f < E; f += 32) {
-              const uint64_t entry =
-                  ranked_entry(ordered_key(selection_key(p, scores, f)), static_cast<uint32_t>(f));
-              if (entry < ceiling && entry > best) best = entry;
-            }
-          }
-        }
-        // Every lane adds the same values in slot order: the CPU backend's fp32 sum.
-        sum += scores[e];
-        if (lane == 0) slots[j] = static_cast<int32_t>(e);
-      }
-    } else {
-      const int64_t token = p.token_id(n);
-      bool bad = token < 0 || token >= p.vocab_size;
-      if (!bad) {
-        for (int64_t j = lane; j < K; j += 32) {
-          const int32_t e = p.table_entry(token, j);
-          bad |= e < 0 || e >= E;
-          slots[j] = e;
-        }
-      }
-      invalid = __any_sync(0xffffffffu, bad);
-      __syncwarp();
-      if (!invalid) {
-        for (int64_t j = 0; j < K; ++j)
-          sum += scores[slots[j]];
-      }
+// Hash routing: the row's slots from tid2eid. Returns false (for every lane) when the token id
+// or a used table entry is out of range.
+__device__ bool hash_slots(const RouterProblem& p, int64_t n, int lane, int32_t* slots) {
+  const int64_t token = p.token_id(n);
+  bool bad = token < 0 || token >= p.vocab_size;
+  if (!bad) {
+    for (int64_t j = lane; j < p.top_k; j += 32) {
+      const int32_t e = p.table_entry(token, j);
+      bad |= e < 0 || e >= p.num_experts;
+      slots[j] = e;
     }
-    if (!invalid) invalid = !weights_formable(sum);
   }
+  const bool ok = !__any_sync(0xffffffffu, bad);
   __syncwarp();
+  return ok;
+}
 
+// Every lane adds the same values in slot order: the CPU backend's fp32 sum.
+__device__ float slot_sum(const RouterProblem& p, const float* scores, const int32_t* slots) {
+  float sum = 0.0f;
+  for (int64_t j = 0; j < p.top_k; ++j)
+    sum += scores[slots[j]];
+  return sum;
+}
+
+// Writes the row's ids and weights (or -1 / 0 and a count for an invalid row).
+__device__ void write_row(const RouterProblem& p, int64_t n, int lane, const float* scores,
+                          const int32_t* slots, float sum, bool invalid) {
   int32_t* ids = p.topk_ids + n * p.topk_ids_row_stride;
   float* weights = p.topk_weights + n * p.topk_weights_row_stride;
-  for (int64_t j = lane; j < K; j += 32) {
+  for (int64_t j = lane; j < p.top_k; j += 32) {
     if (invalid) {
       ids[j] = -1;
       weights[j] = 0.0f;
@@ -171,6 +91,173 @@ __global__ void __launch_bounds__(kEpilogueWarps * 32)
   }
 }
 
+// The end of every epilogue, run by one warp: hash routing's slots and sum (dense routing
+// brings its own), the check that the sum gives finite weights, and the row's outputs.
+__device__ void finish_row(const RouterProblem& p, int64_t n, int lane, const float* scores,
+                           int32_t* slots, float sum, bool invalid) {
+  if (!invalid && p.mode == RoutingMode::kHash) {
+    invalid = !hash_slots(p, n, lane, slots);
+    if (!invalid) sum = slot_sum(p, scores, slots);
+  }
+  if (!invalid) invalid = !weights_formable(sum);
+  __syncwarp();
+  write_row(p, n, lane, scores, slots, sum, invalid);
+}
+
+// The winner among the 32 lanes' entries (0 = none): the largest key, then among equal keys
+// the largest low word (the lower expert). Two single-instruction reductions instead of a
+// five-step 64-bit shuffle tree.
+__device__ __forceinline__ uint64_t warp_top(uint64_t entry) {
+  const uint32_t key = static_cast<uint32_t>(entry >> 32);
+  const uint32_t low = static_cast<uint32_t>(entry);
+  const uint32_t top_key = __reduce_max_sync(0xffffffffu, key);
+  const uint32_t top_low = __reduce_max_sync(0xffffffffu, key == top_key ? low : 0u);
+  return (static_cast<uint64_t>(top_key) << 32) | top_low;
+}
+
+// One CTA per row, one thread per expert (E <= kMaxRowExperts). The work per row is tiny, so
+// the time is the length of the dependent chain; spreading the row over E threads makes it
+// one score per thread (a warp per row scoring 8-12 experts per lane was ~1,600 serialized
+// instructions, 3 us). Then:
+//  1. each warp takes its best min(top_k, 32) entries in order (warp_top, the winner's lane
+//     drops out) into a list in shared memory;
+//  2. warp 0 merges the sorted lists: lane l holds the head of list l, and each winner is the
+//     warp_top of the heads; the winning lane advances (its next entry is already loaded).
+__global__ void __launch_bounds__(kMaxRowExperts)
+    router_epilogue_row_kernel(RouterProblem p, const void* logits, DType logits_dtype,
+                               int64_t logits_row_stride, int list_length) {
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5;
+  const int lane = tid & 31;
+  const int warps = blockDim.x >> 5;
+  const int64_t n = blockIdx.x;
+  const int64_t E = p.num_experts;
+  const bool dense = p.mode == RoutingMode::kDense;
+  const bool expert = tid < E;
+  // The bias is not produced by the gate GEMM: load it before waiting for that grid.
+  const float bias = p.bias != nullptr && expert ? p.bias[tid * p.bias_stride] : 0.0f;
+  // After the gate GEMM this kernel is launched early (programmatic dependent launch); wait for
+  // the GEMM's logits. Without a programmatic dependency this returns at once.
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+
+  extern __shared__ __align__(16) uint8_t row_shared[];
+  uint64_t* lists = reinterpret_cast<uint64_t*>(row_shared);  // [warps][list_length]
+  float* scores = reinterpret_cast<float*>(lists + static_cast<int64_t>(warps) * list_length);
+  int32_t* slots = reinterpret_cast<int32_t*>(scores + E);
+
+  uint64_t entry = 0;  // below every real entry: a NaN-free key is at least 0x007fffff
+  bool nan = false;
+  if (expert) {
+    const float x = load_logit(logits, logits_dtype, n * logits_row_stride + tid);
+    const float s = router_score(x);
+    scores[tid] = s;
+    const float key = s + bias;  // + 0.0f without a bias: s unchanged, -0 ties +0
+    nan = isnan(x) || isnan(key);
+    entry = ranked_entry(ordered_key(key), static_cast<uint32_t>(tid));
+  }
+  bool invalid = __syncthreads_or(nan) != 0;
+  if (dense && !invalid) {
+    for (int j = 0; j < list_length; ++j) {
+      const uint64_t top = warp_top(entry);
+      if (entry == top) entry = 0;
+      if (lane == 0) lists[warp * list_length + j] = top;
+    }
+  }
+  __syncthreads();
+  if (warp != 0) return;
+
+  float sum = 0.0f;  // dense: the selected scores' sum, in slot order
+  if (dense && !invalid) {
+    const uint64_t* list = lists + lane * list_length;
+    int next = 2;
+    uint64_t head = lane < warps ? list[0] : 0;
+    uint64_t second = lane < warps && list_length > 1 ? list[1] : 0;
+    for (int64_t j = 0; j < p.top_k; ++j) {
+      const uint64_t top = warp_top(head);
+      if (head == top && lane < warps) {
+        head = second;
+        second = next < list_length ? list[next] : 0;
+        ++next;
+      }
+      const uint32_t e = column_of(top);
+      sum += scores[e];
+      if (lane == 0) slots[j] = static_cast<int32_t>(e);
+    }
+  }
+  finish_row(p, n, lane, scores, slots, sum, invalid);
+}
+
+__device__ __forceinline__ uint64_t warp_max(uint64_t value) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const uint64_t other = __shfl_xor_sync(0xffffffffu, value, offset);
+    value = other > value ? other : value;
+  }
+  return value;
+}
+
+__device__ __forceinline__ uint64_t selection_entry(const RouterProblem& p, const float* scores,
+                                                    int64_t e) {
+  const float key = p.bias != nullptr ? scores[e] + p.bias[e * p.bias_stride] : scores[e];
+  return ranked_entry(ordered_key(key), static_cast<uint32_t>(e));
+}
+
+// Any E up to kMaxExperts (the row kernel above covers E <= 512, DeepSeek-V4's 256 and 384). The
+// row's scores live in shared memory; each lane keeps the best entry among its experts and the warp
+// takes the maximum top_k times. Entries are unique and leave in descending order, so the lane
+// that lost its best finds the next one as the largest entry below the one just taken.
+__global__ void __launch_bounds__(kEpilogueWarps * 32)
+    router_epilogue_kernel(RouterProblem p, const void* logits, DType logits_dtype,
+                           int64_t logits_row_stride, int words_per_warp) {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + warp;
+  if (n >= p.num_tokens) return;
+  const int64_t E = p.num_experts;
+
+  extern __shared__ float epilogue_shared[];
+  float* scores = epilogue_shared + static_cast<int64_t>(warp) * words_per_warp;
+  int32_t* slots = reinterpret_cast<int32_t*>(scores + E);
+
+  const bool dense = p.mode == RoutingMode::kDense;
+  bool nan = false;
+  for (int64_t e = lane; e < E; e += 32) {
+    const float x = load_logit(logits, logits_dtype, n * logits_row_stride + e);
+    scores[e] = router_score(x);
+    nan |= isnan(x);
+  }
+  __syncwarp();
+  uint64_t best = 0;
+  for (int64_t e = lane; dense && e < E; e += 32) {
+    const uint64_t entry = selection_entry(p, scores, e);
+    nan |= static_cast<uint32_t>(entry >> 32) == 0;  // a NaN key
+    best = entry > best ? entry : best;
+  }
+  bool invalid = __any_sync(0xffffffffu, nan);
+  __syncwarp();
+
+  float sum = 0.0f;  // dense: the selected scores' sum, in slot order
+  if (dense && !invalid) {
+    uint64_t ceiling = ~0ull;
+    for (int64_t j = 0; j < p.top_k; ++j) {
+      const uint64_t winner = warp_max(best);
+      const int64_t e = column_of(winner);
+      if ((e & 31) == lane) {
+        ceiling = winner;
+        best = 0;
+        for (int64_t f = lane; f < E; f += 32) {
+          const uint64_t entry = selection_entry(p, scores, f);
+          if (entry < ceiling && entry > best) best = entry;
+        }
+      }
+      sum += scores[e];
+      if (lane == 0) slots[j] = static_cast<int32_t>(e);
+    }
+  }
+  finish_row(p, n, lane, scores, slots, sum, invalid);
+}
+
 bool programmatic_launch_enabled() {
   // HDK_NO_PDL=1 launches the epilogue after the GEMM the ordinary way (a debugging aid).
   static const bool enabled = [] {
@@ -182,6 +269,10 @@ bool programmatic_launch_enabled() {
 
 void check_capabilities(const RouterProblem& p, int device) {
   const ArgumentChecks check(kOperation);
+  if (p.num_tokens > INT_MAX) {
+    check.fail("the CUDA backend supports N up to " + std::to_string(INT_MAX) +
+               " rows (one CTA per row), got N = " + std::to_string(p.num_tokens));
+  }
   if (p.num_experts > kMaxExperts) {
     check.fail("the CUDA backend supports E up to " + std::to_string(kMaxExperts) +
                ", got E = " + std::to_string(p.num_experts) + "; CPU tensors accept any E");
@@ -225,10 +316,36 @@ void route_cuda(const RouterProblem& p, int device, CudaStream stream) {
   DType logits_dtype = p.logits_dtype;
   int64_t logits_row_stride = p.logits_row_stride;
   if (p.fused_gate) {
-    launch_gate_gemm(p, device, cuda_stream);
+    if (gate_gemv_applies(p, device)) {
+      launch_gate_gemv(p, device, cuda_stream);
+    } else {
+      launch_gate_gemm(p, device, cuda_stream);
+    }
     logits = p.logits_workspace;
     logits_dtype = DType::kFloat32;
     logits_row_stride = p.logits_workspace_row_stride;
+  }
+
+  cudaLaunchConfig_t config = {};
+  config.stream = cuda_stream;
+  cudaLaunchAttribute attributes[1];
+  attributes[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attributes[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attributes;
+  config.numAttrs = p.fused_gate && programmatic_launch_enabled() ? 1 : 0;
+
+  if (p.num_experts <= kMaxRowExperts) {
+    const int warps = static_cast<int>((p.num_experts + 31) / 32);
+    const bool dense = p.mode == RoutingMode::kDense;
+    const int list_length = dense ? static_cast<int>(std::min<int64_t>(p.top_k, 32)) : 0;
+    config.gridDim = dim3(static_cast<unsigned>(p.num_tokens), 1, 1);
+    config.blockDim = dim3(static_cast<unsigned>(warps * 32), 1, 1);
+    config.dynamicSmemBytes = static_cast<size_t>(warps) * list_length * 8 +
+                              static_cast<size_t>(p.num_experts + p.top_k) * 4;
+    hdk::detail::check_launch(cudaLaunchKernelEx(&config, router_epilogue_row_kernel, p, logits,
+                                                 logits_dtype, logits_row_stride, list_length),
+                              kOperation, "launching the router epilogue kernel");
+    return;
   }
 
   // Per warp: the row's E scores and its top_k slots, padded to 16 bytes.
@@ -242,17 +359,9 @@ void route_cuda(const RouterProblem& p, int device, CudaStream stream) {
   if (bytes > 48 * 1024) {
     hdk::detail::allow_dynamic_shared_memory(router_epilogue_kernel, bytes, device, kOperation);
   }
-
-  cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>((p.num_tokens + warps - 1) / warps), 1, 1);
   config.blockDim = dim3(static_cast<unsigned>(warps * 32), 1, 1);
   config.dynamicSmemBytes = static_cast<size_t>(bytes);
-  config.stream = cuda_stream;
-  cudaLaunchAttribute attributes[1];
-  attributes[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attributes[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attributes;
-  config.numAttrs = p.fused_gate && programmatic_launch_enabled() ? 1 : 0;
   hdk::detail::check_launch(cudaLaunchKernelEx(&config, router_epilogue_kernel, p, logits,
                                                logits_dtype, logits_row_stride, words_per_warp),
                             kOperation, "launching the router epilogue kernel");

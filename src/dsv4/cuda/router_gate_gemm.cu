@@ -18,7 +18,10 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <map>
+#include <mutex>
 #include <string>
+#include <tuple>
 
 #include "core/cuda_helpers.h"
 #include "dsv4/cuda/router_launch.h"
@@ -31,23 +34,13 @@ namespace {
 namespace cg = cooperative_groups;
 
 constexpr const char* kOperation = "hdk::dsv4::route";
-constexpr int kExpertsPerCta = 32;  // two m16 expert tiles
-constexpr int kDGroups = 4;         // warps along D inside a CTA
-constexpr int kWarps = 2 * kDGroups;
+constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
-constexpr int kChunk = 32;       // d values per pair of k16 MMA steps
-constexpr int kRoundChunks = 8;  // chunks of gate_weight a warp holds in registers at once
-constexpr int kMaxTokens = 64;   // rows per CTA: eight n8 tiles
+constexpr int kChunk = 32;      // d values per pair of k16 MMA steps
+constexpr int kMaxTokens = 64;  // rows per CTA: eight n8 tiles
 constexpr int kTokenTile = 8;
 
-struct GemmArgs {
-  const uint16_t* hidden;
-  int64_t hidden_stride;
-  const uint16_t* weight;
-  int64_t weight_stride;
-  float* logits;
-  int64_t logits_stride;
-  int64_t N, E, D;
+struct GemmArgs : GateOperands {
   int64_t total_chunks;  // ceil(D / 32)
   int tokens_per_cta;    // multiple of 8, at most 64
   int row_elements;      // pitch of a staged hidden row, in bf16 elements
@@ -60,10 +53,20 @@ int hidden_row_elements(int64_t total_chunks) {
   return static_cast<int>(slice_chunks * kChunk + (slice_chunks % 2 == 0 ? kChunk : 0));
 }
 
+// A CTA's shape: kExpertTiles m16 tiles of experts, the 8 warps split between them and the
+// kDGroups interleaved groups of D chunks.
+template <int kExpertTiles>
+struct CtaShape {
+  static constexpr int kExpertsPerCta = 16 * kExpertTiles;
+  static constexpr int kDGroups = kWarps / kExpertTiles;
+  static constexpr int kRoundChunks = 4 * kExpertTiles;  // chunks a warp holds in registers
+};
+
+// Both shapes need the same bytes: the D-group partials are kWarps x 16 experts per token.
 size_t shared_bytes(int tokens_per_cta, int row_elements) {
-  return static_cast<size_t>(tokens_per_cta) * row_elements * 2 +               // hidden slice
-         static_cast<size_t>(kDGroups) * tokens_per_cta * kExpertsPerCta * 4 +  // D-group partials
-         static_cast<size_t>(tokens_per_cta) * kExpertsPerCta * 4;              // CTA sums
+  return static_cast<size_t>(tokens_per_cta) * row_elements * 2 +  // hidden slice
+         static_cast<size_t>(kWarps) * tokens_per_cta * 16 * 4 +   // D-group partials
+         static_cast<size_t>(tokens_per_cta) * 32 * 4;             // CTA sums (up to 32 experts)
 }
 
 __device__ __forceinline__ void mma_bf16_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
@@ -83,7 +86,11 @@ __device__ __forceinline__ void cp_async_16(void* shared, const void* global, bo
                "r"(source_bytes));
 }
 
+template <int kExpertTiles>
 __global__ void __launch_bounds__(kThreads, 1) gate_gemm_kernel(GemmArgs args) {
+  constexpr int kExpertsPerCta = CtaShape<kExpertTiles>::kExpertsPerCta;
+  constexpr int kDGroups = CtaShape<kExpertTiles>::kDGroups;
+  constexpr int kRoundChunks = CtaShape<kExpertTiles>::kRoundChunks;
   // The epilogue may launch now: it waits (griddepcontrol.wait) for this grid to complete.
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   cg::cluster_group cluster = cg::this_cluster();
@@ -101,14 +108,14 @@ __global__ void __launch_bounds__(kThreads, 1) gate_gemm_kernel(GemmArgs args) {
   uint16_t* hidden_tile = reinterpret_cast<uint16_t*>(shared);
   float* partial = reinterpret_cast<float*>(shared + static_cast<size_t>(args.tokens_per_cta) *
                                                          args.row_elements * 2);
-  float* cta_logits = partial + kDGroups * args.tokens_per_cta * kExpertsPerCta;
+  float* cta_logits = partial + kWarps * args.tokens_per_cta * 16;
 
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
   const int group = lane >> 2;  // MMA row/column group
   const int thread = lane & 3;  // position inside the group
-  const int expert_tile = warp & 1;
-  const int d_group = warp >> 1;
+  const int expert_tile = warp % kExpertTiles;
+  const int d_group = warp / kExpertTiles;
   const int64_t expert_lo = expert_base + expert_tile * 16 + group;
   const int64_t expert_hi = expert_lo + 8;
 
@@ -120,15 +127,19 @@ __global__ void __launch_bounds__(kThreads, 1) gate_gemm_kernel(GemmArgs args) {
       const int64_t chunk = first_chunk + static_cast<int64_t>(kDGroups) * i;
       const int64_t d = chunk * kChunk + 8 * thread;
       const bool in_range = chunk < chunk_end && d < args.D;
+      // Unconditional loads (out-of-range ones read the row's first 16 bytes and are zeroed
+      // after): a load under a branch waits for the previous one, which serialized the
+      // DRAM latencies of a thread's loads.
+      const int64_t column = in_range ? d : 0;
+      const uint4 lo = __ldg(reinterpret_cast<const uint4*>(
+          args.weight + (expert_lo < args.E ? expert_lo : args.E - 1) * args.weight_stride +
+          column));
+      const uint4 hi = __ldg(reinterpret_cast<const uint4*>(
+          args.weight + (expert_hi < args.E ? expert_hi : args.E - 1) * args.weight_stride +
+          column));
       const uint4 zero = make_uint4(0, 0, 0, 0);
-      weight_lo[i] = in_range && expert_lo < args.E
-                         ? __ldg(reinterpret_cast<const uint4*>(args.weight +
-                                                                expert_lo * args.weight_stride + d))
-                         : zero;
-      weight_hi[i] = in_range && expert_hi < args.E
-                         ? __ldg(reinterpret_cast<const uint4*>(args.weight +
-                                                                expert_hi * args.weight_stride + d))
-                         : zero;
+      weight_lo[i] = in_range && expert_lo < args.E ? lo : zero;
+      weight_hi[i] = in_range && expert_hi < args.E ? hi : zero;
     }
   };
   // gate_weight first: it comes from DRAM and is the long pole; hidden is small and in L2.
@@ -193,8 +204,11 @@ __global__ void __launch_bounds__(kThreads, 1) gate_gemm_kernel(GemmArgs args) {
   const int entries = token_tiles * kTokenTile * kExpertsPerCta;
   const int group_stride = tokens_per_cta * kExpertsPerCta;
   for (int i = threadIdx.x; i < entries; i += kThreads) {
-    cta_logits[i] = ((partial[i] + partial[group_stride + i]) + partial[2 * group_stride + i]) +
-                    partial[3 * group_stride + i];
+    float sum = partial[i];
+#pragma unroll
+    for (int group = 1; group < kDGroups; ++group)
+      sum += partial[group * group_stride + i];
+    cta_logits[i] = sum;
   }
   cluster.sync();  // every CTA's sums are visible cluster-wide
 
@@ -211,6 +225,25 @@ __global__ void __launch_bounds__(kThreads, 1) gate_gemm_kernel(GemmArgs args) {
     if (n < args.N && e < args.E) args.logits[n * args.logits_stride + e] = sum;
   }
   cluster.sync();  // no CTA leaves while another still reads its shared memory
+}
+
+// CTAs of `kernel` with `bytes` of dynamic shared memory that fit on one SM (cached: the
+// occupancy calculator is a host computation, but not a free one).
+template <typename Kernel>
+int resident_ctas_per_sm(Kernel kernel, size_t bytes, int device) {
+  static std::mutex mutex;
+  static std::map<std::tuple<const void*, int, size_t>, int> cache;
+  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), device, bytes);
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto found = cache.find(key);
+  if (found != cache.end()) return found->second;
+  hdk::detail::allow_dynamic_shared_memory(kernel, static_cast<int>(bytes), device, kOperation);
+  int blocks = 0;
+  hdk::detail::check_cuda(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, bytes), kOperation,
+      "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+  cache.emplace(key, blocks);
+  return blocks;
 }
 
 int shared_memory_limit(int device) {
@@ -231,15 +264,7 @@ int64_t gate_gemm_max_hidden_size(int device) {
 
 void launch_gate_gemm(const RouterProblem& p, int device, cudaStream_t stream) {
   GemmArgs args;
-  args.hidden = p.hidden;
-  args.hidden_stride = p.hidden_row_stride;
-  args.weight = p.gate_weight;
-  args.weight_stride = p.gate_weight_row_stride;
-  args.logits = p.logits_workspace;
-  args.logits_stride = p.logits_workspace_row_stride;
-  args.N = p.num_tokens;
-  args.E = p.num_experts;
-  args.D = p.hidden_size;
+  static_cast<GateOperands&>(args) = gate_operands(p);
   args.total_chunks = (p.hidden_size + kChunk - 1) / kChunk;
   args.row_elements = hidden_row_elements(args.total_chunks);
   int tokens = static_cast<int>(std::min<int64_t>(kMaxTokens, (p.num_tokens + 7) / 8 * 8));
@@ -254,12 +279,24 @@ void launch_gate_gemm(const RouterProblem& p, int device, cudaStream_t stream) {
                 ", got D = " + std::to_string(p.hidden_size));
   }
   args.tokens_per_cta = tokens;
-  hdk::detail::allow_dynamic_shared_memory(gate_gemm_kernel, static_cast<int>(bytes), device,
-                                           kOperation);
+  // Experts per CTA: 16 when the grid of one-tile CTAs is resident all at once (Flash: 128
+  // CTAs streaming 16 KiB each; Pro for N <= 16: 192 CTAs, two per SM), else 32 (Pro at N = 64,
+  // where 115 KiB of staged hidden per CTA allows one per SM: 96 CTAs rather than two waves).
+  const int sm_count =
+      hdk::detail::cached_device_attribute(cudaDevAttrMultiProcessorCount, device, kOperation);
+  const int64_t one_tile_ctas = (p.num_experts + 15) / 16 * kGateSplits;
+  const int expert_tiles =
+      one_tile_ctas <= static_cast<int64_t>(sm_count) *
+                           resident_ctas_per_sm(gate_gemm_kernel<1>, bytes, device)
+          ? 1
+          : 2;
+  const int experts_per_cta = 16 * expert_tiles;
+  auto kernel = expert_tiles == 1 ? gate_gemm_kernel<1> : gate_gemm_kernel<2>;
+  hdk::detail::allow_dynamic_shared_memory(kernel, static_cast<int>(bytes), device, kOperation);
 
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(
-      static_cast<unsigned>((p.num_experts + kExpertsPerCta - 1) / kExpertsPerCta * kGateSplits),
+      static_cast<unsigned>((p.num_experts + experts_per_cta - 1) / experts_per_cta * kGateSplits),
       static_cast<unsigned>((p.num_tokens + tokens - 1) / tokens), 1);
   config.blockDim = dim3(kThreads, 1, 1);
   config.dynamicSmemBytes = bytes;
@@ -271,7 +308,7 @@ void launch_gate_gemm(const RouterProblem& p, int device, cudaStream_t stream) {
   attributes[0].val.clusterDim.z = 1;
   config.attrs = attributes;
   config.numAttrs = 1;
-  hdk::detail::check_launch(cudaLaunchKernelEx(&config, gate_gemm_kernel, args), kOperation,
+  hdk::detail::check_launch(cudaLaunchKernelEx(&config, kernel, args), kOperation,
                             "launching the gate GEMM kernel");
 }
 

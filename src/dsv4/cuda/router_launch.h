@@ -12,6 +12,24 @@ namespace hdk {
 namespace dsv4 {
 namespace detail {
 
+// What both gate-product kernels read and write: logits[n, e] = hidden[n] · gate_weight[e].
+struct GateOperands {
+  const uint16_t* hidden;  // bf16 bits
+  int64_t hidden_stride;
+  const uint16_t* weight;
+  int64_t weight_stride;
+  float* logits;
+  int64_t logits_stride;
+  int64_t N, E, D;
+};
+
+inline GateOperands gate_operands(const RouterProblem& p) {
+  return GateOperands{
+      p.hidden,           p.hidden_row_stride,           p.gate_weight, p.gate_weight_row_stride,
+      p.logits_workspace, p.logits_workspace_row_stride, p.num_tokens,  p.num_experts,
+      p.hidden_size};
+}
+
 // logits_workspace[n, e] = hidden[n] · gate_weight[e] in fp32 (bf16 tensor-core MMA). Each
 // cluster of kGateSplits CTAs owns 32 experts and splits D between its CTAs, so every SM streams
 // a slice of gate_weight once; the cluster sums its partial logits through distributed shared
@@ -19,6 +37,12 @@ namespace detail {
 // rows that re-read gate_weight from L2. Lets the epilogue launch early (programmatic launch).
 constexpr int kGateSplits = 8;
 void launch_gate_gemm(const RouterProblem& problem, int device, cudaStream_t stream);
+
+// N <= kGemvMaxRows with E <= 4 experts per SM: the gate product on the CUDA cores, whole
+// experts per CTA and no cluster (router_gate_gemv.cu); faster than the GEMM for a few rows.
+constexpr int kGemvMaxRows = 4;
+bool gate_gemv_applies(const RouterProblem& problem, int device);
+void launch_gate_gemv(const RouterProblem& problem, int device, cudaStream_t stream);
 
 // Largest D the gate GEMM accepts (its per-CTA hidden slice must fit in shared memory).
 int64_t gate_gemm_max_hidden_size(int device);
