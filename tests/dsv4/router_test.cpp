@@ -303,7 +303,9 @@ std::vector<RouterCase> semantic_cases() {
   }
   // The models' real gate shapes on the fused path.
   for (auto [E, D] : {std::pair<int64_t, int64_t>{256, 4096}, {384, 7168}}) {
-    for (int64_t N : {1, 3, 64, 300}) {  // 1 and 3: the CUDA-core product; 64, 300: MMA
+    // 1 and 3: the CUDA-core product; then the MMA kernel with 2, 4 and 8 row tiles, and 300
+    // rows as five grid rows.
+    for (int64_t N : {1, 3, 12, 30, 64, 300}) {
       RouterCase c;
       c.E = E, c.D = D, c.N = N, c.scores = Scores::kFused;
       c.row_padding = N == 64 ? 8 : 0;
@@ -324,6 +326,9 @@ std::vector<RouterCase> semantic_cases() {
     c.N = 2;  // the CUDA-core gate product with one expert per CTA and D = 3 chunks
     add(c);
     c.E = 1000, c.top_k = 64, c.N = 9, c.D = 40, c.scores = Scores::kFused;
+    add(c);
+    // A long D (no shared-memory limit on the MMA kernel), not a multiple of 32, E not one of 16.
+    c.E = 20, c.top_k = 4, c.N = 6, c.D = 100008, c.scores = Scores::kFused;
     add(c);
   }
   {

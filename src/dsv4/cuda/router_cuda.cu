@@ -284,11 +284,6 @@ void check_capabilities(const RouterProblem& p, int device) {
         "loads), got D = " +
         std::to_string(p.hidden_size));
   }
-  const int64_t max_hidden = gate_gemm_max_hidden_size(device);
-  if (p.hidden_size > max_hidden) {
-    check.fail("the CUDA fused gate supports D up to " + std::to_string(max_hidden) +
-               " (dim 1 of 'hidden'), got " + std::to_string(p.hidden_size));
-  }
   auto aligned = [](const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; };
   if (!aligned(p.hidden) || (p.num_tokens > 1 && p.hidden_row_stride % 8 != 0)) {
     check.fail(
@@ -319,7 +314,7 @@ void route_cuda(const RouterProblem& p, int device, CudaStream stream) {
     if (gate_gemv_applies(p, device)) {
       launch_gate_gemv(p, device, cuda_stream);
     } else {
-      launch_gate_gemm(p, device, cuda_stream);
+      launch_gate_gemm(p, cuda_stream);
     }
     logits = p.logits_workspace;
     logits_dtype = DType::kFloat32;

@@ -31,21 +31,19 @@ inline GateOperands gate_operands(const RouterProblem& p) {
 }
 
 // logits_workspace[n, e] = hidden[n] · gate_weight[e] in fp32 (bf16 tensor-core MMA). Each
-// cluster of kGateSplits CTAs owns 32 experts and splits D between its CTAs, so every SM streams
+// cluster of kGateSplits CTAs owns 16 experts and splits D between its CTAs, so every SM streams
 // a slice of gate_weight once; the cluster sums its partial logits through distributed shared
 // memory in a fixed order (deterministic) and writes them. Rows beyond 64 run as further grid
 // rows that re-read gate_weight from L2. Lets the epilogue launch early (programmatic launch).
+// Any D that is a multiple of 8.
 constexpr int kGateSplits = 8;
-void launch_gate_gemm(const RouterProblem& problem, int device, cudaStream_t stream);
+void launch_gate_gemm(const RouterProblem& problem, cudaStream_t stream);
 
 // N <= kGemvMaxRows with E <= 4 experts per SM: the gate product on the CUDA cores, whole
 // experts per CTA and no cluster (router_gate_gemv.cu); faster than the GEMM for a few rows.
 constexpr int kGemvMaxRows = 4;
 bool gate_gemv_applies(const RouterProblem& problem, int device);
 void launch_gate_gemv(const RouterProblem& problem, int device, cudaStream_t stream);
-
-// Largest D the gate GEMM accepts (its per-CTA hidden slice must fit in shared memory).
-int64_t gate_gemm_max_hidden_size(int device);
 
 }  // namespace detail
 }  // namespace dsv4
