@@ -267,7 +267,7 @@ bool programmatic_launch_enabled() {
   return enabled;
 }
 
-void check_capabilities(const RouterProblem& p, int device) {
+void check_capabilities(const RouterProblem& p) {
   const ArgumentChecks check(kOperation);
   if (p.num_tokens > INT_MAX) {
     check.fail("the CUDA backend supports N up to " + std::to_string(INT_MAX) +
@@ -302,7 +302,7 @@ void check_capabilities(const RouterProblem& p, int device) {
 }  // namespace
 
 void route_cuda(const RouterProblem& p, int device, CudaStream stream) {
-  check_capabilities(p, device);
+  check_capabilities(p);
   if (p.num_tokens == 0) return;
   hdk::detail::CudaDeviceGuard guard(device, kOperation);
   const auto cuda_stream = reinterpret_cast<cudaStream_t>(stream);
