@@ -14,6 +14,8 @@
 
 #ifdef HDK_WITH_CUDA
 #include <cuda_runtime.h>
+
+#include "floor_kernels.h"
 #endif
 
 namespace hdk {
@@ -205,16 +207,16 @@ class CudaDevice : public BenchDevice {
   }
 
   double launch_overhead_us() override {
-    // A graph holding one 1-byte memset: the replay cost of the smallest node. The smallest of
-    // three medians: a single one read 10 us instead of 2.4-3.9 us once, on a GPU that had just
-    // left its idle clocks, which would have flattered every x_floor of that run.
+    // A graph holding one empty kernel, timed exactly like the calls it is compared with (after
+    // an L2 flush, so the host has queued the replay before the GPU reaches it): the GPU-side
+    // cost of launching a kernel, the "launch latency" of every floor. (Until 2026-11-22 this was
+    // a 1-byte memset node timed without the flush: 2.4-3.6 us and once 8.5 us, because the
+    // GPU then also waited for the host to submit the replay.) The smallest of three medians:
+    // a single one read 10 us once, on a GPU that had just left its idle clocks.
     double best = 0.0;
     for (int attempt = 0; attempt < 3; ++attempt) {
-      const double median_us = time_us(
-          [this](CudaStream stream) {
-            check(cudaMemsetAsync(flush_buffer_, 0, 1, stream), "cudaMemsetAsync");
-          },
-          TimingOptions{false, 101, 20});
+      const double median_us = time_us([](CudaStream stream) { launch_empty_kernel(stream); },
+                                       TimingOptions{true, 101, 20});
       best = attempt == 0 ? median_us : std::min(best, median_us);
     }
     return best;
@@ -250,8 +252,10 @@ RunBaseline start_run(BenchDevice& device, const char* command, const TimingOpti
   RunBaseline baseline;
   baseline.copy_gbs = device.copy_bandwidth_gbs();
   baseline.launch_overhead_us = device.launch_overhead_us();
-  std::printf("copy bandwidth (read + write, measured now): %.1f GB/s; empty %s: %.2f us\n",
-              baseline.copy_gbs, gpu ? "graph replay" : "call", baseline.launch_overhead_us);
+  std::printf("copy bandwidth (read + write, measured now): %.1f GB/s; %s: %.2f us\n",
+              baseline.copy_gbs,
+              gpu ? "empty kernel (graph replay, timed like the calls)" : "empty call",
+              baseline.launch_overhead_us);
   std::printf("timing: %s, median of %d runs%s\n\n", gpu ? "CUDA graph replay" : "wall clock",
               timing.iterations, timing.flush_cache ? ", caches flushed before each" : ", hot");
   return baseline;

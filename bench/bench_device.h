@@ -43,7 +43,8 @@ class BenchDevice {
   virtual double time_us(const std::function<void(CudaStream)>& work,
                          const TimingOptions& options) = 0;
 
-  // Time of an empty graph replay / empty call, the fixed cost a tiny step cannot avoid.
+  // Time of a graph replay of one empty kernel, timed like the calls (GPU), or of an empty call
+  // (CPU): the fixed cost a tiny step cannot avoid, the "launch latency" of every floor.
   virtual double launch_overhead_us() = 0;
 };
 
@@ -69,7 +70,7 @@ class DeviceAllocation {
 // What every result of a run is judged against, measured at the start of the run.
 struct RunBaseline {
   double copy_gbs = 0.0;            // read + write bytes per second of a large copy, in GB/s
-  double launch_overhead_us = 0.0;  // an empty graph replay (GPU) or call (CPU)
+  double launch_overhead_us = 0.0;  // an empty-kernel graph replay (GPU) or call (CPU)
 };
 
 // Measures the baseline and prints the run's header: device, copy bandwidth, empty-launch

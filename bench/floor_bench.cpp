@@ -34,8 +34,8 @@ int floor_command(Options& options) {
   std::printf("hdk-bench floor on %s\n", device->description().c_str());
   const double copy_gbs = device->copy_bandwidth_gbs();
   const double overhead_us = device->launch_overhead_us();
-  std::printf("copy bandwidth (read + write): %.1f GB/s; empty graph replay: %.2f us\n\n", copy_gbs,
-              overhead_us);
+  std::printf("copy bandwidth (read + write): %.1f GB/s; empty kernel graph replay: %.2f us\n\n",
+              copy_gbs, overhead_us);
   ResultTable table({"MiB", "pattern", "time_us", "GB/s", "%copy"});
   for (int64_t mib : megabytes) {
     const int64_t bytes = mib << 20;

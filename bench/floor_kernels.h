@@ -1,4 +1,5 @@
-// Memory-pattern floor kernels (CUDA builds only); see floor_kernels.cu.
+// Floor kernels (CUDA builds only; see floor_kernels.cu): memory patterns at copy speed, and the
+// empty kernel whose graph replay is the launch cost every x_floor includes.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -18,6 +19,9 @@ enum class FloorPattern {
 // (a permutation) for kIndexedBlocks.
 void launch_floor(FloorPattern pattern, void* data, int64_t bytes, const int32_t* block_of_warp,
                   cudaStream_t stream);
+
+// A kernel that does nothing, one CTA of one thread.
+void launch_empty_kernel(cudaStream_t stream);
 
 }  // namespace bench
 }  // namespace hdk

@@ -327,8 +327,22 @@ std::vector<RouterCase> semantic_cases() {
     add(c);
     c.E = 1000, c.top_k = 64, c.N = 9, c.D = 40, c.scores = Scores::kFused;
     add(c);
-    // A long D (no shared-memory limit on the MMA kernel), not a multiple of 32, E not one of 16.
+    // A long D (no shared-memory limit on the MMA kernel), not a multiple of 32, E not one of 16,
+    // with 1, 4 and 8 row tiles.
     c.E = 20, c.top_k = 4, c.N = 6, c.D = 100008, c.scores = Scores::kFused;
+    add(c);
+    c.N = 20;
+    add(c);
+    c.N = 40;
+    add(c);
+    // The MMA kernel's edges: the last chunk of D a quarter full (4 row tiles); E not a multiple
+    // of 16 with a partial row tile (8); 63 expert tiles (more CTAs than one wave) with only 2
+    // chunks of D, so 6 of each cluster's 8 CTAs have an empty slice.
+    c.E = 20, c.N = 24, c.D = 776;
+    add(c);
+    c.E = 300, c.top_k = 6, c.N = 50, c.D = 1480;
+    add(c);
+    c.E = 1000, c.top_k = 8, c.N = 40, c.D = 40;
     add(c);
   }
   {
@@ -468,10 +482,13 @@ TEST(RouterEdges, ZeroTokens) {
 TEST(RouterRepeated, FreshInputsEachCall) {
   for (Backend backend : {Backend::kCPU, Backend::kCUDA}) {
     if (!backend_unavailable_reason(backend).empty()) continue;
-    for (uint64_t seed = 1; seed <= 4; ++seed) {
+    // Seeds 5 and 6 reach the MMA gate kernel's 4 and 8 row tiles, so that racecheck, which runs
+    // this test, sees its shared and distributed shared memory at every D-group layout.
+    const int64_t rows[] = {4, 5, 6, 7, 24, 40};
+    for (uint64_t seed = 1; seed <= 6; ++seed) {
       RouterCase c;
-      c.N = 3 + static_cast<int64_t>(seed),
-      c.scores = seed % 2 ? Scores::kFused : Scores::kLogitsF32;
+      c.N = rows[seed - 1];
+      c.scores = seed % 2 || seed > 4 ? Scores::kFused : Scores::kLogitsF32;
       c.E = 384, c.D = 512, c.seed = 4000 + seed;
       SCOPED_TRACE(backend_name(backend));
       run_case(c, backend);

@@ -32,8 +32,9 @@ class CudaTimer:
         return graph
 
     def time_graph(self, graph, iters, warmup=3, flush=True):
-        """Median microseconds of `iters` replays, each after an L2 flush (unless flush=False,
-        e.g. for the cost of an empty replay)."""
+        """Median microseconds of `iters` replays, each after an L2 flush. flush=False times hot
+        replays; it also lets the GPU catch up with the host, so a replay shorter than its
+        submission then measures the host's launch cost too (use flush=True for launch floors)."""
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
         for _ in range(warmup):
