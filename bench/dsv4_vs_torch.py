@@ -10,8 +10,9 @@ Each call is captured once in a CUDA graph and replayed; before every timed repl
 twice the L2 size is written, so gate_weight and the scores start in DRAM as in a real decode
 step. Times are medians of event-timed replays. Also reported: the copy bandwidth measured now,
 the replay time of a one-kernel graph, gate_weight bytes / time as % of copy bandwidth, x_floor
-against (that launch time + gate_weight bytes / copy bandwidth), and the issue's targets (N <= 64: x_floor
-<= 2 and >= 3x faster than the chain; topk 64x65536:512 >= 2x faster than torch.topk).
+against (that launch time + gate_weight bytes / copy bandwidth), and the issue's targets
+(N <= 64: x_floor <= 2 and >= 3x faster than the chain; topk 64x65536:512 >= 2x faster than
+torch.topk).
 
 Usage: python3 bench/dsv4_vs_torch.py --json out.json [--iterations 200] [--quick]
 """
@@ -211,7 +212,8 @@ def main():
     )
     print(
         f"{timer.name}: copy bandwidth {copy_gbs:.1f} GB/s (read + write), "
-        f"one-kernel graph replay {empty_us:.2f} us; torch {torch.__version__}, hdk {hdk.__version__}"
+        f"one-kernel graph replay {empty_us:.2f} us; "
+        f"torch {torch.__version__}, hdk {hdk.__version__}"
     )
     results = []
     rows_list = [1, 64] if args.quick else [1, 4, 16, 64, 256]
