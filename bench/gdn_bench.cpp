@@ -122,9 +122,9 @@ std::string describe_launch(const gdn::DecodeParams& params, const Device& devic
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device.index);
   const gdn::detail::LaunchPlan plan =
       gdn::detail::plan_launch(gdn::detail::validate_decode(params), sms);
-  return std::string(plan.kernel) + " w" + std::to_string(plan.warps_per_cta) + " r" +
-         std::to_string(plan.rows_per_thread) + " x" + std::to_string(plan.tiles_per_head) + " " +
-         std::to_string(plan.ctas);
+  return std::string(gdn::detail::decode_kernel_name(plan.kernel)) + " w" +
+         std::to_string(plan.warps_per_cta) + " r" + std::to_string(plan.rows_per_thread) + " x" +
+         std::to_string(plan.tiles_per_head) + " " + std::to_string(plan.ctas);
 #else
   (void)params;
   (void)device;

@@ -143,6 +143,18 @@ void set_launch_override(int warps, int rows_per_thread) {
   rows_override.store(rows_per_thread);
 }
 
+const char* decode_kernel_name(DecodeKernel kernel) {
+  switch (kernel) {
+    case DecodeKernel::kVKSingle:
+      return "vk1";
+    case DecodeKernel::kKV:
+      return "kv";
+    case DecodeKernel::kVK:
+      break;
+  }
+  return "vk";
+}
+
 LaunchPlan plan_launch(const DecodeProblem& p, int sm_count) {
   // The choices below come from sweeps on an H100 (docs/gdn-cuda-dispatch.md); sm_count is
   // kept for heuristics that depend on the device size.
@@ -150,7 +162,7 @@ LaunchPlan plan_launch(const DecodeProblem& p, int sm_count) {
   LaunchPlan plan;
   const int64_t heads = p.num_requests * p.num_v_heads;
   if (p.layout == StateLayout::kKV) {
-    plan.kernel = "kv";
+    plan.kernel = DecodeKernel::kKV;
     plan.warps_per_cta = static_cast<int>(p.head_k / 32);
     plan.rows_per_thread = 8;
     plan.tiles_per_head = ceil_div(p.head_v, kv_columns_per_cta(p.state_dtype));
@@ -159,7 +171,7 @@ LaunchPlan plan_launch(const DecodeProblem& p, int sm_count) {
   }
   // One token per request needs no fp32 state between tokens: the lighter kernel.
   const bool single = p.token_capacity == 1 || p.tokens_per_request == 1;
-  plan.kernel = single ? "vk1" : "vk";
+  plan.kernel = single ? DecodeKernel::kVKSingle : DecodeKernel::kVK;
   // One-token kernel: 8 rows per thread (128 bytes per lane in flight) where they fit (bf16
   // K = 64 has too few lanes per row, fp32 K = 256 too many registers); 2 warps per CTA.
   // Multi-token kernel: 4 rows per thread; a CTA prepares one token per warp, so 8 warps
@@ -197,7 +209,7 @@ void decode_cuda(const DecodeProblem& problem, const DecodeParams& params, CudaS
                 " CTAs exceed the CUDA grid limit; split the batch");
   }
   const bool fp32 = problem.state_dtype == DType::kFloat32;
-  if (std::string(plan.kernel) == "vk1") {
+  if (plan.kernel == DecodeKernel::kVKSingle) {
     if (fp32) {
       launch_decode_vk_single<float>(problem, plan.warps_per_cta, plan.rows_per_thread,
                                      plan.tiles_per_head, cuda_stream);
@@ -205,7 +217,7 @@ void decode_cuda(const DecodeProblem& problem, const DecodeParams& params, CudaS
       launch_decode_vk_single<__nv_bfloat16>(problem, plan.warps_per_cta, plan.rows_per_thread,
                                              plan.tiles_per_head, cuda_stream);
     }
-  } else if (problem.layout == StateLayout::kVK) {
+  } else if (plan.kernel == DecodeKernel::kVK) {
     if (fp32) {
       launch_decode_vk<float>(problem, plan.warps_per_cta, plan.rows_per_thread,
                               plan.tiles_per_head, cuda_stream);

@@ -13,9 +13,19 @@ namespace detail {
 // 16-byte alignment), honours params.check_indices, then launches on `stream`.
 void decode_cuda(const DecodeProblem& problem, const DecodeParams& params, CudaStream stream);
 
+// Which decode kernel a launch uses.
+enum class DecodeKernel {
+  kVK,        // [V, K] state, any number of tokens per request (decode_kernel_vk.cuh)
+  kVKSingle,  // [V, K] state, one token per request (decode_kernel_vk_single.cuh)
+  kKV,        // [K, V] state (decode_kernel_kv.cuh)
+};
+
+// The short name hdk-bench prints: "vk", "vk1" or "kv".
+const char* decode_kernel_name(DecodeKernel kernel);
+
 // Launch geometry the dispatcher picks, exposed for hdk-bench's tuning sweep.
 struct LaunchPlan {
-  const char* kernel = "";  // "vk" or "kv"
+  DecodeKernel kernel = DecodeKernel::kVK;
   int warps_per_cta = 0;
   int rows_per_thread = 0;
   int64_t tiles_per_head = 0;
