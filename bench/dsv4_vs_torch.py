@@ -66,7 +66,10 @@ def bench_router(timer, rows_list, iterations, copy_gbs, empty_us, results):
             )
             ids = torch.empty(rows, TOP_K, dtype=torch.int32, device=timer.device)
             weights = torch.empty(rows, TOP_K, dtype=torch.float32, device=timer.device)
-            workspace = torch.empty(rows, experts, dtype=torch.float32, device=timer.device)
+            workspace = torch.empty(
+                hdk.dsv4.route_workspace_slabs(rows), rows, experts, dtype=torch.float32,
+                device=timer.device,
+            )
 
             def hdk_call():
                 hdk.dsv4.route(

@@ -100,11 +100,12 @@ class RouterBench {
 
     const bool fused = path != Path::kLogits;
     const bool hash = path == Path::kHash;
+    const int64_t slabs = dsv4::route_workspace_slabs(N);
     DeviceAllocation d_hidden(device_, hidden.size() * 2), d_gate(device_, gate.size() * 2),
         d_bias(device_, bias.size() * 4), d_logits(device_, logits.size() * 4),
         d_tokens(device_, tokens.size() * 4), d_table(device_, hash ? table.size() * 4 : 0),
-        d_ids(device_, N * K * 4), d_weights(device_, N * K * 4), d_workspace(device_, N * E * 4),
-        d_counter(device_, 8);
+        d_ids(device_, N * K * 4), d_weights(device_, N * K * 4),
+        d_workspace(device_, slabs * N * E * 4), d_counter(device_, 8);
     device_.upload(d_hidden.get(), hidden.data(), hidden.size() * 2);
     device_.upload(d_gate.get(), gate.data(), gate.size() * 2);
     device_.upload(d_bias.get(), bias.data(), bias.size() * 4);
@@ -120,7 +121,7 @@ class RouterBench {
       p.hidden = TensorView::contiguous(d_hidden.get(), DType::kBFloat16, {N, D}, where);
       p.gate_weight = TensorView::contiguous(d_gate.get(), DType::kBFloat16, {E, D}, where);
       p.logits_workspace =
-          TensorView::contiguous(d_workspace.get(), DType::kFloat32, {N, E}, where);
+          TensorView::contiguous(d_workspace.get(), DType::kFloat32, {slabs, N, E}, where);
     } else {
       p.logits = TensorView::contiguous(d_logits.get(), DType::kFloat32, {N, E}, where);
     }
@@ -151,7 +152,7 @@ class RouterBench {
         return view;
       };
       std::vector<int32_t> host_ids(N * K);
-      std::vector<float> host_weights(N * K), host_workspace(N * E);
+      std::vector<float> host_weights(N * K), host_workspace(slabs * N * E);
       int64_t host_counter = 0;
       if (fused) {
         host.hidden = rebind(p.hidden, hidden.data());

@@ -3,6 +3,7 @@
 // torch.compile functionalizes them and CUDA graphs can capture them (no allocation, no
 // synchronization). hdk.dsv4.route() and hdk.topk.topk() are the Python APIs; they allocate the
 // outputs (and the router's logits workspace) with torch's allocator.
+// torch.ops.hdk.dsv4_route_workspace_slabs is hdk::dsv4::route_workspace_slabs.
 #include <torch/library.h>
 
 #include "hdk/dsv4/router.h"
@@ -82,6 +83,9 @@ void topk(const at::Tensor& values, int64_t k, const at::Tensor& out_values,
 
 TORCH_LIBRARY_FRAGMENT(hdk, m) {
   m.def(hdk_python::kRouteSchema);
+  // No tensor arguments, so one kernel for every backend.
+  m.def("dsv4_route_workspace_slabs(int num_tokens) -> int",
+        [](int64_t num_tokens) { return hdk::dsv4::route_workspace_slabs(num_tokens); });
   m.def(hdk_python::kTopkSchema);
 }
 

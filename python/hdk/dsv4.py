@@ -14,6 +14,13 @@ def _check_tensor(name, value):
     )
 
 
+def route_workspace_slabs(rows):
+    """The slabs S of the fused gate's ``logits_workspace`` ``[S, N, E]`` for ``rows`` = N: 16 up
+    to 64 rows, then ``16 // ceil(N / 64)``, at least 1. A workspace sized for the largest batch
+    can be sliced as ``workspace[:S, :N]``."""
+    return int(torch.ops.hdk.dsv4_route_workspace_slabs(int(rows)))
+
+
 def route(
     logits=None,
     *,
@@ -39,7 +46,7 @@ def route(
     (table order for hash routing). A row with a NaN logit, or whose selected ``s`` sum to 0 or
     infinity, gets ids -1 and weights 0 and is counted in ``invalid_count``; on CUDA so is a
     token id (or table entry) out of range, which is an error on the CPU. The call allocates
-    only what it returns (and, for the fused gate on CUDA, the ``[N, E]`` fp32 logits
+    only what it returns (and, for the fused gate on CUDA, the ``[S, N, E]`` fp32 logits
     workspace) and never synchronizes, so it can be captured in a CUDA graph. The contract is
     docs/dsv4-router.md.
 
@@ -56,8 +63,10 @@ def route(
         route_scale: weight scale (DeepSeek-V4: 1.5 Flash, 2.5 Pro).
         topk_ids, topk_weights: ``[N, top_k]`` int32 / fp32 outputs, written in place; None:
             allocated.
-        logits_workspace: ``[N, E]`` fp32, fused gate only: receives the logits. None: allocated
-            on CUDA (where the kernels need it), not used on the CPU.
+        logits_workspace: ``[S, N, E]`` fp32 with ``S >= route_workspace_slabs(N)`` (last dim
+            contiguous), fused gate only: the gate GEMM's partial sums; afterwards
+            ``logits_workspace[0]`` holds the logits. None: allocated on CUDA (where the kernels
+            need it), not used on the CPU.
         invalid_count: ``[1]`` int32/int64 counter hdk adds invalid rows to (never clears).
 
     Returns:
@@ -110,7 +119,9 @@ def route(
         and gate_weight.dim() >= 1
     ):
         logits_workspace = torch.empty(
-            (rows, gate_weight.shape[0]), dtype=torch.float32, device=device
+            (route_workspace_slabs(rows), rows, gate_weight.shape[0]),
+            dtype=torch.float32,
+            device=device,
         )
     run_op(
         torch.ops.hdk.dsv4_route,

@@ -108,14 +108,16 @@ def test_fused_gate(device, experts, hidden_size, rows):
         torch.bfloat16
     )
     bias = torch.rand(experts, generator=g) - 0.5
-    workspace = torch.full((rows, experts), float("nan"), device=device)
+    slabs = hdk.dsv4.route_workspace_slabs(rows)
+    workspace = torch.full((slabs, rows, experts), float("nan"), device=device)
     ids, weights = hdk.dsv4.route(
         hidden=hidden.to(device), gate_weight=gate.to(device), bias=bias.to(device), top_k=6,
         route_scale=2.5, logits_workspace=workspace,
     )
     logits64 = hidden.to(torch.float64) @ gate.to(torch.float64).T
     magnitude = hidden.to(torch.float64).abs() @ gate.to(torch.float64).abs().T
-    assert ((workspace.cpu().to(torch.float64) - logits64).abs() <= 1e-5 * magnitude + 1e-6).all()
+    logits = workspace[0].cpu().to(torch.float64)
+    assert ((logits - logits64).abs() <= 1e-5 * magnitude + 1e-6).all()
     tol = 1e-5 * magnitude.max().item()
     check_route(ids, weights, logits64, bias, 6, 2.5, tol_key=tol, tol_weight=1e-5 + 2 * tol)
 
@@ -252,7 +254,7 @@ def test_cuda_graph_capture():
     values = torch.randn(8, 5000, generator=g).cuda()
     ids = torch.empty(4, 6, dtype=torch.int32, device="cuda")
     weights = torch.empty(4, 6, device="cuda")
-    workspace = torch.empty(4, 256, device="cuda")
+    workspace = torch.empty(hdk.dsv4.route_workspace_slabs(4), 4, 256, device="cuda")
     top_values = torch.empty(8, 100, device="cuda")
     top_indices = torch.empty(8, 100, dtype=torch.int32, device="cuda")
 

@@ -3,5 +3,6 @@
 list(APPEND HDK_CUDA_SOURCES
   dsv4/cuda/router_cuda.cu
   dsv4/cuda/router_gate_gemm.cu
+  dsv4/cuda/router_gate_split.cu
   dsv4/cuda/router_gate_gemv.cu
   topk/cuda/topk_cuda.cu)

@@ -55,9 +55,12 @@ struct RouterProblem {
   int64_t topk_ids_row_stride = 0;
   float* topk_weights = nullptr;
   int64_t topk_weights_row_stride = 0;
-  float* logits_workspace =
-      nullptr;  // fused gate: receives the fp32 logits (may be nullptr on CPU)
+  // Fused gate: [slabs, N, E] fp32; slab 0 receives the logits, the others hold the CUDA gate
+  // GEMM's partial sums. May be nullptr on the CPU.
+  float* logits_workspace = nullptr;
   int64_t logits_workspace_row_stride = 0;
+  int64_t logits_workspace_slab_stride = 0;
+  int64_t logits_workspace_slabs = 0;
   void* invalid_count = nullptr;
   DType invalid_count_dtype = DType::kInt32;
 

@@ -1,5 +1,6 @@
 #include "dsv4/router_validation.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -165,16 +166,28 @@ RouterProblem validate_route(const RouterParams& p) {
           "argument 'logits_workspace' is only for the fused gate (hidden + gate_weight); with "
           "'logits' given there is nothing to compute into it");
     }
-    check.shape_is(p.logits_workspace, "logits_workspace", {N, E}, "[N, E]");
-    check.dtype_in(p.logits_workspace, "logits_workspace", {DType::kFloat32});
-    check.innermost_contiguous(p.logits_workspace, "logits_workspace");
-    problem.logits_workspace = static_cast<float*>(p.logits_workspace.data);
-    problem.logits_workspace_row_stride = p.logits_workspace.strides[0];
+    const TensorView& workspace = p.logits_workspace;
+    const int64_t slabs = route_workspace_slabs(N);
+    if (workspace.ndim != 3 || workspace.shape[0] < slabs || workspace.shape[1] != N ||
+        workspace.shape[2] != E) {
+      check.fail("argument 'logits_workspace' must have shape [S, N, E] = " +
+                 hdk::detail::shape_string({slabs, N, E}) +
+                 " (S = route_workspace_slabs(N); more slabs are allowed), got " +
+                 workspace.shape_str());
+    }
+    check.dtype_in(workspace, "logits_workspace", {DType::kFloat32});
+    check.innermost_contiguous(workspace, "logits_workspace");
+    problem.logits_workspace = static_cast<float*>(workspace.data);
+    problem.logits_workspace_slab_stride = workspace.strides[0];
+    problem.logits_workspace_row_stride = workspace.strides[1];
+    problem.logits_workspace_slabs = workspace.shape[0];
   } else if (fused && device.is_cuda()) {
-    check.fail("argument 'logits_workspace' ([N, E] = [" + std::to_string(N) + ", " +
-               std::to_string(E) + "] fp32 on " + device.str() +
-               ") is required for the fused gate on CUDA: it holds the GEMM's logits between the "
-               "GEMM and the per-row epilogue, and hdk allocates nothing on the call path");
+    check.fail("argument 'logits_workspace' ([S, N, E] = " +
+               hdk::detail::shape_string({route_workspace_slabs(N), N, E}) + " fp32 on " +
+               device.str() +
+               ", S = route_workspace_slabs(N)) is required for the fused gate on CUDA: it holds "
+               "the GEMM's partial logits between the GEMM and the per-row epilogue, and hdk "
+               "allocates nothing on the call path");
   }
 
   if (p.invalid_count.defined()) {
@@ -233,5 +246,11 @@ void check_hash_indices(const RouterProblem& p) {
 }
 
 }  // namespace detail
+
+int64_t route_workspace_slabs(int64_t num_tokens) {
+  const int64_t row_blocks = std::max<int64_t>(1, (num_tokens + 63) / 64);
+  return std::max<int64_t>(1, 16 / row_blocks);
+}
+
 }  // namespace dsv4
 }  // namespace hdk

@@ -54,6 +54,12 @@ struct RouterCase {
 struct HostRouter {
   std::vector<uint8_t> logits, hidden, gate_weight, bias, token_ids, tid2eid;
   int64_t logits_stride = 0, hidden_stride = 0, out_stride = 0;
+  // logits_workspace [slabs, N, E]: one slab more than required and padded strides, as when a
+  // caller slices a buffer sized for its largest batch.
+  int64_t workspace_slabs = 0, workspace_row_stride = 0, workspace_slab_stride = 0;
+  size_t workspace_floats() const {
+    return static_cast<size_t>(workspace_slabs * workspace_slab_stride);
+  }
 };
 
 void put_bf16(std::vector<uint8_t>& bytes, size_t index, float value) {
@@ -163,6 +169,9 @@ HostRouter make_inputs(const RouterCase& c) {
     }
   }
   h.out_stride = c.top_k + (c.row_padding ? 1 : 0);
+  h.workspace_slabs = dsv4::route_workspace_slabs(N) + 1;
+  h.workspace_row_stride = E + 3;
+  h.workspace_slab_stride = N * h.workspace_row_stride + 5;
   return h;
 }
 
@@ -175,7 +184,9 @@ dsv4::RouterParams bind(const RouterCase& c, const HostRouter& h, Device device,
   if (c.scores == Scores::kFused) {
     p.hidden = TensorView::strided(hidden, DType::kBFloat16, {N, D}, {h.hidden_stride, 1}, device);
     p.gate_weight = TensorView::contiguous(gate_weight, DType::kBFloat16, {E, D}, device);
-    p.logits_workspace = TensorView::contiguous(workspace, DType::kFloat32, {N, E}, device);
+    p.logits_workspace =
+        TensorView::strided(workspace, DType::kFloat32, {h.workspace_slabs, N, E},
+                            {h.workspace_slab_stride, h.workspace_row_stride, 1}, device);
   } else {
     const DType dtype = c.scores == Scores::kLogitsBF16 ? DType::kBFloat16 : DType::kFloat32;
     p.logits = TensorView::strided(logits, dtype, {N, E}, {h.logits_stride, 1}, device);
@@ -197,7 +208,7 @@ dsv4::RouterParams bind(const RouterCase& c, const HostRouter& h, Device device,
 void run_case(const RouterCase& c, Backend backend) {
   SCOPED_TRACE(c.describe());
   HostRouter h = make_inputs(c);
-  const int64_t N = c.N, E = c.E, K = c.top_k;
+  const int64_t N = c.N, K = c.top_k;
   const size_t out_elements = static_cast<size_t>(std::max<int64_t>(N, 1) * h.out_stride);
   const int64_t counter_start = 5;
   std::vector<uint8_t> counter_bytes(8, 0);
@@ -211,7 +222,7 @@ void run_case(const RouterCase& c, Backend backend) {
   // Oracle on the host inputs.
   std::vector<int32_t> host_ids(out_elements);
   std::vector<float> host_weights(out_elements);
-  std::vector<float> host_workspace(static_cast<size_t>(N * E));
+  std::vector<float> host_workspace(h.workspace_floats());
   std::vector<uint8_t> host_counter = counter_bytes;
   const dsv4::RouterParams host_params =
       bind(c, h, Device::cpu(), h.logits.data(), h.hidden.data(), h.gate_weight.data(),
@@ -231,7 +242,7 @@ void run_case(const RouterCase& c, Backend backend) {
                token_ids = upload(h.token_ids), tid2eid = upload(h.tid2eid),
                counter = upload(counter_bytes);
   DeviceBuffer ids(backend, out_elements * 4), weights(backend, out_elements * 4),
-      workspace(backend, static_cast<size_t>(N * E) * 4);
+      workspace(backend, h.workspace_floats() * 4);
   ids.fill(0x7f);
   weights.fill(0xff);
   if (workspace.size() > 0) workspace.fill(0x7f);
@@ -244,7 +255,7 @@ void run_case(const RouterCase& c, Backend backend) {
 
   std::vector<int32_t> got_ids(out_elements);
   std::vector<float> got_weights(out_elements);
-  std::vector<float> got_workspace(static_cast<size_t>(N * E));
+  std::vector<float> got_workspace(h.workspace_floats());
   std::vector<uint8_t> got_counter(8);
   ids.download(got_ids.data(), out_elements * 4);
   weights.download(got_weights.data(), out_elements * 4);
@@ -253,7 +264,7 @@ void run_case(const RouterCase& c, Backend backend) {
 
   const dsv4::RouterCheck check = dsv4::check_route_outputs(
       reference, got_ids.data(), h.out_stride, got_weights.data(), h.out_stride,
-      c.scores == Scores::kFused ? got_workspace.data() : nullptr, E);
+      c.scores == Scores::kFused ? got_workspace.data() : nullptr, h.workspace_row_stride);
   EXPECT_TRUE(check.ok) << check.first_failure;
   // The padding column after each output row is never written.
   if (h.out_stride > K) {
@@ -303,9 +314,9 @@ std::vector<RouterCase> semantic_cases() {
   }
   // The models' real gate shapes on the fused path.
   for (auto [E, D] : {std::pair<int64_t, int64_t>{256, 4096}, {384, 7168}}) {
-    // 1 and 3: the CUDA-core product; then the MMA kernel with 2, 4 and 8 row tiles, and 300
-    // rows as five grid rows.
-    for (int64_t N : {1, 3, 12, 30, 64, 300}) {
+    // 1 and 3: the CUDA-core product; 8 and 12: the cluster GEMM with 1 and 2 row tiles; 30 and
+    // 64: the split GEMM with 4 and 8 row tiles (16 slabs); 300: five grid rows and 3 slabs.
+    for (int64_t N : {1, 3, 8, 12, 30, 64, 300}) {
       RouterCase c;
       c.E = E, c.D = D, c.N = N, c.scores = Scores::kFused;
       c.row_padding = N == 64 ? 8 : 0;
@@ -325,19 +336,21 @@ std::vector<RouterCase> semantic_cases() {
     add(c);
     c.N = 2;  // the CUDA-core gate product with one expert per CTA and D = 3 chunks
     add(c);
+    // The cluster GEMM with 63 expert tiles (more CTAs than one wave) and only 2 chunks of D, so
+    // 6 of each cluster's 8 CTAs have an empty slice.
     c.E = 1000, c.top_k = 64, c.N = 9, c.D = 40, c.scores = Scores::kFused;
     add(c);
-    // A long D (no shared-memory limit on the MMA kernel), not a multiple of 32, E not one of 16,
-    // with 1, 4 and 8 row tiles.
+    // A long D, not a multiple of 32, E not one of 16: the cluster GEMM (6 rows) and the split
+    // GEMM with 4 and 8 row tiles, whose slices take 2 and 5 passes through shared memory.
     c.E = 20, c.top_k = 4, c.N = 6, c.D = 100008, c.scores = Scores::kFused;
     add(c);
     c.N = 20;
     add(c);
     c.N = 40;
     add(c);
-    // The MMA kernel's edges: the last chunk of D a quarter full (4 row tiles); E not a multiple
-    // of 16 with a partial row tile (8); 63 expert tiles (more CTAs than one wave) with only 2
-    // chunks of D, so 6 of each cluster's 8 CTAs have an empty slice.
+    // The split GEMM's edges: the last chunk of D a quarter full and slices of 1 or 2 chunks (4
+    // row tiles); E not a multiple of 48 with a partial row tile (8); 21 groups of 48 experts
+    // with only 2 chunks of D (2 slabs).
     c.E = 20, c.N = 24, c.D = 776;
     add(c);
     c.E = 300, c.top_k = 6, c.N = 50, c.D = 1480;
@@ -423,7 +436,7 @@ TEST(RouterFused, CpuWithoutWorkspace) {
   c.scores = Scores::kFused, c.N = 9, c.D = 96, c.seed = 5;
   HostRouter h = make_inputs(c);
   std::vector<int32_t> ids(c.N * h.out_stride);
-  std::vector<float> weights(c.N * h.out_stride), workspace(c.N * c.E);
+  std::vector<float> weights(c.N * h.out_stride), workspace(h.workspace_floats());
   int32_t counter[2] = {0, 0};
   dsv4::RouterParams p =
       bind(c, h, Device::cpu(), nullptr, h.hidden.data(), h.gate_weight.data(), h.bias.data(),
@@ -445,7 +458,7 @@ TEST(RouterCudaCapabilities, FusedGateAlignment) {
   const int64_t N = 2, E = 16, D = 64;
   DeviceBuffer hidden(Backend::kCUDA, N * D * 2 + 16), gate(Backend::kCUDA, E * D * 2 + 16),
       ids(Backend::kCUDA, N * 6 * 4), weights(Backend::kCUDA, N * 6 * 4),
-      workspace(Backend::kCUDA, N * E * 4);
+      workspace(Backend::kCUDA, dsv4::route_workspace_slabs(N) * N * E * 4);
   auto call = [&](int64_t d, int64_t hidden_offset, const char* fragment) {
     dsv4::RouterParams p;
     p.hidden = TensorView::contiguous(static_cast<char*>(hidden.data()) + hidden_offset,
@@ -453,7 +466,8 @@ TEST(RouterCudaCapabilities, FusedGateAlignment) {
     p.gate_weight = TensorView::contiguous(gate.data(), DType::kBFloat16, {E, d}, cuda);
     p.topk_ids = TensorView::contiguous(ids.data(), DType::kInt32, {N, 6}, cuda);
     p.topk_weights = TensorView::contiguous(weights.data(), DType::kFloat32, {N, 6}, cuda);
-    p.logits_workspace = TensorView::contiguous(workspace.data(), DType::kFloat32, {N, E}, cuda);
+    p.logits_workspace = TensorView::contiguous(workspace.data(), DType::kFloat32,
+                                                {dsv4::route_workspace_slabs(N), N, E}, cuda);
     try {
       dsv4::route(p);
       ADD_FAILURE() << "no hdk::Error for '" << fragment << "'";

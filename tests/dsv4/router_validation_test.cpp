@@ -3,6 +3,7 @@
 // these run on the CPU (a view marked cuda:0 is only inspected, never dereferenced).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -24,7 +25,7 @@ struct Call {
   std::vector<int32_t> table = std::vector<int32_t>(V * K, 0);
   std::vector<int32_t> ids = std::vector<int32_t>(N * K);
   std::vector<float> weights = std::vector<float>(N * K);
-  std::vector<float> workspace = std::vector<float>(N * E);
+  std::vector<float> workspace = std::vector<float>(16 * N * E);
   int64_t counter = 0;
   dsv4::RouterParams p;
 
@@ -41,7 +42,7 @@ struct Call {
     p.logits = TensorView();
     p.hidden = TensorView::contiguous(hidden.data(), DType::kBFloat16, {N, D});
     p.gate_weight = TensorView::contiguous(gate.data(), DType::kBFloat16, {E, D});
-    p.logits_workspace = TensorView::contiguous(workspace.data(), DType::kFloat32, {N, E});
+    p.logits_workspace = TensorView::contiguous(workspace.data(), DType::kFloat32, {16, N, E});
   }
 
   void use_hash() {
@@ -164,8 +165,21 @@ TEST(RouterValidation, Scores) {
   {
     Call call;
     call.use_fused();
-    call.p.logits_workspace.shape[1] = 4;
-    expect_error(call.p, {"'logits_workspace'", "[N, E] = [3, 8]", "got [3, 4]"});
+    call.p.logits_workspace.shape[2] = 4;
+    expect_error(call.p, {"'logits_workspace'", "[S, N, E] = [16, 3, 8]", "got [16, 3, 4]"});
+  }
+  {
+    Call call;  // one slab short of route_workspace_slabs(N)
+    call.use_fused();
+    call.p.logits_workspace.shape[0] = 15;
+    expect_error(call.p, {"'logits_workspace'", "route_workspace_slabs(N)", "got [15, 3, 8]"});
+  }
+  {
+    Call call;  // the [N, E] workspace of earlier versions
+    call.use_fused();
+    call.p.logits_workspace =
+        TensorView::contiguous(call.workspace.data(), DType::kFloat32, {Call::N, Call::E});
+    expect_error(call.p, {"'logits_workspace'", "[S, N, E] = [16, 3, 8]", "got [3, 8]"});
   }
   {
     Call call;  // workspace without a GEMM to fill it
@@ -181,8 +195,19 @@ TEST(RouterValidation, Scores) {
                              &call.p.topk_weights, &call.p.invalid_count}) {
       view->device = Device::cuda(0);
     }
-    expect_error(call.p, {"'logits_workspace'", "[N, E] = [3, 8]", "required", "cuda:0",
+    expect_error(call.p, {"'logits_workspace'", "[S, N, E] = [16, 3, 8]", "required", "cuda:0",
                           "allocates nothing"});
+  }
+}
+
+// The workspace's slab count depends on N alone: 16 up to 64 rows, then fewer, so that the
+// workspace never exceeds max(1024, N) * E floats.
+TEST(RouterValidation, WorkspaceSlabs) {
+  const int64_t rows[] = {0, 1, 64, 65, 128, 129, 256, 1024, 1025, 100000};
+  const int64_t slabs[] = {16, 16, 16, 8, 8, 5, 4, 1, 1, 1};
+  for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); ++i) {
+    EXPECT_EQ(dsv4::route_workspace_slabs(rows[i]), slabs[i]) << "N = " << rows[i];
+    EXPECT_LE(dsv4::route_workspace_slabs(rows[i]) * rows[i], std::max<int64_t>(1024, rows[i]));
   }
 }
 

@@ -34,9 +34,11 @@ struct RouterParams {
   TensorView topk_ids;      // [N, top_k] int32, last dim contiguous
   TensorView topk_weights;  // [N, top_k] fp32, last dim contiguous
 
-  // [N, E] fp32, last dim contiguous; only with hidden + gate_weight. Receives the fp32 logits of
-  // the gate GEMM. Required on CUDA, where it is the scratch between the GEMM (spread over every
-  // SM) and the per-row epilogue: hdk allocates nothing on the call path. Optional on the CPU.
+  // [S, N, E] fp32 with S >= route_workspace_slabs(N), last dim contiguous; only with hidden +
+  // gate_weight. Required on CUDA, where it is the scratch between the gate GEMM (spread over
+  // every SM, which writes one slab of partial logits per slice of D) and the per-row epilogue
+  // (which sums the slabs in order): hdk allocates nothing on the call path. After the call,
+  // slab 0 holds the fp32 logits. Optional on the CPU.
   TensorView logits_workspace;
 
   // Optional [1] or scalar int32/int64 counter. Each row that gets ids -1 and weights 0 (NaN
@@ -47,6 +49,10 @@ struct RouterParams {
   int64_t top_k = 6;         // 1 .. min(E, 2048)
   float route_scale = 1.0f;  // finite
 };
+
+// The number of slabs `logits_workspace` needs for N rows: 16 up to 64 rows, then 16 / ceil(N /
+// 64), at least 1 (so at most max(1024, N) * E floats). The same on every device and backend.
+int64_t route_workspace_slabs(int64_t num_tokens);
 
 // Runs on the device the tensors live on (all on the CPU, or all on one CUDA device).
 // CUDA work is enqueued on the legacy default stream.

@@ -37,10 +37,36 @@ constexpr int kMaxRowExperts = 512;     // the one-thread-per-expert kernel (Dee
 // rescanned shared memory for each winner, issued ~3,000 dependent instructions per row and took
 // 12-15 us on an H100 whatever N was.
 
-__device__ __forceinline__ float load_logit(const void* logits, DType dtype, int64_t offset) {
-  return dtype == DType::kBFloat16
-             ? __bfloat162float(static_cast<const __nv_bfloat16*>(logits)[offset])
-             : static_cast<const float*>(logits)[offset];
+// Where the epilogue finds a row's logits: the caller's logits (fp32 or bf16), or the fused gate's
+// workspace, whose `slabs` slabs of partial sums (one per slice of D) it adds in slab order and
+// writes back to slab 0 as the logits.
+struct LogitSource {
+  const void* logits;
+  DType dtype;
+  int64_t row_stride;
+  int64_t slab_stride;
+  int slabs;
+};
+
+__device__ __forceinline__ float load_logit(const LogitSource& source, int64_t n, int64_t e) {
+  const int64_t offset = n * source.row_stride + e;
+  if (source.dtype == DType::kBFloat16) {
+    return __bfloat162float(static_cast<const __nv_bfloat16*>(source.logits)[offset]);
+  }
+  const float* first = static_cast<const float*>(source.logits) + offset;
+  if (source.slabs == 1) return *first;
+  // Every load is issued before the first add (a load under a branch would wait for the
+  // previous one); slabs past the used ones reread the last and are dropped.
+  float parts[kMaxWorkspaceSlabs];
+#pragma unroll
+  for (int s = 0; s < kMaxWorkspaceSlabs; ++s)
+    parts[s] = first[(s < source.slabs ? s : source.slabs - 1) * source.slab_stride];
+  float sum = parts[0];
+#pragma unroll
+  for (int s = 1; s < kMaxWorkspaceSlabs; ++s)
+    if (s < source.slabs) sum += parts[s];
+  *const_cast<float*>(first) = sum;
+  return sum;
 }
 
 // Hash routing: the row's slots from tid2eid. Returns false (for every lane) when the token id
@@ -124,8 +150,7 @@ __device__ __forceinline__ uint64_t warp_top(uint64_t entry) {
 //  2. warp 0 merges the sorted lists: lane l holds the head of list l, and each winner is the
 //     warp_top of the heads; the winning lane advances (its next entry is already loaded).
 __global__ void __launch_bounds__(kMaxRowExperts)
-    router_epilogue_row_kernel(RouterProblem p, const void* logits, DType logits_dtype,
-                               int64_t logits_row_stride, int list_length) {
+    router_epilogue_row_kernel(RouterProblem p, LogitSource source, int list_length) {
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
   const int lane = tid & 31;
@@ -148,7 +173,7 @@ __global__ void __launch_bounds__(kMaxRowExperts)
   uint64_t entry = 0;  // below every real entry: a NaN-free key is at least 0x007fffff
   bool nan = false;
   if (expert) {
-    const float x = load_logit(logits, logits_dtype, n * logits_row_stride + tid);
+    const float x = load_logit(source, n, tid);
     const float s = router_score(x);
     scores[tid] = s;
     const float key = s + bias;  // + 0.0f without a bias: s unchanged, -0 ties +0
@@ -207,8 +232,7 @@ __device__ __forceinline__ uint64_t selection_entry(const RouterProblem& p, cons
 // takes the maximum top_k times. Entries are unique and leave in descending order, so the lane
 // that lost its best finds the next one as the largest entry below the one just taken.
 __global__ void __launch_bounds__(kEpilogueWarps * 32)
-    router_epilogue_kernel(RouterProblem p, const void* logits, DType logits_dtype,
-                           int64_t logits_row_stride, int words_per_warp) {
+    router_epilogue_kernel(RouterProblem p, LogitSource source, int words_per_warp) {
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
@@ -223,7 +247,7 @@ __global__ void __launch_bounds__(kEpilogueWarps * 32)
   const bool dense = p.mode == RoutingMode::kDense;
   bool nan = false;
   for (int64_t e = lane; e < E; e += 32) {
-    const float x = load_logit(logits, logits_dtype, n * logits_row_stride + e);
+    const float x = load_logit(source, n, e);
     scores[e] = router_score(x);
     nan |= isnan(x);
   }
@@ -307,18 +331,17 @@ void route_cuda(const RouterProblem& p, int device, CudaStream stream) {
   hdk::detail::CudaDeviceGuard guard(device, kOperation);
   const auto cuda_stream = reinterpret_cast<cudaStream_t>(stream);
 
-  const void* logits = p.logits;
-  DType logits_dtype = p.logits_dtype;
-  int64_t logits_row_stride = p.logits_row_stride;
+  LogitSource source{p.logits, p.logits_dtype, p.logits_row_stride, 0, 1};
   if (p.fused_gate) {
+    source = LogitSource{p.logits_workspace, DType::kFloat32, p.logits_workspace_row_stride,
+                         p.logits_workspace_slab_stride, 1};
     if (gate_gemv_applies(p, device)) {
       launch_gate_gemv(p, device, cuda_stream);
-    } else {
+    } else if (p.num_tokens <= kClusterGateMaxRows) {
       launch_gate_gemm(p, cuda_stream);
+    } else {
+      source.slabs = launch_gate_split(p, device, cuda_stream);
     }
-    logits = p.logits_workspace;
-    logits_dtype = DType::kFloat32;
-    logits_row_stride = p.logits_workspace_row_stride;
   }
 
   cudaLaunchConfig_t config = {};
@@ -337,9 +360,9 @@ void route_cuda(const RouterProblem& p, int device, CudaStream stream) {
     config.blockDim = dim3(static_cast<unsigned>(warps * 32), 1, 1);
     config.dynamicSmemBytes = static_cast<size_t>(warps) * list_length * 8 +
                               static_cast<size_t>(p.num_experts + p.top_k) * 4;
-    hdk::detail::check_launch(cudaLaunchKernelEx(&config, router_epilogue_row_kernel, p, logits,
-                                                 logits_dtype, logits_row_stride, list_length),
-                              kOperation, "launching the router epilogue kernel");
+    hdk::detail::check_launch(
+        cudaLaunchKernelEx(&config, router_epilogue_row_kernel, p, source, list_length), kOperation,
+        "launching the router epilogue kernel");
     return;
   }
 
@@ -357,9 +380,9 @@ void route_cuda(const RouterProblem& p, int device, CudaStream stream) {
   config.gridDim = dim3(static_cast<unsigned>((p.num_tokens + warps - 1) / warps), 1, 1);
   config.blockDim = dim3(static_cast<unsigned>(warps * 32), 1, 1);
   config.dynamicSmemBytes = static_cast<size_t>(bytes);
-  hdk::detail::check_launch(cudaLaunchKernelEx(&config, router_epilogue_kernel, p, logits,
-                                               logits_dtype, logits_row_stride, words_per_warp),
-                            kOperation, "launching the router epilogue kernel");
+  hdk::detail::check_launch(
+      cudaLaunchKernelEx(&config, router_epilogue_kernel, p, source, words_per_warp), kOperation,
+      "launching the router epilogue kernel");
 }
 
 }  // namespace detail

@@ -1,7 +1,8 @@
-// The router's gate GEMM on the decode path: logits[n, e] = hidden[n] · gate_weight[e], bf16
-// inputs, fp32 accumulation on the tensor cores (mma.sync m16n8k16), up to 64 rows per grid
-// row. The work is bound by reading gate_weight (2 MiB Flash, 5.25 MiB Pro) once and by latency,
-// so the layout keeps the chain from the first load to the last store short:
+// The router's gate GEMM for 5-16 rows (router_launch.h says which kernel takes which N):
+// logits[n, e] = hidden[n] · gate_weight[e], bf16 inputs, fp32 accumulation on the tensor cores
+// (mma.sync m16n8k16), up to 16 rows per grid row. The work is bound by reading gate_weight
+// (2 MiB Flash, 5.25 MiB Pro) once and by latency, so the layout keeps the chain from the first
+// load to the last store short:
 //  - a cluster of kGateSplits CTAs owns 16 experts and its CTAs split D, so the grid has
 //    E/16 * 8 CTAs (128 Flash, 192 Pro), each streaming a distinct 16-28 KiB slice of
 //    gate_weight;
@@ -13,15 +14,14 @@
 //    through shared memory, then the cluster's 8 CTAs, each CTA pushing the slice another CTA
 //    finishes into that CTA's shared memory. One blocking cluster barrier; the earlier one (that
 //    every peer runs before the first remote store) is hidden behind the loads.
-// The k dimension of each MMA is a permutation of 32 consecutive d values chosen so that a
-// thread's A fragment (gate_weight) and B fragment (hidden) are each one 16-byte load; the dot
-// product does not depend on the order of its terms.
+// The k permutation that makes each MMA fragment one 16-byte load: gate_mma.cuh.
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 
 #include "core/cuda_helpers.h"
+#include "dsv4/cuda/gate_mma.cuh"
 #include "dsv4/cuda/router_launch.h"
 
 namespace hdk {
@@ -36,7 +36,7 @@ constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kChunk = 32;         // d values per pair of k16 MMA steps
 constexpr int kTokenTile = 8;      // MMA n8
-constexpr int kMaxTokenTiles = 8;  // 64 rows per grid row
+constexpr int kMaxTokenTiles = 2;  // 16 rows per grid row
 constexpr int kExperts = 16;       // MMA m16: experts per CTA
 
 struct GemmArgs : GateOperands {
@@ -44,39 +44,22 @@ struct GemmArgs : GateOperands {
 };
 
 // A CTA's work: one m16 tile of experts by kTokenTiles n8 tiles of rows, over its slice of D.
-// Its 8 warps take at most 4 row tiles each, so that two CTAs fit on an SM (126 registers; Pro
-// has 192 CTAs); with 8 tiles, two warps share each group of D chunks. (Two expert tiles per
-// CTA, which halve the hidden bytes pulled from L2, measured no faster at N = 24..64.)
+// Each of its 8 warps takes every row tile and every 8th group of D chunks. (Up to session 4 this
+// kernel also ran 17-64 rows with 4 and 8 row tiles; the split kernel is 0.1-1.8 us faster
+// there.)
 template <int kTokenTiles>
 struct CtaShape {
-  static constexpr int kWarpTiles = kTokenTiles < 4 ? kTokenTiles : 4;
-  static constexpr int kTokenSplits = kTokenTiles / kWarpTiles;
-  static constexpr int kDGroups = kWarps / kTokenSplits;
+  static_assert(kTokenTiles <= kMaxTokenTiles, "1 or 2 row tiles");
+  static constexpr int kWarpTiles = kTokenTiles;
+  static constexpr int kDGroups = kWarps;
   static constexpr int kWeightChunks = 4;  // gate_weight chunks in registers per round
-  static constexpr int kHiddenChunks = kWarpTiles <= 2 ? 4 : 2;  // hidden chunks per sub-round
+  static constexpr int kHiddenChunks = 4;  // hidden chunks per sub-round
   static constexpr int kEntries = kTokenTiles * kTokenTile * kExperts;  // CTA partial logits
   static constexpr int kSegment = kEntries / kGateSplits;  // the part one cluster CTA finishes
 };
 
-__device__ __forceinline__ void mma_bf16_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                               uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 __device__ __forceinline__ uint4 load_16_bytes(const uint16_t* address) {
   return __ldg(reinterpret_cast<const uint4*>(address));
-}
-
-__device__ __forceinline__ int64_t at_most(int64_t value, int64_t limit) {
-  return value < limit ? value : limit;
-}
-
-__device__ __forceinline__ uint4 zero_unless(bool keep, const uint4& value) {
-  return keep ? value : make_uint4(0, 0, 0, 0);
 }
 
 template <int kTokenTiles>
@@ -109,7 +92,6 @@ __global__ void __launch_bounds__(kThreads, 2) gate_gemm_kernel(GemmArgs args) {
   const int group = lane >> 2;  // MMA row/column group
   const int thread = lane & 3;  // position inside the group
   const int d_group = warp % kDGroups;
-  const int first_tile = (warp / kDGroups) * kWarpTiles;
 
   // Clamped addresses (loads are unconditional: a load under a branch waits for the previous
   // one); what lies outside the matrices is zeroed after the load. This thread's A rows are
@@ -125,7 +107,7 @@ __global__ void __launch_bounds__(kThreads, 2) gate_gemm_kernel(GemmArgs args) {
   const uint16_t* hidden_rows[kWarpTiles];
 #pragma unroll
   for (int j = 0; j < kWarpTiles; ++j) {
-    const int64_t row = token_base + (first_tile + j) * kTokenTile + group;
+    const int64_t row = token_base + j * kTokenTile + group;
     hidden_rows[j] = args.hidden + at_most(row, args.N - 1) * args.hidden_stride;
   }
 
@@ -166,8 +148,7 @@ __global__ void __launch_bounds__(kThreads, 2) gate_gemm_kernel(GemmArgs args) {
         const uint4& hi = a[sub + i][1];
 #pragma unroll
         for (int j = 0; j < kWarpTiles; ++j) {
-          mma_bf16_16816(acc[j], lo.x, hi.x, lo.y, hi.y, b[i][j].x, b[i][j].y);
-          mma_bf16_16816(acc[j], lo.z, hi.z, lo.w, hi.w, b[i][j].z, b[i][j].w);
+          mma_chunk(acc[j], lo, hi, b[i][j]);
         }
       }
     }
@@ -176,7 +157,7 @@ __global__ void __launch_bounds__(kThreads, 2) gate_gemm_kernel(GemmArgs args) {
   // Accumulator (row = expert, column = token) -> partial[d_group][tile][expert][token].
 #pragma unroll
   for (int j = 0; j < kWarpTiles; ++j) {
-    float* tile = &partial[d_group][first_tile + j][0][0];
+    float* tile = &partial[d_group][j][0][0];
     *reinterpret_cast<float2*>(tile + group * kTokenTile + 2 * thread) =
         make_float2(acc[j][0], acc[j][1]);
     *reinterpret_cast<float2*>(tile + (group + 8) * kTokenTile + 2 * thread) =
@@ -237,16 +218,12 @@ void launch_gate_gemm(const RouterProblem& p, cudaStream_t stream) {
   GemmArgs args;
   static_cast<GateOperands&>(args) = gate_operands(p);
   args.total_chunks = (p.hidden_size + kChunk - 1) / kChunk;
-  // Fewest n8 tiles (a power of two) that hold the rows; more than 64 rows run as grid rows.
+  // Fewest n8 tiles that hold the rows; more than 16 rows would run as further grid rows.
   const int64_t tiles = (std::min<int64_t>(p.num_tokens, kMaxTokenTiles * kTokenTile) + 7) / 8;
   if (tiles <= 1) {
     launch<1>(args, stream);
-  } else if (tiles <= 2) {
-    launch<2>(args, stream);
-  } else if (tiles <= 4) {
-    launch<4>(args, stream);
   } else {
-    launch<8>(args, stream);
+    launch<2>(args, stream);
   }
 }
 

@@ -30,14 +30,25 @@ inline GateOperands gate_operands(const RouterProblem& p) {
       p.hidden_size};
 }
 
-// logits_workspace[n, e] = hidden[n] · gate_weight[e] in fp32 (bf16 tensor-core MMA). Each
-// cluster of kGateSplits CTAs owns 16 experts and splits D between its CTAs, so every SM streams
-// a slice of gate_weight once; the cluster sums its partial logits through distributed shared
-// memory in a fixed order (deterministic) and writes them. Rows beyond 64 run as further grid
-// rows that re-read gate_weight from L2. Lets the epilogue launch early (programmatic launch).
-// Any D that is a multiple of 8.
+// Which gate product runs (router_cuda.cu): the CUDA-core GEMV for N <= kGemvMaxRows, the
+// cluster-reduced GEMM up to kClusterGateMaxRows, the split GEMM beyond. All three write the
+// fp32 products into logits_workspace and are deterministic.
+
+// N <= kClusterGateMaxRows: slab 0 of logits_workspace = hidden · gate_weightᵀ in fp32 (bf16
+// tensor-core MMA). Each cluster of kGateSplits CTAs owns 16 experts and splits D between its
+// CTAs, so every SM streams a slice of gate_weight once; the cluster sums its partial logits
+// through distributed shared memory in a fixed order and writes them. Lets the epilogue launch
+// early (programmatic launch). Any D that is a multiple of 8.
 constexpr int kGateSplits = 8;
+constexpr int kClusterGateMaxRows = 16;
 void launch_gate_gemm(const RouterProblem& problem, cudaStream_t stream);
+
+// N > kClusterGateMaxRows (router_gate_split.cu): CTAs own 32 or 48 experts and one slice of D
+// and write their partial logits to their own slab of logits_workspace ([slabs, N, E]); no
+// cluster, no atomics. Returns the number of slabs written, which the epilogue adds in slab
+// order. Any D that is a multiple of 8, any N.
+constexpr int kMaxWorkspaceSlabs = 16;  // route_workspace_slabs(N) for N <= 64
+int launch_gate_split(const RouterProblem& problem, int device, cudaStream_t stream);
 
 // N <= kGemvMaxRows with E <= 4 experts per SM: the gate product on the CUDA cores, whole
 // experts per CTA and no cluster (router_gate_gemv.cu); faster than the GEMM for a few rows.

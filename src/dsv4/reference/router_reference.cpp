@@ -147,7 +147,7 @@ void route_reference(const RouterParams& p) {
       weights[j] = static_cast<float>(ref.weights[n * K + j]);
     }
     if (p.logits_workspace.defined()) {
-      float* row = static_cast<float*>(p.logits_workspace.data) + n * p.logits_workspace.strides[0];
+      float* row = static_cast<float*>(p.logits_workspace.data) + n * p.logits_workspace.strides[1];
       for (int64_t e = 0; e < E; ++e)
         row[e] = static_cast<float>(ref.logits[n * E + e]);
     }
