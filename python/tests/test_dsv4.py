@@ -246,15 +246,16 @@ def test_topk_errors():
 
 
 @needs_cuda
-def test_cuda_graph_capture():
+@pytest.mark.parametrize("rows", [4, 40])  # the CUDA-core and the split gate kernel
+def test_cuda_graph_capture(rows):
     g = generator(5)
-    hidden = torch.randn(4, 512, generator=g).to(torch.bfloat16).cuda()
+    hidden = torch.randn(rows, 512, generator=g).to(torch.bfloat16).cuda()
     gate = (torch.randn(256, 512, generator=g) / 20).to(torch.bfloat16).cuda()
     bias = (torch.rand(256, generator=g) - 0.5).cuda()
     values = torch.randn(8, 5000, generator=g).cuda()
-    ids = torch.empty(4, 6, dtype=torch.int32, device="cuda")
-    weights = torch.empty(4, 6, device="cuda")
-    workspace = torch.empty(hdk.dsv4.route_workspace_slabs(4), 4, 256, device="cuda")
+    ids = torch.empty(rows, 6, dtype=torch.int32, device="cuda")
+    weights = torch.empty(rows, 6, device="cuda")
+    workspace = torch.empty(hdk.dsv4.route_workspace_slabs(rows), rows, 256, device="cuda")
     top_values = torch.empty(8, 100, device="cuda")
     top_indices = torch.empty(8, 100, dtype=torch.int32, device="cuda")
 
@@ -268,7 +269,7 @@ def test_cuda_graph_capture():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()
-    hidden.copy_(torch.randn(4, 512, generator=g).to(torch.bfloat16))
+    hidden.copy_(torch.randn(rows, 512, generator=g).to(torch.bfloat16))
     values.copy_(torch.randn(8, 5000, generator=g))
     graph.replay()
     torch.cuda.synchronize()

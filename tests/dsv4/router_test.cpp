@@ -357,6 +357,15 @@ std::vector<RouterCase> semantic_cases() {
     add(c);
     c.E = 1000, c.top_k = 8, c.N = 40, c.D = 40;
     add(c);
+    // The split GEMM with 11 groups of 48 experts (the last one 20) on 12 slabs, and with 32
+    // grid rows on the one slab that route_workspace_slabs(2000) requires; the CUDA-core
+    // product before the many-expert epilogue (E > 512).
+    c.E = 500, c.top_k = 6, c.N = 40, c.D = 392;
+    add(c);
+    c.E = 256, c.N = 2000, c.D = 72;
+    add(c);
+    c.E = 520, c.N = 3, c.D = 136;
+    add(c);
   }
   {
     RouterCase c;  // DeepSeek's vocabulary in the hash table, int64 token ids
