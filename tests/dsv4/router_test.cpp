@@ -358,8 +358,9 @@ std::vector<RouterCase> semantic_cases() {
     c.E = 1000, c.top_k = 8, c.N = 40, c.D = 40;
     add(c);
     // The split GEMM with 11 groups of 48 experts (the last one 20) on 12 slabs, and with 32
-    // grid rows on the one slab that route_workspace_slabs(2000) requires; the CUDA-core
-    // product before the many-expert epilogue (E > 512).
+    // grid rows on the one slab that route_workspace_slabs(2000) requires; the many-expert
+    // epilogue (E > 512) after the CUDA-core product (on a 132-SM GPU; E > 4 per SM on smaller
+    // ones sends it to the cluster GEMM, which the oracle checks just the same).
     c.E = 500, c.top_k = 6, c.N = 40, c.D = 392;
     add(c);
     c.E = 256, c.N = 2000, c.D = 72;
