@@ -38,6 +38,9 @@ struct RouterCase {
   bool bad_tokens = false;   // token ids outside tid2eid (CUDA contract only)
   DType token_dtype = DType::kInt32;
   DType counter_dtype = DType::kInt32;
+  // The logits workspace's strides: padded by odd amounts, or rounded up to multiples of 4 floats
+  // (the split GEMM then stores its partial sums 16 bytes at a time).
+  bool aligned_workspace = false;
   uint64_t seed = 1;
 
   std::string describe() const {
@@ -46,7 +49,7 @@ struct RouterCase {
            " N=" + std::to_string(N) + " E=" + std::to_string(E) + " D=" + std::to_string(D) +
            " k=" + std::to_string(top_k) + (bias ? " bias" : "") +
            " pad=" + std::to_string(row_padding) + (bad_tokens ? " bad-tokens" : "") +
-           " seed=" + std::to_string(seed);
+           (aligned_workspace ? " aligned-workspace" : "") + " seed=" + std::to_string(seed);
   }
 };
 
@@ -170,8 +173,10 @@ HostRouter make_inputs(const RouterCase& c) {
   }
   h.out_stride = c.top_k + (c.row_padding ? 1 : 0);
   h.workspace_slabs = dsv4::route_workspace_slabs(N) + 1;
-  h.workspace_row_stride = E + 3;
-  h.workspace_slab_stride = N * h.workspace_row_stride + 5;
+  auto round_up_4 = [](int64_t floats) { return (floats + 3) / 4 * 4; };
+  h.workspace_row_stride = c.aligned_workspace ? round_up_4(E + 3) : E + 3;
+  h.workspace_slab_stride = c.aligned_workspace ? round_up_4(N * h.workspace_row_stride + 5)
+                                                : N * h.workspace_row_stride + 5;
   return h;
 }
 
@@ -320,6 +325,7 @@ std::vector<RouterCase> semantic_cases() {
       RouterCase c;
       c.E = E, c.D = D, c.N = N, c.scores = Scores::kFused;
       c.row_padding = N == 64 ? 8 : 0;
+      c.aligned_workspace = N == 30 || N == 64 || N == 300;
       add(c);
     }
   }
@@ -365,6 +371,12 @@ std::vector<RouterCase> semantic_cases() {
     add(c);
     c.E = 256, c.N = 2000, c.D = 72;
     add(c);
+    // 16-byte partial-sum stores next to single ones: E = 21 in rows padded to 24 floats, so the
+    // split GEMM stores experts 0 .. 19 four at a time and expert 20 (in a quad that E ends
+    // inside) alone.
+    c.E = 21, c.top_k = 6, c.N = 24, c.D = 776, c.aligned_workspace = true;
+    add(c);
+    c.aligned_workspace = false;
     c.E = 520, c.N = 3, c.D = 136;
     add(c);
   }
@@ -517,6 +529,20 @@ TEST(RouterRepeated, FreshInputsEachCall) {
       SCOPED_TRACE(backend_name(backend));
       run_case(c, backend);
     }
+  }
+}
+
+// The split GEMM with 48 experts per CTA (rows of hidden copied by every lane) over a slice of D
+// longer than one pass through shared memory: each CTA refills its rows once, so racecheck, which
+// runs this test, sees the copies of the second pass land where the first pass's rows were read.
+TEST(RouterRepeated, SplitGemmTwoPasses) {
+  for (Backend backend : {Backend::kCPU, Backend::kCUDA}) {
+    if (!backend_unavailable_reason(backend).empty()) continue;
+    RouterCase c;
+    c.N = 40, c.E = 384, c.D = 25000, c.scores = Scores::kFused, c.seed = 4100;
+    c.aligned_workspace = true;
+    SCOPED_TRACE(backend_name(backend));
+    run_case(c, backend);
   }
 }
 

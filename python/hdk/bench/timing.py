@@ -43,6 +43,12 @@ class CudaTimer:
             graph.replay()
         for start, end in zip(starts, ends):
             if flush:
+                # The host waits for the previous replay, then queues the flush (tens of us of GPU
+                # work) and the timed replay behind it, so the replay is queued before the GPU
+                # reaches it. Queued without the wait, the host sometimes fell behind the GPU and
+                # the GPU's wait for it landed inside the timed window: a one-kernel graph read
+                # 3.42 us or 4.16-4.64 us from one call to the next (H100, 2026-11-22-h100-dsv4-v7).
+                torch.cuda.synchronize(self.device)
                 self._flush.zero_()
             start.record()
             graph.replay()

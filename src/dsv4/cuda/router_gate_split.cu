@@ -10,7 +10,7 @@
 //  - registers cannot hold a CTA's whole slice, and a warp that refills them walks through one
 //    memory round trip per refill. Here gate_weight goes straight into registers (each element
 //    feeds one warp) while the CTA's rows of hidden (which feed every expert tile) arrive in
-//    shared memory by bulk copies, one per row, all in flight at once.
+//    shared memory, all in flight at once (kLaneCopies says how).
 // The k permutation that makes each MMA fragment one 16-byte load: gate_mma.cuh.
 #include <cuda_runtime.h>
 
@@ -42,6 +42,7 @@ struct SplitArgs : GateOperands {
   int slabs;             // D slices, one slab each
   int pass_chunks;       // chunks of D per pass through shared memory
   int row_pitch;         // bytes per row of hidden in shared memory
+  bool vector_stores;    // the workspace takes 16-byte stores (aligned base, strides % 4 == 0)
 };
 
 __device__ __forceinline__ uint32_t shared_address(const void* pointer) {
@@ -69,6 +70,20 @@ __device__ __forceinline__ void copy_row(void* destination, const void* source, 
       : "memory");
 }
 
+// Copies 16 bytes global -> shared on the load path (cp.async), bypassing L1.
+__device__ __forceinline__ void copy_16_bytes(uint32_t destination, const void* source) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(destination), "l"(source)
+               : "memory");
+}
+
+// The barrier's arrival for this thread happens when every cp.async it has issued so far has
+// landed (the barrier counts one arrival per thread).
+__device__ __forceinline__ void arrive_when_copied(uint64_t* barrier) {
+  asm volatile(
+      "cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(shared_address(barrier))
+      : "memory");
+}
+
 __device__ __forceinline__ void barrier_wait(uint64_t* barrier, uint32_t parity) {
   const uint32_t bar = shared_address(barrier);
   uint32_t done = 0;
@@ -91,6 +106,13 @@ __global__ void __launch_bounds__(kExpertTiles* kDWarps * 32, 1) gate_split_kern
   constexpr int kRows = kTokenTiles * kTokenTile;
   constexpr int kThreads = kExpertTiles * kDWarps * 32;
   constexpr int kReducePitch = kExperts + 4;  // floats; conflict-free accumulator stores
+  // How the rows of hidden reach shared memory, as measured on an H100
+  // (bench/results/2026-11-22-h100-dsv4-v7). With 48 experts per CTA (Pro: 57 KB of hidden per
+  // CTA at 64 rows), one bulk copy per row queues the rows in the copy engine: the last landed
+  // 4.6 us after the CTA started, against 2.5 us with 16-byte cp.async copies spread over the
+  // 12 warps, which made 32-64 rows 0.2-0.4 us faster. With 32 experts (8 warps, Flash) the same
+  // copies delayed the gate_weight loads behind them and made 17-64 rows 0.3-0.5 us slower.
+  constexpr bool kLaneCopies = kExpertTiles == 3;
   extern __shared__ __align__(128) uint8_t split_shared[];
   __shared__ __align__(8) uint64_t rows_arrived;
 
@@ -113,7 +135,7 @@ __global__ void __launch_bounds__(kExpertTiles* kDWarps * 32, 1) gate_split_kern
   const int expert_tile = warp % kExpertTiles;
   const int d_warp = warp / kExpertTiles;
 
-  if (threadIdx.x == 0) barrier_init(&rows_arrived, valid_rows);
+  if (threadIdx.x == 0) barrier_init(&rows_arrived, kLaneCopies ? kThreads : valid_rows);
   __syncthreads();
 
   // This thread's A rows: experts group and group + 8 of its tile, clamped (an expert past E
@@ -126,22 +148,39 @@ __global__ void __launch_bounds__(kExpertTiles* kDWarps * 32, 1) gate_split_kern
   }
   const uint8_t* hidden_shared = split_shared + group * args.row_pitch + 16 * thread;
 
+  // The pass's rows of hidden, issued before any gate_weight load (cp.async copies issued after
+  // them landed 2.2 us later, and Pro at 64 rows took 0.5 us longer). Rows past N are not
+  // copied: they feed only output columns that are never stored.
+  auto copy_rows = [&](int64_t pass_begin, int64_t pass_end) {
+    const int64_t d = pass_begin * kChunk;
+    const int64_t d_stop = at_most(pass_end * kChunk, d_end);
+    if (kLaneCopies) {
+      // Warp w copies rows w, w + warps, ..., 16 bytes per lane and step; this thread's
+      // arrival comes when its copies have landed.
+      const int row_vectors = static_cast<int>((d_stop - d) / 8);
+      for (int row = warp; row < valid_rows; row += kThreads / 32) {
+        const uint16_t* source = args.hidden + (token_base + row) * args.hidden_stride + d;
+        const uint32_t destination = shared_address(split_shared + row * args.row_pitch);
+        for (int v = lane; v < row_vectors; v += 32)
+          copy_16_bytes(destination + 16 * v, source + 8 * v);
+      }
+      arrive_when_copied(&rows_arrived);
+    } else if (threadIdx.x < valid_rows) {
+      // The previous pass's rows were read through the generic proxy; order those reads
+      // before the bulk copies (async proxy) overwrite them.
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      copy_row(split_shared + threadIdx.x * args.row_pitch,
+               args.hidden + (token_base + threadIdx.x) * args.hidden_stride + d,
+               static_cast<uint32_t>((d_stop - d) * 2), &rows_arrived);
+    }
+  };
+
   float acc[kTokenTiles][4] = {};
   uint32_t parity = 0;
   for (int64_t pass_begin = chunk_begin; pass_begin < chunk_end;
        pass_begin += args.pass_chunks, parity ^= 1u) {
     const int64_t pass_end = at_most(pass_begin + args.pass_chunks, chunk_end);
-    // Rows past N are not copied: they feed only output columns that are never stored.
-    if (threadIdx.x < valid_rows) {
-      // The previous pass's rows were read through the generic proxy; order those reads
-      // before the bulk copies (async proxy) overwrite them.
-      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-      const int64_t d = pass_begin * kChunk;
-      const uint32_t bytes = static_cast<uint32_t>((at_most(pass_end * kChunk, d_end) - d) * 2);
-      copy_row(split_shared + threadIdx.x * args.row_pitch,
-               args.hidden + (token_base + threadIdx.x) * args.hidden_stride + d, bytes,
-               &rows_arrived);
-    }
+    copy_rows(pass_begin, pass_end);
     bool waited = false;
     for (int64_t first = pass_begin + d_warp; first < pass_end;
          first += static_cast<int64_t>(kDWarps) * kWeightChunks) {
@@ -197,17 +236,37 @@ __global__ void __launch_bounds__(kExpertTiles* kDWarps * 32, 1) gate_split_kern
     }
   }
   __syncthreads();
+  // Four experts per thread and step: 16-byte shared loads, and 16-byte global stores where the
+  // workspace allows them (one expert per step, this took 1.0 us of a Pro CTA's 7.2 us at 64
+  // rows on an H100).
   float* slab_base = args.logits + slab * args.slab_stride;
-  for (int i = threadIdx.x; i < kRows * kExperts; i += kThreads) {
-    const int row = i / kExperts;
-    const int expert = i % kExperts;
-    float sum = sums[row * kReducePitch + expert];
+  constexpr int kQuadsPerRow = kExperts / 4;
 #pragma unroll
-    for (int w = 1; w < kDWarps; ++w)
-      sum += sums[(w * kRows + row) * kReducePitch + expert];
+  for (int q = threadIdx.x; q < kRows * kQuadsPerRow; q += kThreads) {
+    const int row = q / kQuadsPerRow;
+    const int expert = q % kQuadsPerRow * 4;
+    float4 sum = *reinterpret_cast<const float4*>(sums + row * kReducePitch + expert);
+#pragma unroll
+    for (int w = 1; w < kDWarps; ++w) {
+      const float4 part =
+          *reinterpret_cast<const float4*>(sums + (w * kRows + row) * kReducePitch + expert);
+      sum.x += part.x;
+      sum.y += part.y;
+      sum.z += part.z;
+      sum.w += part.w;
+    }
     const int64_t n = token_base + row;
     const int64_t e = expert_base + expert;
-    if (n < args.N && e < args.E) slab_base[n * args.logits_stride + e] = sum;
+    if (n >= args.N) continue;
+    float* out = slab_base + n * args.logits_stride + e;
+    if (args.vector_stores && e + 3 < args.E) {
+      *reinterpret_cast<float4*>(out) = sum;
+    } else {
+      const float values[4] = {sum.x, sum.y, sum.z, sum.w};
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        if (e + k < args.E) out[k] = values[k];
+    }
   }
 }
 
@@ -239,6 +298,9 @@ int launch_gate_split(const RouterProblem& p, int device, cudaStream_t stream) {
   static_cast<GateOperands&>(args) = gate_operands(p);
   args.slab_stride = p.logits_workspace_slab_stride;
   args.total_chunks = (p.hidden_size + kChunk - 1) / kChunk;
+  args.vector_stores = reinterpret_cast<uintptr_t>(p.logits_workspace) % 16 == 0 &&
+                       p.logits_workspace_row_stride % 4 == 0 &&
+                       p.logits_workspace_slab_stride % 4 == 0;
   const int64_t row_blocks = (p.num_tokens + kRowsPerBlock - 1) / kRowsPerBlock;
   // 32 experts per CTA while that still fills the SMs with the most slices (Flash: 8 groups x
   // 16); 48 otherwise (Pro: 8 x 16 instead of 12 x 11), so each CTA's rows of hidden serve more
