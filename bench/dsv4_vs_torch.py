@@ -129,7 +129,8 @@ def bench_router(timer, rows_list, iterations, copy_gbs, empty_us, results):
                 )
             results.append(record)
             print(
-                f"router {preset:5s} N={rows:4d}: hdk {hdk_us:8.2f} us  torch chain {chain_us:8.2f} us"
+                f"router {preset:5s} N={rows:4d}: hdk {hdk_us:8.2f} us"
+                f"  torch chain {chain_us:8.2f} us"
                 f"  x{chain_us / hdk_us:5.2f}  {100 * gate_gbs / copy_gbs:5.1f}% copy"
                 f"  x_floor {hdk_us / floor_us:4.2f}  same experts {100 * same_set:5.1f}%"
                 + (
@@ -182,8 +183,9 @@ def bench_topk(timer, shapes, iterations, copy_gbs, empty_us, results):
             record["target_met"] = record["speedup_vs_torch"] >= 2.0
         results.append(record)
         print(
-            f"topk N={rows:3d} L={length:6d} k={k:4d}: hdk {hdk_us:8.2f} us  torch.topk {torch_us:8.2f} us"
-            f"  x{torch_us / hdk_us:5.2f}  {100 * gbs / copy_gbs:5.1f}% copy  values equal {same_values}"
+            f"topk N={rows:3d} L={length:6d} k={k:4d}: hdk {hdk_us:8.2f} us"
+            f"  torch.topk {torch_us:8.2f} us  x{torch_us / hdk_us:5.2f}"
+            f"  {100 * gbs / copy_gbs:5.1f}% copy  values equal {same_values}"
             + (
                 ""
                 if "target_met" not in record

@@ -79,6 +79,12 @@ struct RouterProblem {
 static_assert(std::is_trivially_copyable<RouterProblem>::value,
               "kernels take the problem by value");
 
+// The logits workspace's shape rule (route_workspace_slabs), shared with the CUDA split GEMM that
+// fills it: one grid row of CTAs per kWorkspaceRowBlock rows, and kWorkspaceMaxSlabs slices of D
+// (one slab each) spread over those grid rows.
+constexpr int kWorkspaceMaxSlabs = 16;
+constexpr int kWorkspaceRowBlock = 64;
+
 }  // namespace detail
 }  // namespace dsv4
 }  // namespace hdk

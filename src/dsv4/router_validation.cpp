@@ -248,8 +248,9 @@ void check_hash_indices(const RouterProblem& p) {
 }  // namespace detail
 
 int64_t route_workspace_slabs(int64_t num_tokens) {
-  const int64_t row_blocks = std::max<int64_t>(1, (num_tokens + 63) / 64);
-  return std::max<int64_t>(1, 16 / row_blocks);
+  const int64_t row_blocks = std::max<int64_t>(
+      1, (num_tokens + detail::kWorkspaceRowBlock - 1) / detail::kWorkspaceRowBlock);
+  return std::max<int64_t>(1, detail::kWorkspaceMaxSlabs / row_blocks);
 }
 
 }  // namespace dsv4

@@ -31,6 +31,8 @@ constexpr int kChunk = 32;         // d values per pair of k16 MMA steps (64 byt
 constexpr int kTokenTile = 8;      // MMA n8
 constexpr int kMaxTokenTiles = 8;  // 64 rows per grid row
 constexpr int kRowsPerBlock = kMaxTokenTiles * kTokenTile;
+static_assert(kRowsPerBlock == kWorkspaceRowBlock,
+              "route_workspace_slabs counts this kernel's grid rows");
 constexpr int kDWarps = 4;        // warps that split a CTA's slice of D per expert tile
 constexpr int kWeightChunks = 4;  // gate_weight chunks a warp holds in registers per round
 // Shared memory for one pass over the slice; a slice longer than that takes several passes.
