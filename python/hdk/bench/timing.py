@@ -56,6 +56,17 @@ class CudaTimer:
         torch.cuda.synchronize(self.device)
         return median_us([start.elapsed_time(end) * 1e3 for start, end in zip(starts, ends)])
 
+    def launch_floor_us(self, iters, attempts=3):
+        """The launch latency of every floor: the replay time of a graph of one tiny kernel (a
+        1-element fill), timed like the calls (after an L2 flush). The smallest of `attempts`
+        medians, as `hdk-bench` takes it: a single median read 3.33, 3.90 and 4.00 us in three
+        runs of one script on one H100 (bench/results/2026-11-22-h100-dsv4-v8), and the floor
+        divides every x_floor."""
+        scratch = torch.zeros(1, dtype=torch.uint8, device=self.device)
+        scratch.fill_(0)
+        graph = self.capture(lambda: scratch.fill_(0))
+        return min(self.time_graph(graph, iters) for _ in range(attempts))
+
     def estimate_us(self, graph):
         """One replay's time, to size the timed loop."""
         return self.time_graph(graph, iters=1, warmup=1)
