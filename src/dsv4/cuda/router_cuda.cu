@@ -41,8 +41,9 @@ constexpr int kMaxRowExperts = 512;     // the one-thread-per-expert kernel (Dee
 // workspace, whose `slabs` slabs of partial sums (one per slice of D) it adds in slab order and
 // writes back to slab 0 as the logits.
 struct LogitSource {
-  const void* logits;
+  const void* logits;  // the caller's logits; nullptr after the fused gate
   DType dtype;
+  float* workspace;  // the fused gate's [slabs, N, E] partial sums; nullptr with given logits
   int64_t row_stride;
   int64_t slab_stride;
   int slabs;
@@ -50,22 +51,24 @@ struct LogitSource {
 
 __device__ __forceinline__ float load_logit(const LogitSource& source, int64_t n, int64_t e) {
   const int64_t offset = n * source.row_stride + e;
-  if (source.dtype == DType::kBFloat16) {
-    return __bfloat162float(static_cast<const __nv_bfloat16*>(source.logits)[offset]);
+  if (source.workspace == nullptr) {
+    return source.dtype == DType::kBFloat16
+               ? __bfloat162float(static_cast<const __nv_bfloat16*>(source.logits)[offset])
+               : static_cast<const float*>(source.logits)[offset];
   }
-  const float* first = static_cast<const float*>(source.logits) + offset;
+  float* first = source.workspace + offset;
   if (source.slabs == 1) return *first;
   // Every load is issued before the first add (a load under a branch would wait for the
   // previous one); slabs past the used ones reread the last and are dropped.
-  float parts[kMaxWorkspaceSlabs];
+  float parts[kWorkspaceMaxSlabs];
 #pragma unroll
-  for (int s = 0; s < kMaxWorkspaceSlabs; ++s)
+  for (int s = 0; s < kWorkspaceMaxSlabs; ++s)
     parts[s] = first[(s < source.slabs ? s : source.slabs - 1) * source.slab_stride];
   float sum = parts[0];
 #pragma unroll
-  for (int s = 1; s < kMaxWorkspaceSlabs; ++s)
+  for (int s = 1; s < kWorkspaceMaxSlabs; ++s)
     if (s < source.slabs) sum += parts[s];
-  *const_cast<float*>(first) = sum;
+  *first = sum;
   return sum;
 }
 
@@ -331,10 +334,14 @@ void route_cuda(const RouterProblem& p, int device, CudaStream stream) {
   hdk::detail::CudaDeviceGuard guard(device, kOperation);
   const auto cuda_stream = reinterpret_cast<cudaStream_t>(stream);
 
-  LogitSource source{p.logits, p.logits_dtype, p.logits_row_stride, 0, 1};
+  LogitSource source{p.logits, p.logits_dtype, nullptr, p.logits_row_stride, 0, 1};
   if (p.fused_gate) {
-    source = LogitSource{p.logits_workspace, DType::kFloat32, p.logits_workspace_row_stride,
-                         p.logits_workspace_slab_stride, 1};
+    source = LogitSource{nullptr,
+                         DType::kFloat32,
+                         p.logits_workspace,
+                         p.logits_workspace_row_stride,
+                         p.logits_workspace_slab_stride,
+                         1};
     if (gate_gemv_applies(p, device)) {
       launch_gate_gemv(p, device, cuda_stream);
     } else if (p.num_tokens <= kClusterGateMaxRows) {

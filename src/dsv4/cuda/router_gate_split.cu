@@ -308,13 +308,13 @@ int launch_gate_split(const RouterProblem& p, int device, cudaStream_t stream) {
   // 16); 48 otherwise (Pro: 8 x 16 instead of 12 x 11), so each CTA's rows of hidden serve more
   // experts.
   const int expert_tiles =
-      (p.num_experts + 31) / 32 * kMaxWorkspaceSlabs * row_blocks <= sm_count ? 2 : 3;
+      (p.num_experts + 31) / 32 * kWorkspaceMaxSlabs * row_blocks <= sm_count ? 2 : 3;
   const int64_t experts = expert_tiles * 16;
   const int64_t groups = (p.num_experts + experts - 1) / experts;
   // As many D slices as fill the SMs once, within the workspace's slabs and D's chunks.
   const int64_t slabs =
       std::min<int64_t>({std::max<int64_t>(1, sm_count / (groups * row_blocks)),
-                         p.logits_workspace_slabs, kMaxWorkspaceSlabs, args.total_chunks});
+                         p.logits_workspace_slabs, kWorkspaceMaxSlabs, args.total_chunks});
   args.slabs = static_cast<int>(slabs);
   const int64_t rows = std::min<int64_t>(p.num_tokens, kRowsPerBlock);
   // 17+ rows (kClusterGateMaxRows): 4 or 8 n8 tiles; fewer would serve no dispatched N.

@@ -46,8 +46,7 @@ void launch_gate_gemm(const RouterProblem& problem, cudaStream_t stream);
 // N > kClusterGateMaxRows (router_gate_split.cu): CTAs own 32 or 48 experts and one slice of D
 // and write their partial logits to their own slab of logits_workspace ([slabs, N, E]); no
 // cluster, no atomics. Returns the number of slabs written, which the epilogue adds in slab
-// order. Any D that is a multiple of 8, any N.
-constexpr int kMaxWorkspaceSlabs = kWorkspaceMaxSlabs;  // route_workspace_slabs(N), N <= 64
+// order, at most kWorkspaceMaxSlabs (router_problem.h). Any D that is a multiple of 8, any N.
 int launch_gate_split(const RouterProblem& problem, int device, cudaStream_t stream);
 
 // N <= kGemvMaxRows with E <= 4 experts per SM: the gate product on the CUDA cores, whole
