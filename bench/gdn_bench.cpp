@@ -114,7 +114,8 @@ struct Measurement {
   std::string launch = "-";  // the CUDA dispatcher's choice
 };
 
-// "vk w4 x2 2048" = kernel, warps per CTA, tiles per head, CTAs.
+// "vk w4 r4 l16 x2 2048" = kernel, warps per CTA, rows per thread, lanes per row, tiles per
+// head, CTAs.
 std::string describe_launch(const gdn::DecodeParams& params, const Device& device) {
 #ifdef HDK_WITH_CUDA
   if (!device.is_cuda()) return "-";
@@ -123,8 +124,9 @@ std::string describe_launch(const gdn::DecodeParams& params, const Device& devic
   const gdn::detail::LaunchPlan plan =
       gdn::detail::plan_launch(gdn::detail::validate_decode(params), sms);
   return std::string(gdn::detail::decode_kernel_name(plan.kernel)) + " w" +
-         std::to_string(plan.warps_per_cta) + " r" + std::to_string(plan.rows_per_thread) + " x" +
-         std::to_string(plan.tiles_per_head) + " " + std::to_string(plan.ctas);
+         std::to_string(plan.warps_per_cta) + " r" + std::to_string(plan.rows_per_thread) + " l" +
+         std::to_string(plan.lanes_per_row) + " x" + std::to_string(plan.tiles_per_head) + " " +
+         std::to_string(plan.ctas);
 #else
   (void)params;
   (void)device;
@@ -307,9 +309,12 @@ void print_usage() {
       "  --verify-max-batch N  skip the oracle above this batch (default 64)\n"
       "  --json FILE           also write results as JSON\n"
       "  --cpu                 run on the CPU even when a GPU is present\n"
-      "  --warps N             force the VK kernel's warps per CTA (tuning sweeps)\n"
+      "  --warps N             force the one-token kernel's warps per CTA (tuning sweeps)\n"
       "  --rows-per-thread N   force the VK kernels' rows per thread (tuning): one-token\n"
-      "                        kernel 4, 8 or 16; multi-token kernel 2 or 4\n");
+      "                        kernel 4, 8 or 16; multi-token kernel 2, 4 or 8\n"
+      "  --lanes-per-row N     force the multi-token kernel's lanes per state row (tuning,\n"
+      "                        K = 128: bf16 8 or 16, fp32 16 or 32)\n"
+      "  --multi-token-kernel  use the multi-token kernel for T = 1 too (tuning)\n");
 }
 
 }  // namespace
@@ -340,12 +345,19 @@ int gdn_command(Options& options) {
   const std::string json_path = options.text("json", "");
   const int64_t forced_warps = options.integer("warps", 0);
   const int64_t forced_rows = options.integer("rows-per-thread", 0);
+  const int64_t forced_lanes = options.integer("lanes-per-row", 0);
+  const bool multi_token_always = options.flag("multi-token-kernel");
   options.reject_unused();
 #ifdef HDK_WITH_CUDA
-  gdn::detail::set_launch_override(static_cast<int>(forced_warps), static_cast<int>(forced_rows));
+  gdn::detail::LaunchOverride forced;
+  forced.warps = static_cast<int>(forced_warps);
+  forced.rows_per_thread = static_cast<int>(forced_rows);
+  forced.lanes_per_row = static_cast<int>(forced_lanes);
+  if (multi_token_always) forced.one_token_kernel = gdn::detail::OneTokenKernel::kMultiToken;
+  gdn::detail::set_launch_override(forced);
 #else
-  if (forced_warps != 0 || forced_rows != 0) {
-    throw std::runtime_error("--warps and --rows-per-thread need the CUDA backend");
+  if (forced_warps != 0 || forced_rows != 0 || forced_lanes != 0 || multi_token_always) {
+    throw std::runtime_error("the kernel tuning options need the CUDA backend");
   }
 #endif
   if (layout_name != "vk" && layout_name != "kv") throw std::runtime_error("--layout vk|kv");

@@ -10,6 +10,10 @@
 #include "hdk/error.h"
 #include "support/gdn_case.h"
 
+#ifdef HDK_WITH_CUDA
+#include "gdn/cuda/decode_cuda.h"
+#endif
+
 namespace hdk {
 namespace testing {
 namespace {
@@ -227,6 +231,23 @@ TEST_P(GdnDecodeSemantics, MatchesReference) {
   const BufferContents expected = run_reference(test_case);
   const BufferContents actual = run_backend(test_case, backend);
   EXPECT_TRUE(outputs_match(test_case, expected, actual));
+#ifdef HDK_WITH_CUDA
+  // The dispatcher sends one-token calls to either of two kernels depending on the batch: both
+  // must honour every semantic of the grid, whichever the grid's sizes select.
+  if (backend == Backend::kCUDA) {
+    using gdn::detail::OneTokenKernel;
+    for (OneTokenKernel kernel : {OneTokenKernel::kOneToken, OneTokenKernel::kMultiToken}) {
+      gdn::detail::LaunchOverride forced;
+      forced.one_token_kernel = kernel;
+      gdn::detail::set_launch_override(forced);
+      SCOPED_TRACE(kernel == OneTokenKernel::kOneToken ? "one-token kernel forced"
+                                                       : "multi-token kernel forced");
+      const BufferContents forced_actual = run_backend(test_case, backend);
+      gdn::detail::set_launch_override(gdn::detail::LaunchOverride());
+      EXPECT_TRUE(outputs_match(test_case, expected, forced_actual));
+    }
+  }
+#endif
 
   // The reference's invalid-index count against the test's own bookkeeping.
   for (size_t i = 0; i < test_case.buffers().size(); ++i) {

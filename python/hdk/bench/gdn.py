@@ -57,6 +57,7 @@ class Row:
     err_out: float = None
     err_state: float = None
     check: str = None
+    do_bench_us: float = None  # triton.testing.do_bench median (eager calls, its own L2 flush)
     note: str = ""
 
 
@@ -125,7 +126,8 @@ def make_inputs(shape, batch, tokens, state_dtype, device, seed):
         dt_bias=random(HV, scale=0.5, dtype=torch.float32),
         b=random(batch, tokens, HV),
         pool=random(batch, HV, V, K, scale=0.1, dtype=state_dtype),
-        indices=torch.arange(batch, dtype=torch.int32, device=device),
+        # Slots in random order: an engine's pool is not laid out by batch position.
+        indices=torch.randperm(batch, generator=generator, device=device).to(torch.int32),
         shape=shape,
     )
 
@@ -221,6 +223,9 @@ def sglang_case(function, x, mode):
             disable_state_update=mode == "verify",
             intermediate_states_buffer=cache,
             intermediate_state_indices=rows,
+            # Versions of the kernel that default it to 0 would write every request's states
+            # over request 0's: give the cache's steps explicitly.
+            cache_steps=x.q.shape[1] if mode == "verify" else None,
         )
 
     def results():
@@ -231,6 +236,9 @@ def sglang_case(function, x, mode):
 
 def fla_case(function, x, mode):
     produced = {}
+    # FLA reads request n's state from row n of initial_state: it has no pool indices. Its
+    # states are gathered by slot once, outside the timed call, which favours FLA.
+    initial_state = x.pool.index_select(0, x.indices.long())
 
     def call():
         produced["out"], produced["state"] = function(
@@ -239,7 +247,7 @@ def fla_case(function, x, mode):
             v=x.v,
             g=x.a,
             beta=x.b,
-            initial_state=x.pool,
+            initial_state=initial_state,
             output_final_state=True,
             use_qk_l2norm_in_kernel=True,
             use_gate_in_kernel=True,
@@ -250,7 +258,10 @@ def fla_case(function, x, mode):
         )
 
     def results():
-        return dict(produced)
+        # Back to slot order, to compare with the pools of hdk and SGLang.
+        states = torch.empty_like(produced["state"])
+        states[x.indices.long()] = produced["state"]
+        return {"out": produced["out"], "state": states}
 
     return Case("fla", mode, call, results, minimal_bytes(x, mode, final_state_size=4))
 
@@ -297,6 +308,16 @@ class Runner:
         elapsed = self.timer.time_graph(graph, iters)
         del graph
         return elapsed
+
+    def do_bench(self, case):
+        """Median microseconds per eager call by triton.testing.do_bench, or None off CUDA."""
+        if self.device.type != "cuda":
+            return None
+        try:
+            import triton.testing
+        except ImportError:
+            return None
+        return 1e3 * triton.testing.do_bench(case.call, warmup=10, rep=50, return_mode="median")
 
     def record(self, row, case=None, elapsed=None, reference_time=None):
         if case is not None and elapsed is not None:
@@ -359,6 +380,7 @@ class Runner:
                 case.call()
                 self.compare(row, case, reference)
                 elapsed = self.timed(case)
+                row.do_bench_us = self.do_bench(case)
                 peer_rows.append((row, case, elapsed))
                 del case
             except Exception as error:  # a peer failure is a result, not the end of the run
@@ -367,7 +389,9 @@ class Runner:
                 if "illegal" in str(error) or "CUDA error" in str(error):
                     raise
         hdk_elapsed = self.timed(reference)
-        self.record(new_row("hdk"), reference, hdk_elapsed)
+        hdk_row = new_row("hdk")
+        hdk_row.do_bench_us = self.do_bench(reference)
+        self.record(hdk_row, reference, hdk_elapsed)
         for row, case, elapsed in peer_rows:
             self.record(row, case, elapsed, hdk_elapsed)
 
@@ -396,7 +420,7 @@ class Runner:
 
 HEADER = (
     f"{'state':5} {'T':>2} {'B':>4} {'mode':6} {'impl':6} {'time_us':>9} {'GB/s':>7} "
-    f"{'%copy':>6} {'peer/hdk':>8} {'err_out':>8} {'err_state':>9}  check/note"
+    f"{'%copy':>6} {'peer/hdk':>8} {'do_bench':>9} {'err_out':>8} {'err_state':>9}  check/note"
 )
 
 
@@ -414,7 +438,8 @@ def format_row(row):
         f"{row.state:5} {row.T:>2} {row.B:>4} {row.mode:6} {row.impl:6} "
         f"{format_number(row.time_us, 9, 2)} {format_number(row.GBps, 7, 0)} "
         f"{format_number(row.pct_copy, 6, 1)} {format_number(row.peer_over_hdk, 8, 2)} "
-        f"{format_error(row.err_out, 8)} {format_error(row.err_state, 9)}  {note}"
+        f"{format_number(row.do_bench_us, 9, 2)} {format_error(row.err_out, 8)} "
+        f"{format_error(row.err_state, 9)}  {note}"
     )
 
 

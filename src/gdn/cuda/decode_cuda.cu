@@ -23,8 +23,12 @@ namespace {
 
 using hdk::detail::ArgumentChecks;
 
+// Written by hdk-bench before its first call, read on every launch; a mutex would cost every
+// decode call a lock for a tuning aid.
 std::atomic<int> warps_override{0};
 std::atomic<int> rows_override{0};
+std::atomic<int> lanes_override{0};
+std::atomic<OneTokenKernel> one_token_override{OneTokenKernel::kAuto};
 
 void check_cuda(cudaError_t status, const char* what) {
   if (status != cudaSuccess) {
@@ -138,9 +142,11 @@ int kv_columns_per_cta(DType state_dtype) {
   return 8 * (state_dtype == DType::kFloat32 ? 4 : 8);
 }
 
-void set_launch_override(int warps, int rows_per_thread) {
-  warps_override.store(warps);
-  rows_override.store(rows_per_thread);
+void set_launch_override(const LaunchOverride& forced) {
+  warps_override.store(forced.warps);
+  rows_override.store(forced.rows_per_thread);
+  lanes_override.store(forced.lanes_per_row);
+  one_token_override.store(forced.one_token_kernel);
 }
 
 const char* decode_kernel_name(DecodeKernel kernel) {
@@ -169,21 +175,41 @@ LaunchPlan plan_launch(const DecodeProblem& p, int sm_count) {
     plan.ctas = heads * plan.tiles_per_head;
     return plan;
   }
-  // One token per request needs no fp32 state between tokens: the lighter kernel.
-  const bool single = p.token_capacity == 1 || p.tokens_per_request == 1;
-  plan.kernel = single ? DecodeKernel::kVKSingle : DecodeKernel::kVK;
-  // One-token kernel: 8 rows per thread (128 bytes per lane in flight) where they fit (bf16
-  // K = 64 has too few lanes per row, fp32 K = 256 too many registers); 2 warps per CTA.
-  // Multi-token kernel: 4 rows per thread; a CTA prepares one token per warp, so 8 warps
-  // when most tokens fit one chunk (T >= 5), 4 otherwise.
-  const bool eight_fit = !(p.state_dtype == DType::kFloat32 && p.head_k == 256) &&
-                         !(p.state_dtype == DType::kBFloat16 && p.head_k == 64);
-  plan.rows_per_thread = single && eight_fit ? 8 : 4;
-  const int64_t tokens = p.variable_length ? p.token_capacity : p.tokens_per_request;
-  plan.warps_per_cta = single ? 2 : (tokens >= 5 ? 8 : 4);
+  // One token per request needs no fp32 state between tokens: the lighter kernel, except for
+  // a single head-batch (B x HV <= 64), where the multi-token kernel's smaller per-warp items
+  // finish sooner (H100, B = 1, HV = 64: bf16 8.2 vs 9.2 us, fp32 9.3 vs 10.6 us; equal at
+  // B = 2, slower from B = 4).
+  const bool one_token = p.token_capacity == 1 || p.tokens_per_request == 1;
+  const OneTokenKernel forced_kernel = one_token_override.load();
+  const bool single = one_token && forced_kernel != OneTokenKernel::kMultiToken &&
+                      (heads > 64 || forced_kernel == OneTokenKernel::kOneToken);
+  const int state_bytes = static_cast<int>(dtype_size(p.state_dtype));
+  const int full_lanes = full_lanes_per_row(state_bytes, p.head_k);
   const int forced_rows = rows_override.load();
-  if ((single && (forced_rows == 4 || (forced_rows >= 8 && eight_fit))) ||
-      (!single && (forced_rows == 2 || forced_rows == 4))) {
+  const int forced_lanes = lanes_override.load();
+  if (!single) {
+    // Multi-token kernel: independent warps (docs/gdn-cuda-dispatch.md for the measured
+    // choice of rows and lanes).
+    plan.kernel = DecodeKernel::kVK;
+    plan.warps_per_cta = kMultiTokenWarpsPerCta;
+    plan.lanes_per_row = forced_lanes > 0 ? forced_lanes : full_lanes;
+    plan.rows_per_thread =
+        forced_rows > 0 ? forced_rows : multi_token_default_rows(state_bytes, p.head_k);
+    const int rows_per_warp = (32 / plan.lanes_per_row) * plan.rows_per_thread;
+    plan.tiles_per_head = ceil_div(p.head_v, rows_per_warp);
+    plan.ctas = ceil_div(heads * plan.tiles_per_head, plan.warps_per_cta);
+    return plan;
+  }
+  // One-token kernel, 2 warps per CTA, capped at 64 registers (32 warps per SM): fp32 state
+  // 8 rows per thread, which fit the cap except at K = 256; bf16 4 rows, which fit it, where 8
+  // would need 124 (H100, B = 256: bf16 R=4 82.5% of copy vs R=8 74.0%; fp32 R=8 96.2%).
+  plan.kernel = DecodeKernel::kVKSingle;
+  plan.lanes_per_row = full_lanes;
+  const bool eight_fit = p.state_dtype == DType::kFloat32 && p.head_k <= 128;
+  plan.rows_per_thread = eight_fit ? 8 : 4;
+  plan.warps_per_cta = 2;
+  const bool eight_possible = !(p.state_dtype == DType::kBFloat16 && p.head_k == 64);
+  if (forced_rows == 4 || (forced_rows >= 8 && eight_possible)) {
     plan.rows_per_thread = forced_rows;
   }
   if (const int forced = warps_override.load(); forced >= 1 && forced <= 8) {
@@ -219,10 +245,10 @@ void decode_cuda(const DecodeProblem& problem, const DecodeParams& params, CudaS
     }
   } else if (plan.kernel == DecodeKernel::kVK) {
     if (fp32) {
-      launch_decode_vk<float>(problem, plan.warps_per_cta, plan.rows_per_thread,
+      launch_decode_vk<float>(problem, plan.lanes_per_row, plan.rows_per_thread,
                               plan.tiles_per_head, cuda_stream);
     } else {
-      launch_decode_vk<__nv_bfloat16>(problem, plan.warps_per_cta, plan.rows_per_thread,
+      launch_decode_vk<__nv_bfloat16>(problem, plan.lanes_per_row, plan.rows_per_thread,
                                       plan.tiles_per_head, cuda_stream);
     }
   } else if (fp32) {

@@ -28,15 +28,27 @@ struct LaunchPlan {
   DecodeKernel kernel = DecodeKernel::kVK;
   int warps_per_cta = 0;
   int rows_per_thread = 0;
-  int64_t tiles_per_head = 0;
+  int lanes_per_row = 0;       // lanes sharing one state row (kVK kernels)
+  int64_t tiles_per_head = 0;  // row tiles of one head: CTAs (vk1, kv) or warps (vk)
   int64_t ctas = 0;
 };
 
 LaunchPlan plan_launch(const DecodeProblem& problem, int sm_count);
 
-// Forces the VK kernel's warps per CTA and rows per thread (0 = the dispatcher's choice). A
-// tuning aid for hdk-bench's sweeps; it affects every later call in the process.
-void set_launch_override(int warps, int rows_per_thread);
+// Which kernel serves one-token calls: the dispatcher's choice, or one of the two forced.
+enum class OneTokenKernel { kAuto, kOneToken, kMultiToken };
+
+// Tuning and test aid, affecting every later call in the process: forces the VK kernels' warps
+// per CTA (one-token kernel), rows per thread and lanes per row (0 = the
+// dispatcher's choice), and the kernel of one-token calls (the tests run both). A combination
+// no kernel was built for is an error at launch.
+struct LaunchOverride {
+  int warps = 0;
+  int rows_per_thread = 0;
+  int lanes_per_row = 0;
+  OneTokenKernel one_token_kernel = OneTokenKernel::kAuto;
+};
+void set_launch_override(const LaunchOverride& forced);
 
 }  // namespace detail
 }  // namespace gdn

@@ -4,123 +4,143 @@
 //   o_i = decay (S_i . q) + u_i (k . q),   u_i = beta (v_i - decay (S_i . k)),
 //   S_i <- decay S_i + u_i k,
 // so one pass over a row gives both dots, and any set of rows can be processed apart from the
-// others. A CTA owns a tile of rows of one (request, head); a row is spread over kLanesPerRow
-// lanes in 16-byte fragments, and each thread keeps kRowsPerThread rows in fp32 registers
-// across all tokens of the call (the spec: the state is rounded only where it is stored).
+// others. Here every warp is its own work item: a tile of rows of one (request, head), spread
+// over kLanesPerRow lanes per row in 16-byte fragments, kept in fp32 registers across all
+// tokens of the call (the spec: the state is rounded only where it is stored).
 //
-// Tokens come in chunks of one token per warp. Each warp issues its token's loads (q, k, the
-// gate inputs) and its share of v at kernel start, together with the pool index and the
-// state, so a chunk costs one DRAM round trip next to the state's; the normalized vectors go
-// to shared memory and the token loop then touches no global input. (Prefetching one token at
-// a time from each warp left a round trip per token on the critical path: 41-49% of the copy
-// bandwidth at T = 2..8, measured on an H100.) The 2 x kRowsPerThread dots of a token are
-// summed by one butterfly (see decode_kernel_vk_single.cuh).
+// No shared memory and no barrier: a warp loads its own token inputs and streams the tokens
+// behind its state, the next token's inputs always in flight (as raw bits, converted where
+// used) while the current one is computed and its states are stored. q and k stay
+// unnormalized; their norms are folded into the dots and the update. The design that preceded
+// this one (token vectors prepared per CTA in shared memory behind a barrier) is in
+// docs/gdn-cuda-dispatch.md with its measurements.
 #pragma once
 
+#include "gdn/cuda/decode_launch.h"
 #include "gdn/cuda/device_helpers.cuh"
 
 namespace hdk {
 namespace gdn {
 namespace detail {
 
-template <typename StateT, int K, int kRowsPerThread>
+// Lanes that share one state row when each lane reads whole 16-byte fragments: K / (elements
+// per fragment), at most a warp.
+template <typename StateT, int K>
+constexpr int full_lanes_per_row() {
+  return full_lanes_per_row(static_cast<int>(sizeof(StateT)), K);
+}
+
+template <typename StateT, int K>
+constexpr int multi_token_default_rows() {
+  return multi_token_default_rows(static_cast<int>(sizeof(StateT)), K);
+}
+
+template <typename StateT, int K, int kRowsPerThread, int kLanes = full_lanes_per_row<StateT, K>()>
 struct VKShape {
   static constexpr int kVec = Fragment<StateT>::kSize;  // one 16-byte access per fragment
-  static constexpr int kLanesPerRow = (K / kVec) < 32 ? (K / kVec) : 32;
+  static constexpr int kLanesPerRow = kLanes;
+  static_assert(kLanes >= 1 && kLanes <= 32 && (kLanes & (kLanes - 1)) == 0, "lanes per row");
+  static_assert(K % (kVec * kLanes) == 0, "a row is whole fragments per lane");
   static constexpr int kFragmentsPerLane = K / (kVec * kLanesPerRow);
   static constexpr int kValuesPerLane = kFragmentsPerLane * kVec;  // state floats per row
   static constexpr int kRowsPerPass = 32 / kLanesPerRow;           // rows one warp load covers
   static constexpr int kRowsPerWarp = kRowsPerPass * kRowsPerThread;
 };
 
-constexpr int kMultiTokenMaxWarps = 8;
+// One token's inputs as a lane needs them, in raw bits: its columns of q and k, the two gate
+// inputs and v of the row it finishes.
+template <int kValues, int kInputBytes>
+struct RawTokenInputs {
+  RawVector<kValues, kInputBytes> q, k;
+  uint32_t gate_a, gate_b, v;
+};
 
-template <typename StateT, int K, int kRowsPerThread>
-__global__ void __launch_bounds__(kMultiTokenMaxWarps * 32, 2)
-    gdn_decode_vk_kernel(const DecodeProblem p, int tiles_per_head) {
-  using Shape = VKShape<StateT, K, kRowsPerThread>;
+template <typename StateT, int K, int kRowsPerThread, int kLanes, int kInputBytes,
+          int kMaxRegisters>
+__global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxRegisters)
+    gdn_decode_vk_kernel(const DecodeProblem p, int64_t tiles_per_head) {
+  using Shape = VKShape<StateT, K, kRowsPerThread, kLanes>;
   constexpr int kVec = Shape::kVec;
-  constexpr int kLanes = Shape::kLanesPerRow;
   constexpr int kFragments = Shape::kFragmentsPerLane;
   constexpr int kValues = Shape::kValuesPerLane;
   constexpr int kRows = kRowsPerThread;
-  constexpr int kDots = 2 * kRows;
+  constexpr int kDots = 2 * kRows;  // (S.k, S.q) per row, interleaved
   static_assert(kDots <= kLanes, "each lane must end the butterfly owning one dot");
-  constexpr int kMaxRowsPerCta = kMultiTokenMaxWarps * Shape::kRowsPerWarp;
-  // v values (tokens x rows of a chunk) each thread loads: chunk = warps, rows = warps x
-  // kRowsPerWarp, threads = 32 x warps, so warps x kRowsPerWarp / 32 at most.
-  constexpr int kValuesPerThread = (kMultiTokenMaxWarps * Shape::kRowsPerWarp + 31) / 32;
-  __shared__ TokenVectors<K> tokens[kMultiTokenMaxWarps];
-  __shared__ float values[kMultiTokenMaxWarps][kMaxRowsPerCta];
 
-  const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  const int warps = static_cast<int>(blockDim.x / 32);  // = tokens per chunk
-  const int lane_in_row = lane % kLanes;
-  const int row_in_pass = lane / kLanes;
-  const int group_base = lane - lane_in_row;
-
-  const int64_t tile = blockIdx.x % tiles_per_head;
-  const int64_t head_task = blockIdx.x / tiles_per_head;
+  const int64_t item = int64_t{blockIdx.x} * (blockDim.x / 32) + threadIdx.x / 32;
+  const int64_t tile = item % tiles_per_head;
+  const int64_t head_task = item / tiles_per_head;
+  if (head_task >= p.num_requests * p.num_v_heads) return;  // the grid's last CTA
   const int64_t hv = head_task % p.num_v_heads;
   const int64_t n = head_task / p.num_v_heads;
   const int64_t request_row = p.variable_length ? 0 : n;
-  const int rows_per_cta = warps * Shape::kRowsPerWarp;
-  const int first_row = static_cast<int>(tile) * rows_per_cta;
+  const int64_t h = p.qk_head_of(hv);
+  const int lane_in_row = lane % kLanes;
+  const int group_base = lane - lane_in_row;
   // Offsets inside one head fit in 32 bits (V * K <= 65536); slot and cache bases are 64-bit.
-  const int thread_first_row = first_row + warp * Shape::kRowsPerWarp + row_in_pass;
+  const int thread_first_row = static_cast<int>(tile) * Shape::kRowsPerWarp + lane / kLanes;
   const int head_v = static_cast<int>(p.head_v);
   auto row_of = [&](int r) { return thread_first_row + r * Shape::kRowsPerPass; };
   auto row_valid = [&](int r) { return row_of(r) < head_v; };
   auto column_of = [&](int f) { return (f * kLanes + lane_in_row) * kVec; };
 
+  // After the butterfly this lane holds dot index `owned`: row owned / 2, S.k for even
+  // indices, S.q for odd ones. The lowest lane holding a row's S.k finishes that row.
   const int owned = scattered_index<kDots, kLanes>(lane_in_row);
   const int owned_row = owned / 2;
-  const bool owns_dot_k = (owned % 2) == 0 && lane_in_row == scattered_lane<kDots, kLanes>(owned);
-  const int dot_q_lane = group_base + scattered_lane<kDots, kLanes>(owned + 1);
+  const bool finishes_row = (owned % 2) == 0 &&
+                            lane_in_row == scattered_lane<kDots, kLanes>(owned) &&
+                            row_valid(owned_row);
+  const int dot_q_lane = group_base + scattered_lane<kDots, kLanes>(owned | 1);
 
-  // A chunk's loads: this warp's token inputs and a share of the chunk's v, into registers.
-  TokenInputs<K> inputs;
-  float loaded_v[kValuesPerThread];
-  auto issue_chunk_loads = [&](int64_t origin, int64_t chunk_start, int chunk) {
-    if (warp < chunk) {
-      load_token_inputs<K>(p, request_row, origin + chunk_start + warp, hv, lane, inputs);
-    }
+  const TokenTensor& gate_a_tensor = p.fused_gating ? p.a : p.g;
+  const TokenTensor& gate_b_tensor = p.fused_gating ? p.b : p.beta;
+  auto load_token = [&](int64_t token, RawTokenInputs<kValues, kInputBytes>& raw) {
+    const int64_t q_base = token_offset(p.q, request_row, token, h);
+    const int64_t k_base = token_offset(p.k, request_row, token, h);
 #pragma unroll
-    for (int i = 0; i < kValuesPerThread; ++i) {
-      const int index = threadIdx.x + i * blockDim.x;
-      const int c = index / rows_per_cta;
-      const int row = first_row + index % rows_per_cta;
-      loaded_v[i] = 0.0f;
-      if (c < chunk && row < head_v) {
-        loaded_v[i] =
-            load_element(p.v.data, p.v.dtype,
-                         token_offset(p.v, request_row, origin + chunk_start + c, hv) + row);
+    for (int f = 0; f < kFragments; ++f) {
+      // One fragment's columns are contiguous; a lane's fragments are kLanes x kVec apart.
+      RawVector<kVec, kInputBytes> piece_q, piece_k;
+      piece_q.load(p.q.data, q_base + column_of(f));
+      piece_k.load(p.k.data, k_base + column_of(f));
+#pragma unroll
+      for (int w = 0; w < RawVector<kVec, kInputBytes>::kWords; ++w) {
+        raw.q.words[f * RawVector<kVec, kInputBytes>::kWords + w] = piece_q.words[w];
+        raw.k.words[f * RawVector<kVec, kInputBytes>::kWords + w] = piece_k.words[w];
       }
     }
-  };
-  auto finish_chunk = [&](int chunk) {
-    if (warp < chunk) finish_token<K>(p, inputs, lane, tokens[warp]);
-#pragma unroll
-    for (int i = 0; i < kValuesPerThread; ++i) {
-      const int index = threadIdx.x + i * blockDim.x;
-      if (index < chunk * rows_per_cta) {
-        values[index / rows_per_cta][index % rows_per_cta] = loaded_v[i];
-      }
-    }
+    raw.gate_a = load_raw_element(gate_a_tensor.data, gate_a_tensor.dtype,
+                                  token_offset(gate_a_tensor, request_row, token, hv));
+    raw.gate_b = load_raw_element(gate_b_tensor.data, gate_b_tensor.dtype,
+                                  token_offset(gate_b_tensor, request_row, token, hv));
+    raw.v = row_valid(owned_row)
+                ? load_raw_element(p.v.data, p.v.dtype,
+                                   token_offset(p.v, request_row, token, hv) + row_of(owned_row))
+                : 0u;
   };
 
+  // The first token's inputs, then the pool index, then the state: two DRAM round trips
+  // before the first token can start.
   const TokenRange range = request_tokens(p, n);
-  issue_chunk_loads(range.origin, 0, static_cast<int>(range.count < warps ? range.count : warps));
+  RawTokenInputs<kValues, kInputBytes> next;
+  if (range.count > 0) load_token(range.origin, next);
+  float A_log = 0.0f, dt_bias = 0.0f;
+  if (p.fused_gating) {
+    A_log = p.A_log[hv * p.A_log_stride];
+    dt_bias = load_element(p.dt_bias, p.dt_bias_dtype, hv * p.dt_bias_stride);
+  }
 
   const RequestPlan plan = plan_request(p, n);
-  if (plan.invalid && hv == 0 && tile == 0 && threadIdx.x == 0) count_invalid(p);
+  if (plan.invalid && hv == 0 && tile == 0 && lane == 0) count_invalid(p);
   if (plan.read_slot < 0) {
     // Padding (or invalid) request: zero output, no slot touched.
     for (int64_t t = 0; t < plan.num_tokens; ++t) {
-      const int64_t out_base = token_offset(p.out, request_row, plan.token_origin + t, hv);
-      if (owns_dot_k && row_valid(owned_row)) {
-        store_element(p.out.data, p.out.dtype, out_base + row_of(owned_row), 0.0f);
+      if (finishes_row) {
+        store_element(
+            p.out.data, p.out.dtype,
+            token_offset(p.out, request_row, plan.token_origin + t, hv) + row_of(owned_row), 0.0f);
       }
     }
     return;
@@ -145,73 +165,75 @@ __global__ void __launch_bounds__(kMultiTokenMaxWarps * 32, 2)
     }
   }
 
-  for (int64_t chunk_start = 0; chunk_start < plan.num_tokens; chunk_start += warps) {
-    const int64_t remaining = plan.num_tokens - chunk_start;
-    const int chunk = static_cast<int>(remaining < warps ? remaining : warps);
-    if (chunk_start > 0) {
-      __syncthreads();  // the previous chunk's vectors are no longer read
-      issue_chunk_loads(plan.token_origin, chunk_start, chunk);
-    }
-    finish_chunk(chunk);
-    __syncthreads();
+  for (int64_t t = 0; t < plan.num_tokens; ++t) {
+    const RawTokenInputs<kValues, kInputBytes> current = next;
+    if (t + 1 < plan.num_tokens) load_token(plan.token_origin + t + 1, next);
 
-    for (int c = 0; c < chunk; ++c) {
-      const int64_t t = chunk_start + c;
-      const TokenVectors<K>& token = tokens[c];
-      float k[kValues], q[kValues];
+    float q[kValues], k[kValues];
+    current.q.to_float(p.q.dtype, q);
+    current.k.to_float(p.k.dtype, k);
+    float qq = 0.0f, kk = 0.0f, qk = 0.0f;
 #pragma unroll
-      for (int f = 0; f < kFragments; ++f) {
+    for (int e = 0; e < kValues; ++e) {
+      qq += q[e] * q[e];
+      kk += k[e] * k[e];
+      qk += q[e] * k[e];
+    }
+    float dots[kDots];
 #pragma unroll
-        for (int e = 0; e < kVec; ++e) {
-          k[f * kVec + e] = token.k[column_of(f) + e];
-          q[f * kVec + e] = token.q[column_of(f) + e];
-        }
+    for (int r = 0; r < kRows; ++r) {
+      float dot_k = 0.0f, dot_q = 0.0f;
+#pragma unroll
+      for (int e = 0; e < kValues; ++e) {
+        dot_k += state[r][e] * k[e];
+        dot_q += state[r][e] * q[e];
       }
-      const float decay = token.decay;
-      float dots[kDots];
+      dots[2 * r] = dot_k;
+      dots[2 * r + 1] = dot_q;
+    }
+    qq = group_sum<kLanes>(qq);
+    kk = group_sum<kLanes>(kk);
+    qk = group_sum<kLanes>(qk);
+    reduce_scatter<kDots, kLanes>(dots, lane_in_row);
+
+    const float q_factor = p.use_qk_l2norm ? p.scale * rsqrtf(qq + p.l2norm_eps) : p.scale;
+    const float k_factor = p.use_qk_l2norm ? rsqrtf(kk + p.l2norm_eps) : 1.0f;
+    const float gate_a = raw_to_float(current.gate_a, gate_a_tensor.dtype);
+    const float gate_b = raw_to_float(current.gate_b, gate_b_tensor.dtype);
+    const float g = p.fused_gating ? fused_log_decay(A_log, gate_a, dt_bias, p.softplus_beta,
+                                                     p.softplus_threshold)
+                                   : gate_a;
+    const float decay = expf(g);
+    const float beta = p.fused_gating ? sigmoid(gate_b) : gate_b;
+
+    const float owned_dot_q = __shfl_sync(0xffffffffu, dots[0], dot_q_lane);
+    const float u = beta * (raw_to_float(current.v, p.v.dtype) - decay * dots[0] * k_factor);
+    if (finishes_row) {
+      store_element(p.out.data, p.out.dtype,
+                    token_offset(p.out, request_row, plan.token_origin + t, hv) + row_of(owned_row),
+                    decay * owned_dot_q * q_factor + u * (qk * q_factor * k_factor));
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const float row_u =
+          __shfl_sync(0xffffffffu, u, group_base + scattered_lane<kDots, kLanes>(2 * r)) * k_factor;
+#pragma unroll
+      for (int e = 0; e < kValues; ++e)
+        state[r][e] = decay * state[r][e] + row_u * k[e];
+    }
+    // States after this token: the verify cache and/or per-token pool slots.
+    const TokenStateTargets<StateT> after = token_state_targets<StateT>(p, n, t, hv);
+    StateT* targets[2] = {after.cache, after.token_slot};
+#pragma unroll
+    for (int which = 0; which < 2; ++which) {
+      if (targets[which] == nullptr) continue;
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
-        float dot_k = 0.0f, dot_q = 0.0f;
+        if (!row_valid(r)) continue;
 #pragma unroll
-        for (int e = 0; e < kValues; ++e) {
-          dot_k += state[r][e] * k[e];
-          dot_q += state[r][e] * q[e];
-        }
-        dots[2 * r] = dot_k;
-        dots[2 * r + 1] = dot_q;
-      }
-      reduce_scatter<kDots, kLanes>(dots, lane_in_row);
-      const float owned_dot_q = __shfl_sync(0xffffffffu, dots[0], dot_q_lane);
-      const float owned_v = row_valid(owned_row) ? values[c][row_of(owned_row) - first_row] : 0.0f;
-      const float u = token.beta * (owned_v - decay * dots[0]);
-      if (owns_dot_k && row_valid(owned_row)) {
-        store_element(
-            p.out.data, p.out.dtype,
-            token_offset(p.out, request_row, plan.token_origin + t, hv) + row_of(owned_row),
-            decay * owned_dot_q + u * token.k_dot_q);
-      }
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        const float row_u =
-            __shfl_sync(0xffffffffu, u, group_base + scattered_lane<kDots, kLanes>(2 * r));
-#pragma unroll
-        for (int e = 0; e < kValues; ++e)
-          state[r][e] = decay * state[r][e] + row_u * k[e];
-      }
-      // States after this token: the verify cache and/or per-token pool slots.
-      const TokenStateTargets<StateT> after = token_state_targets<StateT>(p, n, t, hv);
-      StateT* targets[2] = {after.cache, after.token_slot};
-#pragma unroll
-      for (int which = 0; which < 2; ++which) {
-        if (targets[which] == nullptr) continue;
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) {
-          if (!row_valid(r)) continue;
-#pragma unroll
-          for (int f = 0; f < kFragments; ++f) {
-            Fragment<StateT>::store(targets[which] + row_of(r) * K + column_of(f),
-                                    &state[r][f * kVec]);
-          }
+        for (int f = 0; f < kFragments; ++f) {
+          Fragment<StateT>::store(targets[which] + row_of(r) * K + column_of(f),
+                                  &state[r][f * kVec]);
         }
       }
     }

@@ -43,8 +43,18 @@ constexpr int max_single_token_rows() {
   return kLanes < 16 ? kLanes : 16;
 }
 
+// Register cap: 64 where a thread's rows fit them without spilling (checked with -Xptxas -v for
+// every instantiation), which lets 32 warps share an SM instead of 16-24: more warps, more
+// state bytes in flight (docs/gdn-cuda-dispatch.md). 255 means no cap.
 template <typename StateT, int K, int kRowsPerThread>
-__global__ void __launch_bounds__(256)
+constexpr int single_token_default_registers() {
+  constexpr bool fits_64 =
+      sizeof(StateT) == 4 ? K <= 128 && kRowsPerThread <= 8 : kRowsPerThread <= 4;
+  return fits_64 ? 64 : 255;
+}
+
+template <typename StateT, int K, int kRowsPerThread, int kMaxRegisters>
+__global__ void __launch_bounds__(256) __maxnreg__(kMaxRegisters)
     gdn_decode_vk_single_kernel(const DecodeProblem p, int tiles_per_head) {
   using Shape = VKShape<StateT, K, kRowsPerThread>;
   constexpr int kVec = Shape::kVec;

@@ -4,6 +4,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include "gdn/decode_problem.h"
 
 namespace hdk {
@@ -17,8 +19,29 @@ int vk_rows_per_warp(DType state_dtype, int64_t head_k, int rows_per_thread);
 // State columns one CTA of the KV kernel covers (8 lanes x one 16-byte fragment).
 int kv_columns_per_cta(DType state_dtype);
 
+// Lanes that share one state row when each lane reads whole 16-byte fragments of it.
+constexpr int full_lanes_per_row(int state_bytes, int64_t head_k) {
+  return head_k / (16 / state_bytes) < 32 ? static_cast<int>(head_k / (16 / state_bytes)) : 32;
+}
+
+// The multi-token kernel's rows per thread where the dispatcher has no measured choice: as
+// many as keep every dot owned by one lane after the butterfly (2 x rows <= lanes) and the
+// fp32 state within 32 registers per thread.
+constexpr int multi_token_default_rows(int state_bytes, int64_t head_k) {
+  const int lanes = full_lanes_per_row(state_bytes, head_k);
+  const int by_lanes = lanes / 2;
+  const int by_registers = static_cast<int>(32 / (head_k / lanes));
+  return by_lanes < by_registers ? by_lanes : by_registers;
+}
+
+// Warps per CTA of the multi-token kernel: its warps never wait for each other, so this only
+// sets the scheduling granule.
+constexpr int kMultiTokenWarpsPerCta = 4;
+
+// The multi-token kernel: every warp owns rows_per_thread x (32 / lanes_per_row) rows of one
+// head; tiles_per_head counts warps.
 template <typename StateT>
-void launch_decode_vk(const DecodeProblem& problem, int warps_per_cta, int rows_per_thread,
+void launch_decode_vk(const DecodeProblem& problem, int lanes_per_row, int rows_per_thread,
                       int64_t tiles_per_head, cudaStream_t stream);
 
 // Throws unless tiles_per_head tiles of warps_per_cta x rows_per_warp rows cover a head's V

@@ -133,6 +133,91 @@ __device__ __forceinline__ void load_elements(const void* base, DType dtype, int
     values[i] = load_element(base, dtype, offset + i);
 }
 
+// The raw bits of one input element (q, k, v, a, b, g or beta), to be converted by
+// raw_to_float where it is used: a kernel that prefetches the next token's inputs must not
+// convert them right after the load, or the warp would wait for the load right there.
+__device__ __forceinline__ uint32_t load_raw_element(const void* base, DType dtype,
+                                                     int64_t offset) {
+  if (dtype == DType::kFloat32) return __ldg(static_cast<const unsigned int*>(base) + offset);
+  return __ldg(static_cast<const unsigned short*>(base) + offset);
+}
+
+__device__ __forceinline__ float raw_to_float(uint32_t raw, DType dtype) {
+  switch (dtype) {
+    case DType::kBFloat16:
+      return __uint_as_float(raw << 16);
+    case DType::kFloat16:
+      return __half2float(__ushort_as_half(static_cast<unsigned short>(raw)));
+    default:
+      return __uint_as_float(raw);
+  }
+}
+
+// The raw bits of kCount consecutive elements of q or k, 2 or 4 bytes each (the same
+// deferred conversion as load_raw_element). Vector loads where the address allows them: a
+// view into a packed buffer need not be aligned.
+template <int kCount, int kElementBytes>
+struct RawVector {
+  static_assert(kElementBytes == 2 || kElementBytes == 4, "16-bit or 32-bit elements");
+  static_assert(kCount % 2 == 0, "whole 32-bit words");
+  static constexpr int kWords = kCount * kElementBytes / 4;
+  uint32_t words[kWords];
+
+  __device__ __forceinline__ void load(const void* base, int64_t offset) {
+    const char* source = static_cast<const char*>(base) + offset * kElementBytes;
+    const auto address = reinterpret_cast<uintptr_t>(source);
+    if (kWords % 4 == 0 && address % 16 == 0) {
+#pragma unroll
+      for (int i = 0; i < kWords; i += 4) {
+        const uint4 raw = __ldg(reinterpret_cast<const uint4*>(source) + i / 4);
+        words[i] = raw.x;
+        words[i + 1] = raw.y;
+        words[i + 2] = raw.z;
+        words[i + 3] = raw.w;
+      }
+    } else if (kWords % 2 == 0 && address % 8 == 0) {
+#pragma unroll
+      for (int i = 0; i < kWords; i += 2) {
+        const uint2 raw = __ldg(reinterpret_cast<const uint2*>(source) + i / 2);
+        words[i] = raw.x;
+        words[i + 1] = raw.y;
+      }
+    } else if (address % 4 == 0) {
+#pragma unroll
+      for (int i = 0; i < kWords; ++i)
+        words[i] = __ldg(reinterpret_cast<const unsigned int*>(source) + i);
+    } else {
+      // 16-bit elements at an odd 2-byte position.
+      const unsigned short* halves = reinterpret_cast<const unsigned short*>(source);
+#pragma unroll
+      for (int i = 0; i < kWords; ++i) {
+        words[i] = static_cast<uint32_t>(__ldg(halves + 2 * i)) |
+                   (static_cast<uint32_t>(__ldg(halves + 2 * i + 1)) << 16);
+      }
+    }
+  }
+
+  __device__ __forceinline__ void to_float(DType dtype, float* values) const {
+    if constexpr (kElementBytes == 4) {
+#pragma unroll
+      for (int i = 0; i < kCount; ++i)
+        values[i] = __uint_as_float(words[i]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kWords; ++i) {
+        if (dtype == DType::kBFloat16) {
+          values[2 * i] = __uint_as_float(words[i] << 16);
+          values[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+        } else {
+          values[2 * i] = __half2float(__ushort_as_half(static_cast<unsigned short>(words[i])));
+          values[2 * i + 1] =
+              __half2float(__ushort_as_half(static_cast<unsigned short>(words[i] >> 16)));
+        }
+      }
+    }
+  }
+};
+
 // Sum over groups of `kWidth` consecutive lanes (a power of two <= 32); every lane of the
 // group ends with the group's total.
 template <int kWidth>
