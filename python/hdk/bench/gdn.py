@@ -59,6 +59,7 @@ class Row:
     check: str = None
     do_bench_us: float = None  # triton.testing.do_bench median (eager calls, its own L2 flush)
     note: str = ""
+    preset: str = ""
 
 
 @dataclass
@@ -83,7 +84,9 @@ def parse_args(argv):
     parser.add_argument("--batch", default="1,2,4,8,16,32,64,128,256,512", help="batch sizes B")
     parser.add_argument("--T", default="1,2,4,8", help="tokens per request")
     parser.add_argument("--state", default="bf16,fp32", help="state dtypes (bf16, fp32)")
-    parser.add_argument("--preset", default="qwen3.5-397b", choices=sorted(PRESETS))
+    parser.add_argument(
+        "--preset", default="qwen3.5-397b", help=f"shapes, comma-separated: {', '.join(PRESETS)}"
+    )
     parser.add_argument("--json", help="write the results to this JSON file")
     parser.add_argument("--peers-dir", default=None, help="folder with sglang/ and fla/")
     parser.add_argument("--impls", default="hdk,sglang,fla", help="implementations to run")
@@ -104,6 +107,10 @@ def parse_args(argv):
     if unknown:
         parser.error(f"unknown state dtype(s) {unknown}; use bf16, fp32")
     args.impls = [x for x in args.impls.split(",") if x]
+    args.preset = [x for x in args.preset.split(",") if x]
+    unknown = [x for x in args.preset if x not in PRESETS]
+    if unknown:
+        parser.error(f"unknown preset(s) {unknown}; use {', '.join(PRESETS)}")
     return args
 
 
@@ -282,7 +289,7 @@ class Runner:
         self.args = args
         self.device = torch.device(args.device)
         self.timer = CudaTimer(self.device) if self.device.type == "cuda" else HostTimer()
-        self.shape = PRESETS[args.preset]
+        self.preset = args.preset[0]
         self.rows = []
         self.peer_status = {}
         self.peers = {}
@@ -339,9 +346,12 @@ class Runner:
         limit = TOLERANCE[self.state_dtype]
         row.check = "ok" if max(row.err_out, row.err_state) <= limit else f"MISMATCH (> {limit})"
 
-    def run_point(self, state_name, tokens, batch):
+    def run_point(self, preset, state_name, tokens, batch):
+        self.preset = preset
         self.state_dtype = STATE_DTYPES[state_name]
-        x = make_inputs(self.shape, batch, tokens, self.state_dtype, self.device, self.args.seed)
+        x = make_inputs(
+            PRESETS[preset], batch, tokens, self.state_dtype, self.device, self.args.seed
+        )
         if tokens == 1:
             groups = [("decode", ["sglang", "fla"])]
         else:
@@ -358,7 +368,7 @@ class Runner:
 
     def run_group(self, x, state_name, tokens, batch, mode, peer_names):
         def new_row(impl, note=""):
-            return Row(state_name, tokens, batch, mode, impl, note=note)
+            return Row(state_name, tokens, batch, mode, impl, note=note, preset=self.preset)
 
         reference = hdk_case(x, mode)
         reference.call()  # eager: the results every peer is checked against
@@ -402,8 +412,7 @@ class Runner:
             device=self.timer.name,
             torch=torch.__version__,
             hdk=hdk.__version__,
-            preset=self.args.preset,
-            shape=self.shape,
+            presets={name: PRESETS[name] for name in self.args.preset},
             input_dtype="bf16",
             copy_bandwidth_GBps=self.copy_bandwidth / 1e9,
             l2_flush_bytes=2 * self.timer.l2_bytes,
@@ -419,7 +428,7 @@ class Runner:
 
 
 HEADER = (
-    f"{'state':5} {'T':>2} {'B':>4} {'mode':6} {'impl':6} {'time_us':>9} {'GB/s':>7} "
+    f"{'preset':12} {'state':5} {'T':>2} {'B':>4} {'mode':6} {'impl':6} {'time_us':>9} {'GB/s':>7} "
     f"{'%copy':>6} {'peer/hdk':>8} {'do_bench':>9} {'err_out':>8} {'err_state':>9}  check/note"
 )
 
@@ -435,7 +444,7 @@ def format_error(value, width):
 def format_row(row):
     note = " ".join(part for part in (row.check or "", row.note) if part)
     return (
-        f"{row.state:5} {row.T:>2} {row.B:>4} {row.mode:6} {row.impl:6} "
+        f"{row.preset:12} {row.state:5} {row.T:>2} {row.B:>4} {row.mode:6} {row.impl:6} "
         f"{format_number(row.time_us, 9, 2)} {format_number(row.GBps, 7, 0)} "
         f"{format_number(row.pct_copy, 6, 1)} {format_number(row.peer_over_hdk, 8, 2)} "
         f"{format_number(row.do_bench_us, 9, 2)} {format_error(row.err_out, 8)} "
@@ -450,7 +459,8 @@ def main(argv):
         runner = Runner(args)
         print(
             f"hdk {hdk.__version__} on {runner.timer.name}; torch {torch.__version__}; "
-            f"preset {args.preset} {runner.shape}; q/k/v/a/b bf16",
+            f"presets {', '.join(f'{name} {PRESETS[name]}' for name in args.preset)}; "
+            "q/k/v/a/b bf16",
             flush=True,
         )
         print(
@@ -460,12 +470,18 @@ def main(argv):
         )
         for name, status in runner.peer_status.items():
             print(f"  {name}: {status}", flush=True)
-        points = [(s, t, b) for s in args.state for t in args.T for b in args.batch]
+        points = [
+            (preset, state, tokens, batch)
+            for preset in args.preset
+            for state in args.state
+            for tokens in args.T
+            for batch in args.batch
+        ]
         print(HEADER, flush=True)
         try:
-            for index, (state_name, tokens, batch) in enumerate(points):
+            for preset, state_name, tokens, batch in points:
                 try:
-                    runner.run_point(state_name, tokens, batch)
+                    runner.run_point(preset, state_name, tokens, batch)
                 except torch.cuda.OutOfMemoryError as error:
                     runner.record(
                         Row(
@@ -475,6 +491,7 @@ def main(argv):
                             "-",
                             "all",
                             note=f"out of memory: {str(error).splitlines()[0][:160]}",
+                            preset=preset,
                         )
                     )
                     torch.cuda.empty_cache()
