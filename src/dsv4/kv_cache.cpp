@@ -1,0 +1,149 @@
+// Entry points of the KV cache operations: validate once, then hand the problem to the backend of
+// the device the tensors live on. The CPU checks index ranges on the host first (an hdk::Error
+// before anything is written); the CUDA kernels skip and count such rows instead.
+#include "hdk/dsv4/kv_cache.h"
+
+#include <string>
+
+#include "dsv4/cpu/kv_cache_cpu.h"
+#include "dsv4/kv_cache_validation.h"
+#include "hdk/error.h"
+
+#ifdef HDK_WITH_CUDA
+#include "dsv4/cuda/kv_cache_cuda.h"
+#endif
+
+namespace hdk {
+namespace dsv4 {
+namespace {
+
+[[noreturn]] void no_cuda_backend(const char* operation, const Device& device) {
+  throw Error(std::string(operation) + ": the tensors are on " + device.str() +
+              " but this build of hdk has no CUDA backend (configure with -DHDK_WITH_CUDA=ON)");
+}
+
+// Runs `cpu` or `cuda` on the device of `device`.
+template <typename Cpu, typename Cuda>
+void dispatch(const char* operation, const Device& device, Cpu&& cpu, Cuda&& cuda) {
+  if (device.is_cpu()) {
+    cpu();
+    return;
+  }
+#ifdef HDK_WITH_CUDA
+  cuda();
+#else
+  (void)cuda;
+  no_cuda_backend(operation, device);
+#endif
+}
+
+}  // namespace
+
+void store_entries(const StoreEntriesParams& params) {
+  store_entries(params, nullptr);
+}
+
+void store_entries(const StoreEntriesParams& params, CudaStream stream) {
+  const detail::StoreEntriesProblem problem = detail::validate_store_entries(params);
+  const char* operation = "hdk::dsv4::store_entries";
+  const Device device = params.cache.device;
+  dispatch(
+      operation, device,
+      [&] {
+        detail::check_slots(operation, problem.slots, problem.num_rows, 1, problem.cache);
+        detail::store_entries_cpu(problem);
+      },
+      [&] {
+#ifdef HDK_WITH_CUDA
+        detail::store_entries_cuda(problem, device.index, stream);
+#endif
+      });
+}
+
+void gather_entries(const GatherEntriesParams& params) {
+  gather_entries(params, nullptr);
+}
+
+void gather_entries(const GatherEntriesParams& params, CudaStream stream) {
+  const detail::GatherEntriesProblem problem = detail::validate_gather_entries(params);
+  const char* operation = "hdk::dsv4::gather_entries";
+  const Device device = params.out.device;
+  dispatch(
+      operation, device,
+      [&] {
+        detail::check_slots(operation, problem.slots, problem.num_rows, problem.num_columns,
+                            problem.cache);
+        detail::gather_entries_cpu(problem);
+      },
+      [&] {
+#ifdef HDK_WITH_CUDA
+        detail::gather_entries_cuda(problem, device.index, stream);
+#endif
+      });
+}
+
+void store_indexer_keys(const StoreIndexerKeysParams& params) {
+  store_indexer_keys(params, nullptr);
+}
+
+void store_indexer_keys(const StoreIndexerKeysParams& params, CudaStream stream) {
+  const detail::StoreKeysProblem problem = detail::validate_store_indexer_keys(params);
+  const char* operation = "hdk::dsv4::store_indexer_keys";
+  const Device device = params.cache.device;
+  dispatch(
+      operation, device,
+      [&] {
+        detail::check_slots(operation, problem.slots, problem.num_rows, 1, problem.cache);
+        detail::store_indexer_keys_cpu(problem);
+      },
+      [&] {
+#ifdef HDK_WITH_CUDA
+        detail::store_indexer_keys_cuda(problem, device.index, stream);
+#endif
+      });
+}
+
+void gather_indexer_keys(const GatherIndexerKeysParams& params) {
+  gather_indexer_keys(params, nullptr);
+}
+
+void gather_indexer_keys(const GatherIndexerKeysParams& params, CudaStream stream) {
+  const detail::GatherKeysProblem problem = detail::validate_gather_indexer_keys(params);
+  const char* operation = "hdk::dsv4::gather_indexer_keys";
+  const Device device = params.out.device;
+  dispatch(
+      operation, device,
+      [&] {
+        detail::check_slots(operation, problem.slots, problem.num_rows, problem.num_columns,
+                            problem.cache);
+        detail::gather_indexer_keys_cpu(problem);
+      },
+      [&] {
+#ifdef HDK_WITH_CUDA
+        detail::gather_indexer_keys_cuda(problem, device.index, stream);
+#endif
+      });
+}
+
+void compress(const CompressorParams& params) {
+  compress(params, nullptr);
+}
+
+void compress(const CompressorParams& params, CudaStream stream) {
+  const detail::CompressorProblem problem = detail::validate_compress(params);
+  const Device device = params.state.device;
+  dispatch(
+      "hdk::dsv4::compress", device,
+      [&] {
+        detail::check_compressor_indices(problem);
+        detail::compress_cpu(problem);
+      },
+      [&] {
+#ifdef HDK_WITH_CUDA
+        detail::compress_cuda(problem, device.index, stream);
+#endif
+      });
+}
+
+}  // namespace dsv4
+}  // namespace hdk
