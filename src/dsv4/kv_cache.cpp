@@ -3,7 +3,9 @@
 // before anything is written); the CUDA kernels skip and count such rows instead.
 #include "hdk/dsv4/kv_cache.h"
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "dsv4/cpu/kv_cache_cpu.h"
 #include "dsv4/kv_cache_validation.h"
@@ -17,11 +19,6 @@ namespace hdk {
 namespace dsv4 {
 namespace {
 
-[[noreturn]] void no_cuda_backend(const char* operation, const Device& device) {
-  throw Error(std::string(operation) + ": the tensors are on " + device.str() +
-              " but this build of hdk has no CUDA backend (configure with -DHDK_WITH_CUDA=ON)");
-}
-
 // Runs `cpu` or `cuda` on the device of `device`.
 template <typename Cpu, typename Cuda>
 void dispatch(const char* operation, const Device& device, Cpu&& cpu, Cuda&& cuda) {
@@ -33,7 +30,8 @@ void dispatch(const char* operation, const Device& device, Cpu&& cpu, Cuda&& cud
   cuda();
 #else
   (void)cuda;
-  no_cuda_backend(operation, device);
+  throw Error(std::string(operation) + ": the tensors are on " + device.str() +
+              " but this build of hdk has no CUDA backend (configure with -DHDK_WITH_CUDA=ON)");
 #endif
 }
 
@@ -55,6 +53,13 @@ void store_entries(const StoreEntriesParams& params, CudaStream stream) {
       },
       [&] {
 #ifdef HDK_WITH_CUDA
+        if (params.check_indices) {
+          std::vector<uint8_t> storage;
+          detail::check_slots(operation,
+                              detail::copy_indices_to_host(problem.slots, problem.num_rows, 1,
+                                                           storage, device.index, stream),
+                              problem.num_rows, 1, problem.cache);
+        }
         detail::store_entries_cuda(problem, device.index, stream);
 #endif
       });
@@ -77,6 +82,14 @@ void gather_entries(const GatherEntriesParams& params, CudaStream stream) {
       },
       [&] {
 #ifdef HDK_WITH_CUDA
+        if (params.check_indices) {
+          std::vector<uint8_t> storage;
+          detail::check_slots(
+              operation,
+              detail::copy_indices_to_host(problem.slots, problem.num_rows, problem.num_columns,
+                                           storage, device.index, stream),
+              problem.num_rows, problem.num_columns, problem.cache);
+        }
         detail::gather_entries_cuda(problem, device.index, stream);
 #endif
       });
@@ -98,6 +111,13 @@ void store_indexer_keys(const StoreIndexerKeysParams& params, CudaStream stream)
       },
       [&] {
 #ifdef HDK_WITH_CUDA
+        if (params.check_indices) {
+          std::vector<uint8_t> storage;
+          detail::check_slots(operation,
+                              detail::copy_indices_to_host(problem.slots, problem.num_rows, 1,
+                                                           storage, device.index, stream),
+                              problem.num_rows, 1, problem.cache);
+        }
         detail::store_indexer_keys_cuda(problem, device.index, stream);
 #endif
       });
@@ -120,6 +140,14 @@ void gather_indexer_keys(const GatherIndexerKeysParams& params, CudaStream strea
       },
       [&] {
 #ifdef HDK_WITH_CUDA
+        if (params.check_indices) {
+          std::vector<uint8_t> storage;
+          detail::check_slots(
+              operation,
+              detail::copy_indices_to_host(problem.slots, problem.num_rows, problem.num_columns,
+                                           storage, device.index, stream),
+              problem.num_rows, problem.num_columns, problem.cache);
+        }
         detail::gather_indexer_keys_cuda(problem, device.index, stream);
 #endif
       });
@@ -140,6 +168,18 @@ void compress(const CompressorParams& params, CudaStream stream) {
       },
       [&] {
 #ifdef HDK_WITH_CUDA
+        if (params.check_indices) {
+          std::vector<uint8_t> positions, state_slots, table;
+          detail::CompressorProblem host = problem;
+          const int64_t N = problem.num_rows;
+          host.positions = detail::copy_indices_to_host(problem.positions, N, 1, positions,
+                                                        device.index, stream);
+          host.state_slots = detail::copy_indices_to_host(problem.state_slots, N, 1, state_slots,
+                                                          device.index, stream);
+          host.block_table = detail::copy_indices_to_host(
+              problem.block_table, N, problem.max_blocks, table, device.index, stream);
+          detail::check_compressor_indices(host);
+        }
         detail::compress_cuda(problem, device.index, stream);
 #endif
       });

@@ -7,11 +7,9 @@
 #include <cmath>
 #include <cstdint>
 
-#include "core/host_device.h"
-
-#if !defined(__CUDACC__)
 #include <cstring>
-#endif
+
+#include "core/host_device.h"
 
 namespace hdk {
 namespace dsv4 {
@@ -23,7 +21,7 @@ constexpr uint8_t kE4m3ScaleNaN = 0x7f;
 constexpr float kScaleFloor = 1e-4f;  // amax below this takes the scale of 1e-4
 
 HDK_HOST_DEVICE uint32_t bits_of(float value) {
-#if defined(__CUDACC__)
+#if defined(__CUDA_ARCH__)
   return __float_as_uint(value);
 #else
   uint32_t bits;
@@ -54,7 +52,7 @@ HDK_HOST_DEVICE bool is_finite(float value) {
 
 // 2^e as a float, for e in [-126, 127].
 HDK_HOST_DEVICE float power_of_two(int e) {
-#if defined(__CUDACC__)
+#if defined(__CUDA_ARCH__)
   return __uint_as_float(static_cast<uint32_t>(e + 127) << 23);
 #else
   const uint32_t bits = static_cast<uint32_t>(e + 127) << 23;

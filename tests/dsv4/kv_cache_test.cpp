@@ -492,6 +492,23 @@ TEST(KvSlotsOutOfRange, CudaCountsAndSkips) {
   d_out.download(out.data(), out.size() * 4);
   for (int64_t i = 0; i < 512; ++i)
     ASSERT_EQ(out[2 * 512 + i], 0.0f) << "the out-of-range slot's row is zero";
+
+  // check_indices: the same call is an hdk::Error naming the slot, and writes nothing.
+  d_cache.fill(0x44);
+  p.check_indices = true;
+  try {
+    dsv4::store_entries(p);
+    ADD_FAILURE() << "no hdk::Error with check_indices";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("slots[2] = 128 is beyond the cache"),
+              std::string::npos)
+        << error.what();
+  }
+  synchronize(Backend::kCUDA);
+  std::vector<uint8_t> cache(2 * 64 * 584);
+  d_cache.download(cache.data(), cache.size());
+  for (uint8_t byte : cache)
+    ASSERT_EQ(byte, 0x44);
 }
 
 }  // namespace

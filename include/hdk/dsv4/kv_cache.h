@@ -44,6 +44,9 @@ struct StoreEntriesParams {
   // NaN or infinity (stored as NaN markers, see docs) and, on CUDA, per row whose slot is beyond
   // the cache (skipped; the CPU throws hdk::Error for such a slot before writing anything).
   TensorView invalid_count;
+  // Debug option for CUDA tensors: copy the indices to the host first (a synchronization) and
+  // throw hdk::Error for one out of range, as the CPU does. Never inside CUDA-graph capture.
+  bool check_indices = false;
 };
 
 void store_entries(const StoreEntriesParams& params);
@@ -57,6 +60,9 @@ struct GatherEntriesParams {
                      // for the 448 non-RoPE values, the stored bf16 for the 64 RoPE values
   // Optional counter: +1 per slot beyond the cache on CUDA (a zero row; the CPU throws).
   TensorView invalid_count;
+  // Debug option for CUDA tensors: copy the indices to the host first (a synchronization) and
+  // throw hdk::Error for one out of range, as the CPU does. Never inside CUDA-graph capture.
+  bool check_indices = false;
 };
 
 void gather_entries(const GatherEntriesParams& params);
@@ -79,6 +85,9 @@ struct StoreIndexerKeysParams {
   KeyFormat format = KeyFormat::kMXFP4;
   bool rotate = true;  // apply H_128 / sqrt(128) (Sylvester order) before quantizing
   TensorView invalid_count;
+  // Debug option for CUDA tensors: copy the indices to the host first (a synchronization) and
+  // throw hdk::Error for one out of range, as the CPU does. Never inside CUDA-graph capture.
+  bool check_indices = false;
 };
 
 void store_indexer_keys(const StoreIndexerKeysParams& params);
@@ -93,6 +102,9 @@ struct GatherIndexerKeysParams {
   TensorView out;    // [N, L, 128] fp32 or bf16, last dim contiguous
   KeyFormat format = KeyFormat::kMXFP4;
   TensorView invalid_count;
+  // Debug option for CUDA tensors: copy the indices to the host first (a synchronization) and
+  // throw hdk::Error for one out of range, as the CPU does. Never inside CUDA-graph capture.
+  bool check_indices = false;
 };
 
 void gather_indexer_keys(const GatherIndexerKeysParams& params);
@@ -135,6 +147,9 @@ struct CompressorParams {
   // CUDA, per row with a state slot, position, page or block id out of range (the whole row is
   // skipped, its state untouched; the CPU throws hdk::Error before writing anything).
   TensorView invalid_count;
+  // Debug option for CUDA tensors: copy the indices to the host first (a synchronization) and
+  // throw hdk::Error for one out of range, as the CPU does. Never inside CUDA-graph capture.
+  bool check_indices = false;
 };
 
 void compress(const CompressorParams& params);
