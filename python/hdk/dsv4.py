@@ -316,3 +316,13 @@ def blocks_to_reserve(ratio, block_size, position_before, position_after):
 
 def compressor_accumulators(ratio):
     return 3 if int(ratio) == 4 else 1
+
+
+# The model-level owner of the pools (imported last: it uses the functions above).
+from hdk.dsv4_kv_cache_manager import (  # noqa: E402
+    BlockAllocator,
+    KVCacheManager,
+    LayerCache,
+    StepInputs,
+    layer_kinds,
+)

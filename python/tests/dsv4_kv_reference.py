@@ -230,3 +230,40 @@ class Compressor:
         y[d - 64 :: 2] = x0 * cos - x1 * sin
         y[d - 64 + 1 :: 2] = x0 * sin + x1 * cos
         return y
+
+
+FP8_RELATIVE_ERROR_BOUND = 2.0**-4
+
+
+def check_entry(image, value, fmt="mxfp4"):
+    """Asserts that a stored entry (MODEL1 for 512 values) or key (128 values, compared with
+    the float64 rotation of `value`) decodes within the format's bound of the float64 `value`
+    (plus 1e-5 relative for the backend's fp32 arithmetic before quantizing). Returns the largest
+    error: relative for MODEL1, relative to the group amax for keys."""
+    if value.shape[0] == 512:
+        got = decode_entry(image)
+        nope, rope = value[:448], value[448:]
+        amax = nope.view(7, 64).abs().amax(-1).clamp(min=1e-4)
+        scale = torch.exp2(torch.ceil(torch.log2(amax / 448))).repeat_interleave(64)
+        bound = nope.abs() * (FP8_RELATIVE_ERROR_BOUND + 1e-5) + scale / 1024
+        assert ((got[:448] - nope).abs() <= bound).all(), "MODEL1 values beyond the FP8 bound"
+        assert ((got[448:] - rope).abs() <= rope.abs() / 256 + 1e-6).all(), "RoPE beyond bf16"
+        return float(((got[:448] - nope).abs() / nope.abs()).max())
+    got = decode_key(image, fmt)
+    rotated = hadamard(value[None])[0]
+    group = 32 if fmt == "mxfp4" else 16
+    amax = rotated.view(-1, group).abs().amax(-1).repeat_interleave(group)
+    error = (got - rotated).abs()
+    assert (error <= 0.25 * torch.maximum(amax / 3, rotated.abs()) + 1e-5).all(), "key error"
+    return float((error / amax).max())
+
+
+def generator(seed):
+    g = torch.Generator()
+    g.manual_seed(seed)
+    return g
+
+
+def rope_tables(max_position, g):
+    angles = torch.rand(max_position, 32, generator=g) * 6.3
+    return torch.cos(angles), torch.sin(angles)
