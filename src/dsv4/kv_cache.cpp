@@ -19,6 +19,12 @@ namespace hdk {
 namespace dsv4 {
 namespace {
 
+#ifdef HDK_WITH_CUDA
+#define HDK_KV_CUDA_ONLY(statement) statement
+#else
+#define HDK_KV_CUDA_ONLY(statement) (void)0
+#endif
+
 // Runs `cpu` or `cuda` on the device of `device`.
 template <typename Cpu, typename Cuda>
 void dispatch(const char* operation, const Device& device, Cpu&& cpu, Cuda&& cuda) {
@@ -35,6 +41,34 @@ void dispatch(const char* operation, const Device& device, Cpu&& cpu, Cuda&& cud
 #endif
 }
 
+// The store and gather calls: the CPU checks `slots` ([rows, columns]) against `pool` before
+// running `cpu`; CUDA checks a host copy only with `check_indices`, then runs `cuda`.
+template <typename Cpu, typename Cuda>
+void run_with_slots(const char* operation, const Device& device, bool check_indices,
+                    CudaStream stream, const detail::IndexView& slots, int64_t rows,
+                    int64_t columns, const detail::PagedPool& pool, Cpu&& cpu, Cuda&& cuda) {
+  dispatch(
+      operation, device,
+      [&] {
+        detail::check_slots(operation, slots, rows, columns, pool);
+        cpu();
+      },
+      [&] {
+#ifdef HDK_WITH_CUDA
+        if (check_indices) {
+          std::vector<uint8_t> storage;
+          detail::check_slots(
+              operation,
+              detail::copy_indices_to_host(slots, rows, columns, storage, device.index, stream),
+              rows, columns, pool);
+        }
+#else
+        (void)check_indices, (void)stream;
+#endif
+        cuda();
+      });
+}
+
 }  // namespace
 
 void store_entries(const StoreEntriesParams& params) {
@@ -43,25 +77,11 @@ void store_entries(const StoreEntriesParams& params) {
 
 void store_entries(const StoreEntriesParams& params, CudaStream stream) {
   const detail::StoreEntriesProblem problem = detail::validate_store_entries(params);
-  const char* operation = "hdk::dsv4::store_entries";
-  const Device device = params.cache.device;
-  dispatch(
-      operation, device,
+  run_with_slots(
+      "hdk::dsv4::store_entries", params.cache.device, params.check_indices, stream, problem.slots,
+      problem.num_rows, 1, problem.cache, [&] { detail::store_entries_cpu(problem); },
       [&] {
-        detail::check_slots(operation, problem.slots, problem.num_rows, 1, problem.cache);
-        detail::store_entries_cpu(problem);
-      },
-      [&] {
-#ifdef HDK_WITH_CUDA
-        if (params.check_indices) {
-          std::vector<uint8_t> storage;
-          detail::check_slots(operation,
-                              detail::copy_indices_to_host(problem.slots, problem.num_rows, 1,
-                                                           storage, device.index, stream),
-                              problem.num_rows, 1, problem.cache);
-        }
-        detail::store_entries_cuda(problem, device.index, stream);
-#endif
+        HDK_KV_CUDA_ONLY(detail::store_entries_cuda(problem, params.cache.device.index, stream));
       });
 }
 
@@ -71,27 +91,12 @@ void gather_entries(const GatherEntriesParams& params) {
 
 void gather_entries(const GatherEntriesParams& params, CudaStream stream) {
   const detail::GatherEntriesProblem problem = detail::validate_gather_entries(params);
-  const char* operation = "hdk::dsv4::gather_entries";
-  const Device device = params.out.device;
-  dispatch(
-      operation, device,
+  run_with_slots(
+      "hdk::dsv4::gather_entries", params.out.device, params.check_indices, stream, problem.slots,
+      problem.num_rows, problem.num_columns, problem.cache,
+      [&] { detail::gather_entries_cpu(problem); },
       [&] {
-        detail::check_slots(operation, problem.slots, problem.num_rows, problem.num_columns,
-                            problem.cache);
-        detail::gather_entries_cpu(problem);
-      },
-      [&] {
-#ifdef HDK_WITH_CUDA
-        if (params.check_indices) {
-          std::vector<uint8_t> storage;
-          detail::check_slots(
-              operation,
-              detail::copy_indices_to_host(problem.slots, problem.num_rows, problem.num_columns,
-                                           storage, device.index, stream),
-              problem.num_rows, problem.num_columns, problem.cache);
-        }
-        detail::gather_entries_cuda(problem, device.index, stream);
-#endif
+        HDK_KV_CUDA_ONLY(detail::gather_entries_cuda(problem, params.out.device.index, stream));
       });
 }
 
@@ -101,25 +106,13 @@ void store_indexer_keys(const StoreIndexerKeysParams& params) {
 
 void store_indexer_keys(const StoreIndexerKeysParams& params, CudaStream stream) {
   const detail::StoreKeysProblem problem = detail::validate_store_indexer_keys(params);
-  const char* operation = "hdk::dsv4::store_indexer_keys";
-  const Device device = params.cache.device;
-  dispatch(
-      operation, device,
+  run_with_slots(
+      "hdk::dsv4::store_indexer_keys", params.cache.device, params.check_indices, stream,
+      problem.slots, problem.num_rows, 1, problem.cache,
+      [&] { detail::store_indexer_keys_cpu(problem); },
       [&] {
-        detail::check_slots(operation, problem.slots, problem.num_rows, 1, problem.cache);
-        detail::store_indexer_keys_cpu(problem);
-      },
-      [&] {
-#ifdef HDK_WITH_CUDA
-        if (params.check_indices) {
-          std::vector<uint8_t> storage;
-          detail::check_slots(operation,
-                              detail::copy_indices_to_host(problem.slots, problem.num_rows, 1,
-                                                           storage, device.index, stream),
-                              problem.num_rows, 1, problem.cache);
-        }
-        detail::store_indexer_keys_cuda(problem, device.index, stream);
-#endif
+        HDK_KV_CUDA_ONLY(
+            detail::store_indexer_keys_cuda(problem, params.cache.device.index, stream));
       });
 }
 
@@ -129,27 +122,13 @@ void gather_indexer_keys(const GatherIndexerKeysParams& params) {
 
 void gather_indexer_keys(const GatherIndexerKeysParams& params, CudaStream stream) {
   const detail::GatherKeysProblem problem = detail::validate_gather_indexer_keys(params);
-  const char* operation = "hdk::dsv4::gather_indexer_keys";
-  const Device device = params.out.device;
-  dispatch(
-      operation, device,
+  run_with_slots(
+      "hdk::dsv4::gather_indexer_keys", params.out.device, params.check_indices, stream,
+      problem.slots, problem.num_rows, problem.num_columns, problem.cache,
+      [&] { detail::gather_indexer_keys_cpu(problem); },
       [&] {
-        detail::check_slots(operation, problem.slots, problem.num_rows, problem.num_columns,
-                            problem.cache);
-        detail::gather_indexer_keys_cpu(problem);
-      },
-      [&] {
-#ifdef HDK_WITH_CUDA
-        if (params.check_indices) {
-          std::vector<uint8_t> storage;
-          detail::check_slots(
-              operation,
-              detail::copy_indices_to_host(problem.slots, problem.num_rows, problem.num_columns,
-                                           storage, device.index, stream),
-              problem.num_rows, problem.num_columns, problem.cache);
-        }
-        detail::gather_indexer_keys_cuda(problem, device.index, stream);
-#endif
+        HDK_KV_CUDA_ONLY(
+            detail::gather_indexer_keys_cuda(problem, params.out.device.index, stream));
       });
 }
 

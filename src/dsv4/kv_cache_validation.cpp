@@ -110,13 +110,28 @@ void check_rows(const ArgumentChecks& check, const TensorView& view, const char*
   check.innermost_contiguous(view, name);
 }
 
-// [N, L, width] fp32/bf16 outputs of a gather, last dim contiguous.
-void check_gather_output(const ArgumentChecks& check, const TensorView& out,
-                         const TensorView& slots, int64_t width, const char* dims) {
+// What both gathers check and record: slots [N, L] int32/int64, out [N, L, width] fp32/bf16 (last
+// dim contiguous), the counter, and that out and the counter overlap no input. `problem` is a
+// GatherEntriesProblem or a GatherKeysProblem.
+template <typename Problem>
+void validate_gather(const ArgumentChecks& check, const TensorView& cache, const TensorView& slots,
+                     const TensorView& out, const TensorView& invalid_count, int64_t width,
+                     const char* dims, Problem& problem) {
   check.rank_in(slots, "slots", {2}, "[N, L]");
   check.shape_is(out, "out", {slots.shape[0], slots.shape[1], width}, dims);
   check.dtype_in(out, "out", {DType::kFloat32, DType::kBFloat16});
   check.innermost_contiguous(out, "out");
+  problem.num_rows = slots.shape[0];
+  problem.num_columns = slots.shape[1];
+  problem.slots =
+      index_view(check, slots, "slots", {problem.num_rows, problem.num_columns}, "[N, L]");
+  problem.out = out.data;
+  problem.out_dtype = out.dtype;
+  problem.out_row_stride = out.strides[0];
+  problem.out_column_stride = out.strides[1];
+  problem.invalid_count = counter(check, invalid_count);
+  check_aliasing(check, {{&out, "out"}, {&invalid_count, "invalid_count"}},
+                 {{&cache, "cache"}, {&slots, "slots"}});
 }
 
 }  // namespace
@@ -159,18 +174,8 @@ GatherEntriesProblem validate_gather_entries(const GatherEntriesParams& p) {
                 p.out.device);
   GatherEntriesProblem problem;
   problem.cache = paged_pool(check, p.cache, p.block_size, kEntryBytes, "MODEL1 entries");
-  check_gather_output(check, p.out, p.slots, kHeadDim, "[N, L, 512]");
-  problem.num_rows = p.slots.shape[0];
-  problem.num_columns = p.slots.shape[1];
-  problem.slots =
-      index_view(check, p.slots, "slots", {problem.num_rows, problem.num_columns}, "[N, L]");
-  problem.out = p.out.data;
-  problem.out_dtype = p.out.dtype;
-  problem.out_row_stride = p.out.strides[0];
-  problem.out_column_stride = p.out.strides[1];
-  problem.invalid_count = counter(check, p.invalid_count);
-  check_aliasing(check, {{&p.out, "out"}, {&p.invalid_count, "invalid_count"}},
-                 {{&p.cache, "cache"}, {&p.slots, "slots"}});
+  validate_gather(check, p.cache, p.slots, p.out, p.invalid_count, kHeadDim, "[N, L, 512]",
+                  problem);
   return problem;
 }
 
@@ -219,18 +224,8 @@ GatherKeysProblem validate_gather_indexer_keys(const GatherIndexerKeysParams& p)
   problem.cache =
       paged_pool(check, p.cache, p.block_size, key_entry_bytes(p.format), format_name(p.format));
   problem.format = p.format;
-  check_gather_output(check, p.out, p.slots, kIndexerKeyDim, "[N, L, 128]");
-  problem.num_rows = p.slots.shape[0];
-  problem.num_columns = p.slots.shape[1];
-  problem.slots =
-      index_view(check, p.slots, "slots", {problem.num_rows, problem.num_columns}, "[N, L]");
-  problem.out = p.out.data;
-  problem.out_dtype = p.out.dtype;
-  problem.out_row_stride = p.out.strides[0];
-  problem.out_column_stride = p.out.strides[1];
-  problem.invalid_count = counter(check, p.invalid_count);
-  check_aliasing(check, {{&p.out, "out"}, {&p.invalid_count, "invalid_count"}},
-                 {{&p.cache, "cache"}, {&p.slots, "slots"}});
+  validate_gather(check, p.cache, p.slots, p.out, p.invalid_count, kIndexerKeyDim, "[N, L, 128]",
+                  problem);
   return problem;
 }
 
