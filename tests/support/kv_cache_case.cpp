@@ -141,6 +141,16 @@ std::string describe(const char* what, size_t i, double got, double want, double
          ", float64 " + std::to_string(want) + ", error bound " + std::to_string(bound);
 }
 
+// A non-finite original must come back as NaN (the NaN markers), and only then: true when value i
+// is such a case (a mismatch is recorded in `result`), false when its error is to be measured.
+bool checked_as_nan(size_t i, double got, double x, StoredError& result) {
+  if (std::isfinite(x) && !std::isnan(got)) return false;
+  if (std::isfinite(x) == std::isnan(got) && result.failure.empty()) {
+    result.failure = describe("NaN mismatch at", i, got, x, 0);
+  }
+  return true;
+}
+
 }  // namespace
 
 StoredError check_stored_entry(const std::vector<double>& stored, const std::vector<double>& want,
@@ -148,13 +158,7 @@ StoredError check_stored_entry(const std::vector<double>& stored, const std::vec
   StoredError result;
   for (size_t i = 0; i < want.size(); ++i) {
     const double x = want[i], got = stored[i];
-    // A non-finite original must come back as NaN (the NaN markers), and only then.
-    if (!std::isfinite(x) || std::isnan(got)) {
-      if (std::isfinite(x) == std::isnan(got) && result.failure.empty()) {
-        result.failure = describe("NaN mismatch at", i, got, x, 0);
-      }
-      continue;
-    }
+    if (checked_as_nan(i, got, x, result)) continue;
     double bound;
     double amax = 0;
     if (i < 448) {
@@ -182,13 +186,7 @@ StoredError check_stored_key(const std::vector<double>& stored, const std::vecto
   StoredError result;
   for (size_t i = 0; i < want.size(); ++i) {
     const double x = want[i], got = stored[i];
-    // A non-finite original must come back as NaN (the NaN markers), and only then.
-    if (!std::isfinite(x) || std::isnan(got)) {
-      if (std::isfinite(x) == std::isnan(got) && result.failure.empty()) {
-        result.failure = describe("NaN mismatch at", i, got, x, 0);
-      }
-      continue;
-    }
+    if (checked_as_nan(i, got, x, result)) continue;
     double amax = 0;
     const size_t first = i / 32 * 32;
     for (size_t j = first; j < first + 32; ++j)
