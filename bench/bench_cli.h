@@ -71,6 +71,7 @@ int gdn_command(Options& options);
 int floor_command(Options& options);
 int router_command(Options& options);
 int topk_command(Options& options);
+int kv_command(Options& options);
 
 }  // namespace bench
 }  // namespace hdk

@@ -4,7 +4,15 @@
 * router: ``hdk.dsv4.route(hidden, gate_weight, bias)`` (fused gate GEMM + epilogue) against the
   chain ``linear -> softplus -> sqrt -> (+bias) topk -> gather -> renorm`` for the Flash
   (E=256, D=4096) and Pro (E=384, D=7168) gate shapes, N in {1, 4, 16, 64, 256};
-* topk: ``hdk.topk.topk`` against ``torch.topk`` (N=64, L=65536, k=512 and a few more sizes).
+* topk: ``hdk.topk.topk`` against ``torch.topk`` (N=64, L=65536, k=512 and a few more sizes);
+* kv: the KV cache write side against the plain PyTorch implementations of
+  ``hdk.bench.dsv4_kv_torch``: ``store_entries`` (FP8 quantize-and-scatter, N in {1, 16, 64, 256,
+  512}), ``gather_entries`` (gather + dequantize, N=64 x L in {128, 2048}), one CSA compressor
+  call (N=64), and a full decode step's compressor: every CSA (main + indexer) and HCA layer's
+  call of Flash (62 calls) and Pro (91 calls) for N=64 in one graph, against the torch chain
+  doing the same. Before timing, the torch peers' bytes are checked against hdk's on random
+  input (store and gather: identical bytes; compressor: entries within the FP8 / FP4 bounds of
+  each other over whole windows); a difference prints MISMATCH and exits 1.
 
 Each call is captured once in a CUDA graph and replayed; before every timed replay a buffer of
 twice the L2 size is written, so gate_weight and the scores start in DRAM as in a real decode
@@ -13,9 +21,11 @@ the replay time of a one-kernel graph (the smallest of three medians; measured a
 end), gate_weight bytes / time as % of copy bandwidth, x_floor against (that launch time +
 gate_weight bytes / copy bandwidth), and the issue's targets
 (N <= 64: x_floor <= 2 and >= 3x faster than the chain; topk 64x65536:512 >= 2x faster than
-torch.topk).
+torch.topk; kv: store / gather at N >= 64 >= 70% of copy bandwidth, the full decode step's
+compressor >= 5x the torch chain).
 
 Usage: python3 bench/dsv4_vs_torch.py --json out.json [--iterations 200] [--quick]
+           [--ops router,topk,kv]
 """
 
 import argparse
@@ -29,9 +39,12 @@ try:
     import hdk
     import hdk.dsv4
     import hdk.topk
+    from hdk.bench import dsv4_kv_torch
     from hdk.bench.timing import CudaTimer
-except ImportError as error:  # pragma: no cover
-    sys.exit(f"dsv4_vs_torch: the hdk package is not importable ({error}); build python/ first")
+
+    IMPORT_ERROR = None
+except ImportError as error:  # pragma: no cover; reported after --help had its chance
+    IMPORT_ERROR = error
 
 PRESETS = {"flash": (256, 4096, 1.5), "pro": (384, 7168, 2.5)}
 TOP_K = 6
@@ -68,7 +81,10 @@ def bench_router(timer, rows_list, iterations, copy_gbs, empty_us, results):
             ids = torch.empty(rows, TOP_K, dtype=torch.int32, device=timer.device)
             weights = torch.empty(rows, TOP_K, dtype=torch.float32, device=timer.device)
             workspace = torch.empty(
-                hdk.dsv4.route_workspace_slabs(rows), rows, experts, dtype=torch.float32,
+                hdk.dsv4.route_workspace_slabs(rows),
+                rows,
+                experts,
+                dtype=torch.float32,
                 device=timer.device,
             )
 
@@ -195,13 +211,331 @@ def bench_topk(timer, shapes, iterations, copy_gbs, empty_us, results):
         )
 
 
+# ------------------------------------------------------------------------------------------
+# KV cache write side (docs/dsv4-kv-cache.md) against hdk.bench.dsv4_kv_torch
+
+KV_BLOCK_SIZE = 64
+KV_MAX_POSITION = 1024  # positions of the compressor cases: 256 CSA / 8 HCA entries a request
+
+
+def mismatch(what, detail):
+    print(f"MISMATCH: {what}: {detail}")
+    sys.exit(1)
+
+
+def kv_random_rows(rows, generator, device, dtype=torch.bfloat16):
+    """Random [rows, 512] with an all-zero group, a group beyond the FP8 range and a tiny one."""
+    values = torch.randn(rows, 512, generator=generator) * 3
+    values[0, :64] = 0
+    values[1 % rows, 64:128] *= 1e4
+    values[2 % rows, 128:192] *= 1e-6
+    return values.to(device=device, dtype=dtype)
+
+
+def kv_verify(device):
+    """The torch peers against hdk on random input before anything is timed."""
+    generator = torch.Generator(device="cpu")
+    generator.manual_seed(7)
+    rows, blocks = 256, 8
+    values = kv_random_rows(rows, generator, device)
+    slots = torch.randperm(blocks * KV_BLOCK_SIZE, generator=generator)[:rows].to(device)
+    ours = torch.full((blocks, KV_BLOCK_SIZE * 584), 0x5A, dtype=torch.uint8, device=device)
+    theirs = ours.clone()
+    hdk.dsv4.store_entries(values, slots, ours, KV_BLOCK_SIZE)
+    dsv4_kv_torch.store_entries(values, slots, theirs, KV_BLOCK_SIZE)
+    if not torch.equal(ours, theirs):
+        mismatch("store_entries", f"{int((ours != theirs).sum())} bytes differ")
+    read = slots.view(4, rows // 4)
+    want = hdk.dsv4.gather_entries(ours, KV_BLOCK_SIZE, read, dtype=torch.bfloat16)
+    got = dsv4_kv_torch.gather_entries(theirs, KV_BLOCK_SIZE, read, dtype=torch.bfloat16)
+    if not torch.equal(want.view(torch.int16), got.view(torch.int16)):
+        mismatch("gather_entries", f"{int((want != got).sum())} values differ")
+    # Compressors over whole windows: CSA main and indexer, HCA (m = 128).
+    report = {}
+    for name, ratio, dim in (("csa", 4, 512), ("csa_indexer", 4, 128), ("hca", 128, 512)):
+        n, steps = 16, 3 * ratio
+        width = (2 if ratio == 4 else 1) * dim
+        entry_bytes = 584 if dim == 512 else 68
+        pages = -(-3 // KV_BLOCK_SIZE)
+        table = torch.arange(n * pages, dtype=torch.int32, device=device).view(n, pages)
+        ours = torch.zeros(
+            (n * pages + 1, KV_BLOCK_SIZE * entry_bytes), dtype=torch.uint8, device=device
+        )
+        theirs = ours.clone()
+        state = torch.zeros(n, hdk.dsv4.compressor_accumulators(ratio), 3, dim, device=device)
+        chain = dsv4_kv_torch.Compressor(ratio, dim, n, device)
+        ape = torch.randn(ratio, width, generator=generator).to(device)
+        norm = (torch.rand(dim, generator=generator) + 0.5).to(device)
+        angles = torch.rand(steps + ratio, 32, generator=generator).to(device) * 6.3
+        cos, sin = torch.cos(angles), torch.sin(angles)
+        state_slots = torch.arange(n, device=device)
+        for step in range(steps):
+            kv = torch.randn(n, width, generator=generator).to(device, torch.bfloat16)
+            score = torch.randn(n, width, generator=generator).to(device, torch.bfloat16)
+            positions = torch.full((n,), step, device=device)
+            hdk.dsv4.compress(
+                kv,
+                score,
+                ape,
+                positions,
+                state_slots,
+                state,
+                norm,
+                cos,
+                sin,
+                table,
+                ours,
+                KV_BLOCK_SIZE,
+                ratio,
+            )
+            chain(
+                kv, score, ape, positions, state_slots, norm, cos, sin, table, theirs, KV_BLOCK_SIZE
+            )
+        written = (torch.arange(n, device=device) * pages * KV_BLOCK_SIZE)[:, None] + torch.arange(
+            3, device=device
+        )
+        if dim == 512:
+            a = hdk.dsv4.gather_entries(ours, KV_BLOCK_SIZE, written)[..., :448]
+            b = hdk.dsv4.gather_entries(theirs, KV_BLOCK_SIZE, written)[..., :448]
+            amax = a.abs().view(n, 3, 7, 64).amax(-1).repeat_interleave(64, dim=-1)
+            bound = 2 * 2.0**-4 * torch.maximum(a.abs(), b.abs()) + amax * 2.0**-10
+        else:
+            a = hdk.dsv4.gather_indexer_keys(ours, KV_BLOCK_SIZE, written)
+            b = hdk.dsv4.gather_indexer_keys(theirs, KV_BLOCK_SIZE, written)
+            amax = a.abs().view(n, 3, 4, 32).amax(-1).repeat_interleave(32, dim=-1)
+            bound = 0.5 * torch.maximum(amax / 3, torch.maximum(a.abs(), b.abs()))
+        if not bool(((a - b).abs() <= bound).all()) or bool(torch.isnan(a).any()):
+            mismatch(f"compress {name}", "entries beyond the quantization bound of each other")
+        report[name] = int((ours[:-1] != theirs[:-1]).sum())
+    torch.cuda.synchronize(device)
+    print(
+        "kv: torch peers verified: store bytes identical, gather identical, compressor entries "
+        "within the bound (bytes that differ by a rounding: "
+        + ", ".join(f"{k} {v}" for k, v in report.items())
+        + ")"
+    )
+    return report
+
+
+def kv_record(results, op, shape, hdk_us, torch_us, nbytes=None, copy_gbs=None, target=None):
+    record = {
+        "op": op,
+        **shape,
+        "hdk_us": round(hdk_us, 3),
+        "torch_us": round(torch_us, 3),
+        "speedup_vs_torch": round(torch_us / hdk_us, 3),
+    }
+    text = f"{op:22s} {str(shape):34s} hdk {hdk_us:9.2f} us  torch {torch_us:9.2f} us"
+    text += f"  x{torch_us / hdk_us:6.2f}"
+    if nbytes is not None:
+        gbs = nbytes / (hdk_us * 1e-6) / 1e9
+        record["bytes"] = nbytes
+        record["GBps"] = round(gbs, 1)
+        record["pct_copy"] = round(100 * gbs / copy_gbs, 1)
+        text += f"  {record['pct_copy']:5.1f}% copy"
+    if target is not None:
+        record["target_met"] = bool(target(record))
+        text += "  [target met]" if record["target_met"] else "  [TARGET MISSED]"
+    results.append(record)
+    print(text)
+
+
+def bench_kv_store_gather(timer, quick, iterations, copy_gbs, results):
+    generator = torch.Generator(device="cpu")
+    generator.manual_seed(8)
+    device = timer.device
+    blocks = 4096 // KV_BLOCK_SIZE * 8
+    cache = torch.zeros((blocks, KV_BLOCK_SIZE * 584), dtype=torch.uint8, device=device)
+    peer_cache = cache.clone()
+    for rows in [64, 512] if quick else [1, 16, 64, 256, 512]:
+        values = kv_random_rows(rows, generator, device)
+        slots = torch.randperm(blocks * KV_BLOCK_SIZE, generator=generator)[:rows].to(device)
+        hdk_us = timer.time_graph(
+            capture(timer, lambda: hdk.dsv4.store_entries(values, slots, cache, KV_BLOCK_SIZE)),
+            iterations,
+        )
+        torch_us = timer.time_graph(
+            capture(
+                timer, lambda: dsv4_kv_torch.store_entries(values, slots, peer_cache, KV_BLOCK_SIZE)
+            ),
+            iterations,
+        )
+        nbytes = rows * (512 * 2 + 8 + 584)
+        kv_record(
+            results,
+            "store_entries",
+            {"N": rows},
+            hdk_us,
+            torch_us,
+            nbytes,
+            copy_gbs,
+            (lambda r: r["pct_copy"] >= 70) if rows >= 64 else None,
+        )
+    for rows, length in [(64, 128), (64, 2048)]:
+        slots = torch.randint(0, blocks * KV_BLOCK_SIZE, (rows, length), generator=generator)
+        slots = slots.to(device)
+        out = torch.empty(rows, length, 512, dtype=torch.bfloat16, device=device)
+        peer_out = {}
+        hdk_us = timer.time_graph(
+            capture(timer, lambda: hdk.dsv4.gather_entries(cache, KV_BLOCK_SIZE, slots, out=out)),
+            iterations,
+        )
+
+        def peer_call():
+            peer_out["out"] = dsv4_kv_torch.gather_entries(
+                peer_cache, KV_BLOCK_SIZE, slots, dtype=torch.bfloat16
+            )
+
+        torch_us = timer.time_graph(capture(timer, peer_call), iterations)
+        nbytes = rows * length * (8 + 584 + 512 * 2)
+        kv_record(
+            results,
+            "gather_entries",
+            {"N": rows, "L": length},
+            hdk_us,
+            torch_us,
+            nbytes,
+            copy_gbs,
+            lambda r: r["pct_copy"] >= 70,
+        )
+
+
+class KvLayerStep:
+    """One compress call of a decode step for hdk and for the torch chain, with its own inputs,
+    pools and states (as a real layer has)."""
+
+    def __init__(self, ratio, dim, rows, positions, generator, device):
+        width = (2 if ratio == 4 else 1) * dim
+        entries = KV_MAX_POSITION // ratio
+        pages = max(1, -(-entries // KV_BLOCK_SIZE))
+        entry_bytes = 584 if dim == 512 else 68
+        self.ratio, self.positions = ratio, positions
+        self.kv = torch.randn(rows, width, generator=generator).to(device, torch.bfloat16)
+        self.score = torch.randn(rows, width, generator=generator).to(device, torch.bfloat16)
+        self.ape = torch.randn(ratio, width, generator=generator).to(device)
+        self.norm = (torch.rand(dim, generator=generator) + 0.5).to(device)
+        angles = torch.rand(KV_MAX_POSITION, 32, generator=generator).to(device) * 6.3
+        self.cos, self.sin = torch.cos(angles), torch.sin(angles)
+        self.table = torch.arange(rows * pages, dtype=torch.int32, device=device).view(rows, pages)
+        self.state_slots = torch.arange(rows, device=device)
+        self.state = torch.zeros(
+            rows, hdk.dsv4.compressor_accumulators(ratio), 3, dim, device=device
+        )
+        self.cache = torch.zeros(
+            (rows * pages, KV_BLOCK_SIZE * entry_bytes), dtype=torch.uint8, device=device
+        )
+        # The chain's pool has the scratch page after the last.
+        self.peer_cache = torch.zeros(
+            (rows * pages + 1, KV_BLOCK_SIZE * entry_bytes), dtype=torch.uint8, device=device
+        )
+        self.chain = dsv4_kv_torch.Compressor(ratio, dim, rows, device)
+
+    def hdk_call(self):
+        hdk.dsv4.compress(
+            self.kv,
+            self.score,
+            self.ape,
+            self.positions,
+            self.state_slots,
+            self.state,
+            self.norm,
+            self.cos,
+            self.sin,
+            self.table,
+            self.cache,
+            KV_BLOCK_SIZE,
+            self.ratio,
+        )
+
+    def torch_call(self):
+        self.chain(
+            self.kv,
+            self.score,
+            self.ape,
+            self.positions,
+            self.state_slots,
+            self.norm,
+            self.cos,
+            self.sin,
+            self.table,
+            self.peer_cache,
+            KV_BLOCK_SIZE,
+        )
+
+
+def kv_step_positions(rows, generator, device):
+    """Every row completes a CSA window (position % 4 == 3, the heaviest step); rows 0, 8, 16, ...
+    also complete an HCA window (position % 128 == 127)."""
+    positions = torch.randint(0, KV_MAX_POSITION // 4, (rows,), generator=generator) * 4 + 3
+    hca = torch.randint(0, KV_MAX_POSITION // 128, (rows,), generator=generator) * 128 + 127
+    positions[::8] = hca[::8]
+    return positions.to(device)
+
+
+def bench_kv_compress(timer, iterations, results, rows=64):
+    generator = torch.Generator(device="cpu")
+    generator.manual_seed(9)
+    device = timer.device
+    positions = kv_step_positions(rows, generator, device)
+    single = KvLayerStep(4, 512, rows, positions, generator, device)
+    hdk_us = timer.time_graph(capture(timer, single.hdk_call), iterations)
+    torch_us = timer.time_graph(capture(timer, single.torch_call), iterations)
+    kv_record(results, "compress CSA main", {"N": rows}, hdk_us, torch_us)
+    del single
+    for preset in ("flash", "pro"):
+        layers = []
+        for kind in hdk.dsv4.layer_kinds(preset):
+            if kind == "csa":
+                layers.append(KvLayerStep(4, 512, rows, positions, generator, device))
+                layers.append(KvLayerStep(4, 128, rows, positions, generator, device))
+            elif kind == "hca":
+                layers.append(KvLayerStep(128, 512, rows, positions, generator, device))
+
+        def hdk_step():
+            for layer in layers:
+                layer.hdk_call()
+
+        def torch_step():
+            for layer in layers:
+                layer.torch_call()
+
+        hdk_us = timer.time_graph(capture(timer, hdk_step), iterations)
+        torch_us = timer.time_graph(capture(timer, torch_step), iterations)
+        kv_record(
+            results,
+            f"compress step {preset}",
+            {"N": rows, "calls": len(layers)},
+            hdk_us,
+            torch_us,
+            target=lambda r: r["speedup_vs_torch"] >= 5,
+        )
+        del layers
+        torch.cuda.empty_cache()
+
+
+def bench_kv(timer, quick, iterations, copy_gbs, results):
+    kv_verify(timer.device)
+    bench_kv_store_gather(timer, quick, iterations, copy_gbs, results)
+    bench_kv_compress(timer, iterations, results)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", required=True, help="where to write the results")
     parser.add_argument("--iterations", type=int, default=200, help="timed replays per point")
     parser.add_argument("--quick", action="store_true", help="fewer points (smoke run)")
     parser.add_argument("--device", default="cuda", help="CUDA device (default cuda)")
+    parser.add_argument(
+        "--ops", default="router,topk,kv", help="comma-separated cases (default router,topk,kv)"
+    )
     args = parser.parse_args()
+    ops = set(args.ops.split(","))
+    if not ops <= {"router", "topk", "kv"}:
+        parser.error(f"--ops: unknown case(s) {sorted(ops - {'router', 'topk', 'kv'})}")
+    if IMPORT_ERROR is not None:
+        sys.exit(
+            f"dsv4_vs_torch: the hdk package is not importable ({IMPORT_ERROR}); build python/ first"
+        )
     if not torch.cuda.is_available():
         sys.exit("dsv4_vs_torch: needs a CUDA device")
     if not (hdk.built_with_cuda() and hdk.extension_has_cuda()):
@@ -234,8 +568,12 @@ def main():
         ]
     )
     started = time.time()
-    bench_router(timer, rows_list, args.iterations, copy_gbs, empty_us, results)
-    bench_topk(timer, shapes, args.iterations, copy_gbs, empty_us, results)
+    if "router" in ops:
+        bench_router(timer, rows_list, args.iterations, copy_gbs, empty_us, results)
+    if "topk" in ops:
+        bench_topk(timer, shapes, args.iterations, copy_gbs, empty_us, results)
+    if "kv" in ops:
+        bench_kv(timer, args.quick, args.iterations, copy_gbs, results)
     empty_end_us = timer.launch_floor_us(args.iterations)
     print(
         f"one-kernel graph replay at the end: {empty_end_us:.2f} us (start: {empty_us:.2f} us; "
@@ -254,7 +592,10 @@ def main():
         "targets": {
             "router_N_le_64": "x_floor <= 2 and speedup_vs_torch >= 3",
             "topk_64x65536_k512": "speedup_vs_torch >= 2",
+            "kv_store_gather_N_ge_64": "pct_copy >= 70",
+            "kv_compress_step": "speedup_vs_torch >= 5",
         },
+        "kv_torch_peers": "hdk.bench.dsv4_kv_torch (fp32 torch ops; bytes checked against hdk)",
         "all_targets_met": all(r.get("target_met", True) for r in results),
         "seconds": round(time.time() - started, 1),
         "results": results,

@@ -17,6 +17,8 @@ const hdk::bench::Command kCommands[] = {
      hdk::bench::router_command},
     {"topk", "hdk::topk over [N, L] rows (time, % of copy bandwidth, --verify)",
      hdk::bench::topk_command},
+    {"kv", "DeepSeek-V4 KV cache: store/gather entries, compressor step (time, % of copy bw)",
+     hdk::bench::kv_command},
 };
 
 void print_commands() {

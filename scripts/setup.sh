@@ -21,6 +21,8 @@ need libgtest-dev test -f /usr/include/gtest/gtest.h
 need libbenchmark-dev test -f /usr/include/benchmark/benchmark.h
 if [[ $want_python == 1 ]]; then
   need python3-torch /usr/bin/python3 -c "import torch"
+  # Debian's python3-torch ships no C++ headers; the extension build needs them (torch/library.h).
+  need libtorch-dev /usr/bin/python3 -c "import os, sys, torch.utils.cpp_extension as c; sys.exit(not any(os.path.isfile(os.path.join(p, 'torch', 'library.h')) for p in c.include_paths() + ['/usr/include']))"
   need python3-pytest /usr/bin/python3 -c "import pytest"
   need python3-numpy /usr/bin/python3 -c "import numpy"
   need python3-dev test -f "$(/usr/bin/python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>/dev/null)/Python.h"

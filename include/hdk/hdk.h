@@ -3,6 +3,8 @@
 
 #include "hdk/cuda_stream.h"
 #include "hdk/device.h"
+#include "hdk/dsv4/block_allocator.h"
+#include "hdk/dsv4/kv_cache.h"
 #include "hdk/dsv4/router.h"
 #include "hdk/dtype.h"
 #include "hdk/error.h"

@@ -100,8 +100,10 @@ def route(
         )
     fused = logits is None
     if scores.dim() < 1:
-        raise HdkError(f"hdk::dsv4::route: argument "
-                       f"'{'hidden' if fused else 'logits'}' must have rank 2, got a scalar")
+        raise HdkError(
+            f"hdk::dsv4::route: argument "
+            f"'{'hidden' if fused else 'logits'}' must have rank 2, got a scalar"
+        )
     rows = scores.shape[0]
     device = scores.device
     # An out-of-range top_k gets hdk's message (it is checked before the output shapes), not
@@ -139,3 +141,188 @@ def route(
         float(route_scale),
     )
     return topk_ids, topk_weights
+
+
+# ------------------------------------------------------------------------------------------
+# KV cache, write side (docs/dsv4-kv-cache.md): thin wrappers over torch.ops.hdk.dsv4_* with the
+# C++ field names. Each writes in place, allocates only what it returns, never synchronizes.
+
+KEY_FORMATS = {"mxfp4": 0, "nvfp4": 1}
+KEY_BYTES = {"mxfp4": 68, "nvfp4": 72}
+ENTRY_BYTES = 584
+# After store + gather, a non-RoPE value x with |x| >= 2^-6 x its group's scale is within
+# FP8_RELATIVE_ERROR_BOUND * |x| (kFp8RelativeErrorBound in kv_cache.h); smaller ones within
+# 2^-10 x scale.
+FP8_RELATIVE_ERROR_BOUND = 0.0625
+
+
+def _key_format(format):
+    if format not in KEY_FORMATS:
+        raise HdkError(f"hdk::dsv4: key format must be 'mxfp4' or 'nvfp4', got {format!r}")
+    return KEY_FORMATS[format]
+
+
+def store_entries(values, slots, cache, block_size, *, invalid_count=None, check_indices=False):
+    """MODEL1 entries: values [N, 512] fp32/bf16 -> cache [num_blocks, block_size * 584] uint8
+    at flat slots [N] (negative: skipped)."""
+    run_op(
+        torch.ops.hdk.dsv4_store_entries,
+        values,
+        slots,
+        cache,
+        int(block_size),
+        invalid_count,
+        bool(check_indices),
+    )
+    return cache
+
+
+def gather_entries(
+    cache,
+    block_size,
+    slots,
+    *,
+    out=None,
+    dtype=torch.float32,
+    invalid_count=None,
+    check_indices=False,
+):
+    """Dequantized entries [N, L, 512] for slots [N, L] (negative: a zero row)."""
+    if out is None:
+        out = torch.empty((*slots.shape, 512), dtype=dtype, device=cache.device)
+    run_op(
+        torch.ops.hdk.dsv4_gather_entries,
+        cache,
+        int(block_size),
+        slots,
+        out,
+        invalid_count,
+        bool(check_indices),
+    )
+    return out
+
+
+def store_indexer_keys(
+    keys,
+    slots,
+    cache,
+    block_size,
+    *,
+    format="mxfp4",
+    rotate=True,
+    invalid_count=None,
+    check_indices=False,
+):
+    """Indexer keys [N, 128] -> FP4 pages (68 B MXFP4 or 72 B NVFP4 per key)."""
+    run_op(
+        torch.ops.hdk.dsv4_store_indexer_keys,
+        keys,
+        slots,
+        cache,
+        int(block_size),
+        _key_format(format),
+        bool(rotate),
+        invalid_count,
+        bool(check_indices),
+    )
+    return cache
+
+
+def gather_indexer_keys(
+    cache,
+    block_size,
+    slots,
+    *,
+    format="mxfp4",
+    out=None,
+    dtype=torch.float32,
+    invalid_count=None,
+    check_indices=False,
+):
+    """Decoded keys [N, L, 128] (in the rotated basis) for slots [N, L]."""
+    if out is None:
+        out = torch.empty((*slots.shape, 128), dtype=dtype, device=cache.device)
+    run_op(
+        torch.ops.hdk.dsv4_gather_indexer_keys,
+        cache,
+        int(block_size),
+        slots,
+        out,
+        _key_format(format),
+        invalid_count,
+        bool(check_indices),
+    )
+    return out
+
+
+def compress(
+    kv,
+    score,
+    ape,
+    positions,
+    state_slots,
+    state,
+    norm_weight,
+    rope_cos,
+    rope_sin,
+    block_table,
+    cache,
+    block_size,
+    ratio,
+    *,
+    norm_eps=1e-6,
+    key_format="mxfp4",
+    rotate=True,
+    invalid_count=None,
+    check_indices=False,
+):
+    """One compressor call for a decode batch (see hdk::dsv4::CompressorParams)."""
+    run_op(
+        torch.ops.hdk.dsv4_compress,
+        kv,
+        score,
+        ape,
+        positions,
+        state_slots,
+        state,
+        norm_weight,
+        rope_cos,
+        rope_sin,
+        block_table,
+        cache,
+        int(block_size),
+        int(ratio),
+        float(norm_eps),
+        _key_format(key_format),
+        bool(rotate),
+        invalid_count,
+        bool(check_indices),
+    )
+    return cache
+
+
+def blocks_to_reserve(ratio, block_size, position_before, position_after):
+    """Blocks a request needs before a step takes it from position_before to position_after."""
+    return int(
+        run_op(
+            torch.ops.hdk.dsv4_blocks_to_reserve,
+            int(ratio),
+            int(block_size),
+            int(position_before),
+            int(position_after),
+        )
+    )
+
+
+def compressor_accumulators(ratio):
+    return 3 if int(ratio) == 4 else 1
+
+
+# The model-level owner of the pools (imported last: it uses the functions above).
+from hdk.dsv4_kv_cache_manager import (  # noqa: E402
+    BlockAllocator,
+    KVCacheManager,
+    LayerCache,
+    StepInputs,
+    layer_kinds,
+)

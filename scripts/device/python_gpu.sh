@@ -57,9 +57,10 @@ stage tests env PYTHONPATH="$site" timeout 180 "$python" -m pytest -q -rs -p no:
 stage bench env PYTHONPATH="$site" timeout "${HDK_BENCH_TIMEOUT:-300}" "$python" -m hdk.bench gdn \
   --json "$out/python_bench.json" ${HDK_BENCH_ARGS:-}
 
-# The DeepSeek-V4 router and top-k against the plain PyTorch chain and torch.topk (issue 5).
+# The DeepSeek-V4 router and top-k against the plain PyTorch chain and torch.topk (issue 5), and
+# the KV cache write side against plain PyTorch peers (issue 16; `--ops kv` runs that alone).
 if [[ -z ${HDK_SKIP_DSV4:-} ]]; then
-  stage dsv4_vs_torch env PYTHONPATH="$site" timeout 240 "$python" bench/dsv4_vs_torch.py \
+  stage dsv4_vs_torch env PYTHONPATH="$site" timeout 540 "$python" bench/dsv4_vs_torch.py \
     --json "$out/dsv4_vs_torch.json"
 fi
 

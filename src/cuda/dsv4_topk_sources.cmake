@@ -1,8 +1,9 @@
-# CUDA sources of the DeepSeek-V4 router and hdk::topk (included from src/CMakeLists.txt when the
+# CUDA sources of the DeepSeek-V4 router, KV cache and hdk::topk (included from src/CMakeLists.txt when the
 # CUDA backend is on). One translation unit per kernel family so nvcc compiles them in parallel.
 list(APPEND HDK_CUDA_SOURCES
   dsv4/cuda/router_cuda.cu
   dsv4/cuda/router_gate_gemm.cu
   dsv4/cuda/router_gate_split.cu
   dsv4/cuda/router_gate_gemv.cu
+  dsv4/cuda/kv_cache_cuda.cu
   topk/cuda/topk_cuda.cu)

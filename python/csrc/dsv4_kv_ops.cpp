@@ -1,0 +1,188 @@
+// torch.ops.hdk.dsv4_store_entries, dsv4_gather_entries, dsv4_store_indexer_keys,
+// dsv4_gather_indexer_keys and dsv4_compress: the DeepSeek-V4 KV cache operations as torch custom
+// ops that write in place and return nothing (capturable in CUDA graphs). Argument names match
+// the C++ params structs; key_format is 0 (MXFP4) or 1 (NVFP4). hdk/dsv4.py wraps them.
+#include <torch/library.h>
+
+#include <cstdint>
+
+#include "hdk/dsv4/block_allocator.h"
+#include "hdk/dsv4/kv_cache.h"
+#include "torch_glue.h"
+
+#ifdef HDK_PYTHON_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#define HDK_KV_DEVICE_GUARD(tensor)          \
+  c10::cuda::OptionalCUDAGuard device_guard; \
+  if ((tensor).is_cuda()) device_guard.set_device((tensor).device())
+#else
+#define HDK_KV_DEVICE_GUARD(tensor) (void)(tensor)
+#endif
+
+namespace hdk_python {
+namespace {
+
+hdk::dsv4::KeyFormat key_format(int64_t value) {
+  return value == 1 ? hdk::dsv4::KeyFormat::kNVFP4 : hdk::dsv4::KeyFormat::kMXFP4;
+}
+
+template <bool kMeta>
+void store_entries(const at::Tensor& values, const at::Tensor& slots, const at::Tensor& cache,
+                   int64_t block_size, const OptionalTensor& invalid_count, bool check_indices) {
+  if constexpr (kMeta) return;
+  call_hdk([&] {
+    hdk::dsv4::StoreEntriesParams p;
+    p.values = to_view(values, "values");
+    p.slots = to_view(slots, "slots");
+    p.cache = to_view(cache, "cache");
+    p.block_size = block_size;
+    p.invalid_count = to_view(invalid_count, "invalid_count");
+    p.check_indices = check_indices;
+    HDK_KV_DEVICE_GUARD(cache);
+    hdk::dsv4::store_entries(p, current_stream(cache));
+  });
+}
+
+template <bool kMeta>
+void gather_entries(const at::Tensor& cache, int64_t block_size, const at::Tensor& slots,
+                    const at::Tensor& out, const OptionalTensor& invalid_count,
+                    bool check_indices) {
+  if constexpr (kMeta) return;
+  call_hdk([&] {
+    hdk::dsv4::GatherEntriesParams p;
+    p.cache = to_view(cache, "cache");
+    p.block_size = block_size;
+    p.slots = to_view(slots, "slots");
+    p.out = to_view(out, "out");
+    p.invalid_count = to_view(invalid_count, "invalid_count");
+    p.check_indices = check_indices;
+    HDK_KV_DEVICE_GUARD(out);
+    hdk::dsv4::gather_entries(p, current_stream(out));
+  });
+}
+
+template <bool kMeta>
+void store_indexer_keys(const at::Tensor& keys, const at::Tensor& slots, const at::Tensor& cache,
+                        int64_t block_size, int64_t format, bool rotate,
+                        const OptionalTensor& invalid_count, bool check_indices) {
+  if constexpr (kMeta) return;
+  call_hdk([&] {
+    hdk::dsv4::StoreIndexerKeysParams p;
+    p.keys = to_view(keys, "keys");
+    p.slots = to_view(slots, "slots");
+    p.cache = to_view(cache, "cache");
+    p.block_size = block_size;
+    p.format = key_format(format);
+    p.rotate = rotate;
+    p.invalid_count = to_view(invalid_count, "invalid_count");
+    p.check_indices = check_indices;
+    HDK_KV_DEVICE_GUARD(cache);
+    hdk::dsv4::store_indexer_keys(p, current_stream(cache));
+  });
+}
+
+template <bool kMeta>
+void gather_indexer_keys(const at::Tensor& cache, int64_t block_size, const at::Tensor& slots,
+                         const at::Tensor& out, int64_t format, const OptionalTensor& invalid_count,
+                         bool check_indices) {
+  if constexpr (kMeta) return;
+  call_hdk([&] {
+    hdk::dsv4::GatherIndexerKeysParams p;
+    p.cache = to_view(cache, "cache");
+    p.block_size = block_size;
+    p.slots = to_view(slots, "slots");
+    p.out = to_view(out, "out");
+    p.format = key_format(format);
+    p.invalid_count = to_view(invalid_count, "invalid_count");
+    p.check_indices = check_indices;
+    HDK_KV_DEVICE_GUARD(out);
+    hdk::dsv4::gather_indexer_keys(p, current_stream(out));
+  });
+}
+
+template <bool kMeta>
+void compress(const at::Tensor& kv, const at::Tensor& score, const at::Tensor& ape,
+              const at::Tensor& positions, const at::Tensor& state_slots, const at::Tensor& state,
+              const at::Tensor& norm_weight, const at::Tensor& rope_cos, const at::Tensor& rope_sin,
+              const at::Tensor& block_table, const at::Tensor& cache, int64_t block_size,
+              int64_t ratio, double norm_eps, int64_t key_format_value, bool rotate,
+              const OptionalTensor& invalid_count, bool check_indices) {
+  if constexpr (kMeta) return;
+  call_hdk([&] {
+    hdk::dsv4::CompressorParams p;
+    p.kv = to_view(kv, "kv");
+    p.score = to_view(score, "score");
+    p.ape = to_view(ape, "ape");
+    p.positions = to_view(positions, "positions");
+    p.state_slots = to_view(state_slots, "state_slots");
+    p.state = to_view(state, "state");
+    p.norm_weight = to_view(norm_weight, "norm_weight");
+    p.rope_cos = to_view(rope_cos, "rope_cos");
+    p.rope_sin = to_view(rope_sin, "rope_sin");
+    p.block_table = to_view(block_table, "block_table");
+    p.cache = to_view(cache, "cache");
+    p.block_size = block_size;
+    p.ratio = ratio;
+    p.norm_eps = static_cast<float>(norm_eps);
+    p.key_format = key_format(key_format_value);
+    p.rotate = rotate;
+    p.invalid_count = to_view(invalid_count, "invalid_count");
+    p.check_indices = check_indices;
+    HDK_KV_DEVICE_GUARD(state);
+    hdk::dsv4::compress(p, current_stream(state));
+  });
+}
+
+}  // namespace
+}  // namespace hdk_python
+
+TORCH_LIBRARY_FRAGMENT(hdk, m) {
+  m.def(
+      "dsv4_store_entries(Tensor values, Tensor slots, Tensor(a!) cache, int block_size, "
+      "Tensor(b!)? invalid_count, bool check_indices) -> ()");
+  m.def(
+      "dsv4_gather_entries(Tensor cache, int block_size, Tensor slots, Tensor(a!) out, "
+      "Tensor(b!)? invalid_count, bool check_indices) -> ()");
+  m.def(
+      "dsv4_store_indexer_keys(Tensor keys, Tensor slots, Tensor(a!) cache, int block_size, "
+      "int format, bool rotate, Tensor(b!)? invalid_count, bool check_indices) -> ()");
+  m.def(
+      "dsv4_gather_indexer_keys(Tensor cache, int block_size, Tensor slots, Tensor(a!) out, "
+      "int format, Tensor(b!)? invalid_count, bool check_indices) -> ()");
+  m.def(
+      "dsv4_compress(Tensor kv, Tensor score, Tensor ape, Tensor positions, Tensor state_slots, "
+      "Tensor(a!) state, Tensor norm_weight, Tensor rope_cos, Tensor rope_sin, Tensor block_table, "
+      "Tensor(b!) cache, int block_size, int ratio, float norm_eps, int key_format, bool rotate, "
+      "Tensor(c!)? invalid_count, bool check_indices) -> ()");
+  m.def(
+      "dsv4_blocks_to_reserve(int ratio, int block_size, int position_before, int position_after) "
+      "-> int",
+      [](int64_t ratio, int64_t block_size, int64_t before, int64_t after) {
+        int64_t result = 0;
+        hdk_python::call_hdk(
+            [&] { result = hdk::dsv4::blocks_to_reserve(ratio, block_size, before, after); });
+        return result;
+      });
+}
+
+#define HDK_KV_REGISTER(key, meta)                                              \
+  TORCH_LIBRARY_IMPL(hdk, key, m) {                                             \
+    m.impl("dsv4_store_entries", &hdk_python::store_entries<meta>);             \
+    m.impl("dsv4_gather_entries", &hdk_python::gather_entries<meta>);           \
+    m.impl("dsv4_store_indexer_keys", &hdk_python::store_indexer_keys<meta>);   \
+    m.impl("dsv4_gather_indexer_keys", &hdk_python::gather_indexer_keys<meta>); \
+    m.impl("dsv4_compress", &hdk_python::compress<meta>);                       \
+  }
+
+HDK_KV_REGISTER(CPU, false)
+HDK_KV_REGISTER(CUDA, false)
+HDK_KV_REGISTER(Meta, true)
+
+#if TORCH_VERSION_MAJOR < 2
+TORCH_LIBRARY_IMPL(hdk, AutogradMeta, m) {
+  for (const char* name : {"dsv4_store_entries", "dsv4_gather_entries", "dsv4_store_indexer_keys",
+                           "dsv4_gather_indexer_keys", "dsv4_compress"}) {
+    m.impl(name, torch::CppFunction::makeFallthrough());
+  }
+}
+#endif

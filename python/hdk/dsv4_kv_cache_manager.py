@@ -1,0 +1,490 @@
+"""The DeepSeek-V4 KV cache of a whole model, for an engine: every layer's pools, the block
+allocators, the requests' block tables, state slots and positions (exported as
+``hdk.dsv4.KVCacheManager``; docs/dsv4-kv-cache.md, section "Python: KVCacheManager").
+
+Per layer (all layers): an SWA ring, one page of 128 MODEL1 entries per request slot. CSA layers
+(ratio 4) add a compressed pool, an indexer key pool (FP4) and two compressor states (main
+d = 512, indexer d = 128); HCA layers (ratio 128) a compressed pool and one state. All CSA
+layers share one block allocator and one block table per request (every CSA layer holds the same
+entries of a request; the indexer keys use the same block ids as the entries), and so do all HCA
+layers. Everything on the host here (allocation, tables) runs before a step, never inside a
+captured CUDA graph.
+"""
+
+import dataclasses
+
+import torch
+
+import hdk.dsv4 as dsv4
+from hdk._ops import HdkError
+
+SWA_WINDOW = 128
+CSA_RATIO, HCA_RATIO = 4, 128
+INDEX_DIM = 128
+
+
+def _flash_kinds(num_layers):
+    return tuple("swa" if i < 2 else ("csa" if i % 2 == 0 else "hca") for i in range(num_layers))
+
+
+def _pro_kinds(num_layers):
+    return tuple("hca" if i < 2 else ("csa" if i % 2 == 0 else "hca") for i in range(num_layers))
+
+
+# The spec's model constants (shared/spec/dsv4-decode.md): layer counts without the MTP layer.
+PRESETS = {"flash": (43, _flash_kinds), "pro": (61, _pro_kinds)}
+
+
+def layer_kinds(preset, num_layers=None):
+    """'swa' / 'csa' / 'hca' per layer of a preset ('flash': layers 0-1 SWA only, then CSA on
+    even and HCA on odd layers; 'pro': 0-1 HCA, then the same), cut to ``num_layers``."""
+    if preset not in PRESETS:
+        raise HdkError(f"hdk.dsv4: unknown preset {preset!r}, expected one of {sorted(PRESETS)}")
+    count, kinds = PRESETS[preset]
+    return kinds(count if num_layers is None else int(num_layers))
+
+
+class BlockAllocator:
+    """A fixed pool of block ids, the rules of hdk::dsv4::BlockAllocator: a fresh pool hands out
+    0, 1, 2, ...; later the most recently released ids first. allocate() and release() check
+    everything first and change nothing when they raise HdkError."""
+
+    def __init__(self, num_blocks, name="blocks"):
+        if num_blocks < 0:
+            raise HdkError(f"hdk.dsv4.BlockAllocator: num_blocks must be >= 0, got {num_blocks}")
+        self.name = name
+        self.capacity = int(num_blocks)
+        self._free = list(range(self.capacity - 1, -1, -1))  # a stack, lowest id on top
+        self._is_free = [True] * self.capacity
+
+    def free_count(self):
+        return len(self._free)
+
+    def allocate(self, count):
+        count = int(count)
+        if count < 0:
+            raise HdkError(f"hdk.dsv4.BlockAllocator: cannot allocate {count} blocks")
+        if count > len(self._free):
+            raise HdkError(
+                f"hdk.dsv4.BlockAllocator ({self.name}): cannot allocate {count} blocks: "
+                f"{len(self._free)} of {self.capacity} are free"
+            )
+        ids = [self._free.pop() for _ in range(count)]
+        for block in ids:
+            self._is_free[block] = False
+        return ids
+
+    def release(self, ids):
+        ids = [int(block) for block in ids]
+        seen = set()
+        for block in ids:
+            if not 0 <= block < self.capacity:
+                raise HdkError(
+                    f"hdk.dsv4.BlockAllocator ({self.name}): cannot release block {block}: not a "
+                    f"block of this pool (0 .. {self.capacity - 1})"
+                )
+            if self._is_free[block]:
+                raise HdkError(
+                    f"hdk.dsv4.BlockAllocator ({self.name}): cannot release block {block}: it is "
+                    "already free"
+                )
+            if block in seen:
+                raise HdkError(
+                    f"hdk.dsv4.BlockAllocator ({self.name}): cannot release block {block}: given "
+                    "twice in one call"
+                )
+            seen.add(block)
+        for block in ids:
+            self._is_free[block] = True
+            self._free.append(block)
+
+
+@dataclasses.dataclass
+class LayerCache:
+    """One layer's tensors. ``kind`` 'swa', 'csa' or 'hca'; ``swa`` [max_requests, 128 * 584]
+    uint8 (page = request slot); ``cache`` [blocks, block_size * 584] uint8 and ``state``
+    [max_requests, A, 3, 512] fp32 (CSA and HCA); ``index_cache`` [blocks, block_size *
+    key bytes] uint8 and ``index_state`` [max_requests, 3, 3, 128] fp32 (CSA)."""
+
+    index: int
+    kind: str
+    swa: torch.Tensor
+    ratio: int = 0
+    cache: torch.Tensor = None
+    state: torch.Tensor = None
+    index_cache: torch.Tensor = None
+    index_state: torch.Tensor = None
+
+
+@dataclasses.dataclass
+class StepInputs:
+    """What one decode step's calls take, for a batch of N rows (padding rows: slot -1).
+    ``positions`` [N] int64 (first position of the step's tokens), ``state_slots`` [N] int64,
+    ``swa_slots`` [N] (T = 1) or [N, T] int64, ``csa_block_table`` / ``hca_block_table``
+    [N, max_blocks] int32 (-1 past a request's pages); all on the manager's device."""
+
+    positions: torch.Tensor
+    state_slots: torch.Tensor
+    swa_slots: torch.Tensor
+    csa_block_table: torch.Tensor
+    hca_block_table: torch.Tensor
+    tokens_per_request: int
+
+
+@dataclasses.dataclass
+class _Request:
+    slot: int
+    position: int  # tokens seen (the next token's position)
+    reserved: int  # the position up to which pages are held
+    blocks: dict  # ratio -> [block ids], in page order
+
+
+class KVCacheManager:
+    """Owns every layer's pools of a DeepSeek-V4 model and the requests' pages.
+
+    Args:
+        preset: 'flash' or 'pro' (layer kinds from the spec), or an explicit sequence of
+            'swa' / 'csa' / 'hca' per layer.
+        num_layers: use the preset's first ``num_layers`` layers (small configs for tests).
+        max_requests: request slots (SWA pages and compressor states per layer).
+        csa_blocks, hca_blocks: pages of the CSA (ratio 4) and HCA (ratio 128) pools, each shared
+            by every layer of that kind.
+        block_size, hca_block_size: entries per page of the CSA / HCA pools.
+        max_context: the longest request (tokens); sizes the block tables' columns.
+        key_format: 'mxfp4' or 'nvfp4' for the indexer keys.
+        device: where the pools live.
+    """
+
+    def __init__(
+        self,
+        preset="flash",
+        *,
+        num_layers=None,
+        max_requests=8,
+        csa_blocks=64,
+        hca_blocks=16,
+        block_size=64,
+        hca_block_size=64,
+        max_context=65536,
+        key_format="mxfp4",
+        device="cpu",
+    ):
+        kinds = layer_kinds(preset, num_layers) if isinstance(preset, str) else tuple(preset)
+        if any(kind not in ("swa", "csa", "hca") for kind in kinds):
+            raise HdkError(f"hdk.dsv4.KVCacheManager: layer kinds must be swa/csa/hca: {kinds}")
+        dsv4._key_format(key_format)
+        self.kinds = kinds
+        self.max_requests = int(max_requests)
+        self.block_size = {CSA_RATIO: int(block_size), HCA_RATIO: int(hca_block_size)}
+        self.max_context = int(max_context)
+        self.key_format = key_format
+        self.device = torch.device(device)
+        self.allocators = {
+            CSA_RATIO: BlockAllocator(csa_blocks, "CSA pool"),
+            HCA_RATIO: BlockAllocator(hca_blocks, "HCA pool"),
+        }
+        self.max_blocks = {
+            ratio: max(1, -(-(self.max_context // ratio) // size))
+            for ratio, size in self.block_size.items()
+        }
+        # Block tables by request slot, on the host (the truth) and on the device (what steps
+        # read); -1 past a request's pages.
+        self._tables = {
+            ratio: torch.full((self.max_requests, self.max_blocks[ratio]), -1, dtype=torch.int32)
+            for ratio in self.block_size
+        }
+        self._device_tables = {ratio: t.to(self.device) for ratio, t in self._tables.items()}
+        self._free_slots = list(range(self.max_requests - 1, -1, -1))
+        self._requests = {}
+        self.layers = [
+            self._make_layer(i, kind, csa_blocks, hca_blocks) for i, kind in enumerate(kinds)
+        ]
+
+    def _make_layer(self, index, kind, csa_blocks, hca_blocks):
+        def zeros(*shape, dtype=torch.uint8):
+            return torch.zeros(shape, dtype=dtype, device=self.device)
+
+        layer = LayerCache(index, kind, zeros(self.max_requests, SWA_WINDOW * dsv4.ENTRY_BYTES))
+        if kind == "swa":
+            return layer
+        ratio = CSA_RATIO if kind == "csa" else HCA_RATIO
+        blocks = csa_blocks if kind == "csa" else hca_blocks
+        size = self.block_size[ratio]
+        layer.ratio = ratio
+        layer.cache = zeros(blocks, size * dsv4.ENTRY_BYTES)
+        accumulators = dsv4.compressor_accumulators(ratio)
+        layer.state = zeros(self.max_requests, accumulators, 3, 512, dtype=torch.float32)
+        if kind == "csa":
+            layer.index_cache = zeros(blocks, size * dsv4.KEY_BYTES[self.key_format])
+            layer.index_state = zeros(
+                self.max_requests, accumulators, 3, INDEX_DIM, dtype=torch.float32
+            )
+        return layer
+
+    # -- requests -------------------------------------------------------------------------
+
+    def _need(self, before, after):
+        return {
+            ratio: dsv4.blocks_to_reserve(ratio, self.block_size[ratio], before, after)
+            for ratio in self.block_size
+        }
+
+    def _check_free(self, operation, need):
+        for ratio, count in need.items():
+            allocator = self.allocators[ratio]
+            if count > allocator.free_count():
+                raise HdkError(
+                    f"hdk.dsv4.KVCacheManager.{operation}: the {allocator.name} is exhausted: "
+                    f"{count} blocks requested, {allocator.free_count()} free (of "
+                    f"{allocator.capacity}); nothing was reserved"
+                )
+
+    def _check_context(self, operation, request_id, after):
+        if after > self.max_context:
+            raise HdkError(
+                f"hdk.dsv4.KVCacheManager.{operation}: request {request_id!r} would reach "
+                f"{after} tokens, beyond max_context = {self.max_context}"
+            )
+
+    def _take(self, request, need):
+        for ratio, count in need.items():
+            ids = self.allocators[ratio].allocate(count)
+            if not ids:
+                continue
+            start = len(request.blocks[ratio])
+            request.blocks[ratio].extend(ids)
+            row = torch.tensor(ids, dtype=torch.int32)
+            self._tables[ratio][request.slot, start : start + len(ids)] = row
+            self._device_tables[ratio][request.slot, start : start + len(ids)] = row.to(self.device)
+
+    def admit_request(self, request_id, prompt_length=0):
+        """Takes a request slot and the pages of the ``prompt_length`` tokens' compressed
+        entries (a prefill fills them and the state). Returns the request's slot."""
+        if request_id in self._requests:
+            raise HdkError(
+                f"hdk.dsv4.KVCacheManager.admit_request: request {request_id!r} is "
+                "already admitted"
+            )
+        if not self._free_slots:
+            raise HdkError(
+                f"hdk.dsv4.KVCacheManager.admit_request: all {self.max_requests} "
+                "request slots are taken"
+            )
+        prompt_length = int(prompt_length)
+        if prompt_length < 0:
+            raise HdkError(
+                "hdk.dsv4.KVCacheManager.admit_request: prompt_length must be >= 0, "
+                f"got {prompt_length}"
+            )
+        self._check_context("admit_request", request_id, prompt_length)
+        need = self._need(0, prompt_length)
+        self._check_free("admit_request", need)
+        request = _Request(
+            self._free_slots.pop(),
+            prompt_length,
+            prompt_length,
+            {ratio: [] for ratio in self.block_size},
+        )
+        self._take(request, need)
+        self._requests[request_id] = request
+        return request.slot
+
+    def release_request(self, request_id):
+        """Returns the request's pages and slot. An unknown (or already released) id raises."""
+        request = self._request("release_request", request_id)
+        for ratio, ids in request.blocks.items():
+            self.allocators[ratio].release(ids)
+            self._tables[ratio][request.slot] = -1
+            self._device_tables[ratio][request.slot] = -1
+        self._free_slots.append(request.slot)
+        del self._requests[request_id]
+
+    def _request(self, operation, request_id):
+        if request_id not in self._requests:
+            raise HdkError(
+                f"hdk.dsv4.KVCacheManager.{operation}: request {request_id!r} is not "
+                "admitted (never, or already released)"
+            )
+        return self._requests[request_id]
+
+    def reserve_for_step(self, request_ids, tokens_per_request=1):
+        """Reserves the pages the next step's compress calls write for each request (position
+        p -> p + tokens_per_request), all or nothing: on exhaustion raises HdkError naming the
+        free and requested counts and changes nothing. Calling it again before advance() takes
+        nothing more. Returns the blocks taken per pool, {'csa': n, 'hca': n}."""
+        tokens = int(tokens_per_request)
+        if not 1 <= tokens <= CSA_RATIO:
+            raise HdkError(
+                "hdk.dsv4.KVCacheManager.reserve_for_step: tokens_per_request must "
+                f"be 1 .. {CSA_RATIO} (one window per call), got {tokens}"
+            )
+        live = [request_id for request_id in request_ids if request_id is not None]
+        if len(set(live)) != len(live):
+            raise HdkError(
+                f"hdk.dsv4.KVCacheManager.reserve_for_step: a request appears twice "
+                f"in {list(request_ids)}"
+            )
+        plan = []
+        total = {ratio: 0 for ratio in self.block_size}
+        for request_id in request_ids:
+            if request_id is None:
+                continue
+            request = self._request("reserve_for_step", request_id)
+            after = request.position + tokens
+            self._check_context("reserve_for_step", request_id, after)
+            need = self._need(request.reserved, max(after, request.reserved))
+            plan.append((request, after, need))
+            for ratio, count in need.items():
+                total[ratio] += count
+        self._check_free("reserve_for_step", total)
+        for request, after, need in plan:
+            self._take(request, need)
+            request.reserved = max(request.reserved, after)
+        return {"csa": total[CSA_RATIO], "hca": total[HCA_RATIO]}
+
+    def advance(self, request_ids, tokens_per_request=1):
+        """Moves the requests' positions on after a step ran (within what was reserved)."""
+        for request_id in request_ids:
+            if request_id is None:
+                continue
+            request = self._request("advance", request_id)
+            if request.position + tokens_per_request > request.reserved:
+                raise HdkError(
+                    f"hdk.dsv4.KVCacheManager.advance: request {request_id!r} at position "
+                    f"{request.position} + {tokens_per_request} tokens is beyond its reserved "
+                    f"{request.reserved}; call reserve_for_step first"
+                )
+        for request_id in request_ids:
+            if request_id is not None:
+                self._requests[request_id].position += int(tokens_per_request)
+
+    # -- what the step's calls take -------------------------------------------------------
+
+    def slot(self, request_id):
+        return self._request("slot", request_id).slot
+
+    def position(self, request_id):
+        return self._request("position", request_id).position
+
+    def blocks(self, request_id, kind):
+        """The request's block ids of the 'csa' or 'hca' pool, in page order."""
+        ratio = CSA_RATIO if kind == "csa" else HCA_RATIO
+        return list(self._request("blocks", request_id).blocks[ratio])
+
+    def block_table(self, kind, request_ids):
+        """[N, max_blocks] int32 block table rows of the 'csa' or 'hca' pool for a batch (None:
+        a padding row of -1), on the device."""
+        ratio = CSA_RATIO if kind == "csa" else HCA_RATIO
+        slots = self._slots(request_ids)
+        table = self._device_tables[ratio].index_select(0, slots.clamp(min=0).to(self.device))
+        return table.masked_fill_((slots < 0).to(self.device)[:, None], -1)
+
+    def _slots(self, request_ids):
+        return torch.tensor(
+            [-1 if r is None else self._request("step_inputs", r).slot for r in request_ids],
+            dtype=torch.int64,
+        )
+
+    def step_inputs(self, request_ids, tokens_per_request=1):
+        """The positions, state slots, SWA slots and block tables of one step for a batch (None
+        entries are padding rows). Check with reserve_for_step first; advance() after."""
+        tokens = int(tokens_per_request)
+        slots = self._slots(request_ids)
+        positions = torch.tensor(
+            [0 if r is None else self._requests[r].position for r in request_ids],
+            dtype=torch.int64,
+        )
+        token_positions = positions[:, None] + torch.arange(tokens)
+        swa = slots[:, None] * SWA_WINDOW + token_positions % SWA_WINDOW
+        swa = torch.where(slots[:, None] >= 0, swa, torch.full_like(swa, -1))
+        return StepInputs(
+            positions=positions.to(self.device),
+            state_slots=slots.to(self.device),
+            swa_slots=(swa[:, 0] if tokens == 1 else swa).to(self.device),
+            csa_block_table=self.block_table("csa", request_ids),
+            hca_block_table=self.block_table("hca", request_ids),
+            tokens_per_request=tokens,
+        )
+
+    # -- the calls of one layer -----------------------------------------------------------
+
+    def store_swa(self, layer, values, step, **options):
+        """store_entries of the step's rows ([N, 512], or [N * T, 512] in row-major (n, t)
+        order) into the layer's SWA ring."""
+        layer = self.layers[layer] if isinstance(layer, int) else layer
+        return dsv4.store_entries(
+            values, step.swa_slots.reshape(-1), layer.swa, SWA_WINDOW, **options
+        )
+
+    def compress(
+        self,
+        layer,
+        step,
+        kv,
+        score,
+        ape,
+        norm_weight,
+        rope_cos,
+        rope_sin,
+        *,
+        indexer=False,
+        **options,
+    ):
+        """The layer's compress call (``indexer=True``: the CSA indexer's, d = 128) with the
+        step's positions, state slots and block table."""
+        layer = self.layers[layer] if isinstance(layer, int) else layer
+        if layer.kind == "swa" or (indexer and layer.kind != "csa"):
+            raise HdkError(
+                f"hdk.dsv4.KVCacheManager.compress: layer {layer.index} is "
+                f"{layer.kind.upper()}, it has no {'indexer ' if indexer else ''}"
+                "compressor"
+            )
+        table = step.csa_block_table if layer.kind == "csa" else step.hca_block_table
+        if indexer:
+            options.setdefault("key_format", self.key_format)
+        return dsv4.compress(
+            kv,
+            score,
+            ape,
+            step.positions,
+            step.state_slots,
+            layer.index_state if indexer else layer.state,
+            norm_weight,
+            rope_cos,
+            rope_sin,
+            table,
+            layer.index_cache if indexer else layer.cache,
+            self.block_size[layer.ratio],
+            layer.ratio,
+            **options,
+        )
+
+    # -- accounting -----------------------------------------------------------------------
+
+    def free_blocks(self):
+        return {
+            "csa": self.allocators[CSA_RATIO].free_count(),
+            "hca": self.allocators[HCA_RATIO].free_count(),
+        }
+
+    def requests(self):
+        return list(self._requests)
+
+    def memory_bytes(self):
+        """Bytes of the tensors this manager owns, per kind and in total: 'swa', 'csa', 'hca'
+        (compressed pools), 'indexer' (key pools), 'state' (compressor states), 'block_tables'
+        (device copies), 'total'."""
+
+        def size(tensor):
+            return 0 if tensor is None else tensor.numel() * tensor.element_size()
+
+        result = dict.fromkeys(("swa", "csa", "hca", "indexer", "state"), 0)
+        for layer in self.layers:
+            result["swa"] += size(layer.swa)
+            if layer.kind != "swa":
+                result[layer.kind] += size(layer.cache)
+            result["indexer"] += size(layer.index_cache)
+            result["state"] += size(layer.state) + size(layer.index_state)
+        result["block_tables"] = sum(size(t) for t in self._device_tables.values())
+        result["total"] = sum(result.values())
+        return result

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The DeepSeek-V4 KV cache (issue 16) on a GPU machine, in one go: the kv test suite (CPU and
+# CUDA cases), compute-sanitizer memcheck and racecheck over its CUDA cases, and `hdk-bench kv`
+# with the bit-exact check. Run from the repository root with a CUDA build in build-cuda/
+# (cmake -S . -B build-cuda -G Ninja -DHDK_WITH_CUDA=ON && cmake --build build-cuda), or point
+# HDK_BUILD_DIR at a carried build. Logs and JSON go to $OUT (default: ./kv-gpu-out). Every step
+# runs even when an earlier one fails; the exit status is non-zero when any failed.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out=${OUT:-kv-gpu-out}
+build=${HDK_BUILD_DIR:-build-cuda}
+mkdir -p "$out"
+tests="$build/tests/hdk_dsv4_kv_tests"
+bench="$build/bench/hdk-bench"
+sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+failed=()
+
+step() {  # step <name> <timeout seconds> <command...>: runs it, logs to $out/<name>.log
+  local name=$1 limit=$2
+  shift 2
+  local start=$SECONDS
+  echo "== $name: $*"
+  timeout --kill-after=10 "$limit" "$@" >"$out/$name.log" 2>&1
+  local status=$?
+  echo "   exit $status after $((SECONDS - start)) s (log: $out/$name.log)"
+  tail -n 4 "$out/$name.log" | sed 's/^/   | /'
+  [[ $status -eq 0 ]] || failed+=("$name (exit $status)")
+}
+
+for binary in "$tests" "$bench"; do
+  if [[ ! -x $binary ]]; then
+    echo "missing $binary: build first (cmake --build $build)" >&2
+    exit 2
+  fi
+done
+{
+  date -u
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
+  "$sanitizer" --version 2>&1 | tail -1
+  git rev-parse HEAD 2>/dev/null
+} >"$out/environment.log"
+cat "$out/environment.log"
+
+# 1. Every kv test (the CUDA cases must run here, not skip).
+step tests 300 "$tests"
+if grep -q "cuda backend skipped" "$out/tests.log"; then
+  failed+=("tests (CUDA cases skipped: no usable GPU?)")
+fi
+
+# 2. memcheck over every CUDA case (store/gather/keys grid, compressor sequences, counted
+#    out-of-range slots, check_indices, the CUDA-graph replay).
+cuda_cases='*cuda*:KvErrorBound.*:KvSlotsOutOfRange.CudaCountsAndSkips:KvCudaGraph.*'
+step memcheck 600 "$sanitizer" --tool memcheck --leak-check no --error-exitcode 3 \
+  "$tests" --gtest_brief=1 --gtest_filter="$cuda_cases"
+
+# 3. racecheck (the compressor's shared memory between its channel threads and the writer warp).
+step racecheck 600 "$sanitizer" --tool racecheck --racecheck-report hazard --error-exitcode 3 \
+  "$tests" --gtest_brief=1 --gtest_filter='Sequences/Compressor.*cuda*:KvCudaGraph.*'
+
+# 4. The benchmark: N = 1..512, L = 128..2048, Flash and Pro compressor steps, checked.
+step bench-kv 600 "$bench" kv --verify --json "$out/kv.json"
+step bench-kv-hot 300 "$bench" kv --hot --ops store,gather --json "$out/kv_hot.json"
+
+echo
+if [[ ${#failed[@]} -gt 0 ]]; then
+  printf 'FAILED: %s\n' "${failed[@]}"
+  exit 1
+fi
+echo "kv GPU run: all steps passed ($SECONDS s)"

@@ -1,0 +1,166 @@
+// Validated calls of the KV cache operations (kv_cache.h), reduced to sizes, pointers and element
+// strides. kv_cache_validation.cpp builds them; the CPU and CUDA backends read nothing else. All
+// are trivially copyable so CUDA kernels take them by value.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "core/host_device.h"
+#include "hdk/dsv4/kv_cache.h"
+#include "hdk/dtype.h"
+
+namespace hdk {
+namespace dsv4 {
+namespace detail {
+
+// Where entries live: page `block` starts at data + block * page_stride (bytes).
+struct PagedPool {
+  uint8_t* data = nullptr;
+  int64_t num_blocks = 0;
+  int64_t block_size = 0;
+  int64_t page_stride = 0;  // bytes between pages (>= block_size * entry bytes)
+
+  HDK_HOST_DEVICE int64_t num_slots() const { return num_blocks * block_size; }
+  HDK_HOST_DEVICE uint8_t* page(int64_t slot) const {
+    return data + (slot / block_size) * page_stride;
+  }
+};
+
+// A [N] or [N, L] index tensor (slots, positions, state slots), int32 or int64.
+struct IndexView {
+  const void* data = nullptr;
+  DType dtype = DType::kInt32;
+  int64_t row_stride = 0;
+  int64_t column_stride = 0;
+
+  HDK_HOST_DEVICE int64_t at(int64_t row, int64_t column = 0) const {
+    const int64_t offset = row * row_stride + column * column_stride;
+    return dtype == DType::kInt64 ? static_cast<const int64_t*>(data)[offset]
+                                  : static_cast<int64_t>(static_cast<const int32_t*>(data)[offset]);
+  }
+};
+
+// The optional invalid-row counter.
+struct Counter {
+  void* data = nullptr;
+  DType dtype = DType::kInt32;
+};
+
+struct StoreEntriesProblem {
+  int64_t num_rows = 0;
+  const void* values = nullptr;  // [N, 512]
+  DType values_dtype = DType::kFloat32;
+  int64_t values_row_stride = 0;
+  IndexView slots;
+  PagedPool cache;
+  Counter invalid_count;
+};
+
+struct GatherEntriesProblem {
+  int64_t num_rows = 0;     // N
+  int64_t num_columns = 0;  // L
+  PagedPool cache;
+  IndexView slots;
+  void* out = nullptr;  // [N, L, 512]
+  DType out_dtype = DType::kFloat32;
+  int64_t out_row_stride = 0;     // between n
+  int64_t out_column_stride = 0;  // between l
+  Counter invalid_count;
+};
+
+struct StoreKeysProblem {
+  int64_t num_rows = 0;
+  const void* keys = nullptr;  // [N, 128]
+  DType keys_dtype = DType::kFloat32;
+  int64_t keys_row_stride = 0;
+  IndexView slots;
+  PagedPool cache;
+  KeyFormat format = KeyFormat::kMXFP4;
+  bool rotate = true;
+  Counter invalid_count;
+};
+
+struct GatherKeysProblem {
+  int64_t num_rows = 0;
+  int64_t num_columns = 0;
+  PagedPool cache;
+  KeyFormat format = KeyFormat::kMXFP4;
+  IndexView slots;
+  void* out = nullptr;  // [N, L, 128]
+  DType out_dtype = DType::kFloat32;
+  int64_t out_row_stride = 0;
+  int64_t out_column_stride = 0;
+  Counter invalid_count;
+};
+
+struct CompressorProblem {
+  int64_t num_rows = 0;    // N
+  int64_t num_tokens = 0;  // T per row
+  int64_t dim = 0;         // d: 512 (entries) or 128 (indexer keys)
+  int64_t ratio = 0;       // m
+  bool overlap = false;    // CSA: ratio 4, coff 2
+  const void* kv = nullptr;
+  const void* score = nullptr;
+  DType input_dtype = DType::kFloat32;
+  int64_t input_row_stride = 0;    // between n
+  int64_t input_token_stride = 0;  // between t
+  const float* ape = nullptr;      // [ratio, coff*d]
+  int64_t ape_row_stride = 0;
+  IndexView positions;
+  IndexView state_slots;
+  float* state = nullptr;  // [num_states, A, 3, d]
+  int64_t num_states = 0;
+  int64_t state_slot_stride = 0;  // floats between state slots
+  const float* norm_weight = nullptr;
+  int64_t norm_weight_stride = 0;
+  const float* rope_cos = nullptr;
+  const float* rope_sin = nullptr;
+  int64_t rope_cos_row_stride = 0;
+  int64_t rope_sin_row_stride = 0;
+  int64_t max_position = 0;  // rows of the RoPE tables
+  IndexView block_table;
+  int64_t max_blocks = 0;
+  PagedPool cache;
+  float norm_eps = 1e-6f;
+  KeyFormat key_format = KeyFormat::kMXFP4;
+  bool rotate = true;
+  Counter invalid_count;
+
+  HDK_HOST_DEVICE int64_t accumulators() const { return overlap ? 3 : 1; }
+  HDK_HOST_DEVICE int64_t input_width() const { return overlap ? 2 * dim : dim; }
+  // Floats of one accumulator: running max, sum of exponentials, weighted sum; d each.
+  HDK_HOST_DEVICE int64_t accumulator_floats() const { return 3 * dim; }
+};
+
+static_assert(std::is_trivially_copyable<StoreEntriesProblem>::value, "taken by value");
+static_assert(std::is_trivially_copyable<GatherEntriesProblem>::value, "taken by value");
+static_assert(std::is_trivially_copyable<StoreKeysProblem>::value, "taken by value");
+static_assert(std::is_trivially_copyable<GatherKeysProblem>::value, "taken by value");
+static_assert(std::is_trivially_copyable<CompressorProblem>::value, "taken by value");
+
+// Byte offsets inside a page (the spec's "Exact storage formats").
+constexpr int64_t kEntryDataBytes = 576;  // 448 FP8 + 64 bf16
+constexpr int64_t kEntryScaleBytes = 8;   // 7 UE8M0 + pad
+constexpr int64_t kNopeGroups = 7;
+constexpr int64_t kNopeGroupSize = 64;
+constexpr int64_t kKeyDataBytes = 64;
+
+HDK_HOST_DEVICE int64_t key_scale_bytes(KeyFormat format) {
+  return format == KeyFormat::kMXFP4 ? 4 : 8;
+}
+
+HDK_HOST_DEVICE int64_t key_entry_bytes(KeyFormat format) {
+  return kKeyDataBytes + key_scale_bytes(format);
+}
+
+// Which state accumulator holds what, for CSA (overlap): the first-d channels of windows of each
+// parity (the previous window's is the other parity), then the current window's last-d channels.
+HDK_HOST_DEVICE int64_t first_half_accumulator(int64_t window) {
+  return window & 1;
+}
+constexpr int64_t kSecondHalfAccumulator = 2;
+
+}  // namespace detail
+}  // namespace dsv4
+}  // namespace hdk
