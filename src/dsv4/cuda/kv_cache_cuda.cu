@@ -552,6 +552,20 @@ bool wide_pool(const PagedPool& pool, const char* operation) {
   return aligned_16(pool.data) && pool.page_stride % 16 == 0;
 }
 
+// Key pages hold 2-byte code pairs and 4-byte (MXFP4) or 8-byte (NVFP4) scale words, so an
+// MXFP4 pool needs only 4-byte alignment: its page stride (block_size x 68 bytes) is a multiple
+// of 8 only for even block sizes.
+void check_key_pool(const PagedPool& pool, KeyFormat format, const char* operation) {
+  const int64_t alignment = format == KeyFormat::kMXFP4 ? 4 : 8;
+  if (reinterpret_cast<uintptr_t>(pool.data) % alignment != 0 ||
+      pool.page_stride % alignment != 0) {
+    throw Error(std::string(operation) + ": argument 'cache' must be " + std::to_string(alignment) +
+                "-byte aligned with a page stride that is a multiple of " +
+                std::to_string(alignment) + " bytes on CUDA for " +
+                (format == KeyFormat::kMXFP4 ? "MXFP4" : "NVFP4") + " keys");
+  }
+}
+
 // Outputs of the gathers are written 8 or 16 bytes at a time.
 void check_output_alignment(const void* out, DType dtype, int64_t row_stride, int64_t column_stride,
                             const char* operation) {
@@ -599,7 +613,7 @@ void gather_entries_cuda(const GatherEntriesProblem& p, int device, CudaStream s
 void store_indexer_keys_cuda(const StoreKeysProblem& p, int device, CudaStream stream) {
   const char* operation = "hdk::dsv4::store_indexer_keys";
   if (p.num_rows == 0) return;
-  wide_pool(p.cache, operation);
+  check_key_pool(p.cache, p.format, operation);
   const int64_t element = p.keys_dtype == DType::kFloat32 ? 4 : 2;
   const bool aligned = aligned_16(p.keys) && (p.keys_row_stride * element) % 16 == 0;
   hdk::detail::CudaDeviceGuard guard(device, operation);
@@ -611,7 +625,7 @@ void gather_indexer_keys_cuda(const GatherKeysProblem& p, int device, CudaStream
   const char* operation = "hdk::dsv4::gather_indexer_keys";
   const int64_t rows = p.num_rows * p.num_columns;
   if (rows == 0) return;
-  wide_pool(p.cache, operation);
+  check_key_pool(p.cache, p.format, operation);
   check_output_alignment(p.out, p.out_dtype, p.out_row_stride, p.out_column_stride, operation);
   hdk::detail::CudaDeviceGuard guard(device, operation);
   auto kernel =
@@ -640,7 +654,11 @@ IndexView copy_indices_to_host(const IndexView& index, int64_t rows, int64_t col
 void compress_cuda(const CompressorProblem& p, int device, CudaStream stream) {
   const char* operation = "hdk::dsv4::compress";
   if (p.num_rows == 0) return;
-  const bool wide = wide_pool(p.cache, operation);
+  // Entries (d = 512) go through the 8- or 16-byte entry stores, keys (d = 128) through the key
+  // stores and their own alignment rule.
+  const bool keys = p.dim != kHeadDim;
+  if (keys) check_key_pool(p.cache, p.key_format, operation);
+  const bool wide = !keys && wide_pool(p.cache, operation);
   hdk::detail::CudaDeviceGuard guard(device, operation);
   auto kernel = wide ? compress_kernel<true> : compress_kernel<false>;
   kernel<<<static_cast<unsigned>(p.num_rows), static_cast<unsigned>(p.dim), 0, stream>>>(p);
