@@ -111,7 +111,7 @@ void index_topk_cpu(const IndexerProblem& p) {
       float* top_scores =
           p.topk_scores != nullptr ? p.topk_scores + n * p.topk_scores_row_stride : nullptr;
       for (int64_t j = 0; j < K; ++j) {
-        const int64_t s = j < kept ? hdk::detail::column_of(ranked[j]) : -1;
+        const int64_t s = j < kept ? static_cast<int64_t>(hdk::detail::column_of(ranked[j])) : -1;
         indices[j] = static_cast<int32_t>(s);
         if (top_scores != nullptr) top_scores[j] = s >= 0 ? row[s] : -kInf;
       }
