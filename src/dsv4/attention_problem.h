@@ -15,13 +15,18 @@ namespace hdk {
 namespace dsv4 {
 namespace detail {
 
+// Queries [N, H, width] (bf16/fp32), last dim contiguous.
+struct QueryView {
+  const void* data = nullptr;
+  DType dtype = DType::kFloat32;
+  int64_t row_stride = 0;
+  int64_t head_stride = 0;
+};
+
 struct IndexerProblem {
-  int64_t num_rows = 0;     // N
-  int64_t num_heads = 0;    // H
-  const void* q = nullptr;  // [N, H, 128]
-  DType q_dtype = DType::kFloat32;
-  int64_t q_row_stride = 0;
-  int64_t q_head_stride = 0;
+  int64_t num_rows = 0;            // N
+  int64_t num_heads = 0;           // H
+  QueryView q;                     // [N, H, 128]
   const float* weights = nullptr;  // [N, H]
   int64_t weights_row_stride = 0;
   int64_t weights_head_stride = 0;
@@ -47,10 +52,7 @@ struct SparseDecodeProblem {
   int64_t num_rows = 0;     // N
   int64_t num_heads = 0;    // Hq
   int64_t num_indices = 0;  // L
-  const void* q = nullptr;  // [N, Hq, 512]
-  DType q_dtype = DType::kFloat32;
-  int64_t q_row_stride = 0;
-  int64_t q_head_stride = 0;
+  QueryView q;              // [N, Hq, 512]
   PagedPool cache;
   IndexView indices;            // [N, L]
   const float* sink = nullptr;  // [Hq] or nullptr

@@ -21,15 +21,21 @@ std::string text(int64_t value) {
   return std::to_string(value);
 }
 
-// [N, H, width] bf16/fp32 queries with the last dim contiguous; returns H.
-int64_t check_queries(const ArgumentChecks& check, const TensorView& q, int64_t width,
-                      const char* dims) {
+// [N, H, width] bf16/fp32 queries with the last dim contiguous; records N, H and the view.
+template <typename Problem>
+void check_queries(const ArgumentChecks& check, const TensorView& q, int64_t width,
+                   const char* dims, Problem& problem) {
   check.rank_in(q, "q", {3}, dims);
   check.shape_is(q, "q", {q.shape[0], q.shape[1], width}, dims);
   check.dtype_in(q, "q", {DType::kBFloat16, DType::kFloat32});
   check.innermost_contiguous(q, "q");
   if (q.shape[1] < 1) check.fail("argument 'q' must have at least one head, got " + q.shape_str());
-  return q.shape[1];
+  problem.num_rows = q.shape[0];
+  problem.num_heads = q.shape[1];
+  problem.q.data = q.data;
+  problem.q.dtype = q.dtype;
+  problem.q.row_stride = q.strides[0];
+  problem.q.head_stride = q.strides[1];
 }
 
 }  // namespace
@@ -55,14 +61,8 @@ IndexerProblem validate_index_topk(const IndexerParams& p) {
   check_format(check, p.format, "format");
 
   IndexerProblem problem;
-  const int64_t H = check_queries(check, p.q, kIndexerKeyDim, "[N, H, 128]");
-  const int64_t N = p.q.shape[0];
-  problem.num_rows = N;
-  problem.num_heads = H;
-  problem.q = p.q.data;
-  problem.q_dtype = p.q.dtype;
-  problem.q_row_stride = p.q.strides[0];
-  problem.q_head_stride = p.q.strides[1];
+  check_queries(check, p.q, kIndexerKeyDim, "[N, H, 128]", problem);
+  const int64_t N = problem.num_rows, H = problem.num_heads;
 
   check.shape_is(p.weights, "weights", {N, H}, "[N, H]");
   check.dtype_in(p.weights, "weights", {DType::kFloat32});
@@ -75,7 +75,6 @@ IndexerProblem validate_index_topk(const IndexerParams& p) {
   problem.format = p.format;
 
   check.rank_in(p.block_table, "block_table", {2}, "[N, max_blocks]");
-  check.shape_is(p.block_table, "block_table", {N, p.block_table.shape[1]}, "[N, max_blocks]");
   check.dtype_in(p.block_table, "block_table", {DType::kInt32});
   problem.block_table = index_view(check, p.block_table, "block_table", {N, p.block_table.shape[1]},
                                    "[N, max_blocks]");
@@ -129,14 +128,8 @@ SparseDecodeProblem validate_sparse_decode(const SparseDecodeParams& p) {
                 p.out.device);
 
   SparseDecodeProblem problem;
-  const int64_t H = check_queries(check, p.q, kHeadDim, "[N, Hq, 512]");
-  const int64_t N = p.q.shape[0];
-  problem.num_rows = N;
-  problem.num_heads = H;
-  problem.q = p.q.data;
-  problem.q_dtype = p.q.dtype;
-  problem.q_row_stride = p.q.strides[0];
-  problem.q_head_stride = p.q.strides[1];
+  check_queries(check, p.q, kHeadDim, "[N, Hq, 512]", problem);
+  const int64_t N = problem.num_rows, H = problem.num_heads;
 
   problem.cache = paged_pool(check, p.cache, p.block_size, kEntryBytes, "MODEL1 entries");
   check.rank_in(p.indices, "indices", {2}, "[N, L]");

@@ -64,7 +64,7 @@ void index_topk_cpu(const IndexerProblem& p) {
   for (int64_t n = 0; n < N; ++n) {
     float* qn = &q[n * H * D];
     for (int64_t h = 0; h < H; ++h) {
-      load_floats(p.q, p.q_dtype, n * p.q_row_stride + h * p.q_head_stride, D, qn + h * D);
+      load_floats(p.q.data, p.q.dtype, n * p.q.row_stride + h * p.q.head_stride, D, qn + h * D);
       w[n * H + h] = p.weights[n * p.weights_row_stride + h * p.weights_head_stride];
     }
     const bool valid = all_finite(qn, H * D) && all_finite(&w[n * H], H);
@@ -138,7 +138,8 @@ void sparse_decode_cpu(const SparseDecodeProblem& p) {
       const int64_t h0 = (task % head_blocks) * kHeadBlock;
       const int64_t heads = std::min(kHeadBlock, H - h0);
       for (int64_t h = 0; h < heads; ++h) {
-        load_floats(p.q, p.q_dtype, n * p.q_row_stride + (h0 + h) * p.q_head_stride, D, &q[h * D]);
+        load_floats(p.q.data, p.q.dtype, n * p.q.row_stride + (h0 + h) * p.q.head_stride, D,
+                    &q[h * D]);
         running_max[h] = -kInf;
         sum[h] = 0.0f;
       }

@@ -24,13 +24,13 @@ double load_value(const void* base, DType dtype, int64_t offset) {
 }
 
 // Row n's queries [H][width] in float64; false when one is not finite.
-bool load_queries(const void* q, DType dtype, int64_t row_stride, int64_t head_stride, int64_t n,
-                  int64_t heads, int64_t width, std::vector<double>& out) {
+bool load_queries(const detail::QueryView& q, int64_t n, int64_t heads, int64_t width,
+                  std::vector<double>& out) {
   out.resize(static_cast<size_t>(heads * width));
   bool finite = true;
   for (int64_t h = 0; h < heads; ++h) {
     for (int64_t i = 0; i < width; ++i) {
-      out[h * width + i] = load_value(q, dtype, n * row_stride + h * head_stride + i);
+      out[h * width + i] = load_value(q.data, q.dtype, n * q.row_stride + h * q.head_stride + i);
       finite = finite && std::isfinite(out[h * width + i]);
     }
   }
@@ -62,7 +62,7 @@ IndexerReference index_topk_reference(const IndexerParams& params) {
   ref.top_scores.assign(N * K, -kInf);
   std::vector<double> q;
   for (int64_t n = 0; n < N; ++n) {
-    bool valid = load_queries(p.q, p.q_dtype, p.q_row_stride, p.q_head_stride, n, H, D, q);
+    bool valid = load_queries(p.q, n, H, D, q);
     std::vector<double> w(H);
     for (int64_t h = 0; h < H; ++h) {
       w[h] = p.weights[n * p.weights_row_stride + h * p.weights_head_stride];
@@ -123,7 +123,7 @@ SparseDecodeReference sparse_decode_reference(const SparseDecodeParams& params) 
   ref.value_magnitude.assign(N, 0.0);
   std::vector<double> q;
   for (int64_t n = 0; n < N; ++n) {
-    bool valid = load_queries(p.q, p.q_dtype, p.q_row_stride, p.q_head_stride, n, H, D, q);
+    bool valid = load_queries(p.q, n, H, D, q);
     std::vector<std::vector<double>> entries;
     for (int64_t j = 0; j < L && valid; ++j) {
       const int64_t slot = p.indices.at(n, j);
