@@ -3,6 +3,7 @@
 
 #include "hdk/cuda_stream.h"
 #include "hdk/device.h"
+#include "hdk/dsv4/attention.h"
 #include "hdk/dsv4/block_allocator.h"
 #include "hdk/dsv4/kv_cache.h"
 #include "hdk/dsv4/router.h"

@@ -47,6 +47,16 @@ struct Counter {
   DType dtype = DType::kInt32;
 };
 
+// The host backends' update of a counter (CUDA kernels add atomically instead).
+inline void add_to_counter(const Counter& counter, int64_t count) {
+  if (counter.data == nullptr || count == 0) return;
+  if (counter.dtype == DType::kInt64) {
+    *static_cast<int64_t*>(counter.data) += count;
+  } else {
+    *static_cast<int32_t*>(counter.data) += static_cast<int32_t>(count);
+  }
+}
+
 struct StoreEntriesProblem {
   int64_t num_rows = 0;
   const void* values = nullptr;  // [N, 512]

@@ -10,17 +10,18 @@
 namespace hdk {
 namespace dsv4 {
 namespace detail {
-namespace {
 
 using hdk::detail::ArgumentChecks;
 using hdk::detail::shape_string;
 
-struct NamedView {
-  const TensorView* view;
-  const char* name;
-};
+namespace {
 
-// Every given view on `device` with a usable pointer.
+std::string text(int64_t value) {
+  return std::to_string(value);
+}
+
+}  // namespace
+
 void check_devices(const ArgumentChecks& check, std::initializer_list<NamedView> views,
                    const Device& device) {
   for (const NamedView& named : views) {
@@ -30,7 +31,6 @@ void check_devices(const ArgumentChecks& check, std::initializer_list<NamedView>
   }
 }
 
-// Outputs share no bytes with each other or with the inputs.
 void check_aliasing(const ArgumentChecks& check, std::initializer_list<NamedView> outputs,
                     std::initializer_list<NamedView> inputs) {
   for (auto out = outputs.begin(); out != outputs.end(); ++out) {
@@ -41,20 +41,15 @@ void check_aliasing(const ArgumentChecks& check, std::initializer_list<NamedView
   }
 }
 
-std::string text(int64_t value) {
-  return std::to_string(value);
-}
-
-// cache [num_blocks, block_size * entry_bytes] uint8, last dim contiguous.
 PagedPool paged_pool(const ArgumentChecks& check, const TensorView& cache, int64_t block_size,
-                     int64_t entry_bytes, const char* format) {
+                     int64_t entry_bytes, const char* format, const char* name) {
   if (block_size < 1) check.fail("option 'block_size' must be at least 1, got " + text(block_size));
-  check.rank_in(cache, "cache", {2}, "[num_blocks, block_size * entry bytes]");
-  check.dtype_in(cache, "cache", {DType::kUInt8});
-  check.innermost_contiguous(cache, "cache");
+  check.rank_in(cache, name, {2}, "[num_blocks, block_size * entry bytes]");
+  check.dtype_in(cache, name, {DType::kUInt8});
+  check.innermost_contiguous(cache, name);
   if (cache.shape[1] != block_size * entry_bytes) {
-    check.fail("argument 'cache' must have block_size * " + text(entry_bytes) + " = " +
-               text(block_size * entry_bytes) + " bytes per page (" + format +
+    check.fail(std::string("argument '") + name + "' must have block_size * " + text(entry_bytes) +
+               " = " + text(block_size * entry_bytes) + " bytes per page (" + format +
                ", block_size = " + text(block_size) + "), got shape " + cache.shape_str());
   }
   PagedPool pool;
@@ -100,6 +95,8 @@ void check_format(const ArgumentChecks& check, KeyFormat format, const char* nam
                text(static_cast<int64_t>(format)));
   }
 }
+
+namespace {
 
 // [N, width] fp32/bf16 rows, last dim contiguous.
 void check_rows(const ArgumentChecks& check, const TensorView& view, const char* name,
@@ -386,7 +383,7 @@ CompressorProblem validate_compress(const CompressorParams& p) {
 }
 
 void check_slots(const char* operation, const IndexView& slots, int64_t rows, int64_t columns,
-                 const PagedPool& pool) {
+                 const PagedPool& pool, const char* name) {
   const ArgumentChecks check(operation);
   for (int64_t n = 0; n < rows; ++n) {
     for (int64_t l = 0; l < columns; ++l) {
@@ -394,7 +391,7 @@ void check_slots(const char* operation, const IndexView& slots, int64_t rows, in
       if (slot >= pool.num_slots()) {
         const std::string where =
             columns > 1 || slots.column_stride != 0 ? shape_string({n, l}) : "[" + text(n) + "]";
-        check.fail("slots" + where + " = " + text(slot) + " is beyond the cache, which has " +
+        check.fail(name + where + " = " + text(slot) + " is beyond the cache, which has " +
                    text(pool.num_blocks) + " blocks of " + text(pool.block_size) +
                    " entries (expected a negative value or 0.." + text(pool.num_slots() - 1) + ")");
       }

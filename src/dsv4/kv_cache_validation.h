@@ -5,8 +5,14 @@
 // before anything is written; the CUDA backend counts such rows in invalid_count instead.
 #pragma once
 
+#include <cstdint>
+#include <initializer_list>
+#include <vector>
+
+#include "core/argument_checks.h"
 #include "dsv4/kv_cache_problem.h"
 #include "hdk/dsv4/kv_cache.h"
+#include "hdk/tensor_view.h"
 
 namespace hdk {
 namespace dsv4 {
@@ -18,9 +24,35 @@ StoreKeysProblem validate_store_indexer_keys(const StoreIndexerKeysParams& param
 GatherKeysProblem validate_gather_indexer_keys(const GatherIndexerKeysParams& params);
 CompressorProblem validate_compress(const CompressorParams& params);
 
-// Slot [row, column] of `slots` must be negative or below pool.num_slots().
+// Pieces of the checks above that the read side (attention_validation.cpp) shares.
+struct NamedView {
+  const TensorView* view;
+  const char* name;
+};
+// Every given view on `device` with a usable pointer.
+void check_devices(const hdk::detail::ArgumentChecks& check, std::initializer_list<NamedView> views,
+                   const Device& device);
+// Outputs share no bytes with each other or with the inputs.
+void check_aliasing(const hdk::detail::ArgumentChecks& check,
+                    std::initializer_list<NamedView> outputs,
+                    std::initializer_list<NamedView> inputs);
+// `name`: [num_blocks, block_size * entry_bytes] uint8, last dim contiguous; `format` names the
+// entries in the message.
+PagedPool paged_pool(const hdk::detail::ArgumentChecks& check, const TensorView& cache,
+                     int64_t block_size, int64_t entry_bytes, const char* format,
+                     const char* name = "cache");
+// An int32/int64 index tensor of exactly `shape`.
+IndexView index_view(const hdk::detail::ArgumentChecks& check, const TensorView& view,
+                     const char* name, const std::vector<int64_t>& shape, const char* dims);
+// The optional invalid_count: [1] or scalar int32/int64.
+Counter counter(const hdk::detail::ArgumentChecks& check, const TensorView& view);
+const char* format_name(KeyFormat format);
+void check_format(const hdk::detail::ArgumentChecks& check, KeyFormat format, const char* name);
+
+// Slot [row, column] of `slots` (called `name` in the message) must be negative or below
+// pool.num_slots().
 void check_slots(const char* operation, const IndexView& slots, int64_t rows, int64_t columns,
-                 const PagedPool& pool);
+                 const PagedPool& pool, const char* name = "slots");
 // Positions, pages and slots every live token of the call will use.
 void check_compressor_indices(const CompressorProblem& host_problem);
 

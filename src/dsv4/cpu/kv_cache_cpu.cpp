@@ -9,6 +9,7 @@
 #include "core/float_convert.h"
 #include "core/thread_pool.h"
 #include "dsv4/compressor_math.h"
+#include "dsv4/cpu/entry_decode.h"
 #include "dsv4/kv_formats.h"
 
 namespace hdk {
@@ -20,15 +21,6 @@ using hdk::detail::load_floats;
 using hdk::detail::parallel_for;
 
 constexpr uint32_t kCanonicalNaN = 0x7fc00000u;
-
-void add_to_counter(const Counter& counter, int64_t count) {
-  if (counter.data == nullptr || count == 0) return;
-  if (counter.dtype == DType::kInt64) {
-    *static_cast<int64_t*>(counter.data) += count;
-  } else {
-    *static_cast<int32_t*>(counter.data) += static_cast<int32_t>(count);
-  }
-}
 
 // Writes one MODEL1 entry from 512 floats; true when it holds a non-finite value.
 bool write_entry(const PagedPool& pool, int64_t slot, const float* x) {
@@ -155,6 +147,7 @@ void store_entries_cpu(const StoreEntriesProblem& p) {
 
 void gather_entries_cpu(const GatherEntriesProblem& p) {
   parallel_for(p.num_rows * p.num_columns, [&](int64_t begin, int64_t end) {
+    float values[kNopeDim];
     for (int64_t index = begin; index < end; ++index) {
       const int64_t n = index / p.num_columns, l = index % p.num_columns;
       const int64_t slot = p.slots.at(n, l);
@@ -163,21 +156,14 @@ void gather_entries_cpu(const GatherEntriesProblem& p) {
         hdk::detail::store_zeros(p.out, p.out_dtype, base, kHeadDim);
         continue;
       }
-      const int64_t offset = slot % p.cache.block_size;
-      const uint8_t* page = p.cache.page(slot);
-      const uint8_t* data = page + offset * kEntryDataBytes;
-      const uint8_t* scales =
-          page + p.cache.block_size * kEntryDataBytes + offset * kEntryScaleBytes;
-      for (int64_t i = 0; i < kNopeDim; ++i) {
-        const uint8_t code = data[i];
-        const uint8_t scale = scales[i / kNopeGroupSize];
-        const bool nan = (code & 0x7f) == kFp8NaN || scale == kScaleNaN;
-        store_value(p.out, p.out_dtype, base + i,
-                    nan ? 0.0f : decode_e4m3(code) * decode_ue8m0(scale), nan);
-      }
+      decode_entry_nope(p.cache, slot, values);
+      for (int64_t i = 0; i < kNopeDim; ++i)
+        store_value(p.out, p.out_dtype, base + i, values[i], std::isnan(values[i]));
+      // RoPE values are copied bit for bit (a stored NaN keeps its payload in bf16).
+      const uint8_t* rope = p.cache.page(slot) + (slot % p.cache.block_size) * kEntryDataBytes;
       for (int64_t i = 0; i < kRopeDim; ++i) {
         uint16_t bits;
-        std::memcpy(&bits, data + kNopeDim + 2 * i, 2);
+        std::memcpy(&bits, rope + kNopeDim + 2 * i, 2);
         if (p.out_dtype == DType::kBFloat16) {
           static_cast<uint16_t*>(p.out)[base + kNopeDim + i] = bits;
         } else {
@@ -205,9 +191,8 @@ void store_indexer_keys_cpu(const StoreKeysProblem& p) {
 }
 
 void gather_indexer_keys_cpu(const GatherKeysProblem& p) {
-  const int64_t group_size = p.format == KeyFormat::kMXFP4 ? 32 : 16;
-  const int64_t scale_bytes = key_scale_bytes(p.format);
   parallel_for(p.num_rows * p.num_columns, [&](int64_t begin, int64_t end) {
+    float values[kIndexerKeyDim];
     for (int64_t index = begin; index < end; ++index) {
       const int64_t n = index / p.num_columns, l = index % p.num_columns;
       const int64_t slot = p.slots.at(n, l);
@@ -216,19 +201,9 @@ void gather_indexer_keys_cpu(const GatherKeysProblem& p) {
         hdk::detail::store_zeros(p.out, p.out_dtype, base, kIndexerKeyDim);
         continue;
       }
-      const int64_t offset = slot % p.cache.block_size;
-      const uint8_t* page = p.cache.page(slot);
-      const uint8_t* data = page + offset * kKeyDataBytes;
-      const uint8_t* scales = page + p.cache.block_size * kKeyDataBytes + offset * scale_bytes;
-      for (int64_t i = 0; i < kIndexerKeyDim; ++i) {
-        const uint8_t code = (data[i / 2] >> (i % 2 ? 4 : 0)) & 0xf;
-        const uint8_t scale_byte = scales[i / group_size];
-        const bool nan = p.format == KeyFormat::kMXFP4 ? scale_byte == kScaleNaN
-                                                       : (scale_byte & 0x7f) == kE4m3ScaleNaN;
-        const float scale =
-            p.format == KeyFormat::kMXFP4 ? decode_ue8m0(scale_byte) : decode_e4m3(scale_byte);
-        store_value(p.out, p.out_dtype, base + i, nan ? 0.0f : decode_e2m1(code) * scale, nan);
-      }
+      decode_key(p.cache, slot, p.format, values);
+      for (int64_t i = 0; i < kIndexerKeyDim; ++i)
+        store_value(p.out, p.out_dtype, base + i, values[i], std::isnan(values[i]));
     }
   });
 }

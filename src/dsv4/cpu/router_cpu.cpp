@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <functional>
 #include <vector>
 
+#include "core/cpu_dot.h"
 #include "core/element_io.h"
 #include "core/thread_pool.h"
 #include "dsv4/router_math.h"
@@ -16,36 +16,11 @@ namespace dsv4 {
 namespace detail {
 namespace {
 
+using hdk::detail::dot;
 using hdk::detail::load_floats;
 using hdk::detail::ordered_key;
 using hdk::detail::parallel_for;
 using hdk::detail::ranked_entry;
-
-// Dot product on 4-float vectors (GCC/Clang vector extensions), four accumulators to hide the
-// add latency; the same pattern as the GDN CPU backend.
-using float4 = float __attribute__((vector_size(16)));
-
-inline float4 load4(const float* p) {
-  float4 v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-float dot(const float* x, const float* y, int64_t n) {
-  float4 a0 = {}, a1 = {}, a2 = {}, a3 = {};
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    a0 += load4(x + i) * load4(y + i);
-    a1 += load4(x + i + 4) * load4(y + i + 4);
-    a2 += load4(x + i + 8) * load4(y + i + 8);
-    a3 += load4(x + i + 12) * load4(y + i + 12);
-  }
-  const float4 a = (a0 + a1) + (a2 + a3);
-  float sum = (a[0] + a[1]) + (a[2] + a[3]);
-  for (; i < n; ++i)
-    sum += x[i] * y[i];
-  return sum;
-}
 
 // logits[n, e] = hidden[n] · gate_weight[e] in fp32, over experts in parallel: each gate row is
 // converted once and meets every token while it is in cache.

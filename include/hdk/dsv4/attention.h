@@ -1,0 +1,86 @@
+// DeepSeek-V4 decode, read side: the indexer's score + top-k over the FP4 indexer keys (CSA
+// layers), and sparse MQA attention with a per-head sink over MODEL1 entries (the SWA ring plus
+// the selected or all compressed entries). The math is the spec's "Indexer" and "Sparse attention
+// decode" (shared/spec/dsv4-decode.md); the contract case by case and how an engine calls these
+// within a decode step: docs/dsv4-attention.md.
+//
+// Both read the quantized pages the write side (hdk/dsv4/kv_cache.h) stored, straight from the
+// paged pools: no dequantized copy of a cache is made. Every call runs on the device its tensors
+// live on. The CPU backend is implemented; the CUDA backend is not yet (a CUDA tensor gives an
+// hdk::Error saying so).
+#pragma once
+
+#include <cstdint>
+
+#include "hdk/cuda_stream.h"
+#include "hdk/dsv4/kv_cache.h"
+#include "hdk/tensor_view.h"
+#include "hdk/topk.h"
+
+namespace hdk {
+namespace dsv4 {
+
+constexpr int64_t kIndexerHeads = 64;  // indexer query heads of Flash and Pro (any H is accepted)
+
+// ---- Indexer: score + top-k -----------------------------------------------------------------
+//   score[n, s] = sum_h relu(q[n, h] · K[s]) * weights[n, h]      for s < num_entries[n]
+// with K[s] the key of the row's compressed entry s, dequantized from the key cache (in the
+// rotated basis the keys were stored in: q must be rotated the same way). Entry s of row n lives
+// at flat slot block_table[n, s / block_size] * block_size + s % block_size.
+struct IndexerParams {
+  TensorView q;          // [N, H, 128] bf16 or fp32 (H = 64 for Flash and Pro), last dim contiguous
+  TensorView weights;    // [N, H] fp32, already scaled (128^-0.5 * 64^-0.5 folded in)
+  TensorView key_cache;  // [num_blocks, block_size * key_bytes(format)] uint8, last dim contiguous
+  int64_t block_size = 0;
+  KeyFormat format = KeyFormat::kMXFP4;
+  TensorView block_table;  // [N, max_blocks] int32: the pages of the row's request
+  TensorView num_entries;  // [N] int32/int64: compressed entries the row may see
+  int64_t top_k = 0;       // 1 .. kMaxTopK (2048); more than num_entries is allowed (padding)
+  // [N, top_k] int32, last dim contiguous: entry ordinals s, best first, ties to the lower s;
+  // -1 beyond min(top_k, num_entries[n]).
+  TensorView topk_indices;
+  // Optional [N, top_k] fp32, last dim contiguous: the scores of topk_indices, -inf for padding.
+  TensorView topk_scores;
+  // Optional [1] or scalar int32/int64 counter; hdk adds, never clears. +1 per row whose q or
+  // weights hold a NaN or infinity: such a row gets only padding (-1, -inf). A key stored with
+  // NaN markers scores NaN and ranks below every number (as in hdk::topk); it is not counted.
+  TensorView invalid_count;
+};
+
+// The CPU throws hdk::Error before writing anything for num_entries[n] outside
+// 0 .. max_blocks * block_size and for a block id of a used page outside the key cache.
+void index_topk(const IndexerParams& params);
+void index_topk(const IndexerParams& params, CudaStream stream);
+
+// ---- Sparse attention decode ----------------------------------------------------------------
+// For query n and head h, over the list j of indices[n, :] that are not negative:
+//   s_j  = scale * q[n, h] · E[j]          E[j]: the dequantized 512-value entry (K = V = E)
+//   o_h  = sum_j e^{s_j} E[j] / (sum_j e^{s_j} + e^{sink_h})
+//   lse_h = log(sum_j e^{s_j} + e^{sink_h})     (the sink term left out when no sink is given)
+// One cache tensor holds every entry the list names: the engine concatenates the SWA ring's
+// slots and the selected (CSA) or all (HCA) compressed slots into `indices`, the SWA pages and the
+// compressed pages being pages of the same tensor (docs/dsv4-attention.md says how).
+struct SparseDecodeParams {
+  TensorView q;      // [N, Hq, 512] bf16 or fp32 (Hq = 64 Flash, 128 Pro), last dim contiguous
+  TensorView cache;  // [num_blocks, block_size * 584] uint8 MODEL1 pages, last dim contiguous
+  int64_t block_size = 0;
+  TensorView indices;  // [N, L] int32/int64 flat slots (block * block_size + offset); < 0: skip
+  TensorView sink;     // optional [Hq] fp32: the per-head sink logit (denominator only)
+  float scale = 0.0f;  // softmax scale; 0 means 512^-0.5
+  TensorView out;      // [N, Hq, 512] bf16 or fp32, last dim contiguous
+  // Optional [N, Hq] fp32: lse_h as above, natural log. A row whose list is empty gets o = 0 and
+  // lse = sink_h (-inf without a sink).
+  TensorView lse;
+  // Optional [1] or scalar int32/int64 counter; hdk adds, never clears. +1 per query row whose q
+  // holds a NaN or infinity, or whose result is NaN (an entry stored with NaN markers, a NaN
+  // sink): the row gets o = 0 and lse = NaN, never a plausible value.
+  TensorView invalid_count;
+};
+
+// The CPU throws hdk::Error before writing anything for an index at or beyond the cache's
+// num_blocks * block_size slots.
+void sparse_decode(const SparseDecodeParams& params);
+void sparse_decode(const SparseDecodeParams& params, CudaStream stream);
+
+}  // namespace dsv4
+}  // namespace hdk

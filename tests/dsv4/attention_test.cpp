@@ -1,0 +1,795 @@
+// index_topk and sparse_decode (the CPU backend) against the float64 reference, on random keys
+// and entries written by the write side's store_indexer_keys / store_entries into shuffled pages,
+// with poisoned outputs and counters that start at 3.
+//
+// Tolerances, and why:
+// - index_topk scores: fp32 dot products over 128 values and a sum over H heads. Keys are exact
+//   in fp32 (E2M1 x scale) and bf16/fp32 queries are exact too, so the only error is fp32
+//   accumulation: |score - ref| <= 1e-5 x sum_h |w_h| sum_d |q_hd K_d| (about 2^-24 x (128 + 64)
+//   x the magnitude, with slack). The selection may differ from the reference's only between
+//   entries whose reference scores are within those tolerances; exact ties must go to the lower
+//   s. With few distinct keys (exact ties everywhere) the indices must equal the reference's.
+// - sparse_decode: fp32 scores (512-term dot products) and fp32 online softmax, then the output
+//   rounded once to bf16 (2^-8 relative) or fp32. |o - ref| <= 2^-8 |ref| (bf16; 2^-22 for
+//   fp32) + 1e-4 x (1 + max score magnitude) x max |E|: a score error of e moves every weight by
+//   a factor of about 1 + e; |lse - ref| <= 1e-4 x (1 + max score magnitude).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/float_convert.h"
+#include "dsv4/reference/attention_reference.h"
+#include "hdk/dsv4/attention.h"
+#include "hdk/dsv4/kv_cache.h"
+#include "hdk/error.h"
+#include "support/kv_cache_case.h"
+
+namespace hdk {
+namespace testing {
+namespace {
+
+using dsv4::KeyFormat;
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+std::vector<float> normal_values(std::mt19937_64& rng, int64_t count, float scale) {
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> values(static_cast<size_t>(count));
+  for (float& v : values)
+    v = normal(rng);
+  return values;
+}
+
+float read_float(const std::vector<uint8_t>& bytes, DType dtype, size_t index) {
+  if (dtype == DType::kBFloat16) {
+    uint16_t bits;
+    std::memcpy(&bits, bytes.data() + 2 * index, 2);
+    return hdk::detail::bf16_to_float(bits);
+  }
+  float value;
+  std::memcpy(&value, bytes.data() + 4 * index, 4);
+  return value;
+}
+
+// Expects `run` to throw hdk::Error whose message contains `needle`.
+void expect_error(const std::function<void()>& run, const std::string& needle) {
+  try {
+    run();
+    ADD_FAILURE() << "no error; expected one mentioning '" << needle << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
+        << "message: " << e.what() << "\nexpected to mention: " << needle;
+  }
+}
+
+// ---- index_topk -------------------------------------------------------------------------------
+
+struct IndexCase {
+  std::vector<int64_t> counts;  // num_entries per row
+  int64_t heads = dsv4::kIndexerHeads;
+  int64_t top_k = 512;
+  int64_t block_size = 64;
+  KeyFormat format = KeyFormat::kMXFP4;
+  DType q_dtype = DType::kBFloat16;
+  DType count_dtype = DType::kInt32;
+  int64_t distinct_keys = 0;  // > 0: every key is one of this many (exact ties)
+  bool scores = true;         // pass topk_scores
+  uint64_t seed = 1;
+
+  std::string describe() const {
+    std::string counts_text;
+    for (int64_t c : counts)
+      counts_text += std::to_string(c) + ",";
+    return "counts=" + counts_text + " H=" + std::to_string(heads) +
+           " top_k=" + std::to_string(top_k) + " bs=" + std::to_string(block_size) +
+           (format == KeyFormat::kMXFP4 ? " mxfp4 " : " nvfp4 ") + dtype_name(q_dtype) +
+           " distinct=" + std::to_string(distinct_keys) + " seed=" + std::to_string(seed);
+  }
+};
+
+struct IndexInputs {
+  int64_t N = 0, max_blocks = 0, num_blocks = 0;
+  std::vector<float> q, weights;
+  std::vector<uint8_t> q_bytes, cache, counts;
+  std::vector<int32_t> block_table;
+  std::vector<int32_t> indices;  // poisoned output
+  std::vector<float> scores;     // poisoned output
+  std::vector<uint8_t> counter = counter_bytes(DType::kInt32, 3);
+
+  dsv4::IndexerParams params(const IndexCase& c) {
+    dsv4::IndexerParams p;
+    p.q = TensorView::contiguous(q_bytes.data(), c.q_dtype, {N, c.heads, dsv4::kIndexerKeyDim});
+    p.weights = TensorView::contiguous(weights.data(), DType::kFloat32, {N, c.heads});
+    p.key_cache = TensorView::contiguous(cache.data(), DType::kUInt8,
+                                         {num_blocks, c.block_size * dsv4::key_bytes(c.format)});
+    p.block_size = c.block_size;
+    p.format = c.format;
+    p.block_table = TensorView::contiguous(block_table.data(), DType::kInt32, {N, max_blocks});
+    p.num_entries = TensorView::contiguous(counts.data(), c.count_dtype, {N});
+    p.top_k = c.top_k;
+    p.topk_indices = TensorView::contiguous(indices.data(), DType::kInt32, {N, c.top_k});
+    if (c.scores)
+      p.topk_scores = TensorView::contiguous(scores.data(), DType::kFloat32, {N, c.top_k});
+    p.invalid_count = TensorView::contiguous(counter.data(), DType::kInt32, {1});
+    return p;
+  }
+};
+
+// Keys of every row's entries stored by store_indexer_keys into shuffled pages; unused block
+// table columns hold -1 (never read).
+IndexInputs make_index_inputs(const IndexCase& c) {
+  std::mt19937_64 rng(c.seed);
+  IndexInputs in;
+  in.N = static_cast<int64_t>(c.counts.size());
+  const int64_t bs = c.block_size;
+  int64_t pages = 0;
+  for (int64_t count : c.counts) {
+    in.max_blocks = std::max(in.max_blocks, (count + bs - 1) / bs + 1);
+    pages += (count + bs - 1) / bs;
+  }
+  in.num_blocks = pages + 2;
+  std::vector<int32_t> blocks(static_cast<size_t>(in.num_blocks));
+  std::iota(blocks.begin(), blocks.end(), 0);
+  std::shuffle(blocks.begin(), blocks.end(), rng);
+  in.block_table.assign(static_cast<size_t>(in.N * in.max_blocks), -1);
+  std::vector<int64_t> slots;
+  int64_t next = 0;
+  for (int64_t n = 0; n < in.N; ++n) {
+    for (int64_t page = 0; page * bs < c.counts[n]; ++page)
+      in.block_table[n * in.max_blocks + page] = blocks[next++];
+    for (int64_t s = 0; s < c.counts[n]; ++s)
+      slots.push_back(in.block_table[n * in.max_blocks + s / bs] * bs + s % bs);
+  }
+  const int64_t entries = static_cast<int64_t>(slots.size());
+  std::vector<float> keys = normal_values(rng, entries * dsv4::kIndexerKeyDim, 1.0f);
+  if (c.distinct_keys > 0) {
+    for (int64_t e = 0; e < entries; ++e) {
+      const int64_t source = (e * 7) % c.distinct_keys;
+      for (int64_t i = 0; i < dsv4::kIndexerKeyDim; ++i)
+        keys[e * dsv4::kIndexerKeyDim + i] = keys[source * dsv4::kIndexerKeyDim + i];
+    }
+  }
+  in.cache.resize(static_cast<size_t>(in.num_blocks * bs * dsv4::key_bytes(c.format)));
+  for (auto& byte : in.cache)
+    byte = static_cast<uint8_t>(rng());
+  if (entries > 0) {
+    std::vector<uint8_t> slot_bytes = index_bytes(slots, DType::kInt64);
+    dsv4::StoreIndexerKeysParams store;
+    store.keys =
+        TensorView::contiguous(keys.data(), DType::kFloat32, {entries, dsv4::kIndexerKeyDim});
+    store.slots = TensorView::contiguous(slot_bytes.data(), DType::kInt64, {entries});
+    store.cache = TensorView::contiguous(in.cache.data(), DType::kUInt8,
+                                         {in.num_blocks, bs * dsv4::key_bytes(c.format)});
+    store.block_size = bs;
+    store.format = c.format;
+    dsv4::store_indexer_keys(store);
+  }
+  in.q = normal_values(rng, in.N * c.heads * dsv4::kIndexerKeyDim, 1.0f);
+  in.weights = normal_values(rng, in.N * c.heads, 0.1f);
+  in.q_bytes = encode_rows(in.q, c.q_dtype);
+  in.counts = index_bytes(c.counts, c.count_dtype);
+  in.indices.assign(static_cast<size_t>(in.N * c.top_k), 0x5a5a5a5a);
+  in.scores.assign(static_cast<size_t>(in.N * c.top_k), kNaN);
+  return in;
+}
+
+// Checks the outputs against the reference within the tolerances of the file comment.
+void check_index_outputs(const IndexCase& c, const IndexInputs& in,
+                         const dsv4::IndexerReference& ref) {
+  const int64_t K = c.top_k;
+  for (int64_t n = 0; n < in.N; ++n) {
+    SCOPED_TRACE("row " + std::to_string(n));
+    const int32_t* got = &in.indices[n * K];
+    const float* got_scores = &in.scores[n * K];
+    const int64_t count = ref.invalid[n] ? 0 : c.counts[n];
+    const int64_t kept = std::min(K, count);
+    for (int64_t j = kept; j < K; ++j) {
+      ASSERT_EQ(got[j], -1) << "padding at " << j;
+      if (c.scores) {
+        ASSERT_EQ(got_scores[j], -kInf) << "padding at " << j;
+      }
+    }
+    if (kept == 0) continue;
+    const std::vector<double>& score = ref.scores[n];
+    std::vector<double> tol(static_cast<size_t>(count));
+    for (int64_t s = 0; s < count; ++s)
+      tol[s] = 1e-5 * ref.magnitudes[n][s] + 1e-30;
+    if (c.distinct_keys > 0) {
+      for (int64_t j = 0; j < kept; ++j)
+        ASSERT_EQ(got[j], ref.indices[n * K + j]) << "exact ties: position " << j;
+    }
+    std::vector<uint8_t> chosen(static_cast<size_t>(count), 0);
+    double lowest_chosen = std::numeric_limits<double>::infinity();
+    for (int64_t j = 0; j < kept; ++j) {
+      const int32_t s = got[j];
+      ASSERT_TRUE(s >= 0 && s < count) << "index " << s << " at " << j;
+      ASSERT_FALSE(chosen[s]) << "index " << s << " twice";
+      chosen[s] = 1;
+      lowest_chosen = std::min(lowest_chosen, score[s] + tol[s]);
+      if (c.scores) {
+        ASSERT_NEAR(got_scores[j], score[s], tol[s]) << "score of entry " << s;
+        if (j > 0) {
+          ASSERT_GE(got_scores[j - 1], got_scores[j]) << "not best first at " << j;
+          if (got_scores[j - 1] == got_scores[j]) {
+            ASSERT_LT(got[j - 1], got[j]) << "tie order";
+          }
+        }
+      }
+    }
+    for (int64_t s = 0; s < count; ++s) {
+      if (!chosen[s]) {
+        ASSERT_LE(score[s] - tol[s], lowest_chosen) << "entry " << s << " should have been chosen";
+      }
+    }
+  }
+}
+
+void run_index_case(const IndexCase& c) {
+  SCOPED_TRACE(c.describe());
+  IndexInputs in = make_index_inputs(c);
+  std::vector<uint8_t> ref_counter = counter_bytes(DType::kInt32, 3);
+  dsv4::IndexerParams ref_params = in.params(c);
+  ref_params.invalid_count = TensorView::contiguous(ref_counter.data(), DType::kInt32, {1});
+  const dsv4::IndexerReference ref = dsv4::index_topk_reference(ref_params);
+  dsv4::index_topk(in.params(c));
+  EXPECT_EQ(read_counter(in.counter, DType::kInt32), 3 + ref.invalid_rows);
+  EXPECT_EQ(read_counter(ref_counter, DType::kInt32), 3 + ref.invalid_rows);
+  check_index_outputs(c, in, ref);
+}
+
+TEST(IndexTopk, FlashShapeRaggedRows) {
+  IndexCase c;
+  c.counts = std::vector<int64_t>{0, 1, 300, 700, 1100};
+  run_index_case(c);
+}
+
+TEST(IndexTopk, ProShapeNvfp4Fp32Queries) {
+  IndexCase c;
+  c.counts = std::vector<int64_t>{2048, 1500, 17, 1024};
+  c.top_k = 1024;
+  c.block_size = 32;
+  c.format = KeyFormat::kNVFP4;
+  c.q_dtype = DType::kFloat32;
+  c.count_dtype = DType::kInt64;
+  c.seed = 2;
+  run_index_case(c);
+}
+
+TEST(IndexTopk, SmallShapes) {
+  const int64_t heads[] = {1, 3, 64};
+  const int64_t block_sizes[] = {1, 3, 16};
+  const int64_t top_ks[] = {1, 5, 40};
+  uint64_t seed = 10;
+  for (int64_t H : heads) {
+    for (int64_t bs : block_sizes) {
+      for (int64_t k : top_ks) {
+        IndexCase c;
+        c.heads = H;
+        c.block_size = bs;
+        c.top_k = k;
+        c.counts = std::vector<int64_t>{static_cast<int64_t>(seed % 7), 0, 50, k, k + 1};
+        c.format = seed % 2 ? KeyFormat::kMXFP4 : KeyFormat::kNVFP4;
+        c.q_dtype = seed % 3 ? DType::kBFloat16 : DType::kFloat32;
+        c.scores = seed % 4 != 0;
+        c.seed = seed++;
+        run_index_case(c);
+      }
+    }
+  }
+}
+
+TEST(IndexTopk, ExactTiesGoToTheLowerEntry) {
+  for (int64_t distinct : {1, 3, 9}) {
+    IndexCase c;
+    c.counts = std::vector<int64_t>{600, 40, 1025};
+    c.distinct_keys = distinct;
+    c.seed = 30 + distinct;
+    run_index_case(c);
+  }
+}
+
+TEST(IndexTopk, NonFiniteQueriesAndWeightsAreCountedRowsOfPadding) {
+  IndexCase c;
+  c.counts = std::vector<int64_t>{100, 100, 100, 100};
+  c.top_k = 16;
+  c.q_dtype = DType::kFloat32;
+  IndexInputs in = make_index_inputs(c);
+  const int64_t D = dsv4::kIndexerKeyDim;
+  in.q[0 * c.heads * D + 5] = kNaN;    // row 0: a NaN query value
+  in.weights[1 * c.heads + 7] = kInf;  // row 1: an infinite weight
+  in.q[2 * c.heads * D + 77] = -kInf;  // row 2: an infinite query value
+  in.q_bytes = encode_rows(in.q, c.q_dtype);
+  std::vector<uint8_t> ref_counter = counter_bytes(DType::kInt32, 3);
+  dsv4::IndexerParams ref_params = in.params(c);
+  ref_params.invalid_count = TensorView::contiguous(ref_counter.data(), DType::kInt32, {1});
+  const dsv4::IndexerReference ref = dsv4::index_topk_reference(ref_params);
+  ASSERT_EQ(ref.invalid_rows, 3);
+  dsv4::index_topk(in.params(c));
+  EXPECT_EQ(read_counter(in.counter, DType::kInt32), 6);
+  check_index_outputs(c, in, ref);  // rows 0-2 all padding, row 3 normal
+  EXPECT_NE(in.indices[3 * c.top_k], -1);
+}
+
+TEST(IndexTopk, KeyStoredWithNaNMarkersRanksLast) {
+  IndexCase c;
+  c.counts = std::vector<int64_t>{10};
+  c.top_k = 12;
+  c.block_size = 4;
+  IndexInputs in = make_index_inputs(c);
+  // Overwrite entry 3 with a key holding a NaN: stored as NaN markers, it scores NaN.
+  std::vector<float> key(dsv4::kIndexerKeyDim, 1.0f);
+  key[40] = kNaN;
+  const int64_t slot = in.block_table[0] * c.block_size + 3;
+  std::vector<uint8_t> slot_bytes = index_bytes({slot}, DType::kInt64);
+  dsv4::StoreIndexerKeysParams store;
+  store.keys = TensorView::contiguous(key.data(), DType::kFloat32, {1, dsv4::kIndexerKeyDim});
+  store.slots = TensorView::contiguous(slot_bytes.data(), DType::kInt64, {1});
+  store.cache = TensorView::contiguous(in.cache.data(), DType::kUInt8,
+                                       {in.num_blocks, c.block_size * dsv4::key_bytes(c.format)});
+  store.block_size = c.block_size;
+  dsv4::store_indexer_keys(store);
+  dsv4::index_topk(in.params(c));
+  EXPECT_EQ(read_counter(in.counter, DType::kInt32), 3);  // not a row error
+  EXPECT_EQ(in.indices[9], 3);
+  EXPECT_TRUE(std::isnan(in.scores[9]));
+  EXPECT_EQ(in.indices[10], -1);
+  for (int64_t j = 0; j < 9; ++j)
+    EXPECT_TRUE(std::isfinite(in.scores[j]) && in.indices[j] != 3) << j;
+}
+
+TEST(IndexTopk, EntryCountsAndBlocksOutOfRangeThrowBeforeWriting) {
+  IndexCase c;
+  c.counts = std::vector<int64_t>{20, 5};
+  c.top_k = 4;
+  c.block_size = 8;
+  {
+    IndexInputs in = make_index_inputs(c);
+    const int64_t capacity = in.max_blocks * c.block_size;
+    put_index(in.counts, c.count_dtype, 1, capacity + 1);
+    expect_error([&] { dsv4::index_topk(in.params(c)); },
+                 "num_entries[1] = " + std::to_string(capacity + 1) + " is outside 0.." +
+                     std::to_string(capacity));
+    EXPECT_EQ(in.indices[0], 0x5a5a5a5a);
+  }
+  {
+    IndexInputs in = make_index_inputs(c);
+    put_index(in.counts, c.count_dtype, 0, -1);
+    expect_error([&] { dsv4::index_topk(in.params(c)); }, "num_entries[0] = -1");
+  }
+  {
+    IndexInputs in = make_index_inputs(c);
+    in.block_table[1] = static_cast<int32_t>(in.num_blocks);
+    expect_error([&] { dsv4::index_topk(in.params(c)); }, "block_table[0, 1] = ");
+    EXPECT_EQ(in.indices[0], 0x5a5a5a5a);
+    EXPECT_EQ(read_counter(in.counter, DType::kInt32), 3);
+  }
+}
+
+TEST(IndexTopk, ValidationNamesTheArgument) {
+  IndexCase c;
+  c.counts = std::vector<int64_t>{20, 5};
+  c.top_k = 4;
+  c.block_size = 8;
+  IndexInputs in = make_index_inputs(c);
+  const int64_t N = in.N;
+  std::vector<float> spare(4096);
+  struct Bad {
+    std::function<void(dsv4::IndexerParams&)> change;
+    std::string needle;
+  };
+  const std::vector<Bad> cases = {
+      {[](dsv4::IndexerParams& p) { p.q = TensorView(); }, "argument 'q' is required"},
+      {[&](dsv4::IndexerParams& p) {
+         p.q = TensorView::contiguous(in.q_bytes.data(), DType::kBFloat16, {N, 64, 64});
+       },
+       "argument 'q'"},
+      {[&](dsv4::IndexerParams& p) {
+         p.q = TensorView::contiguous(in.q_bytes.data(), DType::kFloat16, {N, 64, 128});
+       },
+       "argument 'q'"},
+      {[&](dsv4::IndexerParams& p) {
+         p.weights = TensorView::contiguous(in.weights.data(), DType::kFloat32, {N, 32});
+       },
+       "argument 'weights'"},
+      {[](dsv4::IndexerParams& p) { p.block_size = 0; }, "option 'block_size'"},
+      {[](dsv4::IndexerParams& p) { p.format = KeyFormat::kNVFP4; }, "argument 'key_cache'"},
+      {[&](dsv4::IndexerParams& p) {
+         p.block_table = TensorView::contiguous(in.q.data(), DType::kFloat32, {N, 2});
+       },
+       "argument 'block_table'"},
+      {[&](dsv4::IndexerParams& p) {
+         p.num_entries = TensorView::contiguous(in.counts.data(), DType::kInt32, {N + 1});
+       },
+       "argument 'num_entries'"},
+      {[](dsv4::IndexerParams& p) { p.top_k = 0; }, "option 'top_k'"},
+      {[](dsv4::IndexerParams& p) { p.top_k = kMaxTopK + 1; }, "option 'top_k'"},
+      {[&](dsv4::IndexerParams& p) {
+         p.topk_indices = TensorView::contiguous(spare.data(), DType::kInt32, {N, 5});
+       },
+       "argument 'topk_indices'"},
+      {[&](dsv4::IndexerParams& p) {
+         p.topk_scores = TensorView::contiguous(spare.data(), DType::kBFloat16, {N, 4});
+       },
+       "argument 'topk_scores'"},
+      {[&](dsv4::IndexerParams& p) {
+         p.invalid_count = TensorView::contiguous(spare.data(), DType::kFloat32, {1});
+       },
+       "argument 'invalid_count'"},
+      {[&](dsv4::IndexerParams& p) {
+         p.topk_scores = TensorView::contiguous(in.weights.data(), DType::kFloat32, {N, 4});
+       },
+       "'topk_scores'"},  // overlaps weights
+      {[](dsv4::IndexerParams& p) { p.weights.device = Device::cuda(0); }, "argument 'weights'"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE("case " + std::to_string(i));
+    dsv4::IndexerParams p = in.params(c);
+    cases[i].change(p);
+    expect_error([&] { dsv4::index_topk(p); }, cases[i].needle);
+  }
+}
+
+// ---- sparse_decode ----------------------------------------------------------------------------
+
+struct SparseCase {
+  int64_t N = 2;
+  int64_t heads = 64;
+  int64_t L = 640;
+  int64_t block_size = 64;
+  int64_t num_blocks = 8;
+  DType q_dtype = DType::kBFloat16;
+  DType out_dtype = DType::kBFloat16;
+  DType index_dtype = DType::kInt32;
+  bool sink = true;
+  bool lse = true;
+  float scale = 0.0f;
+  float q_scale = 1.0f;
+  std::vector<int64_t> empty_rows;  // rows whose list is all negative
+  uint64_t seed = 1;
+
+  std::string describe() const {
+    return "N=" + std::to_string(N) + " H=" + std::to_string(heads) + " L=" + std::to_string(L) +
+           " bs=" + std::to_string(block_size) + " blocks=" + std::to_string(num_blocks) + " " +
+           dtype_name(q_dtype) + "->" + dtype_name(out_dtype) + (sink ? " sink" : "") +
+           " scale=" + std::to_string(scale) + " seed=" + std::to_string(seed);
+  }
+};
+
+struct SparseInputs {
+  std::vector<float> q, sink;
+  std::vector<uint8_t> q_bytes, cache, indices, out;
+  std::vector<int64_t> slots;
+  std::vector<float> lse;
+  std::vector<uint8_t> counter = counter_bytes(DType::kInt64, 3);
+
+  dsv4::SparseDecodeParams params(const SparseCase& c) {
+    dsv4::SparseDecodeParams p;
+    p.q = TensorView::contiguous(q_bytes.data(), c.q_dtype, {c.N, c.heads, dsv4::kHeadDim});
+    p.cache = TensorView::contiguous(cache.data(), DType::kUInt8,
+                                     {c.num_blocks, c.block_size * dsv4::kEntryBytes});
+    p.block_size = c.block_size;
+    p.indices = TensorView::contiguous(indices.data(), c.index_dtype, {c.N, c.L});
+    if (c.sink) p.sink = TensorView::contiguous(sink.data(), DType::kFloat32, {c.heads});
+    p.scale = c.scale;
+    p.out = TensorView::contiguous(out.data(), c.out_dtype, {c.N, c.heads, dsv4::kHeadDim});
+    if (c.lse) p.lse = TensorView::contiguous(lse.data(), DType::kFloat32, {c.N, c.heads});
+    p.invalid_count = TensorView::contiguous(counter.data(), DType::kInt64, {});
+    return p;
+  }
+};
+
+// Writes `values` ([rows, 512]) to `slots` with store_entries.
+void store_rows(std::vector<uint8_t>& cache, const SparseCase& c, std::vector<float> values,
+                const std::vector<int64_t>& slots) {
+  const auto rows = static_cast<int64_t>(slots.size());
+  std::vector<uint8_t> slot_bytes = index_bytes(slots, DType::kInt64);
+  dsv4::StoreEntriesParams store;
+  store.values = TensorView::contiguous(values.data(), DType::kFloat32, {rows, dsv4::kHeadDim});
+  store.slots = TensorView::contiguous(slot_bytes.data(), DType::kInt64, {rows});
+  store.cache = TensorView::contiguous(cache.data(), DType::kUInt8,
+                                       {c.num_blocks, c.block_size * dsv4::kEntryBytes});
+  store.block_size = c.block_size;
+  dsv4::store_entries(store);
+}
+
+// Every slot of the cache holds a random entry; each row's list names random slots (repeats
+// allowed), about one in eight negative.
+SparseInputs make_sparse_inputs(const SparseCase& c) {
+  std::mt19937_64 rng(c.seed);
+  SparseInputs in;
+  const int64_t slots = c.num_blocks * c.block_size;
+  in.cache.resize(static_cast<size_t>(c.num_blocks * c.block_size * dsv4::kEntryBytes));
+  std::vector<int64_t> all(static_cast<size_t>(slots));
+  std::iota(all.begin(), all.end(), int64_t{0});
+  store_rows(in.cache, c, normal_values(rng, slots * dsv4::kHeadDim, 1.0f), all);
+  in.slots.resize(static_cast<size_t>(c.N * c.L));
+  for (int64_t n = 0; n < c.N; ++n) {
+    const bool empty = std::find(c.empty_rows.begin(), c.empty_rows.end(), n) != c.empty_rows.end();
+    for (int64_t l = 0; l < c.L; ++l) {
+      const bool skip = empty || rng() % 8 == 0;
+      in.slots[n * c.L + l] = skip ? -1 - static_cast<int64_t>(rng() % 3)
+                                   : static_cast<int64_t>(rng() % static_cast<uint64_t>(slots));
+    }
+  }
+  in.indices = index_bytes(in.slots, c.index_dtype);
+  in.q = normal_values(rng, c.N * c.heads * dsv4::kHeadDim, c.q_scale);
+  in.q_bytes = encode_rows(in.q, c.q_dtype);
+  in.sink = normal_values(rng, c.heads, 2.0f);
+  in.out.resize(static_cast<size_t>(c.N * c.heads * dsv4::kHeadDim * dtype_size(c.out_dtype)));
+  for (auto& byte : in.out)
+    byte = 0xff;  // NaN in fp32 and bf16
+  in.lse.assign(static_cast<size_t>(c.N * c.heads), 12345.0f);
+  return in;
+}
+
+void check_sparse_outputs(const SparseCase& c, const SparseInputs& in,
+                          const dsv4::SparseDecodeReference& ref) {
+  const int64_t D = dsv4::kHeadDim;
+  const double relative = c.out_dtype == DType::kBFloat16 ? std::ldexp(1.0, -8) : 1e-6;
+  double worst = 0.0;
+  for (int64_t n = 0; n < c.N; ++n) {
+    SCOPED_TRACE("row " + std::to_string(n) + (ref.invalid[n] ? " (invalid)" : ""));
+    const double score_tol = 1e-4 * (1.0 + ref.score_magnitude[n]);
+    const double value_tol = score_tol * ref.value_magnitude[n];
+    for (int64_t h = 0; h < c.heads; ++h) {
+      for (int64_t i = 0; i < D; ++i) {
+        const size_t at = static_cast<size_t>((n * c.heads + h) * D + i);
+        const double want = ref.out[at];
+        const double got = read_float(in.out, c.out_dtype, at);
+        const double tol = relative * std::fabs(want) + value_tol;
+        ASSERT_LE(std::fabs(got - want), tol)
+            << "head " << h << " value " << i << ": got " << got << ", want " << want;
+        if (ref.invalid[n]) {
+          ASSERT_EQ(got, 0.0);
+        }
+        if (value_tol > 0) worst = std::max(worst, std::fabs(got - want) / (tol));
+      }
+      if (!c.lse) continue;
+      const double want = ref.lse[n * c.heads + h];
+      const double got = in.lse[n * c.heads + h];
+      if (std::isnan(want) || std::isinf(want)) {
+        ASSERT_TRUE(std::isnan(want) ? std::isnan(got) : got == want)
+            << "lse head " << h << ": got " << got << ", want " << want;
+      } else {
+        ASSERT_NEAR(got, want, score_tol) << "lse head " << h;
+      }
+    }
+  }
+  ::testing::Test::RecordProperty("worst_error_over_tolerance", std::to_string(worst));
+}
+
+void run_sparse_case(const SparseCase& c) {
+  SCOPED_TRACE(c.describe());
+  SparseInputs in = make_sparse_inputs(c);
+  std::vector<uint8_t> ref_counter = counter_bytes(DType::kInt64, 3);
+  dsv4::SparseDecodeParams ref_params = in.params(c);
+  ref_params.invalid_count = TensorView::contiguous(ref_counter.data(), DType::kInt64, {});
+  const dsv4::SparseDecodeReference ref = dsv4::sparse_decode_reference(ref_params);
+  dsv4::sparse_decode(in.params(c));
+  EXPECT_EQ(read_counter(in.counter, DType::kInt64), 3 + ref.invalid_rows);
+  check_sparse_outputs(c, in, ref);
+}
+
+TEST(SparseDecode, FlashShapeCsaList) {
+  SparseCase c;
+  c.N = 3;
+  c.L = 128 + 512;
+  c.empty_rows = std::vector<int64_t>{1};
+  run_sparse_case(c);
+}
+
+TEST(SparseDecode, ProShapeCsaList) {
+  SparseCase c;
+  c.heads = 128;
+  c.L = 128 + 1024;
+  c.num_blocks = 20;
+  c.q_dtype = DType::kFloat32;
+  c.index_dtype = DType::kInt64;
+  c.sink = false;
+  c.seed = 2;
+  run_sparse_case(c);
+}
+
+TEST(SparseDecode, LongList) {
+  SparseCase c;
+  c.N = 1;
+  c.L = 2048 + 128;
+  c.num_blocks = 40;
+  c.out_dtype = DType::kFloat32;
+  c.q_scale = 3.0f;  // sharper softmax
+  c.seed = 3;
+  run_sparse_case(c);
+}
+
+TEST(SparseDecode, SmallShapes) {
+  const int64_t heads[] = {1, 5, 17};
+  const int64_t lengths[] = {0, 1, 7, 33};
+  const int64_t block_sizes[] = {1, 3, 64};
+  uint64_t seed = 100;
+  for (int64_t H : heads) {
+    for (int64_t L : lengths) {
+      for (int64_t bs : block_sizes) {
+        SparseCase c;
+        c.N = 3;
+        c.heads = H;
+        c.L = L;
+        c.block_size = bs;
+        c.num_blocks = 64 / bs + 1;
+        c.sink = seed % 2 == 0;
+        c.lse = seed % 3 != 0;
+        c.scale = seed % 4 == 0 ? 0.1f : 0.0f;
+        c.q_dtype = seed % 5 == 0 ? DType::kFloat32 : DType::kBFloat16;
+        c.out_dtype = seed % 3 == 1 ? DType::kFloat32 : DType::kBFloat16;
+        c.index_dtype = seed % 2 ? DType::kInt64 : DType::kInt32;
+        c.empty_rows.assign(1, static_cast<int64_t>(seed % 4));
+        c.seed = seed++;
+        run_sparse_case(c);
+      }
+    }
+  }
+}
+
+TEST(SparseDecode, EmptyListGivesZeroAndTheSinkAsLse) {
+  for (bool sink : {true, false}) {
+    SparseCase c;
+    c.N = 2;
+    c.heads = 4;
+    c.L = 5;
+    c.sink = sink;
+    c.out_dtype = DType::kFloat32;
+    c.empty_rows = std::vector<int64_t>{0, 1};
+    SparseInputs in = make_sparse_inputs(c);
+    dsv4::sparse_decode(in.params(c));
+    for (int64_t i = 0; i < c.N * c.heads * dsv4::kHeadDim; ++i)
+      ASSERT_EQ(read_float(in.out, DType::kFloat32, static_cast<size_t>(i)), 0.0f);
+    for (int64_t i = 0; i < c.N * c.heads; ++i)
+      EXPECT_EQ(in.lse[i], sink ? in.sink[i % c.heads] : -kInf);
+    EXPECT_EQ(read_counter(in.counter, DType::kInt64), 3);
+  }
+}
+
+TEST(SparseDecode, NaNQueryOrNaNEntryZeroesAndCountsTheRow) {
+  SparseCase c;
+  c.N = 4;
+  c.heads = 20;  // two head blocks: a bad value in either zeroes every head of the row
+  c.L = 40;
+  c.q_dtype = DType::kFloat32;
+  SparseInputs in = make_sparse_inputs(c);
+  in.q[(0 * c.heads + 19) * dsv4::kHeadDim + 3] = kNaN;   // row 0: NaN query, last head
+  in.q[(1 * c.heads + 0) * dsv4::kHeadDim + 500] = kInf;  // row 1: infinite query
+  in.q_bytes = encode_rows(in.q, c.q_dtype);
+  // Row 2 names an entry stored with NaN markers.
+  std::vector<float> bad(dsv4::kHeadDim, 0.5f);
+  bad[100] = kNaN;
+  const int64_t nan_slot = 7;
+  store_rows(in.cache, c, bad, {nan_slot});
+  put_index(in.indices, c.index_dtype, 2 * c.L + 11, nan_slot);
+  for (int64_t n : {0, 1, 3}) {  // and no other row does
+    for (int64_t l = 0; l < c.L; ++l) {
+      if (in.slots[n * c.L + l] == nan_slot) put_index(in.indices, c.index_dtype, n * c.L + l, -1);
+    }
+  }
+  std::vector<uint8_t> ref_counter = counter_bytes(DType::kInt64, 3);
+  dsv4::SparseDecodeParams ref_params = in.params(c);
+  ref_params.invalid_count = TensorView::contiguous(ref_counter.data(), DType::kInt64, {});
+  const dsv4::SparseDecodeReference ref = dsv4::sparse_decode_reference(ref_params);
+  ASSERT_EQ(ref.invalid_rows, 3);
+  ASSERT_FALSE(ref.invalid[3]);
+  dsv4::sparse_decode(in.params(c));
+  EXPECT_EQ(read_counter(in.counter, DType::kInt64), 6);
+  check_sparse_outputs(c, in, ref);
+  for (int64_t h = 0; h < 3 * c.heads; ++h)
+    EXPECT_TRUE(std::isnan(in.lse[h])) << h;
+}
+
+TEST(SparseDecode, IndexBeyondTheCacheThrowsBeforeWriting) {
+  SparseCase c;
+  c.N = 2;
+  c.heads = 2;
+  c.L = 6;
+  SparseInputs in = make_sparse_inputs(c);
+  put_index(in.indices, c.index_dtype, 1 * c.L + 4, c.num_blocks * c.block_size);
+  expect_error([&] { dsv4::sparse_decode(in.params(c)); },
+               "indices[1, 4] = 512 is beyond the cache");
+  EXPECT_TRUE(std::all_of(in.out.begin(), in.out.end(), [](uint8_t b) { return b == 0xff; }));
+  EXPECT_EQ(in.lse[0], 12345.0f);
+}
+
+TEST(SparseDecode, ValidationNamesTheArgument) {
+  SparseCase c;
+  c.N = 2;
+  c.heads = 4;
+  c.L = 6;
+  SparseInputs in = make_sparse_inputs(c);
+  std::vector<float> spare(8192);
+  const int64_t N = c.N, H = c.heads;
+  struct Bad {
+    std::function<void(dsv4::SparseDecodeParams&)> change;
+    std::string needle;
+  };
+  const std::vector<Bad> cases = {
+      {[](dsv4::SparseDecodeParams& p) { p.q = TensorView(); }, "argument 'q' is required"},
+      {[&](dsv4::SparseDecodeParams& p) {
+         p.q = TensorView::contiguous(in.q_bytes.data(), DType::kBFloat16, {N, H, 576});
+       },
+       "argument 'q'"},
+      {[](dsv4::SparseDecodeParams& p) { p.block_size = 32; }, "argument 'cache'"},
+      {[](dsv4::SparseDecodeParams& p) { p.block_size = -1; }, "option 'block_size'"},
+      {[&](dsv4::SparseDecodeParams& p) {
+         p.indices = TensorView::contiguous(in.indices.data(), DType::kInt32, {N + 1, 2});
+       },
+       "argument 'indices'"},
+      {[&](dsv4::SparseDecodeParams& p) {
+         p.indices = TensorView::contiguous(in.indices.data(), DType::kFloat32, {N, 6});
+       },
+       "argument 'indices'"},
+      {[&](dsv4::SparseDecodeParams& p) {
+         p.sink = TensorView::contiguous(spare.data(), DType::kFloat32, {H + 1});
+       },
+       "argument 'sink'"},
+      {[](dsv4::SparseDecodeParams& p) { p.scale = kNaN; }, "option 'scale'"},
+      {[&](dsv4::SparseDecodeParams& p) {
+         p.out = TensorView::contiguous(spare.data(), DType::kFloat16, {N, H, 512});
+       },
+       "argument 'out'"},
+      {[&](dsv4::SparseDecodeParams& p) {
+         p.out = TensorView::strided(spare.data(), DType::kFloat32, {N, H, 512}, {1, N, N * H});
+       },
+       "argument 'out'"},
+      {[&](dsv4::SparseDecodeParams& p) {
+         p.lse = TensorView::contiguous(spare.data(), DType::kFloat32, {N, H + 1});
+       },
+       "argument 'lse'"},
+      {[&](dsv4::SparseDecodeParams& p) {
+         p.lse = TensorView::contiguous(in.out.data(), DType::kFloat32, {N, H});
+       },
+       "'lse'"},  // overlaps out
+      {[&](dsv4::SparseDecodeParams& p) {
+         p.invalid_count = TensorView::contiguous(spare.data(), DType::kInt32, {2});
+       },
+       "argument 'invalid_count'"},
+      {[](dsv4::SparseDecodeParams& p) { p.sink.device = Device::cuda(0); }, "argument 'sink'"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE("case " + std::to_string(i));
+    dsv4::SparseDecodeParams p = in.params(c);
+    cases[i].change(p);
+    expect_error([&] { dsv4::sparse_decode(p); }, cases[i].needle);
+  }
+}
+
+TEST(Attention, CudaTensorsSayTheBackendIsMissing) {
+  SparseCase c;
+  c.N = 1;
+  c.heads = 2;
+  c.L = 3;
+  SparseInputs in = make_sparse_inputs(c);
+  dsv4::SparseDecodeParams p = in.params(c);
+  for (TensorView* view : {&p.q, &p.cache, &p.indices, &p.sink, &p.out, &p.lse, &p.invalid_count})
+    view->device = Device::cuda(0);
+  expect_error([&] { dsv4::sparse_decode(p); }, "not implemented on CUDA yet");
+
+  IndexCase ic;
+  ic.counts = std::vector<int64_t>{3};
+  ic.top_k = 2;
+  IndexInputs ii = make_index_inputs(ic);
+  dsv4::IndexerParams ip = ii.params(ic);
+  for (TensorView* view : {&ip.q, &ip.weights, &ip.key_cache, &ip.block_table, &ip.num_entries,
+                           &ip.topk_indices, &ip.topk_scores, &ip.invalid_count})
+    view->device = Device::cuda(0);
+  expect_error([&] { dsv4::index_topk(ip); }, "not implemented on CUDA yet");
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace hdk
