@@ -1,4 +1,6 @@
-"""DeepSeek-V4 routing on the decode path: the functional API over ``torch.ops.hdk.dsv4_route``."""
+"""DeepSeek-V4 on the decode path: routing (``torch.ops.hdk.dsv4_route``), the KV cache's write
+side (``dsv4_store_*``, ``dsv4_gather_*``, ``dsv4_compress``) and its read side
+(``dsv4_index_topk``, ``dsv4_sparse_decode``), with the C++ field names."""
 
 import torch
 
@@ -316,6 +318,186 @@ def blocks_to_reserve(ratio, block_size, position_before, position_after):
 
 def compressor_accumulators(ratio):
     return 3 if int(ratio) == 4 else 1
+
+
+# ------------------------------------------------------------------------------------------
+# Read side (docs/dsv4-attention.md): the indexer's score + top-k and sparse attention decode,
+# over torch.ops.hdk.dsv4_index_topk / dsv4_sparse_decode with the C++ field names. Each writes
+# its outputs in place, allocates only what it returns, never synchronizes.
+
+
+def _check_tensors(operation, arguments):
+    for name, value in arguments:
+        if value is not None and not isinstance(value, torch.Tensor):
+            raise TypeError(
+                f"hdk.dsv4.{operation}: argument '{name}' must be a torch.Tensor or None, "
+                f"got {type(value).__name__}"
+            )
+
+
+def index_topk(
+    q,
+    weights,
+    key_cache,
+    block_size,
+    block_table,
+    num_entries,
+    top_k,
+    *,
+    format="mxfp4",
+    topk_indices=None,
+    topk_scores=None,
+    return_scores=True,
+    invalid_count=None,
+):
+    r"""The indexer's top-k for N query rows (hdk::dsv4::index_topk)::
+
+        score[n, s] = sum_h relu(q[n, h] . K[s]) * weights[n, h]      for s < num_entries[n]
+
+    with K[s] the row's compressed entry s, decoded straight from the FP4 key pages (entry s of
+    row n is at slot ``block_table[n, s // block_size] * block_size + s % block_size``).
+
+    Args:
+        q: ``[N, H, 128]`` bf16/fp32, already rotated like the stored keys (H = 64).
+        weights: ``[N, H]`` fp32, already scaled.
+        key_cache: ``[num_blocks, block_size * KEY_BYTES[format]]`` uint8 pages written by
+            :func:`store_indexer_keys` or :func:`compress`.
+        block_size: entries per page.
+        block_table: ``[N, max_blocks]`` int32, the pages of each row's request.
+        num_entries: ``[N]`` int32/int64, the compressed entries each row may see.
+        top_k: 1..2048; more than ``num_entries[n]`` pads the row.
+
+    Keyword Args:
+        format: ``"mxfp4"`` (68 B per key) or ``"nvfp4"`` (72 B).
+        topk_indices: ``[N, top_k]`` int32 output (entry ordinals, best first, ties to the lower
+            ordinal, -1 as padding); None: allocated.
+        topk_scores: ``[N, top_k]`` fp32 output (-inf as padding); None: allocated when
+            ``return_scores``, else not computed.
+        invalid_count: ``[1]`` int32/int64 counter; +1 per row whose q or weights hold a NaN or
+            infinity (the row gets only padding). hdk adds, never clears.
+
+    Returns:
+        ``(topk_indices, topk_scores)`` (``topk_scores`` None when not asked for).
+
+    Raises:
+        HdkError: with hdk's message naming the bad argument.
+        TypeError: when a tensor argument is not a torch.Tensor.
+    """
+    _check_tensors(
+        "index_topk",
+        (
+            ("q", q),
+            ("weights", weights),
+            ("key_cache", key_cache),
+            ("block_table", block_table),
+            ("num_entries", num_entries),
+            ("topk_indices", topk_indices),
+            ("topk_scores", topk_scores),
+            ("invalid_count", invalid_count),
+        ),
+    )
+    rows = q.shape[0] if q is not None and q.dim() >= 1 else 0
+    device = q.device if q is not None else key_cache.device
+    # An out-of-range top_k gets hdk's message, not an allocation failure.
+    columns = int(top_k) if 0 <= int(top_k) <= 2048 else 0
+    if topk_indices is None:
+        topk_indices = torch.empty((rows, columns), dtype=torch.int32, device=device)
+    if topk_scores is None and return_scores:
+        topk_scores = torch.empty((rows, columns), dtype=torch.float32, device=device)
+    run_op(
+        torch.ops.hdk.dsv4_index_topk,
+        q,
+        weights,
+        key_cache,
+        int(block_size),
+        _key_format(format),
+        block_table,
+        num_entries,
+        int(top_k),
+        topk_indices,
+        topk_scores,
+        invalid_count,
+    )
+    return topk_indices, topk_scores
+
+
+def sparse_decode(
+    q,
+    cache,
+    block_size,
+    indices,
+    *,
+    sink=None,
+    scale=0.0,
+    out=None,
+    lse=None,
+    return_lse=True,
+    invalid_count=None,
+):
+    r"""Sparse MQA attention decode with a per-head sink (hdk::dsv4::sparse_decode). For query
+    n and head h, over the slots j of ``indices[n]`` that are not negative::
+
+        s_j   = scale * q[n, h] . E[j]         E[j]: the decoded 512-value MODEL1 entry (K = V)
+        o_h   = sum_j e^{s_j} E[j] / (sum_j e^{s_j} + e^{sink_h})
+        lse_h = log(sum_j e^{s_j} + e^{sink_h})   (no sink term without a sink)
+
+    Args:
+        q: ``[N, Hq, 512]`` bf16/fp32 (Hq = 64 Flash, 128 Pro).
+        cache: ``[num_blocks, block_size * 584]`` uint8 MODEL1 pages (SWA ring and compressed
+            entries in one tensor) written by :func:`store_entries` or :func:`compress`.
+        block_size: entries per page.
+        indices: ``[N, L]`` int32/int64 flat slots ``block * block_size + offset``; negative:
+            skipped.
+
+    Keyword Args:
+        sink: ``[Hq]`` fp32 sink logits (denominator only), or None.
+        scale: softmax scale; 0 means ``512 ** -0.5``.
+        out: ``[N, Hq, 512]`` bf16/fp32 output; None: allocated with q's dtype.
+        lse: ``[N, Hq]`` fp32 output; None: allocated when ``return_lse``, else not computed.
+            A row with an empty list gets ``o = 0`` and ``lse = sink`` (-inf without a sink).
+        invalid_count: ``[1]`` int32/int64 counter; +1 per row whose q holds a NaN or infinity
+            or whose result is NaN (the row gets o = 0, lse = NaN). hdk adds, never clears.
+
+    Returns:
+        ``(out, lse)`` (``lse`` None when not asked for).
+
+    Raises:
+        HdkError: with hdk's message naming the bad argument.
+        TypeError: when a tensor argument is not a torch.Tensor.
+    """
+    _check_tensors(
+        "sparse_decode",
+        (
+            ("q", q),
+            ("cache", cache),
+            ("indices", indices),
+            ("sink", sink),
+            ("out", out),
+            ("lse", lse),
+            ("invalid_count", invalid_count),
+        ),
+    )
+    device = q.device if q is not None else cache.device
+    if out is None:
+        dtype = q.dtype if q is not None and q.dtype == torch.float32 else torch.bfloat16
+        shape = tuple(q.shape) if q is not None else (0, 0, 512)
+        out = torch.empty(shape, dtype=dtype, device=device)
+    if lse is None and return_lse:
+        shape = tuple(q.shape[:2]) if q is not None and q.dim() >= 2 else (0, 0)
+        lse = torch.empty(shape, dtype=torch.float32, device=device)
+    run_op(
+        torch.ops.hdk.dsv4_sparse_decode,
+        q,
+        cache,
+        int(block_size),
+        indices,
+        sink,
+        float(scale),
+        out,
+        lse,
+        invalid_count,
+    )
+    return out, lse
 
 
 # The model-level owner of the pools (imported last: it uses the functions above).

@@ -1,0 +1,99 @@
+// torch.ops.hdk.dsv4_index_topk and dsv4_sparse_decode: DeepSeek-V4's read side (the indexer's
+// score + top-k, sparse MQA attention with a sink) as torch custom ops that write their outputs
+// in place and return nothing (capturable in CUDA graphs). Argument names match the C++ params
+// structs of hdk/dsv4/attention.h; format is 0 (MXFP4) or 1 (NVFP4). hdk/dsv4.py wraps them.
+#include <torch/library.h>
+
+#include <cstdint>
+
+#include "hdk/dsv4/attention.h"
+#include "torch_glue.h"
+
+#ifdef HDK_PYTHON_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#define HDK_ATTENTION_DEVICE_GUARD(tensor)   \
+  c10::cuda::OptionalCUDAGuard device_guard; \
+  if ((tensor).is_cuda()) device_guard.set_device((tensor).device())
+#else
+#define HDK_ATTENTION_DEVICE_GUARD(tensor) (void)(tensor)
+#endif
+
+namespace hdk_python {
+namespace {
+
+template <bool kMeta>
+void index_topk(const at::Tensor& q, const at::Tensor& weights, const at::Tensor& key_cache,
+                int64_t block_size, int64_t format, const at::Tensor& block_table,
+                const at::Tensor& num_entries, int64_t top_k, const at::Tensor& topk_indices,
+                const OptionalTensor& topk_scores, const OptionalTensor& invalid_count) {
+  if constexpr (kMeta) return;
+  call_hdk([&] {
+    hdk::dsv4::IndexerParams p;
+    p.q = to_view(q, "q");
+    p.weights = to_view(weights, "weights");
+    p.key_cache = to_view(key_cache, "key_cache");
+    p.block_size = block_size;
+    p.format = format == 1 ? hdk::dsv4::KeyFormat::kNVFP4 : hdk::dsv4::KeyFormat::kMXFP4;
+    p.block_table = to_view(block_table, "block_table");
+    p.num_entries = to_view(num_entries, "num_entries");
+    p.top_k = top_k;
+    p.topk_indices = to_view(topk_indices, "topk_indices");
+    p.topk_scores = to_view(topk_scores, "topk_scores");
+    p.invalid_count = to_view(invalid_count, "invalid_count");
+    HDK_ATTENTION_DEVICE_GUARD(topk_indices);
+    hdk::dsv4::index_topk(p, current_stream(topk_indices));
+  });
+}
+
+template <bool kMeta>
+void sparse_decode(const at::Tensor& q, const at::Tensor& cache, int64_t block_size,
+                   const at::Tensor& indices, const OptionalTensor& sink, double scale,
+                   const at::Tensor& out, const OptionalTensor& lse,
+                   const OptionalTensor& invalid_count) {
+  if constexpr (kMeta) return;
+  call_hdk([&] {
+    hdk::dsv4::SparseDecodeParams p;
+    p.q = to_view(q, "q");
+    p.cache = to_view(cache, "cache");
+    p.block_size = block_size;
+    p.indices = to_view(indices, "indices");
+    p.sink = to_view(sink, "sink");
+    p.scale = static_cast<float>(scale);
+    p.out = to_view(out, "out");
+    p.lse = to_view(lse, "lse");
+    p.invalid_count = to_view(invalid_count, "invalid_count");
+    HDK_ATTENTION_DEVICE_GUARD(out);
+    hdk::dsv4::sparse_decode(p, current_stream(out));
+  });
+}
+
+}  // namespace
+}  // namespace hdk_python
+
+TORCH_LIBRARY_FRAGMENT(hdk, m) {
+  m.def(
+      "dsv4_index_topk(Tensor q, Tensor weights, Tensor key_cache, int block_size, int format, "
+      "Tensor block_table, Tensor num_entries, int top_k, Tensor(a!) topk_indices, "
+      "Tensor(b!)? topk_scores, Tensor(c!)? invalid_count) -> ()");
+  m.def(
+      "dsv4_sparse_decode(Tensor q, Tensor cache, int block_size, Tensor indices, Tensor? sink, "
+      "float scale, Tensor(a!) out, Tensor(b!)? lse, Tensor(c!)? invalid_count) -> ()");
+}
+
+#define HDK_ATTENTION_REGISTER(key, meta)                           \
+  TORCH_LIBRARY_IMPL(hdk, key, m) {                                 \
+    m.impl("dsv4_index_topk", &hdk_python::index_topk<meta>);       \
+    m.impl("dsv4_sparse_decode", &hdk_python::sparse_decode<meta>); \
+  }
+
+HDK_ATTENTION_REGISTER(CPU, false)
+HDK_ATTENTION_REGISTER(CUDA, false)
+HDK_ATTENTION_REGISTER(Meta, true)
+
+#if TORCH_VERSION_MAJOR < 2
+TORCH_LIBRARY_IMPL(hdk, AutogradMeta, m) {
+  for (const char* name : {"dsv4_index_topk", "dsv4_sparse_decode"}) {
+    m.impl(name, torch::CppFunction::makeFallthrough());
+  }
+}
+#endif
