@@ -17,6 +17,8 @@
 // summed by one butterfly (see decode_kernel_vk_single.cuh).
 #pragma once
 
+#include <cstdint>
+
 #include "gdn/cuda/device_helpers.cuh"
 
 namespace hdk {

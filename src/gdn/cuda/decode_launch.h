@@ -4,6 +4,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include "gdn/decode_problem.h"
 
 namespace hdk {
