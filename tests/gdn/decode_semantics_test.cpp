@@ -62,6 +62,20 @@ std::vector<GdnCaseConfig> semantic_cases() {
     }
   }
 
+  // Pools of more than 32 MiB, in place and split: the CPU backend then streams its one-token
+  // updates past the caches.
+  for (DType state : {DType::kFloat32, DType::kBFloat16}) {
+    for (bool split : {false, true}) {
+      GdnCaseConfig c;
+      c.B = state == DType::kFloat32 ? 10 : 20;
+      c.H = 16, c.HV = 64, c.K = 128, c.V = 128;
+      c.state_dtype = state;
+      c.split_pool = split;
+      c.padding_fraction = 0.1;
+      add(c);
+    }
+  }
+
   // Layout x state dtype x T, with the token cache on for T > 1, alternating gating sets.
   int variant = 0;
   for (StateLayout layout : {StateLayout::kVK, StateLayout::kKV}) {
