@@ -125,15 +125,24 @@ HDK_ROW_KERNEL Vector load_vector(const NativeBf16* p) {
   return load_vector<Vector>(&p->bits);
 }
 
-// Not always_inline: it carries its own target, and the build's flatten inlines it.
+// The rounding of float_to_bf16 one element at a time, for the rare vector holding a denormal,
+// which AVX512-BF16's conversion would flush to zero.
+inline void store_bf16_elements(NativeBf16* p, const float16& v) {
+  float values[16];
+  std::memcpy(values, &v, sizeof(values));
+  for (int i = 0; i < 16; ++i)
+    p[i].bits = hdk::detail::float_to_bf16(values[i]);
+}
+
+// Not always_inline: it carries its own target, and the build's flatten inlines it. The vector
+// comes by reference: passing it by value between functions of different targets changes the
+// calling convention, which clang rejects.
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16"))) inline void
-store_native_bf16(NativeBf16* p, float16 v) {
+store_native_bf16(NativeBf16* p, const float16& v) {
   __m512 x;
   std::memcpy(&x, &v, sizeof(x));
-  // The instruction flushes denormal inputs to zero; a vector holding one takes the integer
-  // rounding instead.
-  if (_mm512_fpclass_ps_mask(x, 0x20) != 0) {
-    store_vector<float16>(&p->bits, v);
+  if (_mm512_fpclass_ps_mask(x, 0x20) != 0) {  // a denormal
+    store_bf16_elements(p, v);
     return;
   }
   const __m256bh packed = _mm512_cvtneps_pbh(x);
@@ -180,24 +189,24 @@ struct Streams<float16, NativeBf16> {
 };
 
 // Not always_inline, like store_native_bf16.
-__attribute__((target("avx"))) inline void stream_vector(float* p, float8 v) {
+__attribute__((target("avx"))) inline void stream_vector(float* p, const float8& v) {
   __m256 x;
   std::memcpy(&x, &v, sizeof(x));
   _mm256_stream_ps(p, x);
 }
 
-__attribute__((target("avx512f"))) inline void stream_vector(float* p, float16 v) {
+__attribute__((target("avx512f"))) inline void stream_vector(float* p, const float16& v) {
   __m512 x;
   std::memcpy(&x, &v, sizeof(x));
   _mm512_stream_ps(p, x);
 }
 
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16"))) inline void stream_vector(
-    NativeBf16* p, float16 v) {
+    NativeBf16* p, const float16& v) {
   __m512 x;
   std::memcpy(&x, &v, sizeof(x));
-  if (_mm512_fpclass_ps_mask(x, 0x20) != 0) {  // denormals: see store_native_bf16
-    store_vector<float16>(&p->bits, v);
+  if (_mm512_fpclass_ps_mask(x, 0x20) != 0) {  // a denormal: see store_native_bf16
+    store_bf16_elements(p, v);
     return;
   }
   const __m256bh packed = _mm512_cvtneps_pbh(x);
@@ -422,8 +431,10 @@ HDK_ROW_KERNEL void step_row_in_registers(const Element* row, Element* target, b
   if constexpr (Streams<Vector, Element>::value) {
     if (stream && reinterpret_cast<uintptr_t>(target) % (L * sizeof(Element)) == 0) {
 #pragma GCC unroll 16
-      for (int64_t a = 0; a < kVectors; ++a)
-        stream_vector(target + a * L, decay * r[a] + u * load_vector<Vector>(k + a * L));
+      for (int64_t a = 0; a < kVectors; ++a) {
+        const Vector updated = decay * r[a] + u * load_vector<Vector>(k + a * L);
+        stream_vector(target + a * L, updated);
+      }
       return;
     }
   }
