@@ -42,7 +42,10 @@ using float16 = float __attribute__((vector_size(64)));
 #pragma GCC diagnostic ignored "-Wpsabi"
 #endif
 
-#define HDK_ROW_KERNEL inline __attribute__((always_inline))
+// Everything the per-build entry points (run_tasks_*) call is inlined into them, so that every
+// vector operation is compiled for that build's instruction set: flatten alone left functions
+// out of line with clang, compiled for the baseline (fp32 rows ran 3x slower).
+#define HDK_BUILD_INLINE inline __attribute__((always_inline))
 
 template <typename Vector>
 constexpr int64_t kLanes = static_cast<int64_t>(sizeof(Vector) / sizeof(float));
@@ -79,14 +82,14 @@ using HalfBits = typename Lanes<Vector>::HalfBits;
 
 // A vector of state elements as fp32: fp32 rows as they are, bf16 rows widened.
 template <typename Vector>
-HDK_ROW_KERNEL Vector load_vector(const float* p) {
+HDK_BUILD_INLINE Vector load_vector(const float* p) {
   Vector v;
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
 
 template <typename Vector>
-HDK_ROW_KERNEL Vector load_vector(const uint16_t* p) {
+HDK_BUILD_INLINE Vector load_vector(const uint16_t* p) {
   HalfBits<Vector> half;
   std::memcpy(&half, p, sizeof(half));
   const Bits<Vector> bits = __builtin_convertvector(half, Bits<Vector>) << 16;
@@ -96,13 +99,13 @@ HDK_ROW_KERNEL Vector load_vector(const uint16_t* p) {
 }
 
 template <typename Vector>
-HDK_ROW_KERNEL void store_vector(float* p, Vector v) {
+HDK_BUILD_INLINE void store_vector(float* p, Vector v) {
   std::memcpy(p, &v, sizeof(v));
 }
 
 // Round to nearest even, NaN kept quiet: the rule of float_to_bf16, without branches.
 template <typename Vector>
-HDK_ROW_KERNEL void store_vector(uint16_t* p, Vector v) {
+HDK_BUILD_INLINE void store_vector(uint16_t* p, Vector v) {
   Bits<Vector> bits;
   std::memcpy(&bits, &v, sizeof(bits));
   const Bits<Vector> rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
@@ -121,7 +124,7 @@ struct NativeBf16 {
 };
 
 template <typename Vector>
-HDK_ROW_KERNEL Vector load_vector(const NativeBf16* p) {
+HDK_BUILD_INLINE Vector load_vector(const NativeBf16* p) {
   return load_vector<Vector>(&p->bits);
 }
 
@@ -150,15 +153,15 @@ store_native_bf16(NativeBf16* p, const float16& v) {
 }
 
 template <typename Vector>
-HDK_ROW_KERNEL void store_vector(NativeBf16* p, Vector v) {
+HDK_BUILD_INLINE void store_vector(NativeBf16* p, Vector v) {
   store_native_bf16(p, v);
 }
 
-HDK_ROW_KERNEL float load_scalar(const NativeBf16* p) {
+HDK_BUILD_INLINE float load_scalar(const NativeBf16* p) {
   return hdk::detail::bf16_to_float(p->bits);
 }
 
-HDK_ROW_KERNEL void store_scalar(NativeBf16* p, float value) {
+HDK_BUILD_INLINE void store_scalar(NativeBf16* p, float value) {
   p->bits = hdk::detail::float_to_bf16(value);
 }
 #endif
@@ -227,29 +230,29 @@ bool streams_state(const DecodeProblem& p) {
   return state_bytes > kStreamingBytes;
 }
 
-HDK_ROW_KERNEL float load_scalar(const float* p) {
+HDK_BUILD_INLINE float load_scalar(const float* p) {
   return *p;
 }
 
-HDK_ROW_KERNEL float load_scalar(const uint16_t* p) {
+HDK_BUILD_INLINE float load_scalar(const uint16_t* p) {
   return hdk::detail::bf16_to_float(*p);
 }
 
-HDK_ROW_KERNEL void store_scalar(float* p, float value) {
+HDK_BUILD_INLINE void store_scalar(float* p, float value) {
   *p = value;
 }
 
-HDK_ROW_KERNEL void store_scalar(uint16_t* p, float value) {
+HDK_BUILD_INLINE void store_scalar(uint16_t* p, float value) {
   *p = hdk::detail::float_to_bf16(value);
 }
 
 // Sums by halving the vector, so the adds form a tree instead of one long chain.
-HDK_ROW_KERNEL float sum_lanes(float4 v) {
+HDK_BUILD_INLINE float sum_lanes(float4 v) {
   return (v[0] + v[2]) + (v[1] + v[3]);
 }
 
 template <typename Vector, typename Half>
-HDK_ROW_KERNEL Half add_halves(Vector v) {
+HDK_BUILD_INLINE Half add_halves(Vector v) {
   Half low;
   Half high;
   std::memcpy(&low, &v, sizeof(Half));
@@ -258,19 +261,19 @@ HDK_ROW_KERNEL Half add_halves(Vector v) {
 }
 
 #ifdef HDK_GDN_CPU_X86_BUILDS
-HDK_ROW_KERNEL float sum_lanes(float8 v) {
+HDK_BUILD_INLINE float sum_lanes(float8 v) {
   return sum_lanes(add_halves<float8, float4>(v));
 }
 
-HDK_ROW_KERNEL float sum_lanes(float16 v) {
+HDK_BUILD_INLINE float sum_lanes(float16 v) {
   return sum_lanes(add_halves<float16, float8>(v));
 }
 #endif
 
 // row.k and row.q in one pass over the row, which may be stored fp32 or bf16.
 template <typename Vector, typename Element>
-HDK_ROW_KERNEL void dot_two(const Element* row, const float* k, const float* q, int64_t n,
-                            float* row_dot_k, float* row_dot_q) {
+HDK_BUILD_INLINE void dot_two(const Element* row, const float* k, const float* q, int64_t n,
+                              float* row_dot_k, float* row_dot_q) {
   constexpr int64_t L = kLanes<Vector>;
   Vector dk[4] = {}, dq[4] = {};
   int64_t j = 0;
@@ -298,7 +301,7 @@ HDK_ROW_KERNEL void dot_two(const Element* row, const float* k, const float* q, 
 }
 
 template <typename Vector>
-HDK_ROW_KERNEL float dot(const float* x, const float* y, int64_t n) {
+HDK_BUILD_INLINE float dot(const float* x, const float* y, int64_t n) {
   constexpr int64_t L = kLanes<Vector>;
   Vector a0 = {}, a1 = {};
   int64_t j = 0;
@@ -314,8 +317,8 @@ HDK_ROW_KERNEL float dot(const float* x, const float* y, int64_t n) {
 
 // target = decay * source + u * k; target may be source.
 template <typename Vector, typename Element>
-HDK_ROW_KERNEL void decay_and_add(const Element* source, Element* target, const float* k,
-                                  float decay, float u, int64_t n) {
+HDK_BUILD_INLINE void decay_and_add(const Element* source, Element* target, const float* k,
+                                    float decay, float u, int64_t n) {
   constexpr int64_t L = kLanes<Vector>;
   int64_t j = 0;
   for (; j + L <= n; j += L) {
@@ -347,8 +350,8 @@ void grow(std::vector<float>& buffer, int64_t size) {
 // The per-token vectors of one (request, value head): normalized and scaled q, normalized k,
 // v, decay = exp(g), beta and k.q, all in fp32.
 template <typename Vector>
-void prepare_tokens(const DecodeProblem& p, int64_t row, int64_t origin, int64_t tokens, int64_t hv,
-                    Scratch& s) {
+HDK_BUILD_INLINE void prepare_tokens(const DecodeProblem& p, int64_t row, int64_t origin,
+                                     int64_t tokens, int64_t hv, Scratch& s) {
   const int64_t K = p.head_k;
   const int64_t V = p.head_v;
   const int64_t h = p.qk_head_of(hv);
@@ -411,9 +414,9 @@ constexpr int64_t kPrefetchRows = 8;
 // One row of the one-token step held in kVectors registers: read (and widened) once, dotted,
 // updated and stored from the registers.
 template <typename Vector, int64_t kVectors, typename Element>
-HDK_ROW_KERNEL void step_row_in_registers(const Element* row, Element* target, bool stream,
-                                          const float* k, const float* q, float decay, float beta,
-                                          float v, float k_dot_q, float* out) {
+HDK_BUILD_INLINE void step_row_in_registers(const Element* row, Element* target, bool stream,
+                                            const float* k, const float* q, float decay, float beta,
+                                            float v, float k_dot_q, float* out) {
   constexpr int64_t L = kLanes<Vector>;
   Vector r[kVectors];
   Vector dk[4] = {}, dq[4] = {};
@@ -448,8 +451,8 @@ HDK_ROW_KERNEL void step_row_in_registers(const Element* row, Element* target, b
 // place or not; no staging copy. Rows of up to eight vectors stay in registers between their
 // dots and their update (K = 128 with AVX-512); longer rows are read again from L1.
 template <typename Vector, typename Element, int64_t kVectors>
-void step_rows(const DecodeProblem& p, int64_t target_slot, int64_t read_slot, int64_t hv,
-               Scratch& s) {
+HDK_BUILD_INLINE void step_rows(const DecodeProblem& p, int64_t target_slot, int64_t read_slot,
+                                int64_t hv, Scratch& s) {
   const int64_t K = p.head_k;
   const int64_t V = p.head_v;
   const Element* source = static_cast<const Element*>(p.state) + slot_offset(p, read_slot, hv);
@@ -483,8 +486,8 @@ void step_rows(const DecodeProblem& p, int64_t target_slot, int64_t read_slot, i
 }
 
 template <typename Vector, typename Element>
-void step_rows(const DecodeProblem& p, int64_t target_slot, int64_t read_slot, int64_t hv,
-               Scratch& s) {
+HDK_BUILD_INLINE void step_rows(const DecodeProblem& p, int64_t target_slot, int64_t read_slot,
+                                int64_t hv, Scratch& s) {
   constexpr int64_t L = kLanes<Vector>;
   if (p.head_k == 8 * L) {
     step_rows<Vector, Element, 8>(p, target_slot, read_slot, hv, s);
@@ -499,7 +502,8 @@ void step_rows(const DecodeProblem& p, int64_t target_slot, int64_t read_slot, i
 // independently of the others, so rows stream through all tokens while they sit in L1, and
 // every state byte moves once.
 template <typename Vector, typename Bf16>
-void run_rows(const DecodeProblem& p, int64_t n, const RequestPlan& plan, int64_t hv, Scratch& s) {
+HDK_BUILD_INLINE void run_rows(const DecodeProblem& p, int64_t n, const RequestPlan& plan,
+                               int64_t hv, Scratch& s) {
   const int64_t K = p.head_k;
   const int64_t V = p.head_v;
   const bool per_token = p.index_mode == IndexMode::kPerToken;
@@ -553,8 +557,8 @@ void run_rows(const DecodeProblem& p, int64_t n, const RequestPlan& plan, int64_
 
 // Layout kKV: S is stored transposed (V contiguous), so the head's matrix is staged in fp32 and
 // the dots run as axpy sweeps over its rows.
-void run_matrix(const DecodeProblem& p, int64_t n, const RequestPlan& plan, int64_t hv,
-                Scratch& s) {
+HDK_BUILD_INLINE void run_matrix(const DecodeProblem& p, int64_t n, const RequestPlan& plan,
+                                 int64_t hv, Scratch& s) {
   const int64_t K = p.head_k;
   const int64_t V = p.head_v;
   const int64_t size = K * V;
@@ -604,7 +608,7 @@ void run_matrix(const DecodeProblem& p, int64_t n, const RequestPlan& plan, int6
 }
 
 template <typename Vector, typename Bf16>
-void run_head(const DecodeProblem& p, int64_t n, int64_t hv) {
+HDK_BUILD_INLINE void run_head(const DecodeProblem& p, int64_t n, int64_t hv) {
   const RequestPlan plan = plan_request(p, n);
   const int64_t row = p.variable_length ? 0 : n;
   const int64_t V = p.head_v;
@@ -629,7 +633,7 @@ void run_head(const DecodeProblem& p, int64_t n, int64_t hv) {
 
 // Bf16 is how one-token rows of a bf16 pool are stored: uint16_t (integer rounding) or NativeBf16.
 template <typename Vector, typename Bf16 = uint16_t>
-void run_tasks(const DecodeProblem& p, int64_t begin, int64_t end) {
+HDK_BUILD_INLINE void run_tasks(const DecodeProblem& p, int64_t begin, int64_t end) {
   const int64_t heads = p.num_v_heads;
   for (int64_t task = begin; task < end; ++task)
     run_head<Vector, Bf16>(p, task / heads, task % heads);
