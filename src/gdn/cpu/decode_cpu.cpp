@@ -168,8 +168,10 @@ HDK_BUILD_INLINE void store_scalar(NativeBf16* p, float value) {
 
 // Stores that bypass the caches, for rows no later call will find there: a cold pool's update
 // then costs a read and a write of memory, not also the eviction of dirty lines the next rows
-// need room for (fp32, qwen3-next B = 64: 5.45 -> 4.55 ms on 2 EPYC threads). Each needs a
-// target aligned to the vector's size; Streams says which builds have one.
+// need room for. A trial that streamed every store, with the whole file built for AVX-512, cut
+// fp32 qwen3-next B = 64 from 5.45 to 4.55 ms on 2 EPYC threads; this form has not shown that
+// gain yet (bench/results/2026-11-23-cpu). Each store needs a target aligned to its size;
+// Streams says which builds have one.
 template <typename Vector, typename Element>
 struct Streams {
   static constexpr bool value = false;
