@@ -1,6 +1,7 @@
 // Small pieces every hdk-bench command shares: option parsing, result tables, JSON output.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <map>

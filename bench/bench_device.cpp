@@ -2,15 +2,24 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
+#include <memory>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "bench_cli.h"
 #include "core/thread_pool.h"
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #ifdef HDK_WITH_CUDA
 #include <cuda_runtime.h>
@@ -35,6 +44,121 @@ std::string cpu_model() {
   return "unknown CPU";
 }
 
+// Copies `bytes` with non-temporal stores: the written lines go straight to memory instead of
+// being read into the cache first (write-allocate), as a streaming kernel's output would.
+void copy_streaming(char* target, const char* source, size_t bytes) {
+#if defined(__SSE2__)
+  size_t i = 0;
+  for (; i + 64 <= bytes; i += 64) {
+    const __m128i a = _mm_load_si128(reinterpret_cast<const __m128i*>(source + i));
+    const __m128i b = _mm_load_si128(reinterpret_cast<const __m128i*>(source + i + 16));
+    const __m128i c = _mm_load_si128(reinterpret_cast<const __m128i*>(source + i + 32));
+    const __m128i d = _mm_load_si128(reinterpret_cast<const __m128i*>(source + i + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(target + i), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(target + i + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(target + i + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(target + i + 48), d);
+  }
+  _mm_sfence();
+  std::memcpy(target + i, source + i, bytes - i);
+#else
+  std::memcpy(target, source, bytes);
+#endif
+}
+
+// The copy bandwidth hdk's CPU results are judged against: the best of several ways to copy a
+// buffer far larger than the last-level cache, so that no one method's weakness lowers the
+// bar. (The pool copying 1 MiB chunks alone read 21.8 GB/s where two threads each copying
+// half read 62-67 GB/s: glibc's memcpy uses non-temporal stores only for large calls.)
+class CopyMeter {
+ public:
+  static constexpr int kMethods = 4;
+
+  CopyMeter(BenchDevice& device, size_t bytes)
+      : source_(device, bytes), target_(device, bytes), bytes_(bytes) {
+    std::memset(source_.get(), 1, bytes);
+    std::memset(target_.get(), 2, bytes);
+  }
+
+  // One copy by each method, its GB/s added to that method's samples.
+  void sample() {
+    char* target = static_cast<char*>(target_.get());
+    const char* source = static_cast<const char*>(source_.get());
+    const int threads = detail::num_threads();
+    for (int method = 0; method < kMethods; ++method) {
+      const auto start = std::chrono::steady_clock::now();
+      switch (method) {
+        case 0: {  // the thread pool the backend runs on, 1 MiB chunks
+          const int64_t chunks = static_cast<int64_t>(bytes_ >> 20);
+          detail::parallel_for(chunks, [&](int64_t begin, int64_t end) {
+            std::memcpy(target + (begin << 20), source + (begin << 20),
+                        static_cast<size_t>(end - begin) << 20);
+          });
+          break;
+        }
+        case 1:
+          on_threads(threads, [&](size_t offset, size_t size) {
+            std::memcpy(target + offset, source + offset, size);
+          });
+          break;
+        case 2:
+          std::memcpy(target, source, bytes_);
+          break;
+        case 3:
+          on_threads(threads, [&](size_t offset, size_t size) {
+            copy_streaming(target + offset, source + offset, size);
+          });
+          break;
+      }
+      samples_[method].push_back(2.0 * static_cast<double>(bytes_) / seconds_since(start) / 1e9);
+    }
+  }
+
+  void clear() {
+    for (std::vector<double>& samples : samples_)
+      samples.clear();
+  }
+
+  bool empty() const { return samples_[0].empty(); }
+
+  // The best method's median.
+  double best_gbs() const {
+    double best = 0.0;
+    for (const std::vector<double>& samples : samples_)
+      best = std::max(best, median(samples));
+    return best;
+  }
+
+  std::string describe() const {
+    static const char* const kNames[kMethods] = {"pool memcpy", "threads memcpy",
+                                                 "one thread memcpy", "threads streaming stores"};
+    std::string text;
+    for (int method = 0; method < kMethods; ++method) {
+      text += (method ? ", " : "") + std::string(kNames[method]) + " " +
+              format(median(samples_[method]), 1);
+    }
+    return text;
+  }
+
+ private:
+  // Plain threads, each on one contiguous 64-byte-aligned share.
+  void on_threads(int threads, const std::function<void(size_t, size_t)>& copy) {
+    std::vector<std::thread> workers;
+    const size_t share = (bytes_ / static_cast<size_t>(threads) + 63) / 64 * 64;
+    for (int t = 0; t < threads; ++t) {
+      const size_t offset = std::min(bytes_, share * static_cast<size_t>(t));
+      const size_t size = std::min(share, bytes_ - offset);
+      workers.emplace_back([&copy, offset, size] { copy(offset, size); });
+    }
+    for (std::thread& worker : workers)
+      worker.join();
+  }
+
+  DeviceAllocation source_, target_;
+  size_t bytes_;
+  std::vector<double> samples_[kMethods];
+};
+
 class CpuDevice : public BenchDevice {
  public:
   Device device() const override { return Device::cpu(); }
@@ -56,54 +180,51 @@ class CpuDevice : public BenchDevice {
     std::memcpy(host, device_pointer, bytes);
   }
 
-  // The threads the backend uses, each copying its share, as the backend would stream.
   double copy_bandwidth_gbs() override {
-    const size_t bytes = size_t{256} << 20;
-    DeviceAllocation source(*this, bytes), target(*this, bytes);
-    std::memset(source.get(), 1, bytes);
-    std::memset(target.get(), 2, bytes);
-    std::vector<double> samples;
-    for (int run = 0; run < 7; ++run) {
-      const auto start = std::chrono::steady_clock::now();
-      const int64_t chunks = 256;
-      detail::parallel_for(chunks, [&](int64_t begin, int64_t end) {
-        const size_t piece = bytes / chunks;
-        std::memcpy(static_cast<char*>(target.get()) + begin * piece,
-                    static_cast<const char*>(source.get()) + begin * piece,
-                    piece * static_cast<size_t>(end - begin));
-      });
-      samples.push_back(2.0 * bytes / seconds_since(start) / 1e9);
-    }
-    return median(samples);
+    CopyMeter& meter = copy_meter();
+    meter.clear();
+    for (int run = 0; run < 7; ++run)
+      meter.sample();
+    return meter.best_gbs();
   }
 
+  std::string copy_methods() const override {
+    return copy_meter_ && !copy_meter_->empty() ? copy_meter_->describe() : "";
+  }
+
+  // Cold timing measures the copy bandwidth before every timed call: the copy evicts the caches
+  // (it moves far more than they hold), and the baseline sees the same machine state, other
+  // processes included, as the calls it is compared with.
   double time_us(const std::function<void(CudaStream)>& work,
                  const TimingOptions& options) override {
     for (int i = 0; i < options.warmup; ++i)
       work(nullptr);
+    if (options.flush_cache) copy_meter().clear();
     std::vector<double> samples;
     for (int i = 0; i < options.iterations; ++i) {
-      if (options.flush_cache) flush();
+      if (options.flush_cache) copy_meter().sample();
       const auto start = std::chrono::steady_clock::now();
       work(nullptr);
       samples.push_back(seconds_since(start) * 1e6);
     }
+    interleaved_copy_gbs_ = options.flush_cache ? copy_meter().best_gbs() : 0.0;
     return median(samples);
   }
+
+  double interleaved_copy_gbs() const override { return interleaved_copy_gbs_; }
 
   double launch_overhead_us() override {
     return time_us([](CudaStream) {}, TimingOptions{false, 101, 5});
   }
 
  private:
-  // Touch more memory than any last-level cache holds.
-  void flush() {
-    const size_t bytes = size_t{64} << 20;
-    if (flush_buffer_.size() != bytes) flush_buffer_.assign(bytes, 0);
-    for (size_t i = 0; i < bytes; i += 64)
-      flush_buffer_[i]++;
+  CopyMeter& copy_meter() {
+    if (!copy_meter_) copy_meter_ = std::make_unique<CopyMeter>(*this, size_t{256} << 20);
+    return *copy_meter_;
   }
-  std::vector<uint8_t> flush_buffer_;
+
+  std::unique_ptr<CopyMeter> copy_meter_;
+  double interleaved_copy_gbs_ = 0.0;
 };
 
 #ifdef HDK_WITH_CUDA
@@ -256,6 +377,9 @@ RunBaseline start_run(BenchDevice& device, const char* command, const TimingOpti
               baseline.copy_gbs,
               gpu ? "empty kernel (graph replay, timed like the calls)" : "empty call",
               baseline.launch_overhead_us);
+  const std::string methods = device.copy_methods();
+  if (!methods.empty())
+    std::printf("copy bandwidth by method (GB/s, medians): %s\n", methods.c_str());
   std::printf("timing: %s, median of %d runs%s\n\n", gpu ? "CUDA graph replay" : "wall clock",
               timing.iterations, timing.flush_cache ? ", caches flushed before each" : ", hot");
   return baseline;

@@ -35,13 +35,22 @@ class BenchDevice {
   virtual void upload(void* device_pointer, const void* host, size_t bytes) = 0;
   virtual void download(void* host, const void* device_pointer, size_t bytes) = 0;
 
-  // Read + write bytes per second of a large device-to-device (or memcpy) copy, in GB/s.
+  // Read + write bytes per second of a large device-to-device copy (CPU: the best of several
+  // copy methods), in GB/s.
   virtual double copy_bandwidth_gbs() = 0;
 
+  // What each copy method measured, when there are several (CPU); empty otherwise.
+  virtual std::string copy_methods() const { return ""; }
+
   // Median microseconds of `work`. On CUDA, work is captured once into a CUDA graph and the
-  // graph is replayed; each timed replay sits between two events.
+  // graph is replayed; each timed replay sits between two events. On the CPU, cold timing
+  // copies buffers far larger than the caches before each run (see interleaved_copy_gbs).
   virtual double time_us(const std::function<void(CudaStream)>& work,
                          const TimingOptions& options) = 0;
+
+  // The copy bandwidth measured between the timed runs of the last time_us call (CPU, cold
+  // timing: a copy precedes every timed run), in GB/s; 0 when it was not measured that way.
+  virtual double interleaved_copy_gbs() const { return 0.0; }
 
   // Time of a graph replay of one empty kernel, timed like the calls (GPU), or of an empty call
   // (CPU): the fixed cost a tiny step cannot avoid, the "launch latency" of every floor.

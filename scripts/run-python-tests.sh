@@ -16,5 +16,10 @@ echo "python tests: building the extension for $python into $site"
 rm -rf "$site"
 "$python" -m pip install --no-build-isolation --no-deps --no-index --disable-pip-version-check --root-user-action=ignore \
   --quiet --target "$site" ./python
+status=0
 PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" \
-  "$python" -m pytest -q -rs -p no:cacheprovider python/tests
+  "$python" -m pytest -q -rs -p no:cacheprovider python/tests || status=$?
+if [[ $status == 5 ]]; then
+  echo "python tests: pytest collected no tests (exit code 5); that is a failure here" >&2
+fi
+exit "$status"

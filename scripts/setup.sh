@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Makes sure the tools hdk builds with are installed. As root with apt-get it installs what is
 # missing; otherwise it prints the exact command to run and stops.
-# Usage: scripts/setup.sh [--python]   (--python adds what the Python package and its tests need)
+# Usage: scripts/setup.sh [--python | --clang | --libcxx]
+#   --python  adds what the Python package and its tests need
+#   --clang   only clang (the CI's clang pass with libstdc++)
+#   --libcxx  only clang, libc++ and the GoogleTest sources (the CI's clang pass with libc++)
 set -euo pipefail
 
-want_python=0
-[[ "${1:-}" == "--python" ]] && want_python=1
+mode=${1:-}
 
 missing=()
 need() {  # need <package> <test command...>
@@ -14,12 +16,26 @@ need() {  # need <package> <test command...>
   if ! "$@" >/dev/null 2>&1; then missing+=("$package"); fi
 }
 
-need cmake command -v cmake
-need ninja-build command -v ninja
-need g++ command -v g++
-need libgtest-dev test -f /usr/include/gtest/gtest.h
-need libbenchmark-dev test -f /usr/include/benchmark/benchmark.h
-if [[ $want_python == 1 ]]; then
+links_with_libcxx() {  # a program that needs libc++'s headers and libc++abi's exceptions
+  printf '#include <string>\nint main() { try { throw std::string("x"); } catch (...) {} }\n' |
+    clang++ -stdlib=libc++ -x c++ - -o /dev/null
+}
+
+if [[ $mode == --clang || $mode == --libcxx ]]; then
+  need clang command -v clang++
+  if [[ $mode == --libcxx ]]; then
+    need libc++-dev links_with_libcxx
+    need libc++abi-dev links_with_libcxx
+    need googletest test -f /usr/src/googletest/CMakeLists.txt
+  fi
+else
+  need cmake command -v cmake
+  need ninja-build command -v ninja
+  need g++ command -v g++
+  need libgtest-dev test -f /usr/include/gtest/gtest.h
+  need libbenchmark-dev test -f /usr/include/benchmark/benchmark.h
+fi
+if [[ $mode == --python ]]; then
   need python3-torch /usr/bin/python3 -c "import torch"
   # Debian's python3-torch ships no C++ headers; the extension build needs them (torch/library.h).
   need libtorch-dev /usr/bin/python3 -c "import os, sys, torch.utils.cpp_extension as c; sys.exit(not any(os.path.isfile(os.path.join(p, 'torch', 'library.h')) for p in c.include_paths() + ['/usr/include']))"

@@ -1,6 +1,7 @@
 // Where the memory behind a TensorView lives.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace hdk {

@@ -1,6 +1,7 @@
 // A non-owning view of a strided tensor: hdk never allocates or frees the memory it is given.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <string>

@@ -2,12 +2,17 @@
 // machine have. A backend that cannot run here is skipped with the reason.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "core/float_convert.h"
 #include "hdk/error.h"
+#include "hdk/gdn/decode.h"
+#include "hdk/tensor_view.h"
 #include "support/gdn_case.h"
 
 #ifdef HDK_WITH_CUDA
@@ -57,6 +62,20 @@ std::vector<GdnCaseConfig> semantic_cases() {
       c.H = shape.H, c.HV = shape.HV, c.K = shape.K, c.V = shape.V;
       c.state_dtype = state;
       c.padding_fraction = 0.25;
+      add(c);
+    }
+  }
+
+  // Pools of more than 32 MiB, in place and split: the CPU backend then streams its one-token
+  // updates past the caches.
+  for (DType state : {DType::kFloat32, DType::kBFloat16}) {
+    for (bool split : {false, true}) {
+      GdnCaseConfig c;
+      c.B = state == DType::kFloat32 ? 10 : 20;
+      c.H = 16, c.HV = 64, c.K = 128, c.V = 128;
+      c.state_dtype = state;
+      c.split_pool = split;
+      c.padding_fraction = 0.1;
       add(c);
     }
   }
@@ -306,6 +325,79 @@ TEST(GdnDecodeEmpty, ZeroRequestsAndZeroTokens) {
       const GdnCase test_case(c);
       EXPECT_TRUE(
           outputs_match(test_case, run_reference(test_case), run_backend(test_case, backend)));
+    }
+  }
+}
+
+// The CPU backend stores a bf16 state rounded to nearest even, bit for bit like float_to_bf16,
+// denormals included (AVX512-BF16's conversion would flush them): with beta = 0 the step is
+// S' = exp(g) S, so every stored element is known exactly. Rows of every length class (in
+// registers, streamed, with a scalar tail) and a random mix of normal, denormal and zero values.
+TEST(GdnDecodeBf16State, StoresRoundToNearestEvenBitForBit) {
+  for (const int64_t K : {int64_t{128}, int64_t{64}, int64_t{40}}) {
+    for (const float g : {0.0f, -0.356f, -3.1f}) {
+      const int64_t B = 2, H = 1, HV = 2, V = 8, P = 3;
+      const int64_t state_count = P * HV * V * K;
+      std::vector<uint16_t> state(static_cast<size_t>(state_count));
+      uint64_t x = 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(K);
+      for (uint16_t& bits : state) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        const uint16_t sign = static_cast<uint16_t>((x >> 20) & 0x8000u);
+        switch (x % 4) {
+          case 0:  // denormal
+            bits = static_cast<uint16_t>(sign | (1u + (x >> 24) % 0x7fu));
+            break;
+          case 1:  // around the smallest normal
+            bits = static_cast<uint16_t>(sign | (0x0080u + (x >> 24) % 0x100u));
+            break;
+          case 2:  // zero
+            bits = 0;
+            break;
+          default:  // ordinary values
+            bits = static_cast<uint16_t>(sign | (0x3c00u + (x >> 24) % 0x0800u));
+            break;
+        }
+      }
+      const std::vector<uint16_t> initial = state;
+      const std::vector<uint8_t> qk = random_floats(DType::kFloat32, B * H * K, 5, 0.0, 1.0);
+      const std::vector<uint8_t> values = random_floats(DType::kFloat32, B * HV * V, 6, 0.0, 1.0);
+      std::vector<float> log_decay(static_cast<size_t>(B * HV), g);
+      std::vector<float> beta(static_cast<size_t>(B * HV), 0.0f);
+      std::vector<float> out(static_cast<size_t>(B * HV * V), -1.0f);
+      std::vector<int32_t> slots = {2, 0};
+
+      const Device cpu = Device::cpu();
+      gdn::DecodeParams p;
+      void* qk_data = const_cast<uint8_t*>(qk.data());
+      p.q = TensorView::contiguous(qk_data, DType::kFloat32, {B, 1, H, K}, cpu);
+      p.k = TensorView::contiguous(qk_data, DType::kFloat32, {B, 1, H, K}, cpu);
+      p.v = TensorView::contiguous(const_cast<uint8_t*>(values.data()), DType::kFloat32,
+                                   {B, 1, HV, V}, cpu);
+      p.g = TensorView::contiguous(log_decay.data(), DType::kFloat32, {B, 1, HV}, cpu);
+      p.beta = TensorView::contiguous(beta.data(), DType::kFloat32, {B, 1, HV}, cpu);
+      p.state = TensorView::contiguous(state.data(), DType::kBFloat16, {P, HV, V, K}, cpu);
+      p.state_indices = TensorView::contiguous(slots.data(), DType::kInt32, {B}, cpu);
+      p.out = TensorView::contiguous(out.data(), DType::kFloat32, {B, 1, HV, V}, cpu);
+      gdn::decode(p);
+
+      const float decay = std::exp(g);
+      const int64_t slot_size = HV * V * K;
+      int64_t mismatches = 0;
+      for (int64_t i = 0; i < state_count; ++i) {
+        const bool updated = i / slot_size != 1;  // slot 1 is not in the batch
+        const size_t at = static_cast<size_t>(i);
+        const uint16_t want =
+            updated ? detail::float_to_bf16(decay * detail::bf16_to_float(initial[at]))
+                    : initial[at];
+        if (state[at] != want && ++mismatches <= 5) {
+          ADD_FAILURE() << "K=" << K << " g=" << g << " element " << i << ": got 0x" << std::hex
+                        << state[at] << ", want 0x" << want << " (from 0x" << initial[at] << ")"
+                        << std::dec;
+        }
+      }
+      EXPECT_EQ(mismatches, 0) << "K=" << K << " g=" << g;
     }
   }
 }

@@ -1,5 +1,6 @@
 #include "support/device_memory.h"
 
+#include <cstdint>
 #include <cstring>
 #include <stdexcept>
 #include <utility>
@@ -47,8 +48,11 @@ std::string backend_unavailable_reason(Backend backend) {
 
 DeviceBuffer::DeviceBuffer(Backend backend, size_t bytes) : backend_(backend), bytes_(bytes) {
   if (backend_ == Backend::kCPU) {
-    host_.resize(bytes);
-    data_ = host_.data();
+    // 64-byte aligned, as serving engines' allocators (and cudaMalloc) hand memory out: the CPU
+    // backend streams rows past the caches only from aligned addresses.
+    host_.resize(bytes + 63);
+    const uintptr_t start = reinterpret_cast<uintptr_t>(host_.data());
+    data_ = host_.data() + ((64 - start % 64) % 64);
     return;
   }
 #ifdef HDK_WITH_CUDA
@@ -68,8 +72,7 @@ DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
     : backend_(other.backend_),
       bytes_(other.bytes_),
       data_(other.data_),
-      host_(std::move(other.host_)) {
-  if (backend_ == Backend::kCPU) data_ = host_.data();
+      host_(std::move(other.host_)) {  // a moved vector keeps its storage, so data_ stays valid
   other.data_ = nullptr;
   other.bytes_ = 0;
 }

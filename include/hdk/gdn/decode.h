@@ -7,6 +7,8 @@
 // with q, k l2-normalized (optional) and q scaled, per request n, value head hv, token t.
 #pragma once
 
+#include <cstdint>
+
 #include "hdk/cuda_stream.h"
 #include "hdk/tensor_view.h"
 

@@ -2,12 +2,20 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
+#ifdef __x86_64__
+#include <immintrin.h>
+#endif
+
 #include "core/element_io.h"
+#include "core/float_convert.h"
 #include "core/thread_pool.h"
 #include "gdn/gating.h"
+#include "hdk/dtype.h"
 
 namespace hdk {
 namespace gdn {
@@ -19,68 +27,308 @@ using hdk::detail::load_floats;
 using hdk::detail::store_floats;
 using hdk::detail::store_zeros;
 
-// Row kernels on 4-float vectors (GCC/Clang vector extensions: one SSE register on baseline
-// x86-64, one NEON register on arm64), two accumulators each to hide the add latency. Scalar
-// loops did not vectorize cleanly and 8-float vectors were spilled to the stack without AVX.
+// Row kernels on GCC/Clang vector extensions, written once for a vector type and built for
+// each instruction set (see run_tasks_baseline): 4-float vectors (one SSE or NEON register) for
+// the baseline, 8 or 16 floats for AVX2 or AVX-512. Scalar loops did not vectorize
+// cleanly, and 8-float vectors were spilled to the stack without AVX. Four accumulators per dot
+// hide the FMA latency, which otherwise bounds a 128-float row.
 using float4 = float __attribute__((vector_size(16)));
-constexpr int kStep = 8;  // floats per loop iteration: two float4
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define HDK_GDN_CPU_X86_BUILDS 1
+using float8 = float __attribute__((vector_size(32)));
+using float16 = float __attribute__((vector_size(64)));
+// The wide helpers have internal linkage and are always inlined into the build for their
+// instruction set, so the calling convention the compilers warn about is never used.
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
 
-inline float4 load4(const float* p) {
-  float4 v;
+// Everything the per-build entry points (run_tasks_*) call is inlined into them, so that every
+// vector operation is compiled for that build's instruction set: flatten alone left functions
+// out of line with clang, compiled for the baseline (fp32 rows ran 3x slower).
+#define HDK_BUILD_INLINE inline __attribute__((always_inline))
+
+template <typename Vector>
+constexpr int64_t kLanes = static_cast<int64_t>(sizeof(Vector) / sizeof(float));
+
+// The integer vectors of a float vector's bits (bf16 widening and rounding).
+template <typename Vector>
+struct Lanes;
+
+template <>
+struct Lanes<float4> {
+  using Bits = uint32_t __attribute__((vector_size(16)));
+  using HalfBits = uint16_t __attribute__((vector_size(8)));
+};
+
+#ifdef HDK_GDN_CPU_X86_BUILDS
+template <>
+struct Lanes<float8> {
+  using Bits = uint32_t __attribute__((vector_size(32)));
+  using HalfBits = uint16_t __attribute__((vector_size(16)));
+};
+
+template <>
+struct Lanes<float16> {
+  using Bits = uint32_t __attribute__((vector_size(64)));
+  using HalfBits = uint16_t __attribute__((vector_size(32)));
+};
+#endif
+
+template <typename Vector>
+using Bits = typename Lanes<Vector>::Bits;
+
+template <typename Vector>
+using HalfBits = typename Lanes<Vector>::HalfBits;
+
+// A vector of state elements as fp32: fp32 rows as they are, bf16 rows widened.
+template <typename Vector>
+HDK_BUILD_INLINE Vector load_vector(const float* p) {
+  Vector v;
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
 
-inline void store4(float* p, float4 v) {
+template <typename Vector>
+HDK_BUILD_INLINE Vector load_vector(const uint16_t* p) {
+  HalfBits<Vector> half;
+  std::memcpy(&half, p, sizeof(half));
+  const Bits<Vector> bits = __builtin_convertvector(half, Bits<Vector>) << 16;
+  Vector v;
+  std::memcpy(&v, &bits, sizeof(v));
+  return v;
+}
+
+template <typename Vector>
+HDK_BUILD_INLINE void store_vector(float* p, Vector v) {
   std::memcpy(p, &v, sizeof(v));
 }
 
-inline float sum4(float4 v) {
-  return (v[0] + v[1]) + (v[2] + v[3]);
+// Round to nearest even, NaN kept quiet: the rule of float_to_bf16, without branches.
+template <typename Vector>
+HDK_BUILD_INLINE void store_vector(uint16_t* p, Vector v) {
+  Bits<Vector> bits;
+  std::memcpy(&bits, &v, sizeof(bits));
+  const Bits<Vector> rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  const Bits<Vector> quiet_nan = (bits >> 16) | 0x40u;
+  const Bits<Vector> is_nan = (bits & 0x7fffffffu) > 0x7f800000u;  // all ones where NaN
+  const HalfBits<Vector> half =
+      __builtin_convertvector((is_nan & quiet_nan) | (~is_nan & rounded), HalfBits<Vector>);
+  std::memcpy(p, &half, sizeof(half));
 }
 
-inline void dot_two(const float* row, const float* k, const float* q, int64_t n, float* row_dot_k,
-                    float* row_dot_q) {
-  float4 k0 = {}, k1 = {}, q0 = {}, q1 = {};
-  int64_t j = 0;
-  for (; j + kStep <= n; j += kStep) {
-    const float4 r0 = load4(row + j);
-    const float4 r1 = load4(row + j + 4);
-    k0 += r0 * load4(k + j);
-    k1 += r1 * load4(k + j + 4);
-    q0 += r0 * load4(q + j);
-    q1 += r1 * load4(q + j + 4);
+#ifdef HDK_GDN_CPU_X86_BUILDS
+// A bf16 element stored with AVX512-BF16's conversion (same rounding and NaN rule, one
+// instruction for 16 lanes instead of about ten); only the AVX512-BF16 build uses it.
+struct NativeBf16 {
+  uint16_t bits;
+};
+
+template <typename Vector>
+HDK_BUILD_INLINE Vector load_vector(const NativeBf16* p) {
+  return load_vector<Vector>(&p->bits);
+}
+
+// The rounding of float_to_bf16 one element at a time, for the rare vector holding a denormal,
+// which AVX512-BF16's conversion would flush to zero.
+inline void store_bf16_elements(NativeBf16* p, const float16& v) {
+  float values[16];
+  std::memcpy(values, &v, sizeof(values));
+  for (int i = 0; i < 16; ++i)
+    p[i].bits = hdk::detail::float_to_bf16(values[i]);
+}
+
+// Not always_inline: it carries its own target, and the build's flatten inlines it. The vector
+// comes by reference: passing it by value between functions of different targets changes the
+// calling convention, which clang rejects.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16"))) inline void
+store_native_bf16(NativeBf16* p, const float16& v) {
+  __m512 x;
+  std::memcpy(&x, &v, sizeof(x));
+  if (_mm512_fpclass_ps_mask(x, 0x20) != 0) {  // a denormal
+    store_bf16_elements(p, v);
+    return;
   }
-  float sum_k = sum4(k0 + k1);
-  float sum_q = sum4(q0 + q1);
+  const __m256bh packed = _mm512_cvtneps_pbh(x);
+  std::memcpy(p, &packed, sizeof(packed));
+}
+
+template <typename Vector>
+HDK_BUILD_INLINE void store_vector(NativeBf16* p, Vector v) {
+  store_native_bf16(p, v);
+}
+
+HDK_BUILD_INLINE float load_scalar(const NativeBf16* p) {
+  return hdk::detail::bf16_to_float(p->bits);
+}
+
+HDK_BUILD_INLINE void store_scalar(NativeBf16* p, float value) {
+  p->bits = hdk::detail::float_to_bf16(value);
+}
+#endif
+
+// Stores that bypass the caches, for rows no later call will find there: a cold pool's update
+// then costs a read and a write of memory, not also the eviction of dirty lines the next rows
+// need room for. A trial that streamed every store, with the whole file built for AVX-512, cut
+// fp32 qwen3-next B = 64 from 5.45 to 4.55 ms on 2 EPYC threads; this form has not shown that
+// gain yet (bench/results/2026-11-23-cpu). Each store needs a target aligned to its size;
+// Streams says which builds have one.
+template <typename Vector, typename Element>
+struct Streams {
+  static constexpr bool value = false;
+};
+
+#ifdef HDK_GDN_CPU_X86_BUILDS
+template <>
+struct Streams<float8, float> {
+  static constexpr bool value = true;
+};
+
+template <>
+struct Streams<float16, float> {
+  static constexpr bool value = true;
+};
+
+template <>
+struct Streams<float16, NativeBf16> {
+  static constexpr bool value = true;
+};
+
+// Not always_inline, like store_native_bf16.
+__attribute__((target("avx"))) inline void stream_vector(float* p, const float8& v) {
+  __m256 x;
+  std::memcpy(&x, &v, sizeof(x));
+  _mm256_stream_ps(p, x);
+}
+
+__attribute__((target("avx512f"))) inline void stream_vector(float* p, const float16& v) {
+  __m512 x;
+  std::memcpy(&x, &v, sizeof(x));
+  _mm512_stream_ps(p, x);
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16"))) inline void stream_vector(
+    NativeBf16* p, const float16& v) {
+  __m512 x;
+  std::memcpy(&x, &v, sizeof(x));
+  if (_mm512_fpclass_ps_mask(x, 0x20) != 0) {  // a denormal: see store_native_bf16
+    store_bf16_elements(p, v);
+    return;
+  }
+  const __m256bh packed = _mm512_cvtneps_pbh(x);
+  __m256i bits;
+  std::memcpy(&bits, &packed, sizeof(bits));
+  _mm256_stream_si256(reinterpret_cast<__m256i*>(p), bits);
+}
+#endif
+
+// Calls whose pool traffic exceeds this stream their one-token updates past the caches. A
+// constant, because the cache size a CPU reports cannot be trusted (a VM here reports 508 MiB
+// of L3 for 2 cores).
+constexpr int64_t kStreamingBytes = int64_t{32} << 20;
+
+bool streams_state(const DecodeProblem& p) {
+  const int64_t state_bytes = p.num_requests * p.num_v_heads * p.head_v * p.head_k *
+                              static_cast<int64_t>(dtype_size(p.state_dtype));
+  return state_bytes > kStreamingBytes;
+}
+
+HDK_BUILD_INLINE float load_scalar(const float* p) {
+  return *p;
+}
+
+HDK_BUILD_INLINE float load_scalar(const uint16_t* p) {
+  return hdk::detail::bf16_to_float(*p);
+}
+
+HDK_BUILD_INLINE void store_scalar(float* p, float value) {
+  *p = value;
+}
+
+HDK_BUILD_INLINE void store_scalar(uint16_t* p, float value) {
+  *p = hdk::detail::float_to_bf16(value);
+}
+
+// Sums by halving the vector, so the adds form a tree instead of one long chain.
+HDK_BUILD_INLINE float sum_lanes(float4 v) {
+  return (v[0] + v[2]) + (v[1] + v[3]);
+}
+
+template <typename Vector, typename Half>
+HDK_BUILD_INLINE Half add_halves(Vector v) {
+  Half low;
+  Half high;
+  std::memcpy(&low, &v, sizeof(Half));
+  std::memcpy(&high, reinterpret_cast<const char*>(&v) + sizeof(Half), sizeof(Half));
+  return low + high;
+}
+
+#ifdef HDK_GDN_CPU_X86_BUILDS
+HDK_BUILD_INLINE float sum_lanes(float8 v) {
+  return sum_lanes(add_halves<float8, float4>(v));
+}
+
+HDK_BUILD_INLINE float sum_lanes(float16 v) {
+  return sum_lanes(add_halves<float16, float8>(v));
+}
+#endif
+
+// row.k and row.q in one pass over the row, which may be stored fp32 or bf16.
+template <typename Vector, typename Element>
+HDK_BUILD_INLINE void dot_two(const Element* row, const float* k, const float* q, int64_t n,
+                              float* row_dot_k, float* row_dot_q) {
+  constexpr int64_t L = kLanes<Vector>;
+  Vector dk[4] = {}, dq[4] = {};
+  int64_t j = 0;
+  for (; j + 4 * L <= n; j += 4 * L) {
+    for (int64_t a = 0; a < 4; ++a) {
+      const Vector r = load_vector<Vector>(row + j + a * L);
+      dk[a] += r * load_vector<Vector>(k + j + a * L);
+      dq[a] += r * load_vector<Vector>(q + j + a * L);
+    }
+  }
+  for (; j + L <= n; j += L) {
+    const Vector r = load_vector<Vector>(row + j);
+    dk[0] += r * load_vector<Vector>(k + j);
+    dq[0] += r * load_vector<Vector>(q + j);
+  }
+  float sum_k = sum_lanes((dk[0] + dk[1]) + (dk[2] + dk[3]));
+  float sum_q = sum_lanes((dq[0] + dq[1]) + (dq[2] + dq[3]));
   for (; j < n; ++j) {
-    sum_k += row[j] * k[j];
-    sum_q += row[j] * q[j];
+    const float r = load_scalar(row + j);
+    sum_k += r * k[j];
+    sum_q += r * q[j];
   }
   *row_dot_k = sum_k;
   *row_dot_q = sum_q;
 }
 
-inline float dot(const float* x, const float* y, int64_t n) {
-  float4 a0 = {}, a1 = {};
+template <typename Vector>
+HDK_BUILD_INLINE float dot(const float* x, const float* y, int64_t n) {
+  constexpr int64_t L = kLanes<Vector>;
+  Vector a0 = {}, a1 = {};
   int64_t j = 0;
-  for (; j + kStep <= n; j += kStep) {
-    a0 += load4(x + j) * load4(y + j);
-    a1 += load4(x + j + 4) * load4(y + j + 4);
+  for (; j + 2 * L <= n; j += 2 * L) {
+    a0 += load_vector<Vector>(x + j) * load_vector<Vector>(y + j);
+    a1 += load_vector<Vector>(x + j + L) * load_vector<Vector>(y + j + L);
   }
-  float sum = sum4(a0 + a1);
+  float sum = sum_lanes(a0 + a1);
   for (; j < n; ++j)
     sum += x[j] * y[j];
   return sum;
 }
 
-// row = decay * row + u * k
-inline void decay_and_add(float* row, const float* k, float decay, float u, int64_t n) {
+// target = decay * source + u * k; target may be source.
+template <typename Vector, typename Element>
+HDK_BUILD_INLINE void decay_and_add(const Element* source, Element* target, const float* k,
+                                    float decay, float u, int64_t n) {
+  constexpr int64_t L = kLanes<Vector>;
   int64_t j = 0;
-  for (; j + 4 <= n; j += 4)
-    store4(row + j, decay * load4(row + j) + u * load4(k + j));
+  for (; j + L <= n; j += L) {
+    store_vector<Vector>(target + j,
+                         decay * load_vector<Vector>(source + j) + u * load_vector<Vector>(k + j));
+  }
   for (; j < n; ++j)
-    row[j] = decay * row[j] + u * k[j];
+    store_scalar(target + j, decay * load_scalar(source + j) + u * k[j]);
 }
 
 int64_t token_offset(const TokenTensor& x, int64_t request_row, int64_t token, int64_t head) {
@@ -103,8 +351,9 @@ void grow(std::vector<float>& buffer, int64_t size) {
 
 // The per-token vectors of one (request, value head): normalized and scaled q, normalized k,
 // v, decay = exp(g), beta and k.q, all in fp32.
-void prepare_tokens(const DecodeProblem& p, int64_t row, int64_t origin, int64_t tokens, int64_t hv,
-                    Scratch& s) {
+template <typename Vector>
+HDK_BUILD_INLINE void prepare_tokens(const DecodeProblem& p, int64_t row, int64_t origin,
+                                     int64_t tokens, int64_t hv, Scratch& s) {
   const int64_t K = p.head_k;
   const int64_t V = p.head_v;
   const int64_t h = p.qk_head_of(hv);
@@ -125,14 +374,14 @@ void prepare_tokens(const DecodeProblem& p, int64_t row, int64_t origin, int64_t
     float q_factor = p.scale;
     float k_factor = 1.0f;
     if (p.use_qk_l2norm) {
-      q_factor /= std::sqrt(dot(q, q, K) + p.l2norm_eps);
-      k_factor /= std::sqrt(dot(k, k, K) + p.l2norm_eps);
+      q_factor /= std::sqrt(dot<Vector>(q, q, K) + p.l2norm_eps);
+      k_factor /= std::sqrt(dot<Vector>(k, k, K) + p.l2norm_eps);
     }
     for (int64_t j = 0; j < K; ++j) {
       q[j] *= q_factor;
       k[j] *= k_factor;
     }
-    s.k_dot_q[t] = dot(k, q, K);
+    s.k_dot_q[t] = dot<Vector>(k, q, K);
     float g;
     float beta;
     if (p.fused_gating) {
@@ -159,17 +408,123 @@ int64_t cache_offset(const DecodeProblem& p, int64_t n, int64_t t, int64_t hv) {
   return n * p.intermediate_stride_request + t * p.intermediate_stride_token + hv * p.head_pitch;
 }
 
-// Layout kVK: each row of S (one value index) evolves independently of the others, so rows
-// stream through all tokens while they sit in L1, and every state byte moves once.
-void run_rows(const DecodeProblem& p, int64_t n, const RequestPlan& plan, int64_t hv, Scratch& s) {
+// Rows ahead of the one being updated that are prefetched. The hardware prefetchers stop at
+// 4 KiB page boundaries (8 fp32 rows of 128), so without this every new page of a cold pool
+// starts with a miss.
+constexpr int64_t kPrefetchRows = 8;
+
+// One row of the one-token step held in kVectors registers: read (and widened) once, dotted,
+// updated and stored from the registers.
+template <typename Vector, int64_t kVectors, typename Element>
+HDK_BUILD_INLINE void step_row_in_registers(const Element* row, Element* target, bool stream,
+                                            const float* k, const float* q, float decay, float beta,
+                                            float v, float k_dot_q, float* out) {
+  constexpr int64_t L = kLanes<Vector>;
+  Vector r[kVectors];
+  Vector dk[4] = {}, dq[4] = {};
+#pragma GCC unroll 16
+  for (int64_t a = 0; a < kVectors; ++a) {
+    r[a] = load_vector<Vector>(row + a * L);
+    dk[a % 4] += r[a] * load_vector<Vector>(k + a * L);
+    dq[a % 4] += r[a] * load_vector<Vector>(q + a * L);
+  }
+  const float row_dot_k = sum_lanes((dk[0] + dk[1]) + (dk[2] + dk[3]));
+  const float row_dot_q = sum_lanes((dq[0] + dq[1]) + (dq[2] + dq[3]));
+  const float u = beta * (v - decay * row_dot_k);
+  *out = decay * row_dot_q + u * k_dot_q;
+  if (target == nullptr) return;
+  if constexpr (Streams<Vector, Element>::value) {
+    if (stream && reinterpret_cast<uintptr_t>(target) % (L * sizeof(Element)) == 0) {
+#pragma GCC unroll 16
+      for (int64_t a = 0; a < kVectors; ++a) {
+        const Vector updated = decay * r[a] + u * load_vector<Vector>(k + a * L);
+        stream_vector(target + a * L, updated);
+      }
+      return;
+    }
+  }
+#pragma GCC unroll 16
+  for (int64_t a = 0; a < kVectors; ++a)
+    store_vector<Vector>(target + a * L, decay * r[a] + u * load_vector<Vector>(k + a * L));
+}
+
+// Layout kVK, one token, at most one state stored (the decode step's usual case): the rows are
+// read where they lie, fp32 or bf16, and their update is stored straight to the target slot, in
+// place or not; no staging copy. Rows of up to eight vectors stay in registers between their
+// dots and their update (K = 128 with AVX-512); longer rows are read again from L1.
+template <typename Vector, typename Element, int64_t kVectors>
+HDK_BUILD_INLINE void step_rows(const DecodeProblem& p, int64_t target_slot, int64_t read_slot,
+                                int64_t hv, Scratch& s) {
   const int64_t K = p.head_k;
   const int64_t V = p.head_v;
+  const Element* source = static_cast<const Element*>(p.state) + slot_offset(p, read_slot, hv);
+  Element* target =
+      target_slot >= 0 ? static_cast<Element*>(p.state) + slot_offset(p, target_slot, hv) : nullptr;
+  const float* k = s.k.data();
+  const float* q = s.q.data();
+  const float* v = s.v.data();
+  float* out = s.out.data();
+  const float decay = s.decay[0];
+  const float beta = s.beta[0];
+  const float k_dot_q = s.k_dot_q[0];
+  const bool stream = streams_state(p);
+  for (int64_t i = 0; i < V; ++i) {
+    const Element* row = source + i * K;
+    Element* row_target = target != nullptr ? target + i * K : nullptr;
+    if (i + kPrefetchRows < V) __builtin_prefetch(row + kPrefetchRows * K);
+    if constexpr (kVectors > 0) {
+      step_row_in_registers<Vector, kVectors>(row, row_target, stream, k, q, decay, beta, v[i],
+                                              k_dot_q, out + i);
+    } else {
+      float row_dot_k;
+      float row_dot_q;
+      dot_two<Vector>(row, k, q, K, &row_dot_k, &row_dot_q);
+      // o = S' q with S' = decay S + u k^T, i.e. decay (S q) + u (k.q): one pass for both dots.
+      const float u = beta * (v[i] - decay * row_dot_k);
+      out[i] = decay * row_dot_q + u * k_dot_q;
+      if (row_target != nullptr) decay_and_add<Vector>(row, row_target, k, decay, u, K);
+    }
+  }
+}
+
+template <typename Vector, typename Element>
+HDK_BUILD_INLINE void step_rows(const DecodeProblem& p, int64_t target_slot, int64_t read_slot,
+                                int64_t hv, Scratch& s) {
+  constexpr int64_t L = kLanes<Vector>;
+  if (p.head_k == 8 * L) {
+    step_rows<Vector, Element, 8>(p, target_slot, read_slot, hv, s);
+  } else if (p.head_k == 4 * L) {
+    step_rows<Vector, Element, 4>(p, target_slot, read_slot, hv, s);
+  } else {
+    step_rows<Vector, Element, 0>(p, target_slot, read_slot, hv, s);
+  }
+}
+
+// Layout kVK, any number of tokens and stores: each row of S (one value index) evolves
+// independently of the others, so rows stream through all tokens while they sit in L1, and
+// every state byte moves once.
+template <typename Vector, typename Bf16>
+HDK_BUILD_INLINE void run_rows(const DecodeProblem& p, int64_t n, const RequestPlan& plan,
+                               int64_t hv, Scratch& s) {
+  const int64_t K = p.head_k;
+  const int64_t V = p.head_v;
+  const bool per_token = p.index_mode == IndexMode::kPerToken;
+  if (plan.num_tokens == 1 && p.intermediate_states == nullptr) {
+    const int64_t target_slot = per_token ? per_token_write_slot(p, n, 0) : plan.final_slot;
+    if (p.state_dtype == DType::kFloat32) {
+      step_rows<Vector, float>(p, target_slot, plan.read_slot, hv, s);
+      return;
+    }
+    if (p.state_dtype == DType::kBFloat16) {
+      step_rows<Vector, Bf16>(p, target_slot, plan.read_slot, hv, s);
+      return;
+    }
+  }
   grow(s.row, K);
   const int64_t read_base = slot_offset(p, plan.read_slot, hv);
-  // The decode step's usual case: an fp32 pool updated in place with nothing else stored. The
-  // row is then updated where it lies; copying it in and out cost a third of the time.
+  // An fp32 pool updated in place with nothing else stored: the row is updated where it lies.
   const bool in_place = p.state_dtype == DType::kFloat32 && plan.final_slot == plan.read_slot &&
-                        p.intermediate_states == nullptr && p.index_mode != IndexMode::kPerToken;
+                        p.intermediate_states == nullptr && !per_token;
   for (int64_t i = 0; i < V; ++i) {
     float* row = s.row.data();
     if (in_place) {
@@ -183,11 +538,10 @@ void run_rows(const DecodeProblem& p, int64_t n, const RequestPlan& plan, int64_
       const float decay = s.decay[t];
       float row_dot_k;
       float row_dot_q;
-      dot_two(row, k, q, K, &row_dot_k, &row_dot_q);
-      // o = S' q with S' = decay S + u k^T, i.e. decay (S q) + u (k.q): one pass for both dots.
+      dot_two<Vector>(row, k, q, K, &row_dot_k, &row_dot_q);
       const float u = s.beta[t] * (s.v[t * V + i] - decay * row_dot_k);
       s.out[t * V + i] = decay * row_dot_q + u * s.k_dot_q[t];
-      decay_and_add(row, k, decay, u, K);
+      decay_and_add<Vector>(row, row, k, decay, u, K);
       if (p.intermediate_states != nullptr) {
         store_floats(p.intermediate_states, p.state_dtype, cache_offset(p, n, t, hv) + i * K, K,
                      row);
@@ -205,8 +559,8 @@ void run_rows(const DecodeProblem& p, int64_t n, const RequestPlan& plan, int64_
 
 // Layout kKV: S is stored transposed (V contiguous), so the head's matrix is staged in fp32 and
 // the dots run as axpy sweeps over its rows.
-void run_matrix(const DecodeProblem& p, int64_t n, const RequestPlan& plan, int64_t hv,
-                Scratch& s) {
+HDK_BUILD_INLINE void run_matrix(const DecodeProblem& p, int64_t n, const RequestPlan& plan,
+                                 int64_t hv, Scratch& s) {
   const int64_t K = p.head_k;
   const int64_t V = p.head_v;
   const int64_t size = K * V;
@@ -255,7 +609,8 @@ void run_matrix(const DecodeProblem& p, int64_t n, const RequestPlan& plan, int6
   }
 }
 
-void run_head(const DecodeProblem& p, int64_t n, int64_t hv) {
+template <typename Vector, typename Bf16>
+HDK_BUILD_INLINE void run_head(const DecodeProblem& p, int64_t n, int64_t hv) {
   const RequestPlan plan = plan_request(p, n);
   const int64_t row = p.variable_length ? 0 : n;
   const int64_t V = p.head_v;
@@ -266,9 +621,9 @@ void run_head(const DecodeProblem& p, int64_t n, int64_t hv) {
     return;
   }
   Scratch& s = scratch();
-  prepare_tokens(p, row, plan.token_origin, plan.num_tokens, hv, s);
+  prepare_tokens<Vector>(p, row, plan.token_origin, plan.num_tokens, hv, s);
   if (p.layout == StateLayout::kVK) {
-    run_rows(p, n, plan, hv, s);
+    run_rows<Vector, Bf16>(p, n, plan, hv, s);
   } else {
     run_matrix(p, n, plan, hv, s);
   }
@@ -278,17 +633,62 @@ void run_head(const DecodeProblem& p, int64_t n, int64_t hv) {
   }
 }
 
-// The per-task loop, with everything it calls inlined (flatten), is built twice on x86-64
-// Linux with GCC: for AVX2/FMA machines and for the baseline, picked once at load time. One
-// binary runs everywhere and uses wide vectors where they exist (bf16 packing in particular
-// is slow on baseline SSE2).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
-__attribute__((target_clones("arch=x86-64-v3", "default"), flatten))
-#endif
-void run_tasks(const DecodeProblem& p, int64_t begin, int64_t end) {
+// Bf16 is how one-token rows of a bf16 pool are stored: uint16_t (integer rounding) or NativeBf16.
+template <typename Vector, typename Bf16 = uint16_t>
+HDK_BUILD_INLINE void run_tasks(const DecodeProblem& p, int64_t begin, int64_t end) {
   const int64_t heads = p.num_v_heads;
   for (int64_t task = begin; task < end; ++task)
-    run_head(p, task / heads, task % heads);
+    run_head<Vector, Bf16>(p, task / heads, task % heads);
+#ifdef HDK_GDN_CPU_X86_BUILDS
+  _mm_sfence();  // the streaming stores are weakly ordered; the caller reads the state next
+#endif
+}
+
+// The per-task loop, with everything it calls inlined (flatten), is built for the baseline on
+// 4-float vectors and, on x86-64, for AVX2/FMA on 8-float and for AVX-512 on 16-float vectors,
+// picked at run time. One binary runs everywhere and uses wide vectors where they exist: bf16
+// rows are bound by their widening and rounding, which AVX-512 runs in 40% less time than AVX2.
+__attribute__((flatten)) void run_tasks_baseline(const DecodeProblem& p, int64_t begin,
+                                                 int64_t end) {
+  run_tasks<float4>(p, begin, end);
+}
+
+#ifdef HDK_GDN_CPU_X86_BUILDS
+__attribute__((target("avx2,fma"), flatten)) void run_tasks_avx2(const DecodeProblem& p,
+                                                                 int64_t begin, int64_t end) {
+  run_tasks<float8>(p, begin, end);
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma"), flatten)) void run_tasks_avx512(
+    const DecodeProblem& p, int64_t begin, int64_t end) {
+  run_tasks<float16>(p, begin, end);
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma"), flatten)) void
+run_tasks_avx512_bf16(const DecodeProblem& p, int64_t begin, int64_t end) {
+  run_tasks<float16, NativeBf16>(p, begin, end);
+}
+
+#endif
+
+using RunTasks = void (*)(const DecodeProblem&, int64_t, int64_t);
+
+// The widest build this CPU runs, or a narrower one named by HDK_CPU_ISA ("avx512", "avx2",
+// "baseline"): the tests run every build that way on one machine.
+RunTasks pick_build() {
+  const char* requested = std::getenv("HDK_CPU_ISA");
+  const std::string limit = requested != nullptr ? requested : "";
+#ifdef HDK_GDN_CPU_X86_BUILDS
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") &&
+                      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+  const bool avx512_bf16 =
+      avx512 && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bf16");
+  if (avx512_bf16 && limit.empty()) return run_tasks_avx512_bf16;
+  if (avx512 && limit != "avx2" && limit != "baseline") return run_tasks_avx512;
+  if (avx2 && limit != "baseline") return run_tasks_avx2;
+#endif
+  return run_tasks_baseline;
 }
 
 }  // namespace
@@ -304,8 +704,9 @@ void decode_cpu(const DecodeProblem& p) {
       *static_cast<int32_t*>(p.invalid_index_count) += static_cast<int32_t>(invalid);
     }
   }
+  static const RunTasks run = pick_build();
   hdk::detail::parallel_for(p.num_requests * p.num_v_heads,
-                            [&](int64_t begin, int64_t end) { run_tasks(p, begin, end); });
+                            [&](int64_t begin, int64_t end) { run(p, begin, end); });
 }
 
 }  // namespace detail

@@ -1,6 +1,8 @@
 // The CUDA backend of GDN decode (compiled only with HDK_WITH_CUDA).
 #pragma once
 
+#include <cstdint>
+
 #include "gdn/decode_problem.h"
 #include "hdk/cuda_stream.h"
 #include "hdk/gdn/decode.h"

@@ -6,6 +6,8 @@
 // in registers across the tokens), and the partial dots meet in shared memory.
 #pragma once
 
+#include <cstdint>
+
 #include "gdn/cuda/device_helpers.cuh"
 
 namespace hdk {

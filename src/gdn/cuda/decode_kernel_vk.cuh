@@ -16,6 +16,8 @@
 // docs/gdn-cuda-dispatch.md with its measurements.
 #pragma once
 
+#include <cstdint>
+
 #include "gdn/cuda/decode_launch.h"
 #include "gdn/cuda/device_helpers.cuh"
 

@@ -12,6 +12,8 @@
 // Measured steps of the design are in docs/gdn-cuda-dispatch.md.
 #pragma once
 
+#include <cstdint>
+
 #include "gdn/cuda/decode_kernel_vk.cuh"
 
 namespace hdk {

@@ -1,6 +1,8 @@
 // Compile-time dispatch over the head sizes the CUDA kernels are built for, kept in one place.
 #pragma once
 
+#include <string>
+
 #include "hdk/error.h"
 
 // Runs the body with `constexpr int kHeadK` bound to 64, 128 or 256.
