@@ -50,6 +50,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out
   echo "nvidia-smi failed: the CUDA cases will be skipped"
 [[ -f $library ]] || { echo "no libhdk at $library: build it with CUDA first" >&2; exit 1; }
 stage build build || { echo "build failed; see $out/python_build.log" >&2; exit 1; }
+echo "package installed into $site (PYTHONPATH for later runs on this machine)"
 stage tests env PYTHONPATH="$site" timeout 180 "$python" -m pytest -q -rs -p no:cacheprovider \
   python/tests
 # HDK_BENCH_ARGS adds options (e.g. "--batch 1,64 --T 1" for a quick look); HDK_BENCH_TIMEOUT
