@@ -166,12 +166,11 @@ HDK_BUILD_INLINE void store_scalar(NativeBf16* p, float value) {
 }
 #endif
 
-// Stores that bypass the caches, for rows no later call will find there: a cold pool's update
-// then costs a read and a write of memory, not also the eviction of dirty lines the next rows
-// need room for. A trial that streamed every store, with the whole file built for AVX-512, cut
-// fp32 qwen3-next B = 64 from 5.45 to 4.55 ms on 2 EPYC threads; this form has not shown that
-// gain yet (bench/results/2026-11-23-cpu). Each store needs a target aligned to its size;
-// Streams says which builds have one.
+// Stores that bypass the caches, for rows no later call will find there. Off by default since
+// the full-row prefetch below (HDK_CPU_STREAM_STORES=1 turns them on for pools over
+// kStreamingBytes): with it, streaming stores made fp32 qwen3-next B = 64 slower on 2 EPYC
+// threads (5.0-5.5 ms against 4.0-4.9 ms with ordinary stores). Each store needs a target
+// aligned to its size; Streams says which builds have one.
 template <typename Vector, typename Element>
 struct Streams {
   static constexpr bool value = false;
@@ -408,10 +407,42 @@ int64_t cache_offset(const DecodeProblem& p, int64_t n, int64_t t, int64_t hv) {
   return n * p.intermediate_stride_request + t * p.intermediate_stride_token + hv * p.head_pitch;
 }
 
-// Rows ahead of the one being updated that are prefetched. The hardware prefetchers stop at
-// 4 KiB page boundaries (8 fp32 rows of 128), so without this every new page of a cold pool
-// starts with a miss.
+// Rows ahead of the one being updated that are prefetched, 8 cache lines each (one fp32 row of
+// 128, two bf16 rows), past the head's end too. The hardware prefetchers stop at 4 KiB page
+// boundaries (8 fp32 rows of 128). Measured with hdk-bench on 2 EPYC threads, fp32,
+// qwen3-next B = 64 (bench/results/2026-11-23-cpu): the previous kernel (the first line of the
+// row 8 rows ahead, streaming stores over 32 MiB) 4.6-6.1 ms; whole rows, ordinary stores
+// 3.8-4.9 ms (this form: 4.2-4.4 ms, 90-108% of the copy). Within the spread or worse: 4 or 16
+// rows ahead, prefetchnta, streaming stores with the whole-row prefetch, stopping at the head's
+// end, heads interleaved between the threads, no software prefetch. Keep the line count a
+// run-time value: the same prefetches with K = 128 known to GCC (8 unrolled prefetches) ran at
+// 5.4-6.1 ms again, whether they came before the row's loads, after its stores or in a rolled
+// loop; why is not understood.
 constexpr int64_t kPrefetchRows = 8;
+
+// Prefetch and store settings, read once from the environment (HDK_CPU_PREFETCH_ROWS,
+// HDK_CPU_PREFETCH_LINES, HDK_CPU_STREAM_STORES); see the measurements above.
+struct CpuTuning {
+  int64_t rows = kPrefetchRows;  // rows ahead
+  int64_t lines = 8;             // cache lines prefetched per row ahead
+  bool stream = false;           // streaming stores for pools over kStreamingBytes
+};
+
+int64_t tuning_value(const char* name, int64_t fallback) {
+  const char* text = std::getenv(name);
+  return text != nullptr ? std::atoll(text) : fallback;
+}
+
+const CpuTuning& cpu_tuning() {
+  static const CpuTuning tuning = [] {
+    CpuTuning t;
+    t.rows = tuning_value("HDK_CPU_PREFETCH_ROWS", t.rows);
+    t.lines = tuning_value("HDK_CPU_PREFETCH_LINES", t.lines);
+    t.stream = tuning_value("HDK_CPU_STREAM_STORES", t.stream ? 1 : 0) != 0;
+    return t;
+  }();
+  return tuning;
+}
 
 // One row of the one-token step held in kVectors registers: read (and widened) once, dotted,
 // updated and stored from the registers.
@@ -467,11 +498,17 @@ HDK_BUILD_INLINE void step_rows(const DecodeProblem& p, int64_t target_slot, int
   const float decay = s.decay[0];
   const float beta = s.beta[0];
   const float k_dot_q = s.k_dot_q[0];
-  const bool stream = streams_state(p);
+  const CpuTuning& tuning = cpu_tuning();
+  const bool stream = tuning.stream && streams_state(p);
+  constexpr int64_t kLine = 64 / static_cast<int64_t>(sizeof(Element));
   for (int64_t i = 0; i < V; ++i) {
     const Element* row = source + i * K;
     Element* row_target = target != nullptr ? target + i * K : nullptr;
-    if (i + kPrefetchRows < V) __builtin_prefetch(row + kPrefetchRows * K);
+    // Past the head's last row this reaches into the next head of the slot, which the next task
+    // usually reads; prefetches never fault.
+    const Element* ahead = row + tuning.rows * K;
+    for (int64_t l = 0; l < tuning.lines; ++l)
+      __builtin_prefetch(ahead + l * kLine);
     if constexpr (kVectors > 0) {
       step_row_in_registers<Vector, kVectors>(row, row_target, stream, k, q, decay, beta, v[i],
                                               k_dot_q, out + i);
