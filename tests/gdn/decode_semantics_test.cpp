@@ -256,13 +256,23 @@ TEST_P(GdnDecodeSemantics, MatchesReference) {
   if (backend == Backend::kCUDA) {
     using gdn::detail::OneTokenKernel;
     for (OneTokenKernel kernel : {OneTokenKernel::kOneToken, OneTokenKernel::kMultiToken}) {
-      gdn::detail::LaunchOverride forced;
-      forced.one_token_kernel = kernel;
-      gdn::detail::set_launch_override(forced);
+      // Restored however the call ends: a throwing backend must not leave later tests on a
+      // forced kernel.
+      struct ForcedKernel {
+        explicit ForcedKernel(OneTokenKernel kernel) {
+          gdn::detail::LaunchOverride forced;
+          forced.one_token_kernel = kernel;
+          gdn::detail::set_launch_override(forced);
+        }
+        ~ForcedKernel() { gdn::detail::set_launch_override(gdn::detail::LaunchOverride()); }
+      };
       SCOPED_TRACE(kernel == OneTokenKernel::kOneToken ? "one-token kernel forced"
                                                        : "multi-token kernel forced");
-      const BufferContents forced_actual = run_backend(test_case, backend);
-      gdn::detail::set_launch_override(gdn::detail::LaunchOverride());
+      BufferContents forced_actual;
+      {
+        const ForcedKernel forced(kernel);
+        forced_actual = run_backend(test_case, backend);
+      }
       EXPECT_TRUE(outputs_match(test_case, expected, forced_actual));
     }
   }
