@@ -121,6 +121,8 @@ SparseDecodeProblem validate_sparse_decode(const SparseDecodeParams& p) {
                 {{&p.q, "q"},
                  {&p.cache, "cache"},
                  {&p.indices, "indices"},
+                 {&p.extra_cache, "extra_cache"},
+                 {&p.extra_indices, "extra_indices"},
                  {&p.sink, "sink"},
                  {&p.out, "out"},
                  {&p.lse, "lse"},
@@ -135,6 +137,18 @@ SparseDecodeProblem validate_sparse_decode(const SparseDecodeParams& p) {
   check.rank_in(p.indices, "indices", {2}, "[N, L]");
   problem.num_indices = p.indices.shape[1];
   problem.indices = index_view(check, p.indices, "indices", {N, problem.num_indices}, "[N, L]");
+  if (p.extra_cache.defined() != p.extra_indices.defined()) {
+    check.fail(std::string("arguments 'extra_cache' and 'extra_indices' go together: got ") +
+               (p.extra_cache.defined() ? "extra_cache" : "extra_indices") + " only");
+  }
+  if (p.extra_cache.defined()) {
+    problem.extra_cache = paged_pool(check, p.extra_cache, p.extra_block_size, kEntryBytes,
+                                     "MODEL1 entries", "extra_cache", "extra_block_size");
+    check.rank_in(p.extra_indices, "extra_indices", {2}, "[N, L2]");
+    problem.num_extra_indices = p.extra_indices.shape[1];
+    problem.extra_indices = index_view(check, p.extra_indices, "extra_indices",
+                                       {N, problem.num_extra_indices}, "[N, L2]");
+  }
 
   if (p.sink.defined()) {
     check.shape_is(p.sink, "sink", {H}, "[Hq]");
@@ -160,11 +174,17 @@ SparseDecodeProblem validate_sparse_decode(const SparseDecodeParams& p) {
     problem.lse = static_cast<float*>(p.lse.data);
     problem.lse_row_stride = p.lse.strides[0];
     problem.lse_head_stride = p.lse.strides[1];
+    problem.lse_includes_sink = p.lse_includes_sink;
   }
   problem.invalid_count = counter(check, p.invalid_count);
 
   check_aliasing(check, {{&p.out, "out"}, {&p.lse, "lse"}, {&p.invalid_count, "invalid_count"}},
-                 {{&p.q, "q"}, {&p.cache, "cache"}, {&p.indices, "indices"}, {&p.sink, "sink"}});
+                 {{&p.q, "q"},
+                  {&p.cache, "cache"},
+                  {&p.indices, "indices"},
+                  {&p.extra_cache, "extra_cache"},
+                  {&p.extra_indices, "extra_indices"},
+                  {&p.sink, "sink"}});
   return problem;
 }
 
@@ -192,6 +212,10 @@ void check_indexer_indices(const IndexerProblem& p) {
 
 void check_sparse_indices(const SparseDecodeProblem& p) {
   check_slots(kSparseDecode, p.indices, p.num_rows, p.num_indices, p.cache, "indices");
+  if (p.num_extra_indices > 0) {
+    check_slots(kSparseDecode, p.extra_indices, p.num_rows, p.num_extra_indices, p.extra_cache,
+                "extra_indices");
+  }
 }
 
 }  // namespace detail

@@ -121,7 +121,7 @@ void index_topk_cpu(const IndexerProblem& p) {
 }
 
 void sparse_decode_cpu(const SparseDecodeProblem& p) {
-  const int64_t N = p.num_rows, H = p.num_heads, L = p.num_indices, D = kHeadDim;
+  const int64_t N = p.num_rows, H = p.num_heads, L = p.list_length(), D = kHeadDim;
   if (N == 0) return;
   const int64_t head_blocks = (H + kHeadBlock - 1) / kHeadBlock;
   // Per (row, head block): 1 when its q is not finite or its result is NaN. The whole row is then
@@ -150,9 +150,9 @@ void sparse_decode_cpu(const SparseDecodeProblem& p) {
       }
       // One pass over the list with an online softmax per head: each entry is decoded once.
       for (int64_t j = 0; j < L; ++j) {
-        const int64_t slot = p.indices.at(n, j);
+        const int64_t slot = p.list_slot(n, j);
         if (slot < 0) continue;
-        decode_entry(p.cache, slot, entry.data());
+        decode_entry(p.list_pool(j), slot, entry.data());
         for (int64_t h = 0; h < heads; ++h) {
           const float s = dot(&q[h * D], entry.data(), D) * p.scale;
           float* a = &acc[h * D];
@@ -185,6 +185,9 @@ void sparse_decode_cpu(const SparseDecodeProblem& p) {
           for (int64_t i = 0; i < D; ++i)
             a[i] *= factor;
           lse = top + std::log(denominator);
+        }
+        if (!p.lse_includes_sink) {
+          lse = running_max[h] == -kInf ? -kInf : running_max[h] + std::log(sum[h]);
         }
         if (std::isnan(lse) || any_nan(a, D)) bad[task] = 1;
         hdk::detail::store_floats(p.out, p.out_dtype,
