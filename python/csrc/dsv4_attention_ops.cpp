@@ -25,7 +25,8 @@ template <bool kMeta>
 void index_topk(const at::Tensor& q, const at::Tensor& weights, const at::Tensor& key_cache,
                 int64_t block_size, int64_t format, const at::Tensor& block_table,
                 const at::Tensor& num_entries, int64_t top_k, const at::Tensor& topk_indices,
-                const OptionalTensor& topk_scores, const OptionalTensor& invalid_count) {
+                const OptionalTensor& topk_scores, const OptionalTensor& topk_slots,
+                const OptionalTensor& invalid_count) {
   if constexpr (kMeta) return;
   call_hdk([&] {
     hdk::dsv4::IndexerParams p;
@@ -39,6 +40,7 @@ void index_topk(const at::Tensor& q, const at::Tensor& weights, const at::Tensor
     p.top_k = top_k;
     p.topk_indices = to_view(topk_indices, "topk_indices");
     p.topk_scores = to_view(topk_scores, "topk_scores");
+    p.topk_slots = to_view(topk_slots, "topk_slots");
     p.invalid_count = to_view(invalid_count, "invalid_count");
     HDK_ATTENTION_DEVICE_GUARD(topk_indices);
     hdk::dsv4::index_topk(p, current_stream(topk_indices));
@@ -80,7 +82,7 @@ TORCH_LIBRARY_FRAGMENT(hdk, m) {
   m.def(
       "dsv4_index_topk(Tensor q, Tensor weights, Tensor key_cache, int block_size, int format, "
       "Tensor block_table, Tensor num_entries, int top_k, Tensor(a!) topk_indices, "
-      "Tensor(b!)? topk_scores, Tensor(c!)? invalid_count) -> ()");
+      "Tensor(b!)? topk_scores, Tensor(c!)? topk_slots, Tensor(d!)? invalid_count) -> ()");
   m.def(
       "dsv4_sparse_decode(Tensor q, Tensor cache, int block_size, Tensor indices, "
       "Tensor? extra_cache, int extra_block_size, Tensor? extra_indices, Tensor? sink, "

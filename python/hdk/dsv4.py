@@ -348,6 +348,7 @@ def index_topk(
     topk_indices=None,
     topk_scores=None,
     return_scores=True,
+    topk_slots=None,
     invalid_count=None,
 ):
     r"""The indexer's top-k for N query rows (hdk::dsv4::index_topk)::
@@ -373,6 +374,10 @@ def index_topk(
             ordinal, -1 as padding); None: allocated.
         topk_scores: ``[N, top_k]`` fp32 output (-inf as padding); None: allocated when
             ``return_scores``, else not computed.
+        topk_slots: optional ``[N, top_k]`` int32 output, written in place: the flat slot of
+            each selected entry through ``block_table`` (-1 as padding), i.e. sparse_decode's
+            ``indices`` for a pool sharing the key cache's block table and block size (the CSA
+            compressed pool of :class:`KVCacheManager`).
         invalid_count: ``[1]`` int32/int64 counter; +1 per row whose q or weights hold a NaN or
             infinity (the row gets only padding). hdk adds, never clears.
 
@@ -393,6 +398,7 @@ def index_topk(
             ("num_entries", num_entries),
             ("topk_indices", topk_indices),
             ("topk_scores", topk_scores),
+            ("topk_slots", topk_slots),
             ("invalid_count", invalid_count),
         ),
     )
@@ -416,6 +422,7 @@ def index_topk(
         int(top_k),
         topk_indices,
         topk_scores,
+        topk_slots,
         invalid_count,
     )
     return topk_indices, topk_scores

@@ -127,6 +127,7 @@ def test_index_topk_matches_the_reference(device, fmt, q_dtype):
     weights[6, 9] = INF  # counted, only padding
     indices = torch.full((n, top_k), 12345, dtype=torch.int32)
     scores = torch.full((n, top_k), NAN)
+    slots = torch.full((n, top_k), 54321, dtype=torch.int32)
     count = counter("cpu")
     got_indices, got_scores = hdk.dsv4.index_topk(
         q,
@@ -139,11 +140,16 @@ def test_index_topk_matches_the_reference(device, fmt, q_dtype):
         format=fmt,
         topk_indices=indices,
         topk_scores=scores,
+        topk_slots=slots,
         invalid_count=count,
     )
     assert got_indices is indices and got_scores is scores
     assert int(count.item()) == 3 + 2
     check_topk(indices, scores, reference_topk(q, weights, decoded, top_k), top_k, exact=False)
+    # The slots are the entries' places through the block table, -1 for padding.
+    pages = block_table.long().gather(1, indices.clamp(min=0).long() // block_size)
+    want = torch.where(indices >= 0, pages * block_size + indices % block_size, -1)
+    assert torch.equal(slots.long(), want)
 
 
 def test_index_topk_exact_ties_and_allocated_outputs(device):

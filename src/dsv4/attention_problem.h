@@ -40,6 +40,8 @@ struct IndexerProblem {
   int64_t topk_indices_row_stride = 0;
   float* topk_scores = nullptr;  // [N, top_k] or nullptr
   int64_t topk_scores_row_stride = 0;
+  int32_t* topk_slots = nullptr;  // [N, top_k] or nullptr
+  int64_t topk_slots_row_stride = 0;
   Counter invalid_count;
 
   // Flat slot of the row's entry s (s below its num_entries, which the caller checked).

@@ -1,6 +1,8 @@
 #include "dsv4/attention_validation.h"
 
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <string>
 
 #include "core/argument_checks.h"
@@ -56,6 +58,7 @@ IndexerProblem validate_index_topk(const IndexerParams& p) {
                  {&p.num_entries, "num_entries"},
                  {&p.topk_indices, "topk_indices"},
                  {&p.topk_scores, "topk_scores"},
+                 {&p.topk_slots, "topk_slots"},
                  {&p.invalid_count, "invalid_count"}},
                 p.topk_indices.device);
   check_format(check, p.format, "format");
@@ -97,11 +100,23 @@ IndexerProblem validate_index_topk(const IndexerParams& p) {
     problem.topk_scores = static_cast<float*>(p.topk_scores.data);
     problem.topk_scores_row_stride = p.topk_scores.strides[0];
   }
+  if (p.topk_slots.defined()) {
+    check.shape_is(p.topk_slots, "topk_slots", {N, p.top_k}, "[N, top_k]");
+    check.dtype_in(p.topk_slots, "topk_slots", {DType::kInt32});
+    check.innermost_contiguous(p.topk_slots, "topk_slots");
+    if (problem.keys.num_slots() > std::numeric_limits<int32_t>::max()) {
+      check.fail("argument 'topk_slots' is int32, but 'key_cache' has " +
+                 text(problem.keys.num_slots()) + " slots (at most 2^31 - 1 fit)");
+    }
+    problem.topk_slots = static_cast<int32_t*>(p.topk_slots.data);
+    problem.topk_slots_row_stride = p.topk_slots.strides[0];
+  }
   problem.invalid_count = counter(check, p.invalid_count);
 
   check_aliasing(check,
                  {{&p.topk_indices, "topk_indices"},
                   {&p.topk_scores, "topk_scores"},
+                  {&p.topk_slots, "topk_slots"},
                   {&p.invalid_count, "invalid_count"}},
                  {{&p.q, "q"},
                   {&p.weights, "weights"},

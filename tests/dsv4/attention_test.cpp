@@ -84,6 +84,7 @@ struct IndexCase {
   DType count_dtype = DType::kInt32;
   int64_t distinct_keys = 0;  // > 0: every key is one of this many (exact ties)
   bool scores = true;         // pass topk_scores
+  bool slots = true;          // pass topk_slots
   uint64_t seed = 1;
 
   std::string describe() const {
@@ -104,6 +105,7 @@ struct IndexInputs {
   std::vector<int32_t> block_table;
   std::vector<int32_t> indices;  // poisoned output
   std::vector<float> scores;     // poisoned output
+  std::vector<int32_t> slots;    // poisoned output
   std::vector<uint8_t> counter = counter_bytes(DType::kInt32, 3);
 
   dsv4::IndexerParams params(const IndexCase& c) {
@@ -120,6 +122,7 @@ struct IndexInputs {
     p.topk_indices = TensorView::contiguous(indices.data(), DType::kInt32, {N, c.top_k});
     if (c.scores)
       p.topk_scores = TensorView::contiguous(scores.data(), DType::kFloat32, {N, c.top_k});
+    if (c.slots) p.topk_slots = TensorView::contiguous(slots.data(), DType::kInt32, {N, c.top_k});
     p.invalid_count = TensorView::contiguous(counter.data(), DType::kInt32, {1});
     return p;
   }
@@ -180,6 +183,7 @@ IndexInputs make_index_inputs(const IndexCase& c) {
   in.counts = index_bytes(c.counts, c.count_dtype);
   in.indices.assign(static_cast<size_t>(in.N * c.top_k), 0x5a5a5a5a);
   in.scores.assign(static_cast<size_t>(in.N * c.top_k), kNaN);
+  in.slots.assign(static_cast<size_t>(in.N * c.top_k), 0x5a5a5a5a);
   return in;
 }
 
@@ -193,6 +197,14 @@ void check_index_outputs(const IndexCase& c, const IndexInputs& in,
     const float* got_scores = &in.scores[n * K];
     const int64_t count = ref.invalid[n] ? 0 : c.counts[n];
     const int64_t kept = std::min(K, count);
+    for (int64_t j = 0; j < K && c.slots; ++j) {
+      const int32_t s = got[j];
+      const int64_t want =
+          s < 0 ? -1
+                : in.block_table[n * in.max_blocks + s / c.block_size] * c.block_size +
+                      s % c.block_size;
+      ASSERT_EQ(in.slots[n * K + j], want) << "slot of position " << j << " (entry " << s << ")";
+    }
     for (int64_t j = kept; j < K; ++j) {
       ASSERT_EQ(got[j], -1) << "padding at " << j;
       if (c.scores) {
@@ -281,6 +293,7 @@ TEST(IndexTopk, SmallShapes) {
         c.format = seed % 2 ? KeyFormat::kMXFP4 : KeyFormat::kNVFP4;
         c.q_dtype = seed % 3 ? DType::kBFloat16 : DType::kFloat32;
         c.scores = seed % 4 != 0;
+        c.slots = seed % 5 != 0;
         c.seed = seed++;
         run_index_case(c);
       }
@@ -429,6 +442,18 @@ TEST(IndexTopk, ValidationNamesTheArgument) {
          p.topk_scores = TensorView::contiguous(in.weights.data(), DType::kFloat32, {N, 4});
        },
        "'topk_scores'"},  // overlaps weights
+      {[&](dsv4::IndexerParams& p) {
+         p.topk_slots = TensorView::contiguous(spare.data(), DType::kInt64, {N, 4});
+       },
+       "argument 'topk_slots'"},
+      {[&](dsv4::IndexerParams& p) {
+         p.topk_slots = TensorView::contiguous(spare.data(), DType::kInt32, {N, 5});
+       },
+       "argument 'topk_slots'"},
+      {[&](dsv4::IndexerParams& p) {
+         p.topk_slots = TensorView::contiguous(in.indices.data(), DType::kInt32, {N, 4});
+       },
+       "'topk_slots'"},  // overlaps topk_indices
       {[](dsv4::IndexerParams& p) { p.weights.device = Device::cuda(0); }, "argument 'weights'"},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
@@ -935,7 +960,7 @@ TEST(Attention, CudaTensorsSayTheBackendIsMissing) {
   IndexInputs ii = make_index_inputs(ic);
   dsv4::IndexerParams ip = ii.params(ic);
   for (TensorView* view : {&ip.q, &ip.weights, &ip.key_cache, &ip.block_table, &ip.num_entries,
-                           &ip.topk_indices, &ip.topk_scores, &ip.invalid_count})
+                           &ip.topk_indices, &ip.topk_scores, &ip.topk_slots, &ip.invalid_count})
     view->device = Device::cuda(0);
   expect_error([&] { dsv4::index_topk(ip); }, "not implemented on CUDA yet");
 }

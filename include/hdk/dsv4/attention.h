@@ -41,6 +41,12 @@ struct IndexerParams {
   TensorView topk_indices;
   // Optional [N, top_k] fp32, last dim contiguous: the scores of topk_indices, -inf for padding.
   TensorView topk_scores;
+  // Optional [N, top_k] int32, last dim contiguous: the flat slot of each selected entry,
+  // block_table[n, s / block_size] * block_size + s % block_size, -1 for padding. A pool that
+  // shares the key cache's block table and block size (the CSA compressed pool of
+  // hdk.dsv4.KVCacheManager) holds entry s there, so this is sparse_decode's `indices` for the
+  // selected entries with no gather in between.
+  TensorView topk_slots;
   // Optional [1] or scalar int32/int64 counter; hdk adds, never clears. +1 per row whose q or
   // weights hold a NaN or infinity: such a row gets only padding (-1, -inf). A key stored with
   // NaN markers scores NaN and ranks below every number (as in hdk::topk); it is not counted.

@@ -110,10 +110,13 @@ void index_topk_cpu(const IndexerProblem& p) {
       int32_t* indices = p.topk_indices + n * p.topk_indices_row_stride;
       float* top_scores =
           p.topk_scores != nullptr ? p.topk_scores + n * p.topk_scores_row_stride : nullptr;
+      int32_t* slots =
+          p.topk_slots != nullptr ? p.topk_slots + n * p.topk_slots_row_stride : nullptr;
       for (int64_t j = 0; j < K; ++j) {
         const int64_t s = j < kept ? static_cast<int64_t>(hdk::detail::column_of(ranked[j])) : -1;
         indices[j] = static_cast<int32_t>(s);
         if (top_scores != nullptr) top_scores[j] = s >= 0 ? row[s] : -kInf;
+        if (slots != nullptr) slots[j] = s >= 0 ? static_cast<int32_t>(p.slot(n, s)) : -1;
       }
     }
   });
