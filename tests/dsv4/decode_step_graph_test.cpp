@@ -1,7 +1,8 @@
 // A whole DeepSeek-V4 CSA-layer decode step captured in one CUDA graph and replayed over a
 // sequence: store_entries into the SWA rings, compress (main entries, d = 512) and compress
-// (indexer keys, d = 128, MXFP4), index_topk over the keys, and sparse_decode over the
-// compressed entries plus the SWA ring (the extra list). New inputs are copied into the captured
+// (indexer keys, d = 128, MXFP4), index_topk over the keys, and sparse_decode over the selected
+// compressed entries (index_topk's topk_slots, passed on with no glue) plus the SWA ring (the
+// extra list). New inputs are copied into the captured
 // buffers before every replay. After every replay the outputs are checked against the float64
 // reference run on the bytes the graph left in the caches, and the caches must equal, byte for
 // byte, those of the same calls run eagerly. Request 3 is padding in every step.
@@ -46,7 +47,7 @@ std::vector<uint8_t> download(const DeviceBuffer& buffer) {
 // entries in pages of 4 (4 pages per request), SWA rings of 128, 64 indexer heads, 8 query heads.
 struct Step {
   static constexpr int64_t kRows = 4, kLive = 3, kRatio = 4, kBlockSize = 4, kMaxBlocks = 4;
-  static constexpr int64_t kBlocks = kRows * kMaxBlocks, kMaxEntries = kMaxBlocks * kBlockSize;
+  static constexpr int64_t kBlocks = kRows * kMaxBlocks;
   static constexpr int64_t kMaxPosition = 64, kIndexHeads = 64, kQueryHeads = 8, kTopK = 8;
   static constexpr int64_t kWindow = 128;
 };
@@ -83,7 +84,7 @@ struct StepBuffers {
       topk_indices{Backend::kCUDA, S::kRows*S::kTopK * 4},
       topk_scores{Backend::kCUDA, S::kRows*S::kTopK * 4},
       q{Backend::kCUDA, S::kRows*S::kQueryHeads * 512 * 2},
-      indices{Backend::kCUDA, S::kRows*S::kMaxEntries * 4},
+      topk_slots{Backend::kCUDA, S::kRows*S::kTopK * 4},
       swa_indices{Backend::kCUDA, S::kRows*S::kWindow * 4},
       sink{Backend::kCUDA, S::kQueryHeads * 4},
       out{Backend::kCUDA, S::kRows*S::kQueryHeads * 512 * 2},
@@ -118,7 +119,7 @@ struct StepBuffers {
 
   dsv4::IndexerParams indexer_params(const Device& where, void* key_cache, void* q_data,
                                      void* weights, void* block_table, void* counts,
-                                     void* out_indices, void* out_scores) const {
+                                     void* out_indices, void* out_scores, void* out_slots) const {
     dsv4::IndexerParams p;
     p.q = TensorView::contiguous(q_data, DType::kFloat32, {S::kRows, S::kIndexHeads, 128}, where);
     p.weights = TensorView::contiguous(weights, DType::kFloat32, {S::kRows, S::kIndexHeads}, where);
@@ -131,6 +132,7 @@ struct StepBuffers {
     p.top_k = S::kTopK;
     p.topk_indices =
         TensorView::contiguous(out_indices, DType::kInt32, {S::kRows, S::kTopK}, where);
+    p.topk_slots = TensorView::contiguous(out_slots, DType::kInt32, {S::kRows, S::kTopK}, where);
     p.topk_scores =
         TensorView::contiguous(out_scores, DType::kFloat32, {S::kRows, S::kTopK}, where);
     return p;
@@ -143,7 +145,7 @@ struct StepBuffers {
     p.q = TensorView::contiguous(q_data, DType::kBFloat16, {S::kRows, S::kQueryHeads, 512}, where);
     p.cache = TensorView::contiguous(pool, DType::kUInt8, {S::kBlocks, S::kBlockSize * 584}, where);
     p.block_size = S::kBlockSize;
-    p.indices = TensorView::contiguous(list, DType::kInt32, {S::kRows, S::kMaxEntries}, where);
+    p.indices = TensorView::contiguous(list, DType::kInt32, {S::kRows, S::kTopK}, where);
     p.extra_cache =
         TensorView::contiguous(ring, DType::kUInt8, {S::kRows, S::kWindow * 584}, where);
     p.extra_block_size = S::kWindow;
@@ -168,12 +170,12 @@ struct StepBuffers {
     dsv4::store_entries(store, stream);
     dsv4::compress(compressor(main), stream);
     dsv4::compress(compressor(indexer), stream);
-    dsv4::index_topk(
-        indexer_params(cuda, indexer.cache.data(), index_q.data(), index_weights.data(),
-                       table.data(), num_entries.data(), topk_indices.data(), topk_scores.data()),
-        stream);
+    dsv4::index_topk(indexer_params(cuda, indexer.cache.data(), index_q.data(),
+                                    index_weights.data(), table.data(), num_entries.data(),
+                                    topk_indices.data(), topk_scores.data(), topk_slots.data()),
+                     stream);
     dsv4::sparse_decode(
-        attention_params(cuda, main.cache.data(), swa.data(), q.data(), indices.data(),
+        attention_params(cuda, main.cache.data(), swa.data(), q.data(), topk_slots.data(),
                          swa_indices.data(), sink.data(), out.data(), lse.data()),
         stream);
   }
@@ -184,7 +186,7 @@ struct StepInputs {
   std::vector<float> values, main_kv, main_score, index_kv, index_score, index_q, index_weights;
   std::vector<uint16_t> q;
   std::vector<int64_t> positions, state_slots, swa_slots;
-  std::vector<int32_t> num_entries, indices, swa_indices;
+  std::vector<int32_t> num_entries, swa_indices;
 
   void upload(StepBuffers& b) const {
     b.values.upload(values.data(), values.size() * 4);
@@ -199,7 +201,6 @@ struct StepInputs {
     b.state_slots.upload(state_slots.data(), state_slots.size() * 8);
     b.swa_slots.upload(swa_slots.data(), swa_slots.size() * 8);
     b.num_entries.upload(num_entries.data(), num_entries.size() * 4);
-    b.indices.upload(indices.data(), indices.size() * 4);
     b.swa_indices.upload(swa_indices.data(), swa_indices.size() * 4);
   }
 };
@@ -225,7 +226,6 @@ StepInputs make_step(std::mt19937_64& rng, int64_t step) {
   in.q.resize(q.size());
   for (size_t i = 0; i < q.size(); ++i)
     in.q[i] = hdk::detail::float_to_bf16(q[i]);
-  in.indices.assign(S::kRows * S::kMaxEntries, -1);
   in.swa_indices.assign(S::kRows * S::kWindow, -1);
   for (int64_t r = 0; r < S::kRows; ++r) {
     const bool live = r < S::kLive;
@@ -236,11 +236,6 @@ StepInputs make_step(std::mt19937_64& rng, int64_t step) {
     // compressor runs before the reads).
     const int64_t entries = live ? (step + 1) / S::kRatio : 0;
     in.num_entries.push_back(static_cast<int32_t>(entries));
-    for (int64_t e = 0; e < entries; ++e) {
-      const int64_t block = r * S::kMaxBlocks + e / S::kBlockSize;
-      in.indices[r * S::kMaxEntries + e] =
-          static_cast<int32_t>(block * S::kBlockSize + e % S::kBlockSize);
-    }
     for (int64_t position = std::max<int64_t>(0, step - S::kWindow + 1); live && position <= step;
          ++position) {
       in.swa_indices[r * S::kWindow + position % S::kWindow] =
@@ -251,22 +246,25 @@ StepInputs make_step(std::mt19937_64& rng, int64_t step) {
 }
 
 // index_topk's outputs against the float64 reference on the key bytes the graph left: every
-// chosen entry's score within the tests' tolerance, best first, and nothing better left out.
+// chosen entry's score within the tests' tolerance, nothing better left out, and its slot the
+// entry's place through the block table.
 void check_index(const StepBuffers& b, const StepInputs& in, int64_t step) {
   using S = Step;
   std::vector<uint8_t> keys = download(b.indexer.cache);
   std::vector<int32_t> table(S::kRows * S::kMaxBlocks), got(S::kRows * S::kTopK);
   std::vector<float> got_scores(got.size());
+  std::vector<int32_t> got_slots(got.size());
+  b.topk_slots.download(got_slots.data(), got_slots.size() * 4);
   b.table.download(table.data(), table.size() * 4);
   b.topk_indices.download(got.data(), got.size() * 4);
   b.topk_scores.download(got_scores.data(), got_scores.size() * 4);
-  std::vector<int32_t> want_indices(got.size());
+  std::vector<int32_t> want_indices(got.size()), want_slots(got.size());
   std::vector<float> want_scores(got.size());
   std::vector<float> q = in.index_q, weights = in.index_weights;
   std::vector<int32_t> counts = in.num_entries;
   const dsv4::IndexerReference ref = dsv4::index_topk_reference(
       b.indexer_params(Device::cpu(), keys.data(), q.data(), weights.data(), table.data(),
-                       counts.data(), want_indices.data(), want_scores.data()));
+                       counts.data(), want_indices.data(), want_scores.data(), want_slots.data()));
   for (int64_t n = 0; n < S::kRows; ++n) {
     SCOPED_TRACE("step " + std::to_string(step) + " row " + std::to_string(n));
     const int64_t count = counts[n], kept = std::min<int64_t>(count, S::kTopK);
@@ -274,14 +272,19 @@ void check_index(const StepBuffers& b, const StepInputs& in, int64_t step) {
     double lowest = std::numeric_limits<double>::infinity();
     for (int64_t j = 0; j < S::kTopK; ++j) {
       const int32_t s = got[n * S::kTopK + j];
+      const int32_t slot = got_slots[n * S::kTopK + j];
       if (j >= kept) {
         ASSERT_EQ(s, -1) << "padding at " << j;
+        ASSERT_EQ(slot, -1) << "padding at " << j;
         ASSERT_EQ(got_scores[n * S::kTopK + j], -std::numeric_limits<float>::infinity());
         continue;
       }
       ASSERT_TRUE(s >= 0 && s < count) << "index " << s << " at " << j;
       ASSERT_FALSE(chosen[s]) << "index " << s << " twice";
       chosen[s] = 1;
+      ASSERT_EQ(slot,
+                table[n * S::kMaxBlocks + s / S::kBlockSize] * S::kBlockSize + s % S::kBlockSize)
+          << "slot of entry " << s;
       const double tol = 1e-5 * ref.magnitudes[n][s] + 1e-30;
       ASSERT_NEAR(got_scores[n * S::kTopK + j], ref.scores[n][s], tol) << "entry " << s;
       lowest = std::min(lowest, ref.scores[n][s] + tol);
@@ -294,7 +297,8 @@ void check_index(const StepBuffers& b, const StepInputs& in, int64_t step) {
   }
 }
 
-// sparse_decode's outputs against the float64 reference on the bytes the graph left.
+// sparse_decode's outputs against the float64 reference on the bytes and the list (index_topk's
+// slots) the graph left.
 void check_attention(const StepBuffers& b, const StepInputs& in, const std::vector<float>& sink,
                      int64_t step) {
   using S = Step;
@@ -304,7 +308,8 @@ void check_attention(const StepBuffers& b, const StepInputs& in, const std::vect
   b.out.download(got.data(), got.size() * 2);
   b.lse.download(got_lse.data(), got_lse.size() * 4);
   std::vector<uint16_t> q = in.q;
-  std::vector<int32_t> list = in.indices, ring_list = in.swa_indices;
+  std::vector<int32_t> list(S::kRows * S::kTopK), ring_list = in.swa_indices;
+  b.topk_slots.download(list.data(), list.size() * 4);
   std::vector<float> sink_copy = sink;
   const dsv4::SparseDecodeReference ref = dsv4::sparse_decode_reference(
       b.attention_params(Device::cpu(), pool.data(), ring.data(), q.data(), list.data(),
@@ -367,7 +372,8 @@ TEST(DecodeStepCudaGraph, CsaLayerStepReplaysAndMatchesTheReference) {
     b->main.cache.fill(0xdd);
     b->indexer.cache.fill(0xdd);
     b->counter.fill(0);
-    for (DeviceBuffer* output : {&b->topk_indices, &b->topk_scores, &b->out, &b->lse})
+    for (DeviceBuffer* output :
+         {&b->topk_indices, &b->topk_scores, &b->topk_slots, &b->out, &b->lse})
       output->fill(0xff);
   }
   cudaStream_t stream;
