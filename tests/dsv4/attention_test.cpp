@@ -41,6 +41,8 @@
 #include "support/kv_cache_case.h"
 
 #ifdef HDK_WITH_CUDA
+#include <cuda_runtime.h>
+
 #include "dsv4/cuda/sparse_decode_cuda.h"
 #endif
 
@@ -1006,6 +1008,67 @@ TEST(SparseDecodeArguments, ValidationNamesTheArgument) {
     expect_error([&] { dsv4::sparse_decode(p); }, cases[i].needle);
   }
 }
+
+#ifdef HDK_WITH_CUDA
+// The default CUDA path (Flash's heads: the tensor-core kernel, a cluster of 8 list slices for
+// N = 16 on 132 SMs or so) captured in a CUDA graph and replayed twice; the second replay on new
+// queries copied into the captured buffer.
+TEST(SparseDecodeCuda, CapturedInACudaGraph) {
+  const std::string reason = backend_unavailable_reason(Backend::kCUDA);
+  if (!reason.empty()) GTEST_SKIP() << "cuda backend skipped: " << reason;
+  SparseCase c;
+  c.N = 16;
+  c.L = 128 + 512;
+  c.num_blocks = 12;
+  c.empty_rows = std::vector<int64_t>{3};
+  SparseInputs in = make_sparse_inputs(c);
+  const Device cuda = backend_device(Backend::kCUDA);
+  DeviceBuffer q(Backend::kCUDA, in.q_bytes.size()), cache(Backend::kCUDA, in.cache.size()),
+      indices(Backend::kCUDA, in.indices.size()), sink(Backend::kCUDA, in.sink.size() * 4),
+      out(Backend::kCUDA, in.out.size()), lse(Backend::kCUDA, in.lse.size() * 4),
+      counter(Backend::kCUDA, in.counter.size());
+  q.upload(in.q_bytes.data(), in.q_bytes.size());
+  cache.upload(in.cache.data(), in.cache.size());
+  indices.upload(in.indices.data(), in.indices.size());
+  sink.upload(in.sink.data(), in.sink.size() * 4);
+  out.upload(in.out.data(), in.out.size());
+  lse.upload(in.lse.data(), in.lse.size() * 4);
+  counter.upload(in.counter.data(), in.counter.size());
+  dsv4::SparseDecodeParams p = in.params(c);
+  p.q.data = q.data(), p.cache.data = cache.data(), p.indices.data = indices.data();
+  p.sink.data = sink.data(), p.out.data = out.data(), p.lse.data = lse.data();
+  p.invalid_count.data = counter.data();
+  for (TensorView* view : {&p.q, &p.cache, &p.indices, &p.sink, &p.out, &p.lse, &p.invalid_count})
+    view->device = cuda;
+
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  dsv4::sparse_decode(p, stream);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int replay = 0; replay < 2; ++replay) {
+    SCOPED_TRACE("replay " + std::to_string(replay));
+    if (replay == 1) {  // new queries, same buffers
+      std::mt19937_64 rng(99);
+      in.q = normal_values(rng, c.N * c.heads * dsv4::kHeadDim, 1.0f);
+      in.q_bytes = encode_rows(in.q, c.q_dtype);
+      q.upload(in.q_bytes.data(), in.q_bytes.size());
+    }
+    const dsv4::SparseDecodeReference ref = sparse_reference(c, in);
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    out.download(in.out.data(), in.out.size());
+    lse.download(in.lse.data(), in.lse.size() * 4);
+    check_sparse_outputs(c, in, ref, SparseKernel::kTensorCore);
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+#endif
 
 // index_topk has no CUDA backend yet; a build without CUDA says so for sparse_decode as well.
 TEST(Attention, CudaTensorsWithoutACudaBackend) {

@@ -200,8 +200,8 @@ TEST(SparseDecodeLayout, WarpScoresMatchAPlainMatmul) {
             for (int k = 16 * k_step; k < 16 * k_step + 16; ++k)
               want += Q[(16 * head_tile + r) * kWidth + k] * E[(n0 + col) * kWidth + k];
           }
-          ASSERT_EQ(got[r * 16 + col], want) << "head tile " << head_tile << " n0 " << n0
-                                             << " row " << r << " entry " << col;
+          ASSERT_EQ(got[r * 16 + col], want)
+              << "head tile " << head_tile << " n0 " << n0 << " row " << r << " entry " << col;
         }
       }
     }
@@ -373,10 +373,10 @@ TEST(SparseDecodeLayout, PlanFillsTheGpuWithinOneCluster) {
     int64_t rows, heads, length;
     int groups, splits;
   };
-  for (const Case& c : {Case{32, 64, 640, 1, 4}, Case{32, 128, 1152, 2, 2},
-                        Case{128, 64, 640, 1, 1}, Case{128, 128, 4224, 2, 1},
-                        Case{1, 128, 4224, 2, 4}, Case{1, 64, 4224, 1, 8}, Case{1, 64, 100, 1, 2},
-                        Case{4, 512, 4224, 8, 1}, Case{1, 16, 0, 1, 1}}) {
+  for (const Case& c :
+       {Case{32, 64, 640, 1, 4}, Case{32, 128, 1152, 2, 2}, Case{128, 64, 640, 1, 1},
+        Case{128, 128, 4224, 2, 1}, Case{1, 128, 4224, 2, 4}, Case{1, 64, 4224, 1, 8},
+        Case{1, 64, 100, 1, 2}, Case{4, 512, 4224, 8, 1}, Case{1, 16, 0, 1, 1}}) {
     const dsv4::detail::SparsePlan plan = plan_sparse_decode(c.rows, c.heads, c.length, 132);
     EXPECT_EQ(plan.groups, c.groups) << c.rows << " " << c.heads << " " << c.length;
     EXPECT_EQ(plan.splits, c.splits) << c.rows << " " << c.heads << " " << c.length;

@@ -46,9 +46,9 @@ constexpr int kStageStride = static_cast<int>(kHeadDim) + 8;   // floats per sta
 std::atomic<SparseDecodeKernel> kernel_override{SparseDecodeKernel::kAuto};
 
 // ---- shared memory of the tensor-core kernel (byte offsets) ---------------------------------
-constexpr int kQOffset = 0;                                       // [64 heads][512] bf16
-constexpr int kEOffset = kQOffset + kHeads * kHeadDim * 2;        // [64 entries][512] bf16
-constexpr int kRawOffset = kEOffset + kTile * kHeadDim * 2;       // [64][576] stored bytes
+constexpr int kQOffset = 0;                                         // [64 heads][512] bf16
+constexpr int kEOffset = kQOffset + kHeads * kHeadDim * 2;          // [64 entries][512] bf16
+constexpr int kRawOffset = kEOffset + kTile * kHeadDim * 2;         // [64][576] stored bytes
 constexpr int kScaleOffset = kRawOffset + kTile * kEntryDataBytes;  // [64][8] scale bytes
 constexpr int kPOffset = kScaleOffset + kTile * kEntryScaleBytes;   // [64 heads][64] bf16
 constexpr int kMaxOffset = kPOffset + kHeads * kTile * 2;           // [2 halves][64] fp32
@@ -245,8 +245,8 @@ __device__ void dequantize_tile(uint8_t* smem, const int* valid, int tid) {
 }
 
 // The CTA's 64 query heads as bf16 rows (zero rows beyond Hq); a NaN or infinity marks it bad.
-__device__ void load_queries(const SparseDecodeProblem& p, int64_t n, int64_t head0,
-                             bool q_vector, uint8_t* smem, int* bad, int tid) {
+__device__ void load_queries(const SparseDecodeProblem& p, int64_t n, int64_t head0, bool q_vector,
+                             uint8_t* smem, int* bad, int tid) {
   uint8_t* q_tile = smem + kQOffset;
   bool finite = true;
   for (int job = tid; job < kHeads * kChunksPerRow; job += kThreads) {
@@ -285,8 +285,8 @@ __device__ void load_queries(const SparseDecodeProblem& p, int64_t n, int64_t he
         }
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          finite = finite && (words[i] & 0x7f80u) != 0x7f80u &&
-                   (words[i] & 0x7f800000u) != 0x7f800000u;
+          finite =
+              finite && (words[i] & 0x7f80u) != 0x7f80u && (words[i] & 0x7f800000u) != 0x7f800000u;
         }
       }
     }
@@ -328,7 +328,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t tiles = (p.num_indices + kTile - 1) / kTile;
   const int64_t first = split_first_tile(tiles, split, plan.splits);
   const int64_t last = split_first_tile(tiles, split + 1, plan.splits);
-  if (first < last) issue_tile<kWide>(p, n, first, smem, valid + (first & 1) * kTile, bad, warp, lane);
+  if (first < last)
+    issue_tile<kWide>(p, n, first, smem, valid + (first & 1) * kTile, bad, warp, lane);
   cp_async_commit();
   load_queries(p, n, head0, q_vector, smem, bad, tid);
 
@@ -360,8 +361,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll 4
     for (int k_step = 0; k_step < kChunksPerRow / 2; ++k_step) {
       uint32_t a[4];
-      ldmatrix_x4(a, tile_address(q_tile, ldmatrix_a_address(lane, 16 * head_tile, k_step),
-                                  kChunksPerRow));
+      ldmatrix_x4(
+          a, tile_address(q_tile, ldmatrix_a_address(lane, 16 * head_tile, k_step), kChunksPerRow));
 #pragma unroll
       for (int pair = 0; pair < 2; ++pair) {
         uint32_t b[4];
@@ -431,8 +432,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int k_step = 0; k_step < kTile / 16; ++k_step) {
       uint32_t a[4];
-      ldmatrix_x4(a, tile_address(p_tile, ldmatrix_a_address(lane, 16 * head_tile, k_step),
-                                  kTile / 8));
+      ldmatrix_x4(
+          a, tile_address(p_tile, ldmatrix_a_address(lane, 16 * head_tile, k_step), kTile / 8));
 #pragma unroll
       for (int pair = 0; pair < 16; ++pair) {
         uint32_t b[4];
@@ -561,8 +562,8 @@ __device__ void decode_entry_values(const PagedPool& pool, int64_t slot, int lan
     const uint2 lo = reinterpret_cast<const uint2*>(data + 16 * lane)[0];
     const uint2 hi = reinterpret_cast<const uint2*>(data + 16 * lane)[1];
     const uint32_t words[4] = {lo.x, lo.y, hi.x, hi.y};
-    const float scale =
-        decode_ue8m0(page[pool.block_size * kEntryDataBytes + offset * kEntryScaleBytes + lane / 4]);
+    const float scale = decode_ue8m0(
+        page[pool.block_size * kEntryDataBytes + offset * kEntryScaleBytes + lane / 4]);
 #pragma unroll
     for (int i = 0; i < 16; ++i)
       x[i] = decode_e4m3(static_cast<uint8_t>(words[i / 4] >> (8 * (i % 4)))) * scale;
@@ -719,12 +720,13 @@ void sparse_decode_cuda(const SparseDecodeProblem& p, int device, CudaStream str
   const SparseDecodeKernel forced = kernel_override.load();
   const bool mma_fits = sparse_mma_supports(p.num_heads);
   if (forced == SparseDecodeKernel::kTensorCore && !mma_fits) {
-    throw Error(std::string(kOperation) + ": the tensor-core kernel was forced, but it serves only "
+    throw Error(std::string(kOperation) +
+                ": the tensor-core kernel was forced, but it serves only "
                 "head counts that are multiples of 16 up to 512, got Hq = " +
                 std::to_string(p.num_heads));
   }
-  const bool use_mma = forced == SparseDecodeKernel::kAuto ? mma_fits
-                                                            : forced == SparseDecodeKernel::kTensorCore;
+  const bool use_mma =
+      forced == SparseDecodeKernel::kAuto ? mma_fits : forced == SparseDecodeKernel::kTensorCore;
   hdk::detail::CudaDeviceGuard guard(device, kOperation);
   if (use_mma) {
     launch_mma(p, device, stream);
