@@ -1,14 +1,21 @@
 // Entry points of the read side: validate once, then run the backend of the device the tensors
 // live on. The CPU checks entry counts, block ids and slots on the host first (an hdk::Error
-// before anything is written). There are no CUDA kernels yet: CUDA tensors get an hdk::Error that
-// says so, after the same validation, so a caller's mistakes surface the same way on both.
+// before anything is written). sparse_decode has CUDA kernels; index_topk does not yet: its CUDA
+// tensors get an hdk::Error that says so, after the same validation.
 #include "hdk/dsv4/attention.h"
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "dsv4/attention_validation.h"
 #include "dsv4/cpu/attention_cpu.h"
 #include "hdk/error.h"
+
+#ifdef HDK_WITH_CUDA
+#include "dsv4/cuda/kv_cache_cuda.h"
+#include "dsv4/cuda/sparse_decode_cuda.h"
+#endif
 
 namespace hdk {
 namespace dsv4 {
@@ -46,12 +53,31 @@ void sparse_decode(const SparseDecodeParams& params) {
 }
 
 void sparse_decode(const SparseDecodeParams& params, CudaStream stream) {
-  (void)stream;
   const detail::SparseDecodeProblem problem = detail::validate_sparse_decode(params);
   const Device device = params.out.device;
-  if (!device.is_cpu()) no_cuda_backend("hdk::dsv4::sparse_decode", device);
-  detail::check_sparse_indices(problem);
-  detail::sparse_decode_cpu(problem);
+  if (device.is_cpu()) {
+    detail::check_sparse_indices(problem);
+    detail::sparse_decode_cpu(problem);
+    return;
+  }
+#ifdef HDK_WITH_CUDA
+  // CUDA rows naming a slot beyond the cache are invalid rows; the host check is opt-in.
+  if (params.check_indices) {
+    std::vector<uint8_t> storage, extra_storage;
+    detail::SparseDecodeProblem host = problem;
+    host.indices = detail::copy_indices_to_host(problem.indices, problem.num_rows,
+                                                problem.num_indices, storage, device.index, stream);
+    host.extra_indices = detail::copy_indices_to_host(problem.extra_indices, problem.num_rows,
+                                                      problem.num_extra_indices, extra_storage,
+                                                      device.index, stream);
+    detail::check_sparse_indices(host);
+  }
+  detail::sparse_decode_cuda(problem, device.index, stream);
+#else
+  (void)stream;
+  throw Error("hdk::dsv4::sparse_decode: the tensors are on " + device.str() +
+              " but this build of hdk has no CUDA backend (configure with -DHDK_WITH_CUDA=ON)");
+#endif
 }
 
 }  // namespace dsv4

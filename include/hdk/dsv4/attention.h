@@ -6,8 +6,9 @@
 //
 // Both read the quantized pages the write side (hdk/dsv4/kv_cache.h) stored, straight from the
 // paged pools: no dequantized copy of a cache is made. Every call runs on the device its tensors
-// live on. The CPU backend is implemented; the CUDA backend is not yet (a CUDA tensor gives an
-// hdk::Error saying so).
+// live on. Both backends implement sparse_decode (on CUDA it allocates nothing, does not
+// synchronize and can be captured in a CUDA graph); index_topk has no CUDA backend yet (a CUDA
+// tensor gives an hdk::Error saying so).
 #pragma once
 
 #include <cstdint>
@@ -91,12 +92,18 @@ struct SparseDecodeParams {
   bool lse_includes_sink = true;
   // Optional [1] or scalar int32/int64 counter; hdk adds, never clears. +1 per query row whose q
   // holds a NaN or infinity, or whose result is NaN (an entry stored with NaN markers, a NaN
-  // sink): the row gets o = 0 and lse = NaN, never a plausible value.
+  // sink): the row gets o = 0 and lse = NaN, never a plausible value. On CUDA, also +1 per query
+  // row naming a slot at or beyond its cache (o = 0, lse = NaN; the CPU throws instead).
   TensorView invalid_count;
+  // Debug option for CUDA tensors: copy the indices to the host first (a synchronization) and
+  // throw hdk::Error for one at or beyond the cache, as the CPU does. Never inside CUDA-graph
+  // capture.
+  bool check_indices = false;
 };
 
 // The CPU throws hdk::Error before writing anything for an index at or beyond its cache's
-// num_blocks * block_size slots.
+// num_blocks * block_size slots; CUDA treats that row as invalid (see invalid_count) unless
+// check_indices asks for the CPU's check.
 void sparse_decode(const SparseDecodeParams& params);
 void sparse_decode(const SparseDecodeParams& params, CudaStream stream);
 

@@ -176,7 +176,9 @@ void sparse_decode_cpu(const SparseDecodeProblem& p) {
       }
       for (int64_t h = 0; h < heads; ++h) {
         const float sink = p.sink != nullptr ? p.sink[(h0 + h) * p.sink_stride] : -kInf;
-        const float top = std::max(running_max[h], sink);
+        // A NaN sink must reach the result (an invalid row) even for an empty list, where
+        // std::max(-inf, NaN) would drop it.
+        const float top = std::isnan(sink) ? sink : std::max(running_max[h], sink);
         float* a = &acc[h * D];
         float lse = -kInf;
         if (top == -kInf) {  // empty list and no sink: o = 0, lse = -inf

@@ -1,0 +1,26 @@
+// The CUDA backend of hdk::dsv4::sparse_decode (compiled only with HDK_WITH_CUDA): enqueues on
+// `stream` without allocating or synchronizing. A query row naming a slot at or beyond the cache
+// is not computed: it gets o = 0 and lse = NaN and counts as invalid (the caller may check the
+// indices on the host first; see SparseDecodeParams::check_indices). Kernel design:
+// docs/dsv4-attention.md.
+#pragma once
+
+#include "dsv4/attention_problem.h"
+#include "hdk/cuda_stream.h"
+
+namespace hdk {
+namespace dsv4 {
+namespace detail {
+
+void sparse_decode_cuda(const SparseDecodeProblem& problem, int device, CudaStream stream);
+
+// Which kernel serves a call: the dispatcher's choice (the tensor-core kernel for Hq a multiple
+// of 16 up to 512, else the CUDA-core one), or one of them forced. A test aid affecting every
+// later call in the process; forcing the tensor-core kernel for a head count it cannot serve is
+// an hdk::Error at the call.
+enum class SparseDecodeKernel { kAuto, kTensorCore, kCudaCore };
+void set_sparse_decode_kernel_override(SparseDecodeKernel kernel);
+
+}  // namespace detail
+}  // namespace dsv4
+}  // namespace hdk
