@@ -96,7 +96,9 @@ def test_sparse_decode_chain_matches_hdk(device, dtype, extra, lse_includes_sink
         **kwargs,
     )
     error = (got.float() - want.float()).abs()
-    assert bool((error <= out_bound).all()), f"worst error / bound {float((error / out_bound).max())}"
+    assert bool(
+        (error <= out_bound).all()
+    ), f"worst error / bound {float((error / out_bound).max())}"
     finite = torch.isfinite(want_lse)
     assert torch.equal(finite, torch.isfinite(got_lse))
     assert torch.equal(want_lse[~finite], got_lse[~finite])
@@ -118,7 +120,9 @@ def key_pool(rows, counts, block_size, g, device):
     for n, count in enumerate(counts):
         owned = [order.pop() for _ in range(pages[n])]
         table[n, : len(owned)] = torch.tensor(owned, dtype=torch.int32)
-        slots = torch.tensor([owned[s // block_size] * block_size + s % block_size for s in range(count)])
+        slots = torch.tensor(
+            [owned[s // block_size] * block_size + s % block_size for s in range(count)]
+        )
         keys = torch.randn(count, 128, generator=g)
         hdk.dsv4.store_indexer_keys(keys, slots, cache, block_size)
     return cache.to(device), table.to(device), torch.tensor(counts, dtype=torch.int32).to(device)

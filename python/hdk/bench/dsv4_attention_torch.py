@@ -169,7 +169,9 @@ def sparse_decode_bound(
     o = reference_out.float().abs()
     rounding = 2.0**-8 if dtype == torch.bfloat16 else 0.0
     own = (1e-4 * (1 + S) * max_e)[:, None, None]
-    out_bound = out_relative * o + rounding * big[..., None] * (spread + o) + rounding * spread + own
+    out_bound = (
+        out_relative * o + rounding * big[..., None] * (spread + o) + rounding * spread + own
+    )
     lse_bound = rounding * big + 1e-4 * (1 + S)[:, None]
     return out_bound, lse_bound
 
