@@ -249,7 +249,7 @@ class AttentionBench {
     std::vector<uint8_t> cache, ring;
     fill_entry_pages(cache, num_blocks, kBlockSize, random);
     fill_entry_pages(ring, std::max<int64_t>(N, 1), kWindow, random);
-    std::vector<int32_t> blocks = shuffled_blocks(num_blocks, rng);
+    const std::vector<int32_t> blocks = shuffled_blocks(num_blocks, rng);
     const std::vector<int32_t> ring_pages = shuffled_blocks(std::max<int64_t>(N, 1), rng);
     std::vector<int32_t> indices(static_cast<size_t>(N * compressed));
     std::vector<int32_t> extra(static_cast<size_t>(N * kWindow));
@@ -265,7 +265,8 @@ class AttentionBench {
         indices[n * compressed + j] = static_cast<int32_t>(
             blocks[n * pages_per_row + s / kBlockSize] * kBlockSize + s % kBlockSize);
       }
-      // The window in position order: positions p-127 .. p live at ring slots (p+1+j) % 128.
+      // The window in position order: list entry j is position p-127+j, stored at ring slot
+      // (p+1+j) % 128; start = (p+1) % 128 for a random p.
       const int64_t start = static_cast<int64_t>(rng() % kWindow);
       for (int64_t j = 0; j < kWindow; ++j)
         extra[n * kWindow + j] =
@@ -503,6 +504,8 @@ int attention_command(Options& options) {
   for (const std::string& list : lists) {
     if (list != "csa" && list != "hca") throw std::runtime_error("unknown list '" + list + "'");
   }
+  for (const std::string& name : presets)
+    find_preset(name);  // an unknown name fails before the run starts
   if (spread < 1) throw std::runtime_error("--csa-spread must be at least 1");
   for (int64_t n : rows) {
     if (n < 1) throw std::runtime_error("--N values must be at least 1");
