@@ -381,8 +381,8 @@ class AttentionBench {
   Point index(IndexInputs& in, const char* preset, int64_t top_k) {
     const int64_t N = in.N, H = dsv4::kIndexerHeads, K = top_k;
     const Device where = device_.device();
-    DeviceAllocation d_indices(device_, N * K * 4), d_scores(device_, N * K * 4),
-        d_counter(device_, 4);
+    DeviceAllocation d_indices(device_, N * K * 4), d_slots(device_, N * K * 4),
+        d_scores(device_, N * K * 4), d_counter(device_, 4);
     dsv4::IndexerParams p;
     p.q = TensorView::contiguous(in.d_q->get(), DType::kBFloat16, {N, H, dsv4::kIndexerKeyDim},
                                  where);
@@ -396,6 +396,8 @@ class AttentionBench {
     p.num_entries = TensorView::contiguous(in.d_counts->get(), DType::kInt32, {N}, where);
     p.top_k = K;
     p.topk_indices = TensorView::contiguous(d_indices.get(), DType::kInt32, {N, K}, where);
+    // The selected entries' slots as well: sparse_decode's list, what an engine asks for.
+    p.topk_slots = TensorView::contiguous(d_slots.get(), DType::kInt32, {N, K}, where);
 
     Point point;
     point.op = "index_topk";
@@ -417,7 +419,9 @@ class AttentionBench {
       std::vector<int32_t> indices(static_cast<size_t>(N * K));
       std::vector<float> scores(static_cast<size_t>(N * K));
       int32_t counter = 0;
+      std::vector<int32_t> slots(static_cast<size_t>(N * K));
       device_.download(indices.data(), d_indices.get(), indices.size() * 4);
+      device_.download(slots.data(), d_slots.get(), slots.size() * 4);
       device_.download(scores.data(), d_scores.get(), scores.size() * 4);
       device_.download(&counter, d_counter.get(), 4);
       dsv4::IndexerParams host = p;
@@ -430,7 +434,16 @@ class AttentionBench {
       host.num_entries = TensorView::contiguous(in.num_entries.data(), DType::kInt32, {N});
       std::vector<int32_t> scratch(static_cast<size_t>(N * K));
       host.topk_indices = TensorView::contiguous(scratch.data(), DType::kInt32, {N, K});
+      host.topk_slots = TensorView();  // p's points at device memory; checked below instead
       point.check = check_index(dsv4::index_topk_reference(host), indices, scores, counter);
+      for (int64_t at = 0; at < N * K && point.check == "ok"; ++at) {
+        const int32_t s = indices[at];
+        const int32_t want =
+            s < 0 ? -1
+                  : in.block_table[(at / K) * in.pages_per_row + s / kBlockSize] * kBlockSize +
+                        s % kBlockSize;
+        if (slots[at] != want) point.check = "FAIL (topk_slots[" + std::to_string(at) + "])";
+      }
     } else {
       dsv4::index_topk(p);  // errors surface here, not inside a graph capture
     }
@@ -623,8 +636,8 @@ int attention_command(Options& options) {
       "\n--csa-spread x top-k of its own, HCA all 4096 of its own); not counted: q and out"
       "\n(N x Hq x 512 bf16 each), lse, sink and the int32 indices (N x L x 4)."
       "\nindex_topk: N x entries x 68 (MXFP4 keys of the row's own pages, block size 64);"
-      "\nnot counted: q (N x 64 x 128 bf16), weights, block table, the top-k indices written"
-      "\n(timed without topk_scores). %copy = GB/s / copy bandwidth of this run."
+      "\nnot counted: q (N x 64 x 128 bf16), weights, block table, the top-k indices and"
+      "\nslots written (timed with topk_slots, without topk_scores). %copy = GB/s / copy bw."
       "\ntarget: sparse_decode >= 75% of copy at N >= 32; index_topk >= 70% at 65536+ entries."
       "\ncheck (--verify): against the float64 reference with the tests' bounds, for points"
       "\nwith N*Hq*L*512 (sparse) or N*entries*64*128 (index) <= --verify-budget; '-' beyond",

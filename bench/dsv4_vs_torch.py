@@ -20,8 +20,9 @@
   SWA window is the extra list over its own ring tensor (as hdk.dsv4.KVCacheManager keeps it),
   every query reads its own entries; bytes = N x L x 584;
 * indexer: ``hdk.dsv4.index_topk`` against the chain (gather + dequantize the MXFP4 keys, einsum
-  with q, relu, weights, sum over heads, ``torch.topk``), N in {1, 8, 64} rows of 65536 keys
-  each, top_k 512 (Flash) and 1024 (Pro); bytes = N x 65536 x 68.
+  with q, relu, weights, sum over heads, ``torch.topk``, the slots through the block table) with
+  ``topk_slots`` (sparse_decode's list), N in {1, 8, 64} rows of 65536 keys each, top_k 512
+  (Flash) and 1024 (Pro); bytes = N x 65536 x 68.
   Before timing, both are checked against hdk on random input (out and lse within the docs'
   accuracy bounds plus the bf16 chain's rounding; hdk's selection a top-k of the fp32 chain's
   scores within the bounds); a difference prints MISMATCH and exits 1.
@@ -641,6 +642,7 @@ class IndexCase:
         self.weights = torch.randn(rows, 64, device=device) * 0.1
         self.top_k = top_k
         self.indices = torch.empty(rows, top_k, dtype=torch.int32, device=device)
+        self.slots = torch.empty(rows, top_k, dtype=torch.int32, device=device)
         self.peer_out = {}
 
     def args(self):
@@ -660,11 +662,15 @@ class IndexCase:
             topk_indices=self.indices,
             topk_scores=scores,
             return_scores=scores is not None,
+            topk_slots=self.slots,
         )
 
     def torch_call(self):
-        self.peer_out["indices"], self.peer_out["scores"] = dsv4_attention_torch.index_topk(
-            *self.args(), self.top_k
+        # The selection and its slots (sparse_decode's list), as the hdk call hands them out.
+        indices, scores = dsv4_attention_torch.index_topk(*self.args(), self.top_k)
+        self.peer_out["indices"], self.peer_out["scores"] = indices, scores
+        self.peer_out["slots"] = dsv4_attention_torch.topk_slots(
+            indices, self.table, ATTENTION_BLOCK_SIZE
         )
 
     def verify(self, what):
@@ -685,6 +691,13 @@ class IndexCase:
         )
         if failure:
             mismatch(what, "the chain's selection: " + failure)
+        for name, indices, slots in (
+            ("hdk", self.indices, self.slots),
+            ("the chain", self.peer_out["indices"], self.peer_out["slots"]),
+        ):
+            want = dsv4_attention_torch.topk_slots(indices, self.table, ATTENTION_BLOCK_SIZE)
+            if not torch.equal(slots, want):
+                mismatch(what, f"{name}'s topk_slots are not the selection's slots")
         same = sum(
             len(set(a) & set(b))
             for a, b in zip(self.indices.tolist(), self.peer_out["indices"].tolist())

@@ -137,9 +137,19 @@ def test_index_chain_matches_hdk(device, dtype, top_k):
     cache, table, num_entries = key_pool(rows, counts, block_size, g, device)
     q = torch.randn(rows, heads, 128, generator=g).to(device=device, dtype=torch.bfloat16)
     weights = (torch.randn(rows, heads, generator=g) * 0.1).to(device)
+    hdk_slots = torch.full((rows, top_k), 12345, dtype=torch.int32, device=device)
     hdk_indices, hdk_scores = call_hdk(
-        hdk.dsv4.index_topk, q, weights, cache, block_size, table, num_entries, top_k
+        hdk.dsv4.index_topk,
+        q,
+        weights,
+        cache,
+        block_size,
+        table,
+        num_entries,
+        top_k,
+        topk_slots=hdk_slots,
     )
+    assert torch.equal(peer.topk_slots(hdk_indices, table, block_size), hdk_slots)
     exact = peer.index_scores(q, weights, cache, block_size, table, num_entries, torch.float32)
     exact_bound = peer.index_score_bound(q, weights, cache, block_size, table, torch.float32)
     # hdk's selection is a top-k of the fp32 chain's scores within hdk's bound (both fp32).

@@ -8,7 +8,8 @@ torch ops, vectorized over rows, heads and entries (no Python loop over rows).
   denominator, ``P @ E``; returns ``(out, lse)`` like ``hdk.dsv4.sparse_decode``.
 * ``index_scores`` / ``index_topk``: gather the rows' MXFP4 key pages through the block table,
   dequantize (E2M1 x UE8M0 per 32 values), ``einsum`` with q, relu, weight, sum over heads, then
-  ``torch.topk``; returns ``(indices, scores)`` like ``hdk.dsv4.index_topk`` (ties in any order).
+  ``torch.topk``; returns ``(indices, scores)`` like ``hdk.dsv4.index_topk`` (ties in any order);
+  ``topk_slots`` maps them through the block table to sparse_decode's list.
 
 ``dtype`` is the arithmetic of the matmuls: bf16 (the default, what an engine would run: the
 dequantized entries and keys are exact in bf16, since an FP8 or E2M1 value times a power of two
@@ -214,6 +215,15 @@ def index_topk(
         values = F.pad(values, (0, pad), value=float("-inf"))
         indices = F.pad(indices, (0, pad), value=-1)
     return indices.int(), values
+
+
+def topk_slots(indices, block_table, block_size):
+    """The flat slots of selected entry ordinals [N, K] (-1 padding) through the block table:
+    sparse_decode's list, as hdk.dsv4.index_topk's ``topk_slots`` gives it."""
+    ordinals = indices.long().clamp(min=0)
+    pages = block_table.long().gather(1, ordinals // block_size)
+    slots = pages * block_size + ordinals % block_size
+    return torch.where(indices >= 0, slots, torch.full_like(slots, -1)).int()
 
 
 def index_score_bound(q, weights, key_cache, block_size, block_table, dtype=torch.bfloat16):
