@@ -10,6 +10,10 @@
 #include "dsv4/cpu/attention_cpu.h"
 #include "hdk/error.h"
 
+#ifdef HDK_WITH_CUDA
+#include "dsv4/cuda/index_topk_cuda.h"
+#endif
+
 namespace hdk {
 namespace dsv4 {
 namespace {
@@ -33,10 +37,20 @@ void index_topk(const IndexerParams& params) {
 }
 
 void index_topk(const IndexerParams& params, CudaStream stream) {
-  (void)stream;
   const detail::IndexerProblem problem = detail::validate_index_topk(params);
   const Device device = params.topk_indices.device;
-  if (!device.is_cpu()) no_cuda_backend("hdk::dsv4::index_topk", device);
+  if (!device.is_cpu()) {
+#ifdef HDK_WITH_CUDA
+    // No host check of num_entries and block ids (it would synchronize): the kernel gives such
+    // rows padding and counts them.
+    detail::index_topk_cuda(problem, device.index, stream);
+    return;
+#else
+    (void)stream;
+    throw Error("hdk::dsv4::index_topk: the tensors are on " + device.str() +
+                " but this build of hdk has no CUDA backend (configure with -DHDK_WITH_CUDA=ON)");
+#endif
+  }
   detail::check_indexer_indices(problem);
   detail::index_topk_cpu(problem);
 }
