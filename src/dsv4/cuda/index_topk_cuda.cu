@@ -62,8 +62,10 @@ struct IndexLaunch {
   int sort_capacity = 1;  // power of two >= the most winners a row can have
   int64_t m_tiles = 0;    // ceil(H / 16): heads padded with zero weights and queries
   int64_t chunk = 0;      // scores a CTA holds at once
-  size_t weights = 0;     // m_tiles * 16 fp32
-  size_t q = 0;  // tensor cores: fragment words (hi, then lo for fp32 q); else H x 128 fp32
+  // Weights (m_tiles * 16 fp32) and queries (tensor cores: fragment words, hi then lo for fp32
+  // q; CUDA cores: H x 128 fp32), in the select's space or after it (index_topk_cuda says when).
+  size_t weights = 0;
+  size_t q = 0;
   size_t q_lo = 0;
   size_t scores = 0;  // chunk uint32 keys
   size_t bytes = 0;
@@ -451,32 +453,45 @@ void index_topk_cuda(const IndexerProblem& p, int device, CudaStream stream) {
     launch.sort_capacity <<= 1;
   launch.m_tiles = ceil_div(p.num_heads, kMmaM);
   const size_t fragment_bytes = static_cast<size_t>(launch.m_tiles) * kKeySteps * 32 * 16;
-  launch.weights = align16(select_layout(launch.sort_capacity).bytes);
-  launch.q = align16(launch.weights + static_cast<size_t>(launch.m_tiles) * kMmaM * 4);
-  launch.q_lo = launch.q + fragment_bytes;
   const size_t q_bytes =
       tensor ? fragment_bytes * (fp32_q ? 2 : 1)
              : static_cast<size_t>(p.num_heads) * static_cast<size_t>(kIndexerKeyDim) * 4;
-  launch.scores = align16(launch.q + q_bytes);
-  const int64_t room =
-      (static_cast<int64_t>(shared_limit) - static_cast<int64_t>(launch.scores)) / 4 / 32 * 32;
-  if (room < kMinChunk) {
-    throw Error(std::string(kOperation) + ": " + std::to_string(p.num_heads) +
-                " heads need more shared memory than this device gives a CTA on CUDA (" +
-                std::to_string(shared_limit) + " bytes); the CUDA backend takes up to about " +
-                std::to_string((shared_limit - 80 * 1024) / (fp32_q ? 512 : 256)) + " heads");
-  }
-  const int64_t chunk_limit = std::min(kMaxChunk, room);
-
-  // Enough CTAs per row to keep its scores in shared memory, and, for few rows, to use the SMs
-  // (the CTAs of a cluster run at once, one per SM).
+  const size_t weight_bytes = align16(static_cast<size_t>(launch.m_tiles) * kMmaM * 4);
+  const size_t select_bytes = align16(select_layout(launch.sort_capacity).bytes);
+  // Weights and queries are needed only while scoring. When every row's scores fit the cluster
+  // at once they are scored before the select starts, so the weights and queries borrow the
+  // select's space; otherwise (chunks scored again on every pass) they get their own.
+  auto scores_room = [&](size_t scores_offset) {
+    return (static_cast<int64_t>(shared_limit) - static_cast<int64_t>(scores_offset)) / 4 / 32 * 32;
+  };
+  const size_t overlay_offset = std::max(select_bytes, weight_bytes + align16(q_bytes));
+  const int64_t overlay_chunk = std::min(kMaxChunk, scores_room(overlay_offset));
   int cluster_size = 1;
-  while (cluster_size < kMaxCluster && ceil_div(capacity, cluster_size) > chunk_limit)
+  while (cluster_size < kMaxCluster && ceil_div(capacity, cluster_size) > overlay_chunk)
     cluster_size *= 2;
+  // For few rows, more CTAs per row to use the SMs (the CTAs of a cluster run at once, one per
+  // SM).
   while (cluster_size < kMaxCluster && p.num_rows * cluster_size * 2 <= sm_count &&
          ceil_div(capacity, 2 * cluster_size) >= 4096)
     cluster_size *= 2;
   const int64_t per_cta = std::max<int64_t>(ceil_div(capacity, cluster_size), 1);
+  int64_t chunk_limit = overlay_chunk;
+  if (per_cta <= overlay_chunk) {
+    launch.weights = 0;
+    launch.q = weight_bytes;
+    launch.scores = overlay_offset;
+  } else {
+    launch.weights = select_bytes;
+    launch.q = select_bytes + weight_bytes;
+    launch.scores = launch.q + align16(q_bytes);
+    chunk_limit = std::min(kMaxChunk, scores_room(launch.scores));
+  }
+  launch.q_lo = launch.q + fragment_bytes;
+  if (chunk_limit < kMinChunk) {
+    throw Error(std::string(kOperation) + ": " + std::to_string(p.num_heads) +
+                " heads need more shared memory than this device gives a CTA (" +
+                std::to_string(shared_limit) + " bytes) on CUDA");
+  }
   launch.chunk = std::min(chunk_limit, ceil_div(per_cta, 32) * 32);
   launch.bytes = launch.scores + static_cast<size_t>(launch.chunk) * 4;
   if (p.num_rows > INT_MAX / cluster_size) {
