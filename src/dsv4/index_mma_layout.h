@@ -86,6 +86,18 @@ HDK_HOST_DEVICE uint32_t pack_bf16x2(uint32_t low, uint32_t high) {
   return (low & 0xffffu) | (high << 16);
 }
 
+// Two floats rounded to bf16 (nearest even) in one register, `low` in the low half: one cvt on
+// the device, the same bits as bf16_rn_bits on the host (NaN stays NaN).
+HDK_HOST_DEVICE uint32_t pack_floats_bf16x2(float low, float high) {
+#if defined(__CUDA_ARCH__)
+  uint32_t packed;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(high), "f"(low));
+  return packed;
+#else
+  return pack_bf16x2(bf16_rn_bits(low), bf16_rn_bits(high));
+#endif
+}
+
 // The (hi, lo) bf16 parts of a finite fp32 query value: hi + lo is within 2^-17 |value|.
 HDK_HOST_DEVICE void split_bf16(float value, uint32_t& hi, uint32_t& lo) {
   hi = bf16_rn_bits(value);
@@ -136,11 +148,11 @@ HDK_HOST_DEVICE float key_lane_scale(KeyFormat format, const uint8_t* entry_scal
 HDK_HOST_DEVICE void key_fragment(const uint32_t (&words)[4], int step, float scale, uint32_t& b0,
                                   uint32_t& b1) {
   const uint32_t chunk = (words[step >> 1] >> (16 * (step & 1))) & 0xffffu;
-  uint32_t value[4];
+  float value[4];
   for (int i = 0; i < 4; ++i)
-    value[i] = bf16_rn_bits(e2m1_value((chunk >> (4 * i)) & 0xfu) * scale);
-  b0 = pack_bf16x2(value[0], value[1]);
-  b1 = pack_bf16x2(value[2], value[3]);
+    value[i] = e2m1_value((chunk >> (4 * i)) & 0xfu) * scale;
+  b0 = pack_floats_bf16x2(value[0], value[1]);
+  b1 = pack_floats_bf16x2(value[2], value[3]);
 }
 
 }  // namespace detail
