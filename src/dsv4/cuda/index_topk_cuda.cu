@@ -48,11 +48,13 @@ using hdk::detail::ordered_key;
 using hdk::detail::select_layout;
 
 constexpr const char* kOperation = "hdk::dsv4::index_topk";
-constexpr int kThreads = 512;
+// 8 warps: with two tiles per warp the tensor-core scoring needs about 167 registers a thread.
+constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxCluster = 8;
 constexpr int64_t kMaxChunk = 32768;  // scores a CTA holds at once: 128 KiB of shared memory
 constexpr int64_t kMinChunk = 1024;
+constexpr int kTilesPerWarp = 2;  // 8-entry tiles per warp per query fragment read
 constexpr unsigned kFullMask = 0xffffffffu;
 
 std::atomic<int> g_score_path{static_cast<int>(IndexScorePath::kTensorCore)};
@@ -207,9 +209,10 @@ __device__ __forceinline__ KeyPiece load_key_piece(const IndexerProblem& p, int6
   return piece;
 }
 
-// Tensor cores: scores entries first .. first + count - 1 of the row into out[0 .. count).
-// Warp w takes tiles w, w + 16, ...; the next tile's key bytes are loaded before the current
-// tile is computed.
+// Tensor cores: scores entries first .. first + count - 1 of the row into out[0 .. count). A warp
+// takes kTilesPerWarp consecutive 8-entry tiles at a time (warp w: tile groups w, w + 8, ...),
+// so each query fragment read from shared memory feeds kTilesPerWarp mma; the next group's key
+// bytes are loaded while the current group is computed.
 template <bool kFp32Q, KeyFormat kFormat>
 __device__ void score_tensor(const IndexerProblem& p, int64_t row, int64_t first, int64_t count,
                              const IndexLaunch& launch, const uint8_t* shared, uint32_t* out,
@@ -220,47 +223,75 @@ __device__ void score_tensor(const IndexerProblem& p, int64_t row, int64_t first
   const uint4* q_hi = reinterpret_cast<const uint4*>(shared + launch.q);
   const uint4* q_lo = reinterpret_cast<const uint4*>(shared + launch.q_lo);
   const float* weights = reinterpret_cast<const float*>(shared + launch.weights);
-  const int64_t tiles = ceil_div(count, kMmaN);
-  if (warp >= tiles) return;
-  KeyPiece next = load_key_piece<kFormat>(p, row, first, count, warp, group, t, wide);
-  for (int64_t tile = warp; tile < tiles; tile += kWarps) {
-    const KeyPiece piece = next;
-    const int64_t ahead = tile + kWarps < tiles ? tile + kWarps : tile;  // a load either way
-    next = load_key_piece<kFormat>(p, row, first, count, ahead, group, t, wide);
-
-    uint32_t b[kKeySteps][2];
+  const int m_tiles = static_cast<int>(launch.m_tiles);
+  const int64_t tile_groups = ceil_div(ceil_div(count, kMmaN), kTilesPerWarp);
+  if (warp >= tile_groups) return;
+  // Tiles past the end load entry `first` with zero codes; their scores are not written.
+  KeyPiece next[kTilesPerWarp];
 #pragma unroll
-    for (int step = 0; step < kKeySteps; ++step) {
-      key_fragment(piece.words, step, step < kKeySteps / 2 ? piece.scale_lo : piece.scale_hi,
-                   b[step][0], b[step][1]);
+  for (int u = 0; u < kTilesPerWarp; ++u) {
+    next[u] =
+        load_key_piece<kFormat>(p, row, first, count, warp * kTilesPerWarp + u, group, t, wide);
+  }
+  for (int64_t tile_group = warp; tile_group < tile_groups; tile_group += kWarps) {
+    uint32_t b[kTilesPerWarp][kKeySteps][2];
+#pragma unroll
+    for (int u = 0; u < kTilesPerWarp; ++u) {
+#pragma unroll
+      for (int step = 0; step < kKeySteps; ++step) {
+        key_fragment(next[u].words, step,
+                     step < kKeySteps / 2 ? next[u].scale_lo : next[u].scale_hi, b[u][step][0],
+                     b[u][step][1]);
+      }
     }
-    float sum[2] = {0.0f, 0.0f};  // entries 2t and 2t + 1 of the tile, this lane's heads
-    for (int64_t m_tile = 0; m_tile < launch.m_tiles; ++m_tile) {
-      float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const int64_t ahead = tile_group + kWarps < tile_groups ? tile_group + kWarps : tile_group;
+#pragma unroll
+    for (int u = 0; u < kTilesPerWarp; ++u) {
+      next[u] =
+          load_key_piece<kFormat>(p, row, first, count, ahead * kTilesPerWarp + u, group, t, wide);
+    }
+
+    float sum[kTilesPerWarp][2] = {};  // entries 2t and 2t + 1 of each tile, this lane's heads
+    for (int m_tile = 0; m_tile < m_tiles; ++m_tile) {
+      float c[kTilesPerWarp][4] = {};
 #pragma unroll
       for (int step = 0; step < kKeySteps; ++step) {
         const uint4 a = q_hi[q_fragment_word(m_tile, step, lane)];
-        mma_bf16_16816(c, a.x, a.y, a.z, a.w, b[step][0], b[step][1]);
+#pragma unroll
+        for (int u = 0; u < kTilesPerWarp; ++u)
+          mma_bf16_16816(c[u], a.x, a.y, a.z, a.w, b[u][step][0], b[u][step][1]);
         if (kFp32Q) {
           const uint4 l = q_lo[q_fragment_word(m_tile, step, lane)];
-          mma_bf16_16816(c, l.x, l.y, l.z, l.w, b[step][0], b[step][1]);
+#pragma unroll
+          for (int u = 0; u < kTilesPerWarp; ++u)
+            mma_bf16_16816(c[u], l.x, l.y, l.z, l.w, b[u][step][0], b[u][step][1]);
         }
       }
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
-        sum[i & 1] += relu(c[i]) * weights[m_tile * kMmaM + mma_c_row(lane, i)];
+      for (int i = 0; i < 4; ++i) {
+        const float w = weights[m_tile * kMmaM + mma_c_row(lane, i)];
+#pragma unroll
+        for (int u = 0; u < kTilesPerWarp; ++u)
+          sum[u][i & 1] += relu(c[u][i]) * w;
+      }
     }
     // The 8 lanes of one quad position hold the same entries for different heads.
 #pragma unroll
-    for (int offset = 4; offset < 32; offset <<= 1) {
-      sum[0] += __shfl_xor_sync(kFullMask, sum[0], offset);
-      sum[1] += __shfl_xor_sync(kFullMask, sum[1], offset);
+    for (int u = 0; u < kTilesPerWarp; ++u) {
+#pragma unroll
+      for (int offset = 4; offset < 32; offset <<= 1) {
+        sum[u][0] += __shfl_xor_sync(kFullMask, sum[u][0], offset);
+        sum[u][1] += __shfl_xor_sync(kFullMask, sum[u][1], offset);
+      }
     }
     if (group == 0) {
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int64_t e = tile * kMmaN + mma_c_col(lane, i);
-        if (e < count) out[e] = ordered_key(sum[i]);
+      for (int u = 0; u < kTilesPerWarp; ++u) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int64_t e = (tile_group * kTilesPerWarp + u) * kMmaN + mma_c_col(lane, i);
+          if (e < count) out[e] = ordered_key(sum[u][i]);
+        }
       }
     }
   }
