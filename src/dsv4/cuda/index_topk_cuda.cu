@@ -14,7 +14,8 @@
 //     the leader CTA writes the row's outputs.
 // The scores never leave shared memory: the cluster holds up to 8 x 32768 of them, which covers
 // 262144 entries per row with no workspace. A longer row still gets exact results: each CTA
-// then scores its segment in chunks again on every pass of the select (about 7x the work).
+// then scores its segment in chunks again on every pass of the select (usually 2 or 3 passes,
+// at most 7).
 // docs/dsv4-attention.md has the reasoning and the numbers.
 #include "dsv4/cuda/index_topk_cuda.h"
 
