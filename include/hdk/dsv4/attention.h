@@ -48,7 +48,9 @@ struct IndexerParams {
 };
 
 // The CPU throws hdk::Error before writing anything for num_entries[n] outside
-// 0 .. max_blocks * block_size and for a block id of a used page outside the key cache.
+// 0 .. max_blocks * block_size and for a block id of a used page outside the key cache. CUDA
+// (which would have to synchronize for that check) gives such a row only padding and counts it
+// in invalid_count instead.
 void index_topk(const IndexerParams& params);
 void index_topk(const IndexerParams& params, CudaStream stream);
 
