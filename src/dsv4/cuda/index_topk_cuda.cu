@@ -30,6 +30,7 @@
 
 #include "core/cuda_helpers.h"
 #include "dsv4/cuda/gate_mma.cuh"
+#include "dsv4/index_launch_plan.h"
 #include "dsv4/index_mma_layout.h"
 #include "dsv4/kv_cache_problem.h"
 #include "dsv4/kv_formats.h"
@@ -52,31 +53,10 @@ constexpr const char* kOperation = "hdk::dsv4::index_topk";
 // 8 warps: with two tiles per warp the tensor-core scoring needs about 167 registers a thread.
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kMaxCluster = 8;
-constexpr int64_t kMaxChunk = 32768;  // scores a CTA holds at once: 128 KiB of shared memory
-constexpr int64_t kMinChunk = 1024;
 constexpr int kTilesPerWarp = 2;  // 8-entry tiles per warp per query fragment read
 constexpr unsigned kFullMask = 0xffffffffu;
 
 std::atomic<int> g_score_path{static_cast<int>(IndexScorePath::kTensorCore)};
-
-// The kernel's shared memory (byte offsets from its start) and sizes, planned on the host.
-struct IndexLaunch {
-  int sort_capacity = 1;  // power of two >= the most winners a row can have
-  int64_t m_tiles = 0;    // ceil(H / 16): heads padded with zero weights and queries
-  int64_t chunk = 0;      // scores a CTA holds at once
-  // Weights (m_tiles * 16 fp32) and queries (tensor cores: fragment words, hi then lo for fp32
-  // q; CUDA cores: H x 128 fp32), in the select's space or after it (index_topk_cuda says when).
-  size_t weights = 0;
-  size_t q = 0;
-  size_t q_lo = 0;
-  size_t scores = 0;  // chunk uint32 keys
-  size_t bytes = 0;
-};
-
-size_t align16(size_t bytes) {
-  return (bytes + 15) / 16 * 16;
-}
 
 __host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
@@ -480,52 +460,10 @@ void index_topk_cuda(const IndexerProblem& p, int device, CudaStream stream) {
   const int shared_limit = hdk::detail::cached_device_attribute(
       cudaDevAttrMaxSharedMemoryPerBlockOptin, device, kOperation);
 
-  IndexLaunch launch;
-  while (launch.sort_capacity < std::min<int64_t>(p.top_k, std::max<int64_t>(capacity, 1)))
-    launch.sort_capacity <<= 1;
-  launch.m_tiles = ceil_div(p.num_heads, kMmaM);
-  const size_t fragment_bytes = static_cast<size_t>(launch.m_tiles) * kKeySteps * 32 * 16;
-  const size_t q_bytes =
-      tensor ? fragment_bytes * (fp32_q ? 2 : 1)
-             : static_cast<size_t>(p.num_heads) * static_cast<size_t>(kIndexerKeyDim) * 4;
-  const size_t weight_bytes = align16(static_cast<size_t>(launch.m_tiles) * kMmaM * 4);
-  const size_t select_bytes = align16(select_layout(launch.sort_capacity).bytes);
-  // Weights and queries are needed only while scoring. When every row's scores fit the cluster
-  // at once they are scored before the select starts, so the weights and queries borrow the
-  // select's space; otherwise (chunks scored again on every pass) they get their own.
-  auto scores_room = [&](size_t scores_offset) {
-    return (static_cast<int64_t>(shared_limit) - static_cast<int64_t>(scores_offset)) / 4 / 32 * 32;
-  };
-  const size_t overlay_offset = std::max(select_bytes, weight_bytes + align16(q_bytes));
-  const int64_t overlay_chunk = std::min(kMaxChunk, scores_room(overlay_offset));
-  int cluster_size = 1;
-  while (cluster_size < kMaxCluster && ceil_div(capacity, cluster_size) > overlay_chunk)
-    cluster_size *= 2;
-  // For few rows, more CTAs per row to use the SMs (the CTAs of a cluster run at once, one per
-  // SM).
-  while (cluster_size < kMaxCluster && p.num_rows * cluster_size * 2 <= sm_count &&
-         ceil_div(capacity, 2 * cluster_size) >= 4096)
-    cluster_size *= 2;
-  const int64_t per_cta = std::max<int64_t>(ceil_div(capacity, cluster_size), 1);
-  int64_t chunk_limit = overlay_chunk;
-  if (per_cta <= overlay_chunk) {
-    launch.weights = 0;
-    launch.q = weight_bytes;
-    launch.scores = overlay_offset;
-  } else {
-    launch.weights = select_bytes;
-    launch.q = select_bytes + weight_bytes;
-    launch.scores = launch.q + align16(q_bytes);
-    chunk_limit = std::min(kMaxChunk, scores_room(launch.scores));
-  }
-  launch.q_lo = launch.q + fragment_bytes;
-  if (chunk_limit < kMinChunk) {
-    throw Error(std::string(kOperation) + ": " + std::to_string(p.num_heads) +
-                " heads need more shared memory than this device gives a CTA (" +
-                std::to_string(shared_limit) + " bytes) on CUDA");
-  }
-  launch.chunk = std::min(chunk_limit, ceil_div(per_cta, 32) * 32);
-  launch.bytes = launch.scores + static_cast<size_t>(launch.chunk) * 4;
+  const IndexLaunchPlan plan = plan_index_launch(p.num_rows, p.num_heads, capacity, p.top_k, tensor,
+                                                 fp32_q, sm_count, shared_limit);
+  const IndexLaunch& launch = plan.launch;
+  const int cluster_size = plan.cluster_size;
   if (p.num_rows > INT_MAX / cluster_size) {
     throw Error(std::string(kOperation) + ": the CUDA backend takes at most " +
                 std::to_string(INT_MAX / cluster_size) + " rows per call, got " +

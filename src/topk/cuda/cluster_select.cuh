@@ -23,15 +23,16 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "topk/select_layout.h"
 #include "topk/topk_key.h"
 
 namespace hdk {
 namespace detail {
 namespace cluster_select_detail {
 
-constexpr int kDigitBits = 11;
-constexpr int kBins = 1 << kDigitBits;
-constexpr int kCandidates = 4096;  // the leader's buffer for the entries of the chosen bin
+constexpr int kDigitBits = kSelectDigitBits;
+constexpr int kBins = kSelectBins;
+constexpr int kCandidates = kSelectCandidates;
 constexpr unsigned kFullMask = 0xffffffffu;
 
 // What one level decided; written by one thread, read by all after a barrier.
@@ -127,25 +128,6 @@ __device__ inline void find_threshold_bin(const uint32_t* totals, unsigned int n
 }
 
 }  // namespace cluster_select_detail
-
-// Byte offsets of the selection's shared memory (from the start of the dynamic shared memory,
-// which must be 16-byte aligned); `bytes` is where the caller's own data may start. Offsets are
-// multiples of 16 given the 32-byte control block.
-struct SelectLayout {
-  size_t sorted, candidate, histogram, totals, warp_sums, bytes;
-};
-
-__host__ __device__ inline SelectLayout select_layout(int sort_capacity) {
-  using namespace cluster_select_detail;
-  SelectLayout layout;
-  layout.sorted = 32;
-  layout.candidate = layout.sorted + static_cast<size_t>(sort_capacity) * 8;
-  layout.histogram = layout.candidate + static_cast<size_t>(kCandidates) * 8;
-  layout.totals = layout.histogram + 2 * kBins * 4;
-  layout.warp_sums = layout.totals + kBins * 4;
-  layout.bytes = layout.warp_sums + 32 * 4;
-  return layout;
-}
 
 // Selects the `want` (1 .. sort_capacity, the same in every CTA of the cluster) largest ranked
 // entries among the segments of the cluster's CTAs; `length` is the row's entry count. Returns
