@@ -77,8 +77,6 @@ TEST(IndexMmaLayout, KeyPermutationCoversEachDimOnceAndLanesReadTheirOwnBytes) {
 }
 
 TEST(IndexMmaLayout, KeyValuesAreExactInBf16) {
-  for (uint32_t code = 0; code < 16; ++code)
-    EXPECT_EQ(e2m1_value(code), decode_e2m1(static_cast<uint8_t>(code))) << code;
   // Every E2M1 code times every UE8M0 scale and every finite E4M3 scale survives bf16.
   std::vector<float> scales;
   for (int byte = 0; byte < 255; ++byte)
@@ -88,11 +86,48 @@ TEST(IndexMmaLayout, KeyValuesAreExactInBf16) {
   }
   for (float scale : scales) {
     for (uint32_t code = 0; code < 16; ++code) {
-      const float value = e2m1_value(code) * scale;
+      const float value = decode_e2m1(static_cast<uint8_t>(code)) * scale;
       ASSERT_EQ(bf16_bits_value(bf16_rn_bits(value)), value) << code << " x " << scale;
     }
   }
-  EXPECT_TRUE(std::isnan(bf16_bits_value(bf16_rn_bits(e2m1_value(3) * decode_ue8m0(0xff)))));
+  EXPECT_TRUE(std::isnan(bf16_bits_value(bf16_rn_bits(decode_e2m1(3) * decode_ue8m0(0xff)))));
+}
+
+// The kernel's byte-table decode of 4 codes at a time, against the CPU decoder: every 16-bit
+// chunk of codes (in either half of its word) for a spread of scales, and every scale (NaN
+// included) for random chunks.
+void check_key_fragment(uint32_t chunk, float scale) {
+  for (int step = 0; step < 2; ++step) {
+    uint32_t words[4] = {0x9abcdef0u, 0x12345678u, 0u, 0u};
+    words[0] = step == 0 ? (0x5a5a0000u | chunk) : ((chunk << 16) | 0xa5a5u);
+    uint32_t b[2];
+    key_fragment(words, step, pack_floats_bf16x2(scale, scale), b[0], b[1]);
+    for (int i = 0; i < 4; ++i) {
+      const float got = bf16_bits_value(i % 2 ? b[i / 2] >> 16 : b[i / 2] & 0xffffu);
+      const float want = decode_e2m1(static_cast<uint8_t>((chunk >> (4 * i)) & 0xfu)) * scale;
+      if (std::isnan(want)) {
+        ASSERT_TRUE(std::isnan(got)) << std::hex << chunk << " " << i;
+      } else {
+        ASSERT_EQ(got, want) << std::hex << chunk << " " << i << " scale " << scale;
+        ASSERT_EQ(std::signbit(got), std::signbit(want)) << std::hex << chunk << " " << i;
+      }
+    }
+  }
+}
+
+TEST(IndexMmaLayout, KeyFragmentsDecodeLikeTheCpu) {
+  for (float scale :
+       {1.0f, 0.25f, 6.0f, 448.0f, 0.001953125f, std::ldexp(1.0f, -120), std::ldexp(1.0f, 100)})
+    for (uint32_t chunk = 0; chunk < 65536; ++chunk)
+      check_key_fragment(chunk, scale);
+  std::mt19937_64 rng(7);
+  for (int byte = 0; byte < 256; ++byte) {
+    for (float scale :
+         {decode_ue8m0(static_cast<uint8_t>(byte)), decode_e4m3(static_cast<uint8_t>(byte))}) {
+      for (int trial = 0; trial < 64; ++trial)
+        check_key_fragment(static_cast<uint32_t>(rng() & 0xffffu), scale);
+    }
+  }
 }
 
 TEST(IndexMmaLayout, Fp32QueriesSplitIntoTwoBf16) {
@@ -212,7 +247,8 @@ void check_tile(const TileCase& tc, uint64_t seed) {
     std::memcpy(words, &data[g * kKeyDataBytes + 16 * t], 16);
     for (int step = 0; step < kKeySteps; ++step) {
       const float scale = key_lane_scale(tc.format, &scales[g * scale_bytes], t, step);
-      key_fragment(words, step, scale, b[step][lane][0], b[step][lane][1]);
+      key_fragment(words, step, pack_floats_bf16x2(scale, scale), b[step][lane][0],
+                   b[step][lane][1]);
     }
   }
 

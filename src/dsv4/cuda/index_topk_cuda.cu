@@ -150,7 +150,7 @@ __device__ __forceinline__ EntryPlace place_of(const IndexerProblem& p, int64_t 
 // One lane's share of an 8-entry tile: 16 bytes of its key and their scales.
 struct KeyPiece {
   uint32_t words[4];
-  float scale_lo, scale_hi;  // dims 32t .. 32t + 15 and 32t + 16 .. 32t + 31
+  uint32_t scale_lo, scale_hi;  // bf16x2 scales of dims 32t .. 32t + 15 and 32t + 16 .. 32t + 31
 };
 
 // Loads the piece of entry `first + e` (e = tile * 8 + group) for quad lane t; entries past
@@ -176,11 +176,14 @@ __device__ __forceinline__ KeyPiece load_key_piece(const IndexerProblem& p, int6
   const uint8_t* scales =
       place.page + p.keys.block_size * kKeyDataBytes + place.offset * key_scale_bytes(kFormat);
   if (kFormat == KeyFormat::kMXFP4) {
-    piece.scale_lo = piece.scale_hi = decode_ue8m0(__ldg(scales + t));
+    const float scale = decode_ue8m0(__ldg(scales + t));
+    piece.scale_lo = piece.scale_hi = pack_floats_bf16x2(scale, scale);
   } else {
     const uint32_t two = __ldg(reinterpret_cast<const unsigned short*>(scales) + t);
-    piece.scale_lo = decode_e4m3(static_cast<uint8_t>(two & 0xffu));
-    piece.scale_hi = decode_e4m3(static_cast<uint8_t>(two >> 8));
+    const float lo = decode_e4m3(static_cast<uint8_t>(two & 0xffu));
+    const float hi = decode_e4m3(static_cast<uint8_t>(two >> 8));
+    piece.scale_lo = pack_floats_bf16x2(lo, lo);
+    piece.scale_hi = pack_floats_bf16x2(hi, hi);
   }
   if (!valid) {
 #pragma unroll
