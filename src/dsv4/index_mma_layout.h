@@ -12,8 +12,8 @@
 //
 // E2M1 x scale is exact in bf16 (2 significant bits times a power of two for MXFP4, times at most
 // 4 significant bits for NVFP4), so keys enter the mma exactly. bf16 queries enter exactly too;
-// fp32 queries are split as q = hi + lo (both bf16, two mma per step), which leaves about 2^-17
-// of |q| out: below fp32 accumulation error of a 128-term dot product.
+// fp32 queries are split as q = hi + lo (both bf16, two mma per step), which leaves at most
+// 2^-16 |q| out, about the fp32 accumulation error of the 128 + H terms of a score.
 #pragma once
 
 #include <cstdint>
