@@ -25,7 +25,8 @@ template <bool kMeta>
 void index_topk(const at::Tensor& q, const at::Tensor& weights, const at::Tensor& key_cache,
                 int64_t block_size, int64_t format, const at::Tensor& block_table,
                 const at::Tensor& num_entries, int64_t top_k, const at::Tensor& topk_indices,
-                const OptionalTensor& topk_scores, const OptionalTensor& invalid_count) {
+                const OptionalTensor& topk_scores, const OptionalTensor& topk_slots,
+                const OptionalTensor& invalid_count) {
   if constexpr (kMeta) return;
   call_hdk([&] {
     hdk::dsv4::IndexerParams p;
@@ -39,6 +40,7 @@ void index_topk(const at::Tensor& q, const at::Tensor& weights, const at::Tensor
     p.top_k = top_k;
     p.topk_indices = to_view(topk_indices, "topk_indices");
     p.topk_scores = to_view(topk_scores, "topk_scores");
+    p.topk_slots = to_view(topk_slots, "topk_slots");
     p.invalid_count = to_view(invalid_count, "invalid_count");
     HDK_ATTENTION_DEVICE_GUARD(topk_indices);
     hdk::dsv4::index_topk(p, current_stream(topk_indices));
@@ -47,8 +49,10 @@ void index_topk(const at::Tensor& q, const at::Tensor& weights, const at::Tensor
 
 template <bool kMeta>
 void sparse_decode(const at::Tensor& q, const at::Tensor& cache, int64_t block_size,
-                   const at::Tensor& indices, const OptionalTensor& sink, double scale,
-                   const at::Tensor& out, const OptionalTensor& lse,
+                   const at::Tensor& indices, const OptionalTensor& extra_cache,
+                   int64_t extra_block_size, const OptionalTensor& extra_indices,
+                   const OptionalTensor& sink, double scale, const at::Tensor& out,
+                   const OptionalTensor& lse, bool lse_includes_sink,
                    const OptionalTensor& invalid_count) {
   if constexpr (kMeta) return;
   call_hdk([&] {
@@ -57,10 +61,14 @@ void sparse_decode(const at::Tensor& q, const at::Tensor& cache, int64_t block_s
     p.cache = to_view(cache, "cache");
     p.block_size = block_size;
     p.indices = to_view(indices, "indices");
+    p.extra_cache = to_view(extra_cache, "extra_cache");
+    p.extra_block_size = extra_block_size;
+    p.extra_indices = to_view(extra_indices, "extra_indices");
     p.sink = to_view(sink, "sink");
     p.scale = static_cast<float>(scale);
     p.out = to_view(out, "out");
     p.lse = to_view(lse, "lse");
+    p.lse_includes_sink = lse_includes_sink;
     p.invalid_count = to_view(invalid_count, "invalid_count");
     HDK_ATTENTION_DEVICE_GUARD(out);
     hdk::dsv4::sparse_decode(p, current_stream(out));
@@ -74,10 +82,12 @@ TORCH_LIBRARY_FRAGMENT(hdk, m) {
   m.def(
       "dsv4_index_topk(Tensor q, Tensor weights, Tensor key_cache, int block_size, int format, "
       "Tensor block_table, Tensor num_entries, int top_k, Tensor(a!) topk_indices, "
-      "Tensor(b!)? topk_scores, Tensor(c!)? invalid_count) -> ()");
+      "Tensor(b!)? topk_scores, Tensor(c!)? topk_slots, Tensor(d!)? invalid_count) -> ()");
   m.def(
-      "dsv4_sparse_decode(Tensor q, Tensor cache, int block_size, Tensor indices, Tensor? sink, "
-      "float scale, Tensor(a!) out, Tensor(b!)? lse, Tensor(c!)? invalid_count) -> ()");
+      "dsv4_sparse_decode(Tensor q, Tensor cache, int block_size, Tensor indices, "
+      "Tensor? extra_cache, int extra_block_size, Tensor? extra_indices, Tensor? sink, "
+      "float scale, Tensor(a!) out, Tensor(b!)? lse, bool lse_includes_sink, "
+      "Tensor(c!)? invalid_count) -> ()");
 }
 
 #define HDK_ATTENTION_REGISTER(key, meta)                           \

@@ -348,6 +348,7 @@ def index_topk(
     topk_indices=None,
     topk_scores=None,
     return_scores=True,
+    topk_slots=None,
     invalid_count=None,
 ):
     r"""The indexer's top-k for N query rows (hdk::dsv4::index_topk)::
@@ -373,6 +374,10 @@ def index_topk(
             ordinal, -1 as padding); None: allocated.
         topk_scores: ``[N, top_k]`` fp32 output (-inf as padding); None: allocated when
             ``return_scores``, else not computed.
+        topk_slots: optional ``[N, top_k]`` int32 output, written in place: the flat slot of
+            each selected entry through ``block_table`` (-1 as padding), i.e. sparse_decode's
+            ``indices`` for a pool sharing the key cache's block table and block size (the CSA
+            compressed pool of :class:`KVCacheManager`).
         invalid_count: ``[1]`` int32/int64 counter; +1 per row whose q or weights hold a NaN or
             infinity (the row gets only padding). hdk adds, never clears.
 
@@ -393,6 +398,7 @@ def index_topk(
             ("num_entries", num_entries),
             ("topk_indices", topk_indices),
             ("topk_scores", topk_scores),
+            ("topk_slots", topk_slots),
             ("invalid_count", invalid_count),
         ),
     )
@@ -416,6 +422,7 @@ def index_topk(
         int(top_k),
         topk_indices,
         topk_scores,
+        topk_slots,
         invalid_count,
     )
     return topk_indices, topk_scores
@@ -427,11 +434,15 @@ def sparse_decode(
     block_size,
     indices,
     *,
+    extra_cache=None,
+    extra_block_size=0,
+    extra_indices=None,
     sink=None,
     scale=0.0,
     out=None,
     lse=None,
     return_lse=True,
+    lse_includes_sink=True,
     invalid_count=None,
 ):
     r"""Sparse MQA attention decode with a per-head sink (hdk::dsv4::sparse_decode). For query
@@ -450,11 +461,18 @@ def sparse_decode(
             skipped.
 
     Keyword Args:
+        extra_cache, extra_block_size, extra_indices: an optional second list (both tensors or
+            neither) over a second MODEL1 tensor, e.g. the SWA rings kept apart from the
+            compressed pool (as :class:`KVCacheManager` keeps them): ``extra_indices`` ``[N, L2]``
+            holds slots ``block * extra_block_size + offset`` of ``extra_cache``. One softmax
+            runs over both lists.
         sink: ``[Hq]`` fp32 sink logits (denominator only), or None.
         scale: softmax scale; 0 means ``512 ** -0.5``.
         out: ``[N, Hq, 512]`` bf16/fp32 output; None: allocated with q's dtype.
         lse: ``[N, Hq]`` fp32 output; None: allocated when ``return_lse``, else not computed.
             A row with an empty list gets ``o = 0`` and ``lse = sink`` (-inf without a sink).
+        lse_includes_sink: False leaves the sink out of ``lse`` (``log(sum_j e^{s_j})``, -inf
+            for an empty list), FlashMLA's convention; ``out`` is the same either way.
         invalid_count: ``[1]`` int32/int64 counter; +1 per row whose q holds a NaN or infinity
             or whose result is NaN (the row gets o = 0, lse = NaN). hdk adds, never clears.
 
@@ -471,6 +489,8 @@ def sparse_decode(
             ("q", q),
             ("cache", cache),
             ("indices", indices),
+            ("extra_cache", extra_cache),
+            ("extra_indices", extra_indices),
             ("sink", sink),
             ("out", out),
             ("lse", lse),
@@ -491,10 +511,14 @@ def sparse_decode(
         cache,
         int(block_size),
         indices,
+        extra_cache,
+        int(extra_block_size),
+        extra_indices,
         sink,
         float(scale),
         out,
         lse,
+        bool(lse_includes_sink),
         invalid_count,
     )
     return out, lse

@@ -121,7 +121,14 @@ class StepInputs:
     """What one decode step's calls take, for a batch of N rows (padding rows: slot -1).
     ``positions`` [N] int64 (first position of the step's tokens), ``state_slots`` [N] int64,
     ``swa_slots`` [N] (T = 1) or [N, T] int64, ``csa_block_table`` / ``hca_block_table``
-    [N, max_blocks] int32 (-1 past a request's pages); all on the manager's device."""
+    [N, max_blocks] int32 (-1 past a request's pages); all on the manager's device.
+
+    The read side's lists, one row per query token (N * T rows, row n * T + t): ``swa_window``
+    [N * T, 128] int32, the ring slots token t attends to (-1 for none); ``csa_entries`` /
+    ``hca_entries`` [N * T] int32, the compressed entries it sees ((position + 1) // ratio, 0
+    for padding); ``csa_query_table`` [N * T, max_blocks] int32, the CSA block table row of each
+    query token; ``hca_list`` [N * T, max HCA entries] int32, the HCA slots of every entry it
+    sees (-1 beyond)."""
 
     positions: torch.Tensor
     state_slots: torch.Tensor
@@ -129,6 +136,11 @@ class StepInputs:
     csa_block_table: torch.Tensor
     hca_block_table: torch.Tensor
     tokens_per_request: int
+    swa_window: torch.Tensor = None
+    csa_entries: torch.Tensor = None
+    hca_entries: torch.Tensor = None
+    csa_query_table: torch.Tensor = None
+    hca_list: torch.Tensor = None
 
 
 @dataclasses.dataclass
@@ -397,14 +409,46 @@ class KVCacheManager:
         token_positions = positions[:, None] + torch.arange(tokens)
         swa = slots[:, None] * SWA_WINDOW + token_positions % SWA_WINDOW
         swa = torch.where(slots[:, None] >= 0, swa, torch.full_like(swa, -1))
+        csa_table = self.block_table("csa", request_ids)
+        hca_table = self.block_table("hca", request_ids)
+        # One row per query token. Token t at position p sees the ring positions
+        # last - 127 .. p, last being the step's last token: the step's later tokens were stored
+        # before attention and took the ring places of last - 127 .. p - 128.
+        live = (slots >= 0).repeat_interleave(tokens)
+        query = token_positions.reshape(-1)
+        last = (positions + tokens - 1).repeat_interleave(tokens)
+        seen = query[:, None] - torch.arange(SWA_WINDOW)
+        window = slots.repeat_interleave(tokens)[:, None] * SWA_WINDOW + seen % SWA_WINDOW
+        visible = live[:, None] & (seen >= 0) & (seen > last[:, None] - SWA_WINDOW)
+        window = torch.where(visible, window, torch.full_like(window, -1)).to(torch.int32)
+        entries = {
+            ratio: torch.where(live, (query + 1) // ratio, torch.zeros_like(query)).to(torch.int32)
+            for ratio in (CSA_RATIO, HCA_RATIO)
+        }
+        hca_rows = hca_table.repeat_interleave(tokens, 0)
         return StepInputs(
             positions=positions.to(self.device),
             state_slots=slots.to(self.device),
             swa_slots=(swa[:, 0] if tokens == 1 else swa).to(self.device),
-            csa_block_table=self.block_table("csa", request_ids),
-            hca_block_table=self.block_table("hca", request_ids),
+            csa_block_table=csa_table,
+            hca_block_table=hca_table,
             tokens_per_request=tokens,
+            swa_window=window.to(self.device),
+            csa_entries=entries[CSA_RATIO].to(self.device),
+            hca_entries=entries[HCA_RATIO].to(self.device),
+            csa_query_table=csa_table.repeat_interleave(tokens, 0),
+            hca_list=self._entry_slots(hca_rows, entries[HCA_RATIO], HCA_RATIO),
         )
+
+    def _entry_slots(self, table, counts, ratio):
+        """[rows, max_blocks * block_size] int32: the slots of entries 0 .. counts[row] - 1
+        through the table's rows, -1 beyond (built on the device)."""
+        size = self.block_size[ratio]
+        entry = torch.arange(table.shape[1] * size, device=self.device)
+        blocks = table.long().index_select(1, entry // size)
+        slots = blocks * size + entry % size
+        keep = entry[None, :] < counts.to(self.device).long()[:, None]
+        return torch.where(keep, slots, torch.full_like(slots, -1)).to(torch.int32)
 
     # -- the calls of one layer -----------------------------------------------------------
 
@@ -456,6 +500,66 @@ class KVCacheManager:
             layer.index_cache if indexer else layer.cache,
             self.block_size[layer.ratio],
             layer.ratio,
+            **options,
+        )
+
+    def index_topk(self, layer, step, q, weights, top_k, *, topk_slots=None, **options):
+        """CSA layers: the indexer's top-k over the layer's key pool for the step's query rows
+        (``q`` [N * T, H, 128], ``weights`` [N * T, H]). Returns ``(topk_indices, topk_scores,
+        topk_slots)``; ``topk_slots`` are the selected entries' slots in the layer's compressed
+        pool, :meth:`attend`'s ``selected``. Other options go to :func:`hdk.dsv4.index_topk`."""
+        layer = self.layers[layer] if isinstance(layer, int) else layer
+        if layer.kind != "csa":
+            raise HdkError(
+                f"hdk.dsv4.KVCacheManager.index_topk: layer {layer.index} is "
+                f"{layer.kind.upper()}; only CSA layers have an indexer"
+            )
+        if topk_slots is None:
+            rows = step.csa_entries.shape[0]
+            topk_slots = torch.empty((rows, int(top_k)), dtype=torch.int32, device=self.device)
+        options.setdefault("format", self.key_format)
+        indices, scores = dsv4.index_topk(
+            q,
+            weights,
+            layer.index_cache,
+            self.block_size[CSA_RATIO],
+            step.csa_query_table,
+            step.csa_entries,
+            top_k,
+            topk_slots=topk_slots,
+            **options,
+        )
+        return indices, scores, topk_slots
+
+    def attend(self, layer, step, q, *, sink=None, selected=None, **options):
+        """sparse_decode of the step's query rows (``q`` [N * T, Hq, 512]) over the SWA window
+        plus, on CSA layers, the ``selected`` entries (:meth:`index_topk`'s ``topk_slots``), on
+        HCA layers every compressed entry so far. Returns ``(out, lse)``; other options go to
+        :func:`hdk.dsv4.sparse_decode`."""
+        layer = self.layers[layer] if isinstance(layer, int) else layer
+        if layer.kind == "swa":
+            return dsv4.sparse_decode(
+                q, layer.swa, SWA_WINDOW, step.swa_window, sink=sink, **options
+            )
+        if layer.kind == "csa" and selected is None:
+            raise HdkError(
+                f"hdk.dsv4.KVCacheManager.attend: layer {layer.index} is CSA: pass selected= "
+                "(the topk_slots of index_topk)"
+            )
+        if layer.kind == "hca" and selected is not None:
+            raise HdkError(
+                f"hdk.dsv4.KVCacheManager.attend: layer {layer.index} is HCA: it attends to every "
+                "compressed entry, selected= is not taken"
+            )
+        return dsv4.sparse_decode(
+            q,
+            layer.cache,
+            self.block_size[layer.ratio],
+            selected if layer.kind == "csa" else step.hca_list,
+            extra_cache=layer.swa,
+            extra_block_size=SWA_WINDOW,
+            extra_indices=step.swa_window,
+            sink=sink,
             **options,
         )
 

@@ -127,6 +127,7 @@ def test_index_topk_matches_the_reference(device, fmt, q_dtype):
     weights[6, 9] = INF  # counted, only padding
     indices = torch.full((n, top_k), 12345, dtype=torch.int32)
     scores = torch.full((n, top_k), NAN)
+    slots = torch.full((n, top_k), 54321, dtype=torch.int32)
     count = counter("cpu")
     got_indices, got_scores = hdk.dsv4.index_topk(
         q,
@@ -139,11 +140,16 @@ def test_index_topk_matches_the_reference(device, fmt, q_dtype):
         format=fmt,
         topk_indices=indices,
         topk_scores=scores,
+        topk_slots=slots,
         invalid_count=count,
     )
     assert got_indices is indices and got_scores is scores
     assert int(count.item()) == 3 + 2
     check_topk(indices, scores, reference_topk(q, weights, decoded, top_k), top_k, exact=False)
+    # The slots are the entries' places through the block table, -1 for padding.
+    pages = block_table.long().gather(1, indices.clamp(min=0).long() // block_size)
+    want = torch.where(indices >= 0, pages * block_size + indices % block_size, -1)
+    assert torch.equal(slots.long(), want)
 
 
 def test_index_topk_exact_ties_and_allocated_outputs(device):
@@ -161,7 +167,14 @@ def test_index_topk_exact_ties_and_allocated_outputs(device):
     check_topk(indices, scores, reference_topk(q, weights, decoded, top_k), top_k, exact=True)
 
     again, none = hdk.dsv4.index_topk(
-        q, weights, cache, block_size, block_table, torch.tensor(counts), top_k, return_scores=False
+        q,
+        weights,
+        cache,
+        block_size,
+        block_table,
+        torch.tensor(counts),
+        top_k,
+        return_scores=False,
     )
     assert none is None and torch.equal(again, indices)
 
@@ -281,6 +294,37 @@ def test_sparse_decode_empty_lists_scale_and_allocated_outputs(device):
     assert (lse == -INF).all()
 
 
+def test_sparse_decode_extra_list_over_a_second_cache(device):
+    """The SWA ring in its own tensor (pages of 128, KVCacheManager's layout) next to the
+    compressed pool (pages of 64): one softmax over both lists."""
+    g = ref.generator(43)
+    cache, decoded = stored_entries(256, 64, g)
+    swa, swa_decoded = stored_entries(3 * 128, 128, g)
+    n, heads = 3, 64
+    indices = torch.randint(0, 256, (n, 96), generator=g, dtype=torch.int32)
+    swa_indices = torch.randint(0, 3 * 128, (n, 128), generator=g, dtype=torch.int32)
+    indices[1] = -1  # only the SWA list
+    swa_indices[2, 50:] = -1
+    q = torch.randn(n, heads, 512, generator=g).to(torch.bfloat16)
+    sink = torch.randn(heads, generator=g)
+    out, lse = hdk.dsv4.sparse_decode(
+        q,
+        cache,
+        64,
+        indices,
+        extra_cache=swa,
+        extra_block_size=128,
+        extra_indices=swa_indices,
+        sink=sink,
+    )
+    # The reference over one list: the second cache's entries appended after the first's.
+    both = torch.cat([decoded, swa_decoded])
+    joined = torch.cat([indices, torch.where(swa_indices >= 0, swa_indices + 256, swa_indices)], 1)
+    check_attention(out, lse, reference_attention(q, both, joined, sink, 512**-0.5), set())
+    with pytest.raises(hdk.HdkError, match="'extra_cache' and 'extra_indices' go together"):
+        hdk.dsv4.sparse_decode(q, cache, 64, indices, extra_cache=swa, extra_block_size=128)
+
+
 # ---- errors and CUDA ------------------------------------------------------------------------
 
 
@@ -329,7 +373,10 @@ def test_errors_name_the_argument():
     out = torch.full((2, 64, 512), 7.0, dtype=torch.bfloat16)
     with pytest.raises(hdk.HdkError):
         hdk.dsv4.sparse_decode(
-            **dict(decode_args, indices=torch.tensor([[0, 64]], dtype=torch.int32).repeat(2, 1)),
+            **dict(
+                decode_args,
+                indices=torch.tensor([[0, 64]], dtype=torch.int32).repeat(2, 1),
+            ),
             out=out,
         )
     assert (out == 7).all()

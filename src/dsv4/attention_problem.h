@@ -40,6 +40,8 @@ struct IndexerProblem {
   int64_t topk_indices_row_stride = 0;
   float* topk_scores = nullptr;  // [N, top_k] or nullptr
   int64_t topk_scores_row_stride = 0;
+  int32_t* topk_slots = nullptr;  // [N, top_k] or nullptr
+  int64_t topk_slots_row_stride = 0;
   Counter invalid_count;
 
   // Flat slot of the row's entry s (s below its num_entries, which the caller checked).
@@ -54,7 +56,12 @@ struct SparseDecodeProblem {
   int64_t num_indices = 0;  // L
   QueryView q;              // [N, Hq, 512]
   PagedPool cache;
-  IndexView indices;            // [N, L]
+  IndexView indices;  // [N, L] slots of `cache`
+  // The optional second list: extra_indices [N, num_extra_indices] slots of extra_cache
+  // (num_extra_indices = 0 without one).
+  PagedPool extra_cache;
+  int64_t num_extra_indices = 0;
+  IndexView extra_indices;
   const float* sink = nullptr;  // [Hq] or nullptr
   int64_t sink_stride = 0;
   float scale = 0.0f;   // resolved: never 0
@@ -63,9 +70,20 @@ struct SparseDecodeProblem {
   int64_t out_row_stride = 0;
   int64_t out_head_stride = 0;
   float* lse = nullptr;  // [N, Hq] or nullptr
+  bool lse_includes_sink = true;
   int64_t lse_row_stride = 0;
   int64_t lse_head_stride = 0;
   Counter invalid_count;
+
+  // The whole list of row n: entries 0 .. num_indices - 1 from `indices` over `cache`, then
+  // the extra list over extra_cache. list_slot < 0 means the entry is skipped.
+  HDK_HOST_DEVICE int64_t list_length() const { return num_indices + num_extra_indices; }
+  HDK_HOST_DEVICE const PagedPool& list_pool(int64_t j) const {
+    return j < num_indices ? cache : extra_cache;
+  }
+  HDK_HOST_DEVICE int64_t list_slot(int64_t n, int64_t j) const {
+    return j < num_indices ? indices.at(n, j) : extra_indices.at(n, j - num_indices);
+  }
 };
 
 static_assert(std::is_trivially_copyable<IndexerProblem>::value, "taken by value");

@@ -1,6 +1,8 @@
 #include "dsv4/attention_validation.h"
 
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <string>
 
 #include "core/argument_checks.h"
@@ -56,6 +58,7 @@ IndexerProblem validate_index_topk(const IndexerParams& p) {
                  {&p.num_entries, "num_entries"},
                  {&p.topk_indices, "topk_indices"},
                  {&p.topk_scores, "topk_scores"},
+                 {&p.topk_slots, "topk_slots"},
                  {&p.invalid_count, "invalid_count"}},
                 p.topk_indices.device);
   check_format(check, p.format, "format");
@@ -97,11 +100,23 @@ IndexerProblem validate_index_topk(const IndexerParams& p) {
     problem.topk_scores = static_cast<float*>(p.topk_scores.data);
     problem.topk_scores_row_stride = p.topk_scores.strides[0];
   }
+  if (p.topk_slots.defined()) {
+    check.shape_is(p.topk_slots, "topk_slots", {N, p.top_k}, "[N, top_k]");
+    check.dtype_in(p.topk_slots, "topk_slots", {DType::kInt32});
+    check.innermost_contiguous(p.topk_slots, "topk_slots");
+    if (problem.keys.num_slots() > std::numeric_limits<int32_t>::max()) {
+      check.fail("argument 'topk_slots' is int32, but 'key_cache' has " +
+                 text(problem.keys.num_slots()) + " slots (at most 2^31 - 1 fit)");
+    }
+    problem.topk_slots = static_cast<int32_t*>(p.topk_slots.data);
+    problem.topk_slots_row_stride = p.topk_slots.strides[0];
+  }
   problem.invalid_count = counter(check, p.invalid_count);
 
   check_aliasing(check,
                  {{&p.topk_indices, "topk_indices"},
                   {&p.topk_scores, "topk_scores"},
+                  {&p.topk_slots, "topk_slots"},
                   {&p.invalid_count, "invalid_count"}},
                  {{&p.q, "q"},
                   {&p.weights, "weights"},
@@ -121,6 +136,8 @@ SparseDecodeProblem validate_sparse_decode(const SparseDecodeParams& p) {
                 {{&p.q, "q"},
                  {&p.cache, "cache"},
                  {&p.indices, "indices"},
+                 {&p.extra_cache, "extra_cache"},
+                 {&p.extra_indices, "extra_indices"},
                  {&p.sink, "sink"},
                  {&p.out, "out"},
                  {&p.lse, "lse"},
@@ -135,6 +152,18 @@ SparseDecodeProblem validate_sparse_decode(const SparseDecodeParams& p) {
   check.rank_in(p.indices, "indices", {2}, "[N, L]");
   problem.num_indices = p.indices.shape[1];
   problem.indices = index_view(check, p.indices, "indices", {N, problem.num_indices}, "[N, L]");
+  if (p.extra_cache.defined() != p.extra_indices.defined()) {
+    check.fail(std::string("arguments 'extra_cache' and 'extra_indices' go together: got ") +
+               (p.extra_cache.defined() ? "extra_cache" : "extra_indices") + " only");
+  }
+  if (p.extra_cache.defined()) {
+    problem.extra_cache = paged_pool(check, p.extra_cache, p.extra_block_size, kEntryBytes,
+                                     "MODEL1 entries", "extra_cache", "extra_block_size");
+    check.rank_in(p.extra_indices, "extra_indices", {2}, "[N, L2]");
+    problem.num_extra_indices = p.extra_indices.shape[1];
+    problem.extra_indices = index_view(check, p.extra_indices, "extra_indices",
+                                       {N, problem.num_extra_indices}, "[N, L2]");
+  }
 
   if (p.sink.defined()) {
     check.shape_is(p.sink, "sink", {H}, "[Hq]");
@@ -160,11 +189,17 @@ SparseDecodeProblem validate_sparse_decode(const SparseDecodeParams& p) {
     problem.lse = static_cast<float*>(p.lse.data);
     problem.lse_row_stride = p.lse.strides[0];
     problem.lse_head_stride = p.lse.strides[1];
+    problem.lse_includes_sink = p.lse_includes_sink;
   }
   problem.invalid_count = counter(check, p.invalid_count);
 
   check_aliasing(check, {{&p.out, "out"}, {&p.lse, "lse"}, {&p.invalid_count, "invalid_count"}},
-                 {{&p.q, "q"}, {&p.cache, "cache"}, {&p.indices, "indices"}, {&p.sink, "sink"}});
+                 {{&p.q, "q"},
+                  {&p.cache, "cache"},
+                  {&p.indices, "indices"},
+                  {&p.extra_cache, "extra_cache"},
+                  {&p.extra_indices, "extra_indices"},
+                  {&p.sink, "sink"}});
   return problem;
 }
 
@@ -192,6 +227,10 @@ void check_indexer_indices(const IndexerProblem& p) {
 
 void check_sparse_indices(const SparseDecodeProblem& p) {
   check_slots(kSparseDecode, p.indices, p.num_rows, p.num_indices, p.cache, "indices");
+  if (p.num_extra_indices > 0) {
+    check_slots(kSparseDecode, p.extra_indices, p.num_rows, p.num_extra_indices, p.extra_cache,
+                "extra_indices");
+  }
 }
 
 }  // namespace detail

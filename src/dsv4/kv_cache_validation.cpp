@@ -42,15 +42,20 @@ void check_aliasing(const ArgumentChecks& check, std::initializer_list<NamedView
 }
 
 PagedPool paged_pool(const ArgumentChecks& check, const TensorView& cache, int64_t block_size,
-                     int64_t entry_bytes, const char* format, const char* name) {
-  if (block_size < 1) check.fail("option 'block_size' must be at least 1, got " + text(block_size));
-  check.rank_in(cache, name, {2}, "[num_blocks, block_size * entry bytes]");
+                     int64_t entry_bytes, const char* format, const char* name,
+                     const char* block_size_name) {
+  const std::string size_name = block_size_name;
+  if (block_size < 1) {
+    check.fail("option '" + size_name + "' must be at least 1, got " + text(block_size));
+  }
+  check.rank_in(cache, name, {2}, ("[num_blocks, " + size_name + " * entry bytes]").c_str());
   check.dtype_in(cache, name, {DType::kUInt8});
   check.innermost_contiguous(cache, name);
   if (cache.shape[1] != block_size * entry_bytes) {
-    check.fail(std::string("argument '") + name + "' must have block_size * " + text(entry_bytes) +
-               " = " + text(block_size * entry_bytes) + " bytes per page (" + format +
-               ", block_size = " + text(block_size) + "), got shape " + cache.shape_str());
+    check.fail(std::string("argument '") + name + "' must have " + size_name + " * " +
+               text(entry_bytes) + " = " + text(block_size * entry_bytes) + " bytes per page (" +
+               format + ", " + size_name + " = " + text(block_size) + "), got shape " +
+               cache.shape_str());
   }
   PagedPool pool;
   pool.data = static_cast<uint8_t*>(cache.data);

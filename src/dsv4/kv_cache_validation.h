@@ -37,10 +37,10 @@ void check_aliasing(const hdk::detail::ArgumentChecks& check,
                     std::initializer_list<NamedView> outputs,
                     std::initializer_list<NamedView> inputs);
 // `name`: [num_blocks, block_size * entry_bytes] uint8, last dim contiguous; `format` names the
-// entries in the message.
+// entries in the message, `block_size_name` the option that gave block_size.
 PagedPool paged_pool(const hdk::detail::ArgumentChecks& check, const TensorView& cache,
                      int64_t block_size, int64_t entry_bytes, const char* format,
-                     const char* name = "cache");
+                     const char* name = "cache", const char* block_size_name = "block_size");
 // An int32/int64 index tensor of exactly `shape`.
 IndexView index_view(const hdk::detail::ArgumentChecks& check, const TensorView& view,
                      const char* name, const std::vector<int64_t>& shape, const char* dims);

@@ -94,6 +94,7 @@ struct IndexCase {
   DType count_dtype = DType::kInt32;
   int64_t distinct_keys = 0;  // > 0: every key is one of this many (exact ties)
   bool scores = true;         // pass topk_scores
+  bool slots = true;          // pass topk_slots
   uint64_t seed = 1;
 
   std::string describe() const {
@@ -114,6 +115,7 @@ struct IndexInputs {
   std::vector<int32_t> block_table;
   std::vector<int32_t> indices;  // poisoned output
   std::vector<float> scores;     // poisoned output
+  std::vector<int32_t> slots;    // poisoned output
   std::vector<uint8_t> counter = counter_bytes(DType::kInt32, 3);
 
   dsv4::IndexerParams params(const IndexCase& c) {
@@ -130,6 +132,7 @@ struct IndexInputs {
     p.topk_indices = TensorView::contiguous(indices.data(), DType::kInt32, {N, c.top_k});
     if (c.scores)
       p.topk_scores = TensorView::contiguous(scores.data(), DType::kFloat32, {N, c.top_k});
+    if (c.slots) p.topk_slots = TensorView::contiguous(slots.data(), DType::kInt32, {N, c.top_k});
     p.invalid_count = TensorView::contiguous(counter.data(), DType::kInt32, {1});
     return p;
   }
@@ -190,6 +193,7 @@ IndexInputs make_index_inputs(const IndexCase& c) {
   in.counts = index_bytes(c.counts, c.count_dtype);
   in.indices.assign(static_cast<size_t>(in.N * c.top_k), 0x5a5a5a5a);
   in.scores.assign(static_cast<size_t>(in.N * c.top_k), kNaN);
+  in.slots.assign(static_cast<size_t>(in.N * c.top_k), 0x5a5a5a5a);
   return in;
 }
 
@@ -203,6 +207,14 @@ void check_index_outputs(const IndexCase& c, const IndexInputs& in,
     const float* got_scores = &in.scores[n * K];
     const int64_t count = ref.invalid[n] ? 0 : c.counts[n];
     const int64_t kept = std::min(K, count);
+    for (int64_t j = 0; j < K && c.slots; ++j) {
+      const int32_t s = got[j];
+      const int64_t want =
+          s < 0 ? -1
+                : in.block_table[n * in.max_blocks + s / c.block_size] * c.block_size +
+                      s % c.block_size;
+      ASSERT_EQ(in.slots[n * K + j], want) << "slot of position " << j << " (entry " << s << ")";
+    }
     for (int64_t j = kept; j < K; ++j) {
       ASSERT_EQ(got[j], -1) << "padding at " << j;
       if (c.scores) {
@@ -317,6 +329,7 @@ void run_index_topk(const IndexCase& c, IndexInputs& in, IndexBackend backend) {
   DeviceBuffer counts = buffer(in.counts.data(), in.counts.size());
   DeviceBuffer indices = buffer(in.indices.data(), in.indices.size() * 4);
   DeviceBuffer scores = buffer(in.scores.data(), in.scores.size() * 4);
+  DeviceBuffer slots = buffer(in.slots.data(), in.slots.size() * 4);
   DeviceBuffer counter = buffer(in.counter.data(), in.counter.size());
   dsv4::IndexerParams p = in.params(c);
   auto to_device = [&](TensorView& view, const DeviceBuffer& b) {
@@ -330,11 +343,13 @@ void run_index_topk(const IndexCase& c, IndexInputs& in, IndexBackend backend) {
   to_device(p.num_entries, counts);
   to_device(p.topk_indices, indices);
   if (p.topk_scores.defined()) to_device(p.topk_scores, scores);
+  if (p.topk_slots.defined()) to_device(p.topk_slots, slots);
   to_device(p.invalid_count, counter);
   dsv4::index_topk(p);
   synchronize(memory);
   indices.download(in.indices.data(), in.indices.size() * 4);
   scores.download(in.scores.data(), in.scores.size() * 4);
+  slots.download(in.slots.data(), in.slots.size() * 4);
   counter.download(in.counter.data(), in.counter.size());
 }
 
@@ -396,6 +411,7 @@ TEST_P(IndexTopk, SmallShapes) {
         c.format = seed % 2 ? KeyFormat::kMXFP4 : KeyFormat::kNVFP4;
         c.q_dtype = seed % 3 ? DType::kBFloat16 : DType::kFloat32;
         c.scores = seed % 4 != 0;
+        c.slots = seed % 5 != 0;
         c.seed = seed++;
         run_index_case(c, backend());
       }
@@ -556,6 +572,7 @@ TEST_P(IndexTopk, EntryCountsAndBlocksOutOfRange) {
     for (int64_t j = 0; j < c.top_k; ++j) {
       EXPECT_EQ(in.indices[1 * c.top_k + j], -1);
       EXPECT_EQ(in.scores[1 * c.top_k + j], -kInf);
+      EXPECT_EQ(in.slots[1 * c.top_k + j], -1);
     }
     EXPECT_EQ(read_counter(in.counter, DType::kInt32), 4);
   };
@@ -660,6 +677,18 @@ TEST(IndexTopkValidation, NamesTheArgument) {
          p.topk_scores = TensorView::contiguous(in.weights.data(), DType::kFloat32, {N, 4});
        },
        "'topk_scores'"},  // overlaps weights
+      {[&](dsv4::IndexerParams& p) {
+         p.topk_slots = TensorView::contiguous(spare.data(), DType::kInt64, {N, 4});
+       },
+       "argument 'topk_slots'"},
+      {[&](dsv4::IndexerParams& p) {
+         p.topk_slots = TensorView::contiguous(spare.data(), DType::kInt32, {N, 5});
+       },
+       "argument 'topk_slots'"},
+      {[&](dsv4::IndexerParams& p) {
+         p.topk_slots = TensorView::contiguous(in.indices.data(), DType::kInt32, {N, 4});
+       },
+       "'topk_slots'"},  // overlaps topk_indices
       {[](dsv4::IndexerParams& p) { p.weights.device = Device::cuda(0); }, "argument 'weights'"},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
@@ -683,16 +712,25 @@ struct SparseCase {
   DType index_dtype = DType::kInt32;
   bool sink = true;
   bool lse = true;
+  bool lse_includes_sink = true;
   float scale = 0.0f;
   float q_scale = 1.0f;
   std::vector<int64_t> empty_rows;  // rows whose list is all negative
   uint64_t seed = 1;
+  // The optional second list (extra_L > 0): extra_L slots per row over a second cache of
+  // extra_num_blocks pages of extra_block_size entries, like SWA rings kept apart.
+  int64_t extra_L = 0;
+  int64_t extra_block_size = 128;
+  int64_t extra_num_blocks = 3;
 
   std::string describe() const {
     return "N=" + std::to_string(N) + " H=" + std::to_string(heads) + " L=" + std::to_string(L) +
            " bs=" + std::to_string(block_size) + " blocks=" + std::to_string(num_blocks) + " " +
            dtype_name(q_dtype) + "->" + dtype_name(out_dtype) + (sink ? " sink" : "") +
-           " scale=" + std::to_string(scale) + " seed=" + std::to_string(seed);
+           " scale=" + std::to_string(scale) + " seed=" + std::to_string(seed) +
+           (extra_L > 0
+                ? " extra L2=" + std::to_string(extra_L) + " bs=" + std::to_string(extra_block_size)
+                : "");
   }
 };
 
@@ -700,6 +738,8 @@ struct SparseInputs {
   std::vector<float> q, sink;
   std::vector<uint8_t> q_bytes, cache, indices, out;
   std::vector<int64_t> slots;
+  std::vector<uint8_t> extra_cache, extra_indices;
+  std::vector<int64_t> extra_slots;
   std::vector<float> lse;
   std::vector<uint8_t> counter = counter_bytes(DType::kInt64, 3);
 
@@ -710,49 +750,76 @@ struct SparseInputs {
                                      {c.num_blocks, c.block_size * dsv4::kEntryBytes});
     p.block_size = c.block_size;
     p.indices = TensorView::contiguous(indices.data(), c.index_dtype, {c.N, c.L});
+    if (c.extra_L > 0) {
+      p.extra_cache =
+          TensorView::contiguous(extra_cache.data(), DType::kUInt8,
+                                 {c.extra_num_blocks, c.extra_block_size * dsv4::kEntryBytes});
+      p.extra_block_size = c.extra_block_size;
+      p.extra_indices =
+          TensorView::contiguous(extra_indices.data(), c.index_dtype, {c.N, c.extra_L});
+    }
     if (c.sink) p.sink = TensorView::contiguous(sink.data(), DType::kFloat32, {c.heads});
     p.scale = c.scale;
     p.out = TensorView::contiguous(out.data(), c.out_dtype, {c.N, c.heads, dsv4::kHeadDim});
     if (c.lse) p.lse = TensorView::contiguous(lse.data(), DType::kFloat32, {c.N, c.heads});
+    p.lse_includes_sink = c.lse_includes_sink;
     p.invalid_count = TensorView::contiguous(counter.data(), DType::kInt64, {});
     return p;
   }
 };
 
-// Writes `values` ([rows, 512]) to `slots` with store_entries.
-void store_rows(std::vector<uint8_t>& cache, const SparseCase& c, std::vector<float> values,
-                const std::vector<int64_t>& slots) {
+// Writes `values` ([rows, 512]) to `slots` of a cache of num_blocks pages of block_size entries
+// with store_entries.
+void store_rows(std::vector<uint8_t>& cache, int64_t num_blocks, int64_t block_size,
+                std::vector<float> values, const std::vector<int64_t>& slots) {
   const auto rows = static_cast<int64_t>(slots.size());
   std::vector<uint8_t> slot_bytes = index_bytes(slots, DType::kInt64);
   dsv4::StoreEntriesParams store;
   store.values = TensorView::contiguous(values.data(), DType::kFloat32, {rows, dsv4::kHeadDim});
   store.slots = TensorView::contiguous(slot_bytes.data(), DType::kInt64, {rows});
   store.cache = TensorView::contiguous(cache.data(), DType::kUInt8,
-                                       {c.num_blocks, c.block_size * dsv4::kEntryBytes});
-  store.block_size = c.block_size;
+                                       {num_blocks, block_size * dsv4::kEntryBytes});
+  store.block_size = block_size;
   dsv4::store_entries(store);
 }
 
-// Every slot of the cache holds a random entry; each row's list names random slots (repeats
-// allowed), about one in eight negative.
+void store_rows(std::vector<uint8_t>& cache, const SparseCase& c, std::vector<float> values,
+                const std::vector<int64_t>& slots) {
+  store_rows(cache, c.num_blocks, c.block_size, std::move(values), slots);
+}
+
+// A cache of num_blocks pages of block_size random entries, and a [N, L] list of random slots of
+// it (repeats allowed), about one in eight negative, every one negative in `empty_rows`.
+void make_list(std::mt19937_64& rng, const SparseCase& c, int64_t num_blocks, int64_t block_size,
+               int64_t L, std::vector<uint8_t>& cache, std::vector<int64_t>& list) {
+  const int64_t slots = num_blocks * block_size;
+  cache.resize(static_cast<size_t>(num_blocks * block_size * dsv4::kEntryBytes));
+  std::vector<int64_t> all(static_cast<size_t>(slots));
+  std::iota(all.begin(), all.end(), int64_t{0});
+  store_rows(cache, num_blocks, block_size, normal_values(rng, slots * dsv4::kHeadDim, 1.0f), all);
+  list.resize(static_cast<size_t>(c.N * L));
+  for (int64_t n = 0; n < c.N; ++n) {
+    const bool empty = std::find(c.empty_rows.begin(), c.empty_rows.end(), n) != c.empty_rows.end();
+    for (int64_t l = 0; l < L; ++l) {
+      const bool skip = empty || rng() % 8 == 0;
+      list[n * L + l] = skip ? -1 - static_cast<int64_t>(rng() % 3)
+                             : static_cast<int64_t>(rng() % static_cast<uint64_t>(slots));
+    }
+  }
+}
+
+// Every slot of the cache (and of the extra cache) holds a random entry; each row's lists name
+// random slots of them.
 SparseInputs make_sparse_inputs(const SparseCase& c) {
   std::mt19937_64 rng(c.seed);
   SparseInputs in;
-  const int64_t slots = c.num_blocks * c.block_size;
-  in.cache.resize(static_cast<size_t>(c.num_blocks * c.block_size * dsv4::kEntryBytes));
-  std::vector<int64_t> all(static_cast<size_t>(slots));
-  std::iota(all.begin(), all.end(), int64_t{0});
-  store_rows(in.cache, c, normal_values(rng, slots * dsv4::kHeadDim, 1.0f), all);
-  in.slots.resize(static_cast<size_t>(c.N * c.L));
-  for (int64_t n = 0; n < c.N; ++n) {
-    const bool empty = std::find(c.empty_rows.begin(), c.empty_rows.end(), n) != c.empty_rows.end();
-    for (int64_t l = 0; l < c.L; ++l) {
-      const bool skip = empty || rng() % 8 == 0;
-      in.slots[n * c.L + l] = skip ? -1 - static_cast<int64_t>(rng() % 3)
-                                   : static_cast<int64_t>(rng() % static_cast<uint64_t>(slots));
-    }
-  }
+  make_list(rng, c, c.num_blocks, c.block_size, c.L, in.cache, in.slots);
   in.indices = index_bytes(in.slots, c.index_dtype);
+  if (c.extra_L > 0) {
+    make_list(rng, c, c.extra_num_blocks, c.extra_block_size, c.extra_L, in.extra_cache,
+              in.extra_slots);
+    in.extra_indices = index_bytes(in.extra_slots, c.index_dtype);
+  }
   in.q = normal_values(rng, c.N * c.heads * dsv4::kHeadDim, c.q_scale);
   in.q_bytes = encode_rows(in.q, c.q_dtype);
   in.sink = normal_values(rng, c.heads, 2.0f);
@@ -829,6 +896,96 @@ TEST(SparseDecode, ProShapeCsaList) {
   c.sink = false;
   c.seed = 2;
   run_sparse_case(c);
+}
+
+// The SWA ring kept in its own tensor (pages of 128) next to the compressed pool (pages of 64),
+// as hdk.dsv4.KVCacheManager keeps them.
+TEST(SparseDecode, ExtraListOverASecondCache) {
+  SparseCase c;
+  c.N = 3;
+  c.L = 512;
+  c.extra_L = 128;
+  c.empty_rows = std::vector<int64_t>{2};
+  run_sparse_case(c);
+  c.heads = 7;
+  c.L = 0;  // only the extra list
+  c.extra_L = 9;
+  c.extra_block_size = 5;
+  c.index_dtype = DType::kInt64;
+  c.seed = 4;
+  run_sparse_case(c);
+}
+
+// A list split into indices + extra_indices over the same tensor is the one list: same result.
+TEST(SparseDecode, SplitListOverOneCacheEqualsTheWholeList) {
+  SparseCase whole;
+  whole.N = 2;
+  whole.heads = 8;
+  whole.L = 100;
+  whole.out_dtype = DType::kFloat32;
+  SparseInputs in = make_sparse_inputs(whole);
+  dsv4::sparse_decode(in.params(whole));
+  const std::vector<uint8_t> whole_out = in.out;
+  const std::vector<float> whole_lse = in.lse;
+
+  const int64_t head = 37, tail = whole.L - head;
+  std::vector<int64_t> first, second;
+  for (int64_t n = 0; n < whole.N; ++n) {
+    first.insert(first.end(), &in.slots[n * whole.L], &in.slots[n * whole.L + head]);
+    second.insert(second.end(), &in.slots[n * whole.L + head], &in.slots[(n + 1) * whole.L]);
+  }
+  std::vector<uint8_t> first_bytes = index_bytes(first, whole.index_dtype);
+  std::vector<uint8_t> second_bytes = index_bytes(second, whole.index_dtype);
+  dsv4::SparseDecodeParams split = in.params(whole);
+  split.indices = TensorView::contiguous(first_bytes.data(), whole.index_dtype, {whole.N, head});
+  split.extra_cache = split.cache;
+  split.extra_block_size = whole.block_size;
+  split.extra_indices =
+      TensorView::contiguous(second_bytes.data(), whole.index_dtype, {whole.N, tail});
+  std::fill(in.out.begin(), in.out.end(), uint8_t{0xff});
+  std::fill(in.lse.begin(), in.lse.end(), 12345.0f);
+  dsv4::sparse_decode(split);
+  for (size_t i = 0; i < whole_lse.size(); ++i)
+    ASSERT_NEAR(in.lse[i], whole_lse[i], 1e-5) << i;
+  for (size_t i = 0; i < whole_out.size() / 4; ++i) {
+    ASSERT_NEAR(read_float(in.out, DType::kFloat32, i), read_float(whole_out, DType::kFloat32, i),
+                1e-5)
+        << i;
+  }
+}
+
+// FlashMLA's convention: the sink scales o but is left out of lse (-inf for an empty list).
+TEST(SparseDecode, LseWithoutTheSink) {
+  SparseCase c;
+  c.N = 3;
+  c.heads = 16;
+  c.L = 50;
+  c.out_dtype = DType::kFloat32;
+  c.empty_rows = std::vector<int64_t>{1};
+  c.lse_includes_sink = false;
+  run_sparse_case(c);
+
+  SparseInputs in = make_sparse_inputs(c);
+  dsv4::sparse_decode(in.params(c));
+  const std::vector<uint8_t> out_without = in.out;
+  const std::vector<float> lse_without = in.lse;
+  c.lse_includes_sink = true;
+  dsv4::sparse_decode(in.params(c));
+  EXPECT_EQ(in.out, out_without);  // o does not depend on the option
+  for (int64_t n = 0; n < c.N; ++n) {
+    for (int64_t h = 0; h < c.heads; ++h) {
+      const float without = lse_without[n * c.heads + h], with = in.lse[n * c.heads + h];
+      if (n == 1) {
+        EXPECT_EQ(without, -kInf);
+        EXPECT_EQ(with, in.sink[h]);
+        continue;
+      }
+      // e^with = e^without + e^sink
+      const double expected = std::log(std::exp(static_cast<double>(without)) +
+                                       std::exp(static_cast<double>(in.sink[h])));
+      EXPECT_NEAR(with, expected, 1e-5 * (1.0 + std::fabs(expected))) << n << " " << h;
+    }
+  }
 }
 
 TEST(SparseDecode, LongList) {
@@ -934,6 +1091,14 @@ TEST(SparseDecode, IndexBeyondTheCacheThrowsBeforeWriting) {
                "indices[1, 4] = 512 is beyond the cache");
   EXPECT_TRUE(std::all_of(in.out.begin(), in.out.end(), [](uint8_t b) { return b == 0xff; }));
   EXPECT_EQ(in.lse[0], 12345.0f);
+
+  c.extra_L = 3;
+  in = make_sparse_inputs(c);
+  put_index(in.extra_indices, c.index_dtype, 0 * c.extra_L + 2,
+            c.extra_num_blocks * c.extra_block_size);
+  expect_error([&] { dsv4::sparse_decode(in.params(c)); },
+               "extra_indices[0, 2] = 384 is beyond the cache");
+  EXPECT_TRUE(std::all_of(in.out.begin(), in.out.end(), [](uint8_t b) { return b == 0xff; }));
 }
 
 TEST(SparseDecode, ValidationNamesTheArgument) {
@@ -941,6 +1106,7 @@ TEST(SparseDecode, ValidationNamesTheArgument) {
   c.N = 2;
   c.heads = 4;
   c.L = 6;
+  c.extra_L = 2;
   SparseInputs in = make_sparse_inputs(c);
   std::vector<float> spare(8192);
   const int64_t N = c.N, H = c.heads;
@@ -990,6 +1156,19 @@ TEST(SparseDecode, ValidationNamesTheArgument) {
        },
        "argument 'invalid_count'"},
       {[](dsv4::SparseDecodeParams& p) { p.sink.device = Device::cuda(0); }, "argument 'sink'"},
+      {[](dsv4::SparseDecodeParams& p) { p.extra_indices = TensorView(); },
+       "'extra_cache' and 'extra_indices' go together"},
+      {[](dsv4::SparseDecodeParams& p) { p.extra_block_size = 0; }, "option 'extra_block_size'"},
+      {[](dsv4::SparseDecodeParams& p) { p.extra_block_size = 64; }, "argument 'extra_cache'"},
+      {[&](dsv4::SparseDecodeParams& p) {
+         p.extra_indices =
+             TensorView::contiguous(in.extra_indices.data(), DType::kInt32, {N + 1, 1});
+       },
+       "argument 'extra_indices'"},
+      {[&](dsv4::SparseDecodeParams& p) {
+         p.lse = TensorView::contiguous(in.extra_cache.data(), DType::kFloat32, {N, H});
+       },
+       "'lse'"},  // overlaps extra_cache
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     SCOPED_TRACE("case " + std::to_string(i));

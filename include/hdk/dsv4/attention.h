@@ -41,6 +41,12 @@ struct IndexerParams {
   TensorView topk_indices;
   // Optional [N, top_k] fp32, last dim contiguous: the scores of topk_indices, -inf for padding.
   TensorView topk_scores;
+  // Optional [N, top_k] int32, last dim contiguous: the flat slot of each selected entry,
+  // block_table[n, s / block_size] * block_size + s % block_size, -1 for padding. A pool that
+  // shares the key cache's block table and block size (the CSA compressed pool of
+  // hdk.dsv4.KVCacheManager) holds entry s there, so this is sparse_decode's `indices` for the
+  // selected entries with no gather in between.
+  TensorView topk_slots;
   // Optional [1] or scalar int32/int64 counter; hdk adds, never clears. +1 per row whose q or
   // weights hold a NaN or infinity: such a row gets only padding (-1, -inf). A key stored with
   // NaN markers scores NaN and ranks below every number (as in hdk::topk); it is not counted.
@@ -59,27 +65,39 @@ void index_topk(const IndexerParams& params, CudaStream stream);
 //   s_j  = scale * q[n, h] · E[j]          E[j]: the dequantized 512-value entry (K = V = E)
 //   o_h  = sum_j e^{s_j} E[j] / (sum_j e^{s_j} + e^{sink_h})
 //   lse_h = log(sum_j e^{s_j} + e^{sink_h})     (the sink term left out when no sink is given)
-// One cache tensor holds every entry the list names: the engine concatenates the SWA ring's
-// slots and the selected (CSA) or all (HCA) compressed slots into `indices`, the SWA pages and the
-// compressed pages being pages of the same tensor (docs/dsv4-attention.md says how).
+// The list is `indices` over `cache`, followed by the optional `extra_indices` over `extra_cache`,
+// and one softmax runs over both. An engine that keeps the SWA rings and the compressed pool in
+// one MODEL1 tensor concatenates their slots into `indices`; one that keeps them apart (as
+// hdk.dsv4.KVCacheManager does, and as FlashMLA's extra_k_cache allows) passes the compressed
+// pool and its slots as cache/indices and the SWA rings and their slots as the extra pair. The
+// order of the entries changes nothing but rounding.
 struct SparseDecodeParams {
   TensorView q;      // [N, Hq, 512] bf16 or fp32 (Hq = 64 Flash, 128 Pro), last dim contiguous
   TensorView cache;  // [num_blocks, block_size * 584] uint8 MODEL1 pages, last dim contiguous
   int64_t block_size = 0;
   TensorView indices;  // [N, L] int32/int64 flat slots (block * block_size + offset); < 0: skip
+  // Optional second list, both given or neither: extra_cache [extra_num_blocks,
+  // extra_block_size * 584] uint8 MODEL1 pages and extra_indices [N, L2] int32/int64 flat slots
+  // of it (block * extra_block_size + offset); < 0: skip. May be the same tensor as `cache`.
+  TensorView extra_cache;
+  int64_t extra_block_size = 0;
+  TensorView extra_indices;
   TensorView sink;     // optional [Hq] fp32: the per-head sink logit (denominator only)
   float scale = 0.0f;  // softmax scale; 0 means 512^-0.5
   TensorView out;      // [N, Hq, 512] bf16 or fp32, last dim contiguous
   // Optional [N, Hq] fp32: lse_h as above, natural log. A row whose list is empty gets o = 0 and
   // lse = sink_h (-inf without a sink).
   TensorView lse;
+  // false: lse_h = log(sum_j e^{s_j}) with the sink left out even when one is given (FlashMLA's
+  // convention: the sink scales o, not lse; an empty list then gets lse = -inf). o is the same.
+  bool lse_includes_sink = true;
   // Optional [1] or scalar int32/int64 counter; hdk adds, never clears. +1 per query row whose q
   // holds a NaN or infinity, or whose result is NaN (an entry stored with NaN markers, a NaN
   // sink): the row gets o = 0 and lse = NaN, never a plausible value.
   TensorView invalid_count;
 };
 
-// The CPU throws hdk::Error before writing anything for an index at or beyond the cache's
+// The CPU throws hdk::Error before writing anything for an index at or beyond its cache's
 // num_blocks * block_size slots.
 void sparse_decode(const SparseDecodeParams& params);
 void sparse_decode(const SparseDecodeParams& params, CudaStream stream);

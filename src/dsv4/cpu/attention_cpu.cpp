@@ -110,10 +110,13 @@ void index_topk_cpu(const IndexerProblem& p) {
       int32_t* indices = p.topk_indices + n * p.topk_indices_row_stride;
       float* top_scores =
           p.topk_scores != nullptr ? p.topk_scores + n * p.topk_scores_row_stride : nullptr;
+      int32_t* slots =
+          p.topk_slots != nullptr ? p.topk_slots + n * p.topk_slots_row_stride : nullptr;
       for (int64_t j = 0; j < K; ++j) {
         const int64_t s = j < kept ? static_cast<int64_t>(hdk::detail::column_of(ranked[j])) : -1;
         indices[j] = static_cast<int32_t>(s);
         if (top_scores != nullptr) top_scores[j] = s >= 0 ? row[s] : -kInf;
+        if (slots != nullptr) slots[j] = s >= 0 ? static_cast<int32_t>(p.slot(n, s)) : -1;
       }
     }
   });
@@ -121,7 +124,7 @@ void index_topk_cpu(const IndexerProblem& p) {
 }
 
 void sparse_decode_cpu(const SparseDecodeProblem& p) {
-  const int64_t N = p.num_rows, H = p.num_heads, L = p.num_indices, D = kHeadDim;
+  const int64_t N = p.num_rows, H = p.num_heads, L = p.list_length(), D = kHeadDim;
   if (N == 0) return;
   const int64_t head_blocks = (H + kHeadBlock - 1) / kHeadBlock;
   // Per (row, head block): 1 when its q is not finite or its result is NaN. The whole row is then
@@ -150,9 +153,9 @@ void sparse_decode_cpu(const SparseDecodeProblem& p) {
       }
       // One pass over the list with an online softmax per head: each entry is decoded once.
       for (int64_t j = 0; j < L; ++j) {
-        const int64_t slot = p.indices.at(n, j);
+        const int64_t slot = p.list_slot(n, j);
         if (slot < 0) continue;
-        decode_entry(p.cache, slot, entry.data());
+        decode_entry(p.list_pool(j), slot, entry.data());
         for (int64_t h = 0; h < heads; ++h) {
           const float s = dot(&q[h * D], entry.data(), D) * p.scale;
           float* a = &acc[h * D];
@@ -185,6 +188,9 @@ void sparse_decode_cpu(const SparseDecodeProblem& p) {
           for (int64_t i = 0; i < D; ++i)
             a[i] *= factor;
           lse = top + std::log(denominator);
+        }
+        if (!p.lse_includes_sink) {
+          lse = running_max[h] == -kInf ? -kInf : running_max[h] + std::log(sum[h]);
         }
         if (std::isnan(lse) || any_nan(a, D)) bad[task] = 1;
         hdk::detail::store_floats(p.out, p.out_dtype,

@@ -356,11 +356,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   int32_t* out_indices = p.topk_indices + row * p.topk_indices_row_stride;
   float* out_scores =
       p.topk_scores != nullptr ? p.topk_scores + row * p.topk_scores_row_stride : nullptr;
+  int32_t* out_slots =
+      p.topk_slots != nullptr ? p.topk_slots + row * p.topk_slots_row_stride : nullptr;
   if (want == 0) {  // the same in every CTA of the cluster: none touches another's memory
     if (rank == 0) {
       for (int64_t j = tid; j < p.top_k; j += kThreads) {
         out_indices[j] = -1;
         if (out_scores != nullptr) out_scores[j] = -INFINITY;
+        if (out_slots != nullptr) out_slots[j] = -1;
       }
     }
     return;
@@ -402,12 +405,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       reinterpret_cast<const uint64_t*>(shared + select_layout(launch.sort_capacity).sorted);
   for (int64_t j = tid; j < p.top_k; j += kThreads) {
     if (j < want) {
-      out_indices[j] = static_cast<int32_t>(column_of(sorted[j]));
+      const uint32_t s = column_of(sorted[j]);
+      out_indices[j] = static_cast<int32_t>(s);
       if (out_scores != nullptr)
         out_scores[j] = value_of_key(static_cast<uint32_t>(sorted[j] >> 32));
+      // The key cache's slot of entry s: validation checked that every slot fits int32.
+      if (out_slots != nullptr) out_slots[j] = static_cast<int32_t>(p.slot(row, s));
     } else {
       out_indices[j] = -1;
       if (out_scores != nullptr) out_scores[j] = -INFINITY;
+      if (out_slots != nullptr) out_slots[j] = -1;
     }
   }
 }

@@ -16,6 +16,18 @@ namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
+// log(sum_j e^{x_j}); -inf for an empty list.
+double log_sum_exp(const std::vector<double>& x) {
+  double top = -std::numeric_limits<double>::infinity();
+  for (double v : x)
+    top = std::max(top, v);
+  if (top == -std::numeric_limits<double>::infinity()) return top;
+  double sum = 0.0;
+  for (double v : x)
+    sum += std::exp(v - top);
+  return top + std::log(sum);
+}
+
 double load_value(const void* base, DType dtype, int64_t offset) {
   if (dtype == DType::kBFloat16) {
     return hdk::detail::bf16_to_float(static_cast<const uint16_t*>(base)[offset]);
@@ -111,7 +123,7 @@ IndexerReference index_topk_reference(const IndexerParams& params) {
 SparseDecodeReference sparse_decode_reference(const SparseDecodeParams& params) {
   const detail::SparseDecodeProblem p = detail::validate_sparse_decode(params);
   detail::check_sparse_indices(p);
-  const int64_t N = p.num_rows, H = p.num_heads, L = p.num_indices, D = kHeadDim;
+  const int64_t N = p.num_rows, H = p.num_heads, L = p.list_length(), D = kHeadDim;
   const double scale = params.scale != 0.0f ? params.scale : 1.0 / std::sqrt(512.0);
   SparseDecodeReference ref;
   ref.num_rows = N;
@@ -126,10 +138,11 @@ SparseDecodeReference sparse_decode_reference(const SparseDecodeParams& params) 
     bool valid = load_queries(p.q, n, H, D, q);
     std::vector<std::vector<double>> entries;
     for (int64_t j = 0; j < L && valid; ++j) {
-      const int64_t slot = p.indices.at(n, j);
+      const int64_t slot = p.list_slot(n, j);
       if (slot < 0) continue;
-      entries.push_back(decode_entry_reference(p.cache.page(slot), p.cache.block_size,
-                                               slot % p.cache.block_size));
+      const detail::PagedPool& pool = p.list_pool(j);
+      entries.push_back(
+          decode_entry_reference(pool.page(slot), pool.block_size, slot % pool.block_size));
       for (double v : entries.back()) {
         if (std::isfinite(v))
           ref.value_magnitude[n] = std::max(ref.value_magnitude[n], std::fabs(v));
@@ -164,6 +177,7 @@ SparseDecodeReference sparse_decode_reference(const SparseDecodeParams& params) 
         valid = valid && !std::isnan(o[i]);
       }
       ref.lse[n * H + h] = top + std::log(denominator);
+      if (!p.lse_includes_sink) ref.lse[n * H + h] = log_sum_exp(s);
       valid = valid && !std::isnan(ref.lse[n * H + h]);
     }
     if (!valid) {
