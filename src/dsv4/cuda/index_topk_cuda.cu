@@ -6,9 +6,10 @@
 //     cluster reads the same values and reaches the same verdict, so no cluster barrier is
 //     needed before an invalid row returns);
 //  2. scores its segment straight from the paged FP4 key cache into shared memory, as the
-//     order-preserving uint32 keys of topk_key.h: on tensor cores (one warp per 8-entry tile:
-//     a lane dequantizes 32 dims of one key into bf16 B fragments, mma.sync m16n8k16 against
-//     the staged q for every 16 heads, then relu, weight and a shuffle sum over heads) or, as a
+//     order-preserving uint32 keys of topk_key.h: on tensor cores (a warp takes two 8-entry
+//     tiles at a time: a lane dequantizes 32 dims of one key per tile into bf16 B fragments,
+//     mma.sync m16n8k16 against the staged q for every 16 heads, then relu, weight and a
+//     shuffle sum over heads) or, as a
 //     test cross-check, on CUDA cores (one warp per entry, fp32 FMAs);
 //  3. runs hdk::topk's cluster radix select (topk/cuda/cluster_select.cuh) over those scores;
 //     the leader CTA writes the row's outputs.
