@@ -9,8 +9,8 @@
 //     order-preserving uint32 keys of topk_key.h: on tensor cores (a warp takes two 8-entry
 //     tiles at a time: a lane dequantizes 32 dims of one key per tile into bf16 B fragments,
 //     mma.sync m16n8k16 against the staged q for every 16 heads, then relu, weight and a
-//     shuffle sum over heads) or, as a
-//     test cross-check, on CUDA cores (one warp per entry, fp32 FMAs);
+//     shuffle sum over heads) or, as a test cross-check, on CUDA cores (one warp per entry,
+//     fp32 FMAs);
 //  3. runs hdk::topk's cluster radix select (topk/cuda/cluster_select.cuh) over those scores;
 //     the leader CTA writes the row's outputs.
 // The scores never leave shared memory: the cluster holds up to 8 x 32768 of them, which covers
