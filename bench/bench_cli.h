@@ -73,6 +73,7 @@ int floor_command(Options& options);
 int router_command(Options& options);
 int topk_command(Options& options);
 int kv_command(Options& options);
+int attention_command(Options& options);
 
 }  // namespace bench
 }  // namespace hdk

@@ -12,7 +12,20 @@
   call of Flash (62 calls) and Pro (91 calls) for N=64 in one graph, against the torch chain
   doing the same. Before timing, the torch peers' bytes are checked against hdk's on random
   input (store and gather: identical bytes; compressor: entries within the FP8 / FP4 bounds of
-  each other over whole windows); a difference prints MISMATCH and exits 1.
+  each other over whole windows); a difference prints MISMATCH and exits 1;
+* attention: ``hdk.dsv4.sparse_decode`` against the chain of ``hdk.bench.dsv4_attention_torch``
+  (gather the slots' MODEL1 bytes, FP8 x UE8M0 dequantize, bf16 ``q @ E^T``, softmax with the
+  sink in the denominator, ``P @ E``), Flash (Hq = 64, L = 128 SWA + 512) and Pro (Hq = 128,
+  128 + 1024) for N in {1, 8, 32, 128}, and the long-context HCA list (128 + 4096) at N = 8; the
+  SWA window is the extra list over its own ring tensor (as hdk.dsv4.KVCacheManager keeps it),
+  every query reads its own entries; bytes = N x L x 584;
+* indexer: ``hdk.dsv4.index_topk`` against the chain (gather + dequantize the MXFP4 keys, einsum
+  with q, relu, weights, sum over heads, ``torch.topk``, the slots through the block table) with
+  ``topk_slots`` (sparse_decode's list), N in {1, 8, 64} rows of 65536 keys each, top_k 512
+  (Flash) and 1024 (Pro); bytes = N x 65536 x 68.
+  Before timing, both are checked against hdk on random input (out and lse within the docs'
+  accuracy bounds plus the bf16 chain's rounding; hdk's selection a top-k of the fp32 chain's
+  scores within the bounds); a difference prints MISMATCH and exits 1.
 
 Each call is captured once in a CUDA graph and replayed; before every timed replay a buffer of
 twice the L2 size is written, so gate_weight and the scores start in DRAM as in a real decode
@@ -22,10 +35,11 @@ end), gate_weight bytes / time as % of copy bandwidth, x_floor against (that lau
 gate_weight bytes / copy bandwidth), and the issue's targets
 (N <= 64: x_floor <= 2 and >= 3x faster than the chain; topk 64x65536:512 >= 2x faster than
 torch.topk; kv: store / gather at N >= 64 >= 70% of copy bandwidth, the full decode step's
-compressor >= 5x the torch chain).
+compressor >= 5x the torch chain; attention and indexer: >= 5x the chain at N >= 8, and
+sparse_decode >= 75% of copy bandwidth at N >= 32, index_topk >= 70% at 65536 keys).
 
 Usage: python3 bench/dsv4_vs_torch.py --json out.json [--iterations 200] [--quick]
-           [--ops router,topk,kv]
+           [--ops router,topk,kv,attention,indexer]   (default router,topk,kv)
 """
 
 import argparse
@@ -39,7 +53,7 @@ try:
     import hdk
     import hdk.dsv4
     import hdk.topk
-    from hdk.bench import dsv4_kv_torch
+    from hdk.bench import dsv4_attention_torch, dsv4_kv_torch
     from hdk.bench.timing import CudaTimer
 
     IMPORT_ERROR = None
@@ -519,6 +533,265 @@ def bench_kv(timer, quick, iterations, copy_gbs, results):
     bench_kv_compress(timer, iterations, results)
 
 
+# ------------------------------------------------------------------------------------------
+# Read side (docs/dsv4-attention.md) against hdk.bench.dsv4_attention_torch
+
+ATTENTION_PRESETS = {"flash": (64, 512), "pro": (128, 1024)}  # query heads, CSA top-k
+WINDOW, HCA_LENGTH, ATTENTION_BLOCK_SIZE, CSA_SPREAD = 128, 4096, 64, 4
+
+
+def valid_model1_pages(num_blocks, block_size, device):
+    """MODEL1 pages of random valid entries, made on the device: FP8 codes except NaN (0x7F,
+    0xFF become +-448), bf16 RoPE values ~N(0, 1), scale bytes 119..121 (entries of RMS ~1)."""
+    cache = torch.randint(0, 256, (num_blocks, block_size * 584), dtype=torch.uint8, device=device)
+    data = cache[:, : block_size * 576].view(num_blocks, block_size, 576)
+    codes = data[..., :448]
+    codes[(codes & 0x7F) == 0x7F] &= 0xFE
+    rope = torch.randn(num_blocks, block_size, 64, device=device).to(torch.bfloat16)
+    data[..., 448:] = rope.view(torch.uint8).view(num_blocks, block_size, 128)
+    scales = cache[:, block_size * 576 :].view(num_blocks, block_size, 8)
+    scales[..., :7] = torch.randint(119, 122, (num_blocks, block_size, 7), device=device).to(
+        torch.uint8
+    )
+    scales[..., 7] = 0
+    return cache
+
+
+class SparseCase:
+    """One sparse_decode point: N queries, each over its own `compressed` entries of the
+    compressed pool (CSA: a random subset of CSA_SPREAD x that many of its own, in random order,
+    as a top-k picks them; HCA: all of its own in order) and its own ring page of 128 entries in
+    the ring tensor (the window in position order), with the hdk call and the chain's."""
+
+    def __init__(self, heads, compressed, rows, csa, device):
+        pool = compressed * (CSA_SPREAD if csa else 1)
+        pages = -(-pool // ATTENTION_BLOCK_SIZE)
+        self.cache = valid_model1_pages(rows * pages, ATTENTION_BLOCK_SIZE, device)
+        self.ring = valid_model1_pages(rows, WINDOW, device)
+        table = torch.randperm(rows * pages, device=device).view(rows, pages)
+        if csa:
+            ordinals = torch.rand(rows, pool, device=device).argsort(dim=1)[:, :compressed]
+        else:
+            ordinals = torch.arange(compressed, device=device).expand(rows, compressed)
+        pages_of = table.gather(1, ordinals // ATTENTION_BLOCK_SIZE)
+        self.indices = (pages_of * ATTENTION_BLOCK_SIZE + ordinals % ATTENTION_BLOCK_SIZE).int()
+        ring_pages = torch.randperm(rows, device=device)[:, None]
+        start = torch.randint(0, WINDOW, (rows, 1), device=device)
+        window = (start + torch.arange(WINDOW, device=device)) % WINDOW
+        self.ring_slots = (ring_pages * WINDOW + window).int()
+        self.q = torch.randn(rows, heads, 512, device=device).to(torch.bfloat16)
+        self.sink = torch.randn(heads, device=device) * 2
+        self.out = torch.empty(rows, heads, 512, dtype=torch.bfloat16, device=device)
+        self.lse = torch.empty(rows, heads, dtype=torch.float32, device=device)
+        self.extra = dict(
+            extra_cache=self.ring, extra_block_size=WINDOW, extra_indices=self.ring_slots
+        )
+        self.peer_out = {}
+        self.length = WINDOW + compressed
+
+    def hdk_call(self):
+        hdk.dsv4.sparse_decode(
+            self.q,
+            self.cache,
+            ATTENTION_BLOCK_SIZE,
+            self.indices,
+            sink=self.sink,
+            out=self.out,
+            lse=self.lse,
+            **self.extra,
+        )
+
+    def torch_call(self):
+        self.peer_out["out"], self.peer_out["lse"] = dsv4_attention_torch.sparse_decode(
+            self.q, self.cache, ATTENTION_BLOCK_SIZE, self.indices, sink=self.sink, **self.extra
+        )
+
+    def verify(self, what):
+        """hdk against the chain within the bounds; returns the largest |out - hdk|."""
+        self.hdk_call()
+        self.torch_call()
+        out_bound, lse_bound = dsv4_attention_torch.sparse_decode_bound(
+            self.q, self.cache, ATTENTION_BLOCK_SIZE, self.indices, self.out, **self.extra
+        )
+        error = (self.peer_out["out"].float() - self.out.float()).abs()
+        if not bool((error <= out_bound).all()):
+            worst = float((error / out_bound).max())
+            mismatch(what, f"out beyond the bound (worst error / bound {worst:.3g})")
+        lse_error = (self.peer_out["lse"] - self.lse).abs()
+        if not bool((lse_error <= lse_bound).all()):
+            mismatch(what, f"lse beyond the bound (largest error {float(lse_error.max()):.3g})")
+        return float(error.max())
+
+
+class IndexCase:
+    """One index_topk point: N rows, each scoring `entries` MXFP4 keys of its own pages (random
+    bytes: any nibble is a valid E2M1 code; scale bytes 124..130)."""
+
+    def __init__(self, rows, entries, top_k, device):
+        pages = -(-entries // ATTENTION_BLOCK_SIZE)
+        blocks = rows * pages
+        self.cache = torch.randint(
+            0, 256, (blocks, ATTENTION_BLOCK_SIZE * 68), dtype=torch.uint8, device=device
+        )
+        self.cache[:, ATTENTION_BLOCK_SIZE * 64 :] = torch.randint(
+            124, 131, (blocks, ATTENTION_BLOCK_SIZE * 4), device=device
+        ).to(torch.uint8)
+        self.table = torch.randperm(blocks, device=device).view(rows, pages).int()
+        self.num_entries = torch.full((rows,), entries, dtype=torch.int32, device=device)
+        self.q = torch.randn(rows, 64, 128, device=device).to(torch.bfloat16)
+        self.weights = torch.randn(rows, 64, device=device) * 0.1
+        self.top_k = top_k
+        self.indices = torch.empty(rows, top_k, dtype=torch.int32, device=device)
+        self.slots = torch.empty(rows, top_k, dtype=torch.int32, device=device)
+        self.peer_out = {}
+
+    def args(self):
+        return (
+            self.q,
+            self.weights,
+            self.cache,
+            ATTENTION_BLOCK_SIZE,
+            self.table,
+            self.num_entries,
+        )
+
+    def hdk_call(self, scores=None):
+        hdk.dsv4.index_topk(
+            *self.args(),
+            self.top_k,
+            topk_indices=self.indices,
+            topk_scores=scores,
+            return_scores=scores is not None,
+            topk_slots=self.slots,
+        )
+
+    def torch_call(self):
+        # The selection and its slots (sparse_decode's list), as the hdk call hands them out.
+        indices, scores = dsv4_attention_torch.index_topk(*self.args(), self.top_k)
+        self.peer_out["indices"], self.peer_out["scores"] = indices, scores
+        self.peer_out["slots"] = dsv4_attention_torch.topk_slots(
+            indices, self.table, ATTENTION_BLOCK_SIZE
+        )
+
+    def verify(self, what):
+        """hdk's and the chain's selections against the fp32 chain's scores; returns the share
+        of indices they have in common."""
+        scores = torch.empty(self.indices.shape, dtype=torch.float32, device=self.q.device)
+        self.hdk_call(scores)
+        self.torch_call()
+        exact = dsv4_attention_torch.index_scores(*self.args(), dtype=torch.float32)
+        pages = (self.q, self.weights, self.cache, ATTENTION_BLOCK_SIZE, self.table)
+        bound = dsv4_attention_torch.index_score_bound(*pages, dtype=torch.float32)
+        failure = dsv4_attention_torch.check_selection(self.indices, scores, exact, 2 * bound)
+        if failure:
+            mismatch(what, "hdk's selection: " + failure)
+        chain_bound = bound + dsv4_attention_torch.index_score_bound(*pages)
+        failure = dsv4_attention_torch.check_selection(
+            self.peer_out["indices"], self.peer_out["scores"], exact, chain_bound
+        )
+        if failure:
+            mismatch(what, "the chain's selection: " + failure)
+        for name, indices, slots in (
+            ("hdk", self.indices, self.slots),
+            ("the chain", self.peer_out["indices"], self.peer_out["slots"]),
+        ):
+            want = dsv4_attention_torch.topk_slots(indices, self.table, ATTENTION_BLOCK_SIZE)
+            if not torch.equal(slots, want):
+                mismatch(what, f"{name}'s topk_slots are not the selection's slots")
+        same = sum(
+            len(set(a) & set(b))
+            for a, b in zip(self.indices.tolist(), self.peer_out["indices"].tolist())
+        )
+        return same / self.indices.numel()
+
+
+def read_record(results, op, shape, hdk_us, torch_us, nbytes, copy_gbs, targets):
+    """kv_record with several targets: (name, predicate of the record, or None: not applicable)."""
+    gbs = nbytes / (hdk_us * 1e-6) / 1e9
+    record = {
+        "op": op,
+        **shape,
+        "hdk_us": round(hdk_us, 3),
+        "torch_us": round(torch_us, 3),
+        "speedup_vs_torch": round(torch_us / hdk_us, 3),
+        "bytes": nbytes,
+        "GBps": round(gbs, 1),
+        "pct_copy": round(100 * gbs / copy_gbs, 1),
+    }
+    text = f"{op:14s} {str(shape):60s} hdk {hdk_us:9.2f} us  torch {torch_us:10.2f} us"
+    text += f"  x{torch_us / hdk_us:7.2f}  {record['pct_copy']:5.1f}% copy"
+    met = {name: bool(check(record)) for name, check in targets if check is not None}
+    if met:
+        record["targets"] = met
+        record["target_met"] = all(met.values())
+        text += "".join(f"  [{name} {'met' if ok else 'MISSED'}]" for name, ok in met.items())
+    results.append(record)
+    print(text)
+
+
+def bench_attention(timer, quick, iterations, copy_gbs, results):
+    torch.manual_seed(11)
+    device = timer.device
+    for preset, (heads, top_k) in ATTENTION_PRESETS.items():
+        for csa, rows in ((True, 8), (False, 2)):
+            what = f"sparse_decode {preset} {'csa' if csa else 'hca'}"
+            worst = SparseCase(heads, top_k if csa else HCA_LENGTH, rows, csa, device).verify(what)
+            print(f"{what}: torch chain verified at N={rows} (largest |out - hdk| {worst:.3g})")
+    points = []
+    for preset, (heads, top_k) in ATTENTION_PRESETS.items():
+        for rows in [8, 128] if quick else [1, 8, 32, 128]:
+            points.append((preset, heads, top_k, "csa", rows))
+        points.append((preset, heads, HCA_LENGTH, "hca", 8))
+    for preset, heads, compressed, kind, rows in points:
+        case = SparseCase(heads, compressed, rows, kind == "csa", device)
+        hdk_us = timer.time_graph(capture(timer, case.hdk_call), iterations)
+        torch_us = timer.time_graph(capture(timer, case.torch_call), iterations)
+        read_record(
+            results,
+            "sparse_decode",
+            {"preset": preset, "list": kind, "N": rows, "Hq": heads, "L": case.length},
+            hdk_us,
+            torch_us,
+            rows * case.length * 584,
+            copy_gbs,
+            [
+                (">=5x", (lambda r: r["speedup_vs_torch"] >= 5) if rows >= 8 else None),
+                (">=75% copy", (lambda r: r["pct_copy"] >= 75) if rows >= 32 else None),
+            ],
+        )
+        del case
+        torch.cuda.empty_cache()
+
+
+def bench_indexer(timer, quick, iterations, copy_gbs, results, entries=65536):
+    torch.manual_seed(12)
+    device = timer.device
+    for preset, (_, top_k) in ATTENTION_PRESETS.items():
+        what = f"index_topk {preset}"
+        same = IndexCase(8, 8192, top_k, device).verify(what)
+        print(f"{what}: torch chain verified at N=8 x 8192 (indices in common: {100 * same:.1f}%)")
+    for rows in [8, 64] if quick else [1, 8, 64]:
+        for preset, (_, top_k) in ATTENTION_PRESETS.items():
+            case = IndexCase(rows, entries, top_k, device)
+            hdk_us = timer.time_graph(capture(timer, case.hdk_call), iterations)
+            torch_us = timer.time_graph(capture(timer, case.torch_call), iterations)
+            read_record(
+                results,
+                "index_topk",
+                {"preset": preset, "N": rows, "entries": entries, "top_k": top_k},
+                hdk_us,
+                torch_us,
+                rows * entries * 68,
+                copy_gbs,
+                [
+                    (">=5x", (lambda r: r["speedup_vs_torch"] >= 5) if rows >= 8 else None),
+                    (">=70% copy", lambda r: r["pct_copy"] >= 70),
+                ],
+            )
+            del case
+            torch.cuda.empty_cache()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", required=True, help="where to write the results")
@@ -526,12 +799,15 @@ def main():
     parser.add_argument("--quick", action="store_true", help="fewer points (smoke run)")
     parser.add_argument("--device", default="cuda", help="CUDA device (default cuda)")
     parser.add_argument(
-        "--ops", default="router,topk,kv", help="comma-separated cases (default router,topk,kv)"
+        "--ops",
+        default="router,topk,kv",
+        help="comma-separated cases: router, topk, kv, attention, indexer (default router,topk,kv)",
     )
     args = parser.parse_args()
     ops = set(args.ops.split(","))
-    if not ops <= {"router", "topk", "kv"}:
-        parser.error(f"--ops: unknown case(s) {sorted(ops - {'router', 'topk', 'kv'})}")
+    known = {"router", "topk", "kv", "attention", "indexer"}
+    if not ops <= known:
+        parser.error(f"--ops: unknown case(s) {sorted(ops - known)}")
     if IMPORT_ERROR is not None:
         sys.exit(
             f"dsv4_vs_torch: the hdk package is not importable ({IMPORT_ERROR}); build python/ first"
@@ -574,6 +850,10 @@ def main():
         bench_topk(timer, shapes, args.iterations, copy_gbs, empty_us, results)
     if "kv" in ops:
         bench_kv(timer, args.quick, args.iterations, copy_gbs, results)
+    if "attention" in ops:
+        bench_attention(timer, args.quick, args.iterations, copy_gbs, results)
+    if "indexer" in ops:
+        bench_indexer(timer, args.quick, args.iterations, copy_gbs, results)
     empty_end_us = timer.launch_floor_us(args.iterations)
     print(
         f"one-kernel graph replay at the end: {empty_end_us:.2f} us (start: {empty_us:.2f} us; "
@@ -594,8 +874,13 @@ def main():
             "topk_64x65536_k512": "speedup_vs_torch >= 2",
             "kv_store_gather_N_ge_64": "pct_copy >= 70",
             "kv_compress_step": "speedup_vs_torch >= 5",
+            "attention_indexer_N_ge_8": "speedup_vs_torch >= 5",
+            "sparse_decode_N_ge_32": "pct_copy >= 75 (bytes = N x L x 584)",
+            "index_topk_65536": "pct_copy >= 70 (bytes = N x entries x 68)",
         },
         "kv_torch_peers": "hdk.bench.dsv4_kv_torch (fp32 torch ops; bytes checked against hdk)",
+        "read_side_torch_peers": "hdk.bench.dsv4_attention_torch (bf16 matmuls, fp32 softmax, "
+        "scores and torch.topk; checked against hdk within the accuracy bounds)",
         "all_targets_met": all(r.get("target_met", True) for r in results),
         "seconds": round(time.time() - started, 1),
         "results": results,

@@ -19,13 +19,16 @@ const hdk::bench::Command kCommands[] = {
      hdk::bench::topk_command},
     {"kv", "DeepSeek-V4 KV cache: store/gather entries, compressor step (time, % of copy bw)",
      hdk::bench::kv_command},
+    {"attention",
+     "DeepSeek-V4 sparse_decode and index_topk (time, % of copy bw on KV bytes, --verify)",
+     hdk::bench::attention_command},
 };
 
 void print_commands() {
   std::printf("hdk-bench %s%s\nusage: hdk-bench <command> [options]   (--help per command)\n\n",
               hdk::version(), hdk::built_with_cuda() ? " (CUDA)" : " (CPU only)");
   for (const auto& command : kCommands)
-    std::printf("  %-8s %s\n", command.name, command.summary);
+    std::printf("  %-9s %s\n", command.name, command.summary);
 }
 
 }  // namespace

@@ -1,0 +1,648 @@
+// hdk-bench attention: the DeepSeek-V4 read side on the decode path. sparse_decode over the
+// Flash (Hq = 64) and Pro (Hq = 128) lists, each query reading its own entries (a CSA list of
+// top-k compressed slots or an HCA list of every compressed slot in the compressed pool, plus its
+// own SWA ring page in a separate ring tensor, as hdk.dsv4.KVCacheManager keeps them), and
+// index_topk over MXFP4 key pages, each query scoring its own request's keys. Times are
+// CUDA-graph replays with caches flushed before each (see bench_device.h); %copy = the KV (or key)
+// bytes read / time against the copy bandwidth measured in the same run. --verify checks the
+// points small enough against the float64 reference with the tests' tolerances.
+//
+// The pages are filled with random bytes that are valid data (finite FP8 codes, bf16 RoPE values
+// of moderate size, scale bytes in a narrow range) instead of running the store on the host: a
+// 262144-key x 64-row point is over a GiB of keys, and the kernels read bytes, not their history.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "bench_cli.h"
+#include "bench_device.h"
+#include "core/float_convert.h"
+#include "dsv4/reference/attention_reference.h"
+#include "hdk/dsv4/attention.h"
+#include "hdk/dsv4/kv_cache.h"
+
+namespace hdk {
+namespace bench {
+namespace {
+
+struct AttentionPreset {
+  const char* name;
+  int64_t heads;       // query heads of sparse_decode
+  int64_t csa_length;  // compressed entries of a CSA list: the indexer's top-k
+};
+
+const AttentionPreset kAttentionPresets[] = {{"flash", 64, 512}, {"pro", 128, 1024}};
+
+constexpr int64_t kWindow = 128;  // SWA entries per query: one ring page of 128
+constexpr int64_t kHcaLength =
+    4096;                           // long-context HCA list: 4096 compressed entries (512K tokens)
+constexpr int64_t kBlockSize = 64;  // pages of the compressed pool and of the key cache
+constexpr int64_t kKeyBytes = dsv4::kMxfp4KeyBytes;
+
+// xorshift64*: fills hundreds of MB of pages in well under a second.
+class FastRandom {
+ public:
+  explicit FastRandom(uint64_t seed) : state_(seed * 0x9E3779B97F4A7C15ull + 1) {}
+  uint64_t next() {
+    state_ ^= state_ >> 12;
+    state_ ^= state_ << 25;
+    state_ ^= state_ >> 27;
+    return state_ * 0x2545F4914F6CDD1Dull;
+  }
+  uint64_t below(uint64_t bound) { return next() % bound; }
+
+ private:
+  uint64_t state_;
+};
+
+// MODEL1 pages of valid entries: FP8 codes drawn uniformly except the NaN codes (0x7F, 0xFF
+// become +-448), bf16 RoPE values of magnitude 0.25..4, scale bytes 119..121 (2^-8..2^-6, so the
+// decoded non-RoPE values have an RMS near 1, like stored RMS-normalized entries).
+void fill_entry_pages(std::vector<uint8_t>& pages, int64_t num_blocks, int64_t block_size,
+                      FastRandom& random) {
+  pages.resize(static_cast<size_t>(num_blocks * block_size * dsv4::kEntryBytes));
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    uint8_t* page = pages.data() + b * block_size * dsv4::kEntryBytes;
+    for (int64_t i = 0; i < block_size; ++i) {
+      uint8_t* entry = page + i * 576;
+      for (int64_t j = 0; j < 448; j += 8) {
+        uint64_t bits = random.next();
+        for (int64_t k = 0; k < 8; ++k, bits >>= 8) {
+          const auto code = static_cast<uint8_t>(bits);
+          entry[j + k] = (code & 0x7F) == 0x7F ? static_cast<uint8_t>(code & 0xFE) : code;
+        }
+      }
+      for (int64_t j = 0; j < 64; ++j) {
+        const uint64_t bits = random.next();
+        const auto value = static_cast<uint16_t>(
+            ((bits & 1) << 15) | ((125 + (bits >> 1) % 4) << 7) | ((bits >> 8) & 0x7F));
+        std::memcpy(entry + 448 + 2 * j, &value, 2);
+      }
+      uint8_t* scales = page + block_size * 576 + i * 8;
+      for (int64_t g = 0; g < 7; ++g)
+        scales[g] = static_cast<uint8_t>(119 + random.below(3));
+      scales[7] = 0;
+    }
+  }
+}
+
+// MXFP4 key pages: any nibble is a valid E2M1 code; scale bytes 124..130 (2^-3..2^3).
+void fill_key_pages(std::vector<uint8_t>& pages, int64_t num_blocks, int64_t block_size,
+                    FastRandom& random) {
+  pages.resize(static_cast<size_t>(num_blocks * block_size * kKeyBytes));
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    uint8_t* page = pages.data() + b * block_size * kKeyBytes;
+    for (int64_t j = 0; j < block_size * 64; j += 8) {
+      const uint64_t bits = random.next();
+      std::memcpy(page + j, &bits, 8);
+    }
+    for (int64_t j = 0; j < block_size * 4; ++j)
+      page[block_size * 64 + j] = static_cast<uint8_t>(124 + random.below(7));
+  }
+}
+
+// bf16 bytes of normal values.
+std::vector<uint16_t> normal_bf16(std::mt19937_64& rng, int64_t count, float sigma) {
+  std::normal_distribution<float> normal(0.0f, sigma);
+  std::vector<uint16_t> out(static_cast<size_t>(count));
+  for (uint16_t& v : out)
+    v = hdk::detail::float_to_bf16(normal(rng));
+  return out;
+}
+
+std::vector<float> normal_floats(std::mt19937_64& rng, int64_t count, float sigma) {
+  std::normal_distribution<float> normal(0.0f, sigma);
+  std::vector<float> out(static_cast<size_t>(count));
+  for (float& v : out)
+    v = normal(rng);
+  return out;
+}
+
+// A random permutation of 0 .. count-1: pages handed out in no particular order, as an
+// allocator's free list does after a while.
+std::vector<int32_t> shuffled_blocks(int64_t count, std::mt19937_64& rng) {
+  std::vector<int32_t> blocks(static_cast<size_t>(count));
+  std::iota(blocks.begin(), blocks.end(), 0);
+  std::shuffle(blocks.begin(), blocks.end(), rng);
+  return blocks;
+}
+
+struct Point {
+  std::string op, preset, list;
+  int64_t N = 0, length = 0, heads = 0, top_k = 0;
+  double time_us = 0, bytes = 0;
+  std::string check = "-";
+  std::string error;
+};
+
+// The tests' sparse_decode bounds (tests/dsv4/attention_test.cpp, docs/dsv4-attention.md
+// "Accuracy") for bf16 out: |o - ref| <= 2^-8 |ref| + 1e-4 (1 + S) max|E|, |lse - ref| <=
+// 1e-4 (1 + S). Returns "ok" or a short description of the first failure.
+std::string check_sparse(const dsv4::SparseDecodeReference& ref, const std::vector<uint16_t>& out,
+                         const std::vector<float>& lse, int64_t counter) {
+  if (ref.invalid_rows != 0 || counter != 0) {
+    return "FAIL (invalid rows: ref " + std::to_string(ref.invalid_rows) + ", counted " +
+           std::to_string(counter) + ")";
+  }
+  const int64_t N = ref.num_rows, H = ref.num_heads, D = dsv4::kHeadDim;
+  for (int64_t n = 0; n < N; ++n) {
+    const double score_tol = 1e-4 * (1.0 + ref.score_magnitude[n]);
+    const double value_tol = score_tol * ref.value_magnitude[n];
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t i = 0; i < D; ++i) {
+        const size_t at = static_cast<size_t>((n * H + h) * D + i);
+        const double want = ref.out[at];
+        const double got = hdk::detail::bf16_to_float(out[at]);
+        if (!(std::fabs(got - want) <= std::ldexp(1.0, -8) * std::fabs(want) + value_tol)) {
+          return "FAIL (out[" + std::to_string(n) + "," + std::to_string(h) + "," +
+                 std::to_string(i) + "] = " + std::to_string(got) + ", want " +
+                 std::to_string(want) + ")";
+        }
+      }
+      const double want = ref.lse[n * H + h];
+      const double got = lse[n * H + h];
+      if (!(std::fabs(got - want) <= score_tol)) {
+        return "FAIL (lse[" + std::to_string(n) + "," + std::to_string(h) +
+               "] = " + std::to_string(got) + ", want " + std::to_string(want) + ")";
+      }
+    }
+  }
+  return "ok";
+}
+
+// The tests' index_topk bounds: scores within 1e-5 x sum_h |w_h| sum_d |q_hd K_d| of the
+// reference; the selection may differ from the reference's only among entries within those
+// bounds of each other. Every row here has num_entries >= top_k, so no padding.
+std::string check_index(const dsv4::IndexerReference& ref, const std::vector<int32_t>& indices,
+                        const std::vector<float>& scores, int64_t counter) {
+  if (ref.invalid_rows != 0 || counter != 0) return "FAIL (invalid rows)";
+  const int64_t K = ref.top_k;
+  for (int64_t n = 0; n < ref.num_rows; ++n) {
+    const std::vector<double>& score = ref.scores[n];
+    const auto count = static_cast<int64_t>(score.size());
+    const int64_t kept = std::min(K, count);
+    const std::string row = "row " + std::to_string(n) + ": ";
+    std::vector<uint8_t> chosen(static_cast<size_t>(count), 0);
+    double lowest = std::numeric_limits<double>::infinity();
+    for (int64_t j = 0; j < K; ++j) {
+      const int32_t s = indices[n * K + j];
+      const float got = scores[n * K + j];
+      if (j >= kept) {
+        if (s != -1 || got != -std::numeric_limits<float>::infinity()) {
+          return "FAIL (" + row + "padding at " + std::to_string(j) + ")";
+        }
+        continue;
+      }
+      if (s < 0 || s >= count || chosen[s]) {
+        return "FAIL (" + row + "index " + std::to_string(s) + " at " + std::to_string(j) + ")";
+      }
+      chosen[s] = 1;
+      const double tol = 1e-5 * ref.magnitudes[n][s] + 1e-30;
+      lowest = std::min(lowest, score[s] + tol);
+      if (!(std::fabs(got - score[s]) <= tol)) {
+        return "FAIL (" + row + "score of entry " + std::to_string(s) + ")";
+      }
+      if (j > 0) {
+        const float before = scores[n * K + j - 1];
+        if (before < got || (before == got && indices[n * K + j - 1] > s)) {
+          return "FAIL (" + row + "order at " + std::to_string(j) + ")";
+        }
+      }
+    }
+    for (int64_t s = 0; s < count; ++s) {
+      if (!chosen[s] && score[s] - 1e-5 * ref.magnitudes[n][s] > lowest) {
+        return "FAIL (" + row + "entry " + std::to_string(s) + " should have been chosen)";
+      }
+    }
+  }
+  return "ok";
+}
+
+class AttentionBench {
+ public:
+  AttentionBench(BenchDevice& device, const TimingOptions& timing, bool verify,
+                 double verify_budget)
+      : device_(device), timing_(timing), verify_(verify), verify_budget_(verify_budget) {}
+
+  // sparse_decode for N queries of `preset`, each over `compressed` entries of the compressed
+  // pool plus its 128-entry ring page. CSA lists (spread > 1) pick `compressed` distinct entries
+  // in random order out of the query's own spread x compressed entries, as a top-k does; HCA
+  // lists (spread 1) read all the query's entries in order.
+  Point sparse(const AttentionPreset& preset, const char* list, int64_t compressed, int64_t spread,
+               int64_t N) {
+    const int64_t H = preset.heads, D = dsv4::kHeadDim;
+    std::mt19937_64 rng(static_cast<uint64_t>(N * 1009 + compressed * 7 + H));
+    FastRandom random(static_cast<uint64_t>(N * 31 + compressed));
+    const int64_t pool_entries = compressed * spread;
+    const int64_t pages_per_row = (pool_entries + kBlockSize - 1) / kBlockSize;
+    const int64_t num_blocks = std::max<int64_t>(N * pages_per_row, 1);
+    std::vector<uint8_t> cache, ring;
+    fill_entry_pages(cache, num_blocks, kBlockSize, random);
+    fill_entry_pages(ring, std::max<int64_t>(N, 1), kWindow, random);
+    const std::vector<int32_t> blocks = shuffled_blocks(num_blocks, rng);
+    const std::vector<int32_t> ring_pages = shuffled_blocks(std::max<int64_t>(N, 1), rng);
+    std::vector<int32_t> indices(static_cast<size_t>(N * compressed));
+    std::vector<int32_t> extra(static_cast<size_t>(N * kWindow));
+    std::vector<int32_t> ordinals(static_cast<size_t>(pool_entries));
+    for (int64_t n = 0; n < N; ++n) {
+      std::iota(ordinals.begin(), ordinals.end(), 0);
+      if (spread > 1) {  // a random subset in random order (partial Fisher-Yates)
+        for (int64_t j = 0; j < compressed; ++j)
+          std::swap(ordinals[j], ordinals[j + rng() % static_cast<uint64_t>(pool_entries - j)]);
+      }
+      for (int64_t j = 0; j < compressed; ++j) {
+        const int64_t s = ordinals[j];
+        indices[n * compressed + j] = static_cast<int32_t>(
+            blocks[n * pages_per_row + s / kBlockSize] * kBlockSize + s % kBlockSize);
+      }
+      // The window in position order: list entry j is position p-127+j, stored at ring slot
+      // (p+1+j) % 128; start = (p+1) % 128 for a random p.
+      const int64_t start = static_cast<int64_t>(rng() % kWindow);
+      for (int64_t j = 0; j < kWindow; ++j)
+        extra[n * kWindow + j] =
+            static_cast<int32_t>(ring_pages[n] * kWindow + (start + j) % kWindow);
+    }
+    std::vector<uint16_t> q = normal_bf16(rng, N * H * D, 1.0f);
+    std::vector<float> sink = normal_floats(rng, H, 2.0f);
+
+    DeviceAllocation d_cache(device_, cache.size()), d_ring(device_, ring.size()),
+        d_indices(device_, indices.size() * 4), d_extra(device_, extra.size() * 4),
+        d_q(device_, q.size() * 2), d_sink(device_, sink.size() * 4), d_out(device_, N * H * D * 2),
+        d_lse(device_, N * H * 4), d_counter(device_, 4);
+    device_.upload(d_cache.get(), cache.data(), cache.size());
+    device_.upload(d_ring.get(), ring.data(), ring.size());
+    device_.upload(d_indices.get(), indices.data(), indices.size() * 4);
+    device_.upload(d_extra.get(), extra.data(), extra.size() * 4);
+    device_.upload(d_q.get(), q.data(), q.size() * 2);
+    device_.upload(d_sink.get(), sink.data(), sink.size() * 4);
+    const Device where = device_.device();
+    dsv4::SparseDecodeParams p;
+    p.q = TensorView::contiguous(d_q.get(), DType::kBFloat16, {N, H, D}, where);
+    p.cache = TensorView::contiguous(d_cache.get(), DType::kUInt8,
+                                     {num_blocks, kBlockSize * dsv4::kEntryBytes}, where);
+    p.block_size = kBlockSize;
+    p.indices = TensorView::contiguous(d_indices.get(), DType::kInt32, {N, compressed}, where);
+    p.extra_cache = TensorView::contiguous(
+        d_ring.get(), DType::kUInt8, {std::max<int64_t>(N, 1), kWindow * dsv4::kEntryBytes}, where);
+    p.extra_block_size = kWindow;
+    p.extra_indices = TensorView::contiguous(d_extra.get(), DType::kInt32, {N, kWindow}, where);
+    p.sink = TensorView::contiguous(d_sink.get(), DType::kFloat32, {H}, where);
+    p.out = TensorView::contiguous(d_out.get(), DType::kBFloat16, {N, H, D}, where);
+    p.lse = TensorView::contiguous(d_lse.get(), DType::kFloat32, {N, H}, where);
+
+    Point point;
+    point.op = "sparse_decode";
+    point.preset = preset.name;
+    point.list = list;
+    point.N = N;
+    point.length = kWindow + compressed;
+    point.heads = H;
+    point.bytes = static_cast<double>(N) * point.length * dsv4::kEntryBytes;
+    const double work = static_cast<double>(N) * H * point.length * D;
+    if (verify_ && work <= verify_budget_) {
+      const int32_t zero = 0;
+      device_.upload(d_counter.get(), &zero, 4);
+      dsv4::SparseDecodeParams counted = p;
+      counted.invalid_count = TensorView::contiguous(d_counter.get(), DType::kInt32, {1}, where);
+      dsv4::sparse_decode(counted);
+      std::vector<uint16_t> out(static_cast<size_t>(N * H * D));
+      std::vector<float> lse(static_cast<size_t>(N * H));
+      int32_t counter = 0;
+      device_.download(out.data(), d_out.get(), out.size() * 2);
+      device_.download(lse.data(), d_lse.get(), lse.size() * 4);
+      device_.download(&counter, d_counter.get(), 4);
+      dsv4::SparseDecodeParams host = p;
+      host.q = TensorView::contiguous(q.data(), DType::kBFloat16, {N, H, D});
+      host.cache = TensorView::contiguous(cache.data(), DType::kUInt8,
+                                          {num_blocks, kBlockSize * dsv4::kEntryBytes});
+      host.indices = TensorView::contiguous(indices.data(), DType::kInt32, {N, compressed});
+      host.extra_cache = TensorView::contiguous(
+          ring.data(), DType::kUInt8, {std::max<int64_t>(N, 1), kWindow * dsv4::kEntryBytes});
+      host.extra_indices = TensorView::contiguous(extra.data(), DType::kInt32, {N, kWindow});
+      host.sink = TensorView::contiguous(sink.data(), DType::kFloat32, {H});
+      std::vector<uint8_t> scratch(static_cast<size_t>(N * H * D * 2 + N * H * 4));
+      host.out = TensorView::contiguous(scratch.data(), DType::kBFloat16, {N, H, D});
+      host.lse = TensorView::contiguous(scratch.data() + N * H * D * 2, DType::kFloat32, {N, H});
+      point.check = check_sparse(dsv4::sparse_decode_reference(host), out, lse, counter);
+    } else {
+      dsv4::sparse_decode(p);  // errors surface here, not inside a graph capture
+    }
+    point.time_us = device_.time_us([&](CudaStream s) { dsv4::sparse_decode(p, s); }, timing_);
+    return point;
+  }
+
+  // Inputs of index_topk points: N rows, each scoring `entries` MXFP4 keys of its own pages.
+  struct IndexInputs {
+    int64_t N = 0, entries = 0, pages_per_row = 0, num_blocks = 0;
+    std::vector<uint8_t> cache;
+    std::vector<uint16_t> q;
+    std::vector<float> weights;
+    std::vector<int32_t> block_table, num_entries;
+    std::unique_ptr<DeviceAllocation> d_cache, d_q, d_weights, d_table, d_counts;
+  };
+
+  std::unique_ptr<IndexInputs> index_inputs(int64_t N, int64_t entries) {
+    auto in = std::make_unique<IndexInputs>();
+    std::mt19937_64 rng(static_cast<uint64_t>(N * 4099 + entries));
+    FastRandom random(static_cast<uint64_t>(N * 17 + entries));
+    in->N = N;
+    in->entries = entries;
+    in->pages_per_row = (entries + kBlockSize - 1) / kBlockSize;
+    in->num_blocks = std::max<int64_t>(N * in->pages_per_row, 1);
+    fill_key_pages(in->cache, in->num_blocks, kBlockSize, random);
+    in->block_table = shuffled_blocks(in->num_blocks, rng);
+    in->block_table.resize(static_cast<size_t>(N * in->pages_per_row));
+    in->num_entries.assign(static_cast<size_t>(N), static_cast<int32_t>(entries));
+    in->q = normal_bf16(rng, N * dsv4::kIndexerHeads * dsv4::kIndexerKeyDim, 1.0f);
+    in->weights = normal_floats(rng, N * dsv4::kIndexerHeads, 0.1f);
+    auto make = [&](size_t bytes, const void* host) {
+      auto allocation = std::make_unique<DeviceAllocation>(device_, bytes);
+      if (bytes > 0) device_.upload(allocation->get(), host, bytes);
+      return allocation;
+    };
+    in->d_cache = make(in->cache.size(), in->cache.data());
+    in->d_q = make(in->q.size() * 2, in->q.data());
+    in->d_weights = make(in->weights.size() * 4, in->weights.data());
+    in->d_table = make(in->block_table.size() * 4, in->block_table.data());
+    in->d_counts = make(in->num_entries.size() * 4, in->num_entries.data());
+    return in;
+  }
+
+  Point index(IndexInputs& in, const char* preset, int64_t top_k) {
+    const int64_t N = in.N, H = dsv4::kIndexerHeads, K = top_k;
+    const Device where = device_.device();
+    DeviceAllocation d_indices(device_, N * K * 4), d_slots(device_, N * K * 4),
+        d_scores(device_, N * K * 4), d_counter(device_, 4);
+    dsv4::IndexerParams p;
+    p.q = TensorView::contiguous(in.d_q->get(), DType::kBFloat16, {N, H, dsv4::kIndexerKeyDim},
+                                 where);
+    p.weights = TensorView::contiguous(in.d_weights->get(), DType::kFloat32, {N, H}, where);
+    p.key_cache = TensorView::contiguous(in.d_cache->get(), DType::kUInt8,
+                                         {in.num_blocks, kBlockSize * kKeyBytes}, where);
+    p.block_size = kBlockSize;
+    p.format = dsv4::KeyFormat::kMXFP4;
+    p.block_table =
+        TensorView::contiguous(in.d_table->get(), DType::kInt32, {N, in.pages_per_row}, where);
+    p.num_entries = TensorView::contiguous(in.d_counts->get(), DType::kInt32, {N}, where);
+    p.top_k = K;
+    p.topk_indices = TensorView::contiguous(d_indices.get(), DType::kInt32, {N, K}, where);
+    // The selected entries' slots as well: sparse_decode's list, what an engine asks for.
+    p.topk_slots = TensorView::contiguous(d_slots.get(), DType::kInt32, {N, K}, where);
+
+    Point point;
+    point.op = "index_topk";
+    point.preset = preset;
+    point.list = "mxfp4";
+    point.N = N;
+    point.length = in.entries;
+    point.heads = H;
+    point.top_k = K;
+    point.bytes = static_cast<double>(N) * in.entries * kKeyBytes;
+    const double work = static_cast<double>(N) * in.entries * H * dsv4::kIndexerKeyDim;
+    if (verify_ && work <= verify_budget_) {
+      const int32_t zero = 0;
+      device_.upload(d_counter.get(), &zero, 4);
+      dsv4::IndexerParams checked = p;
+      checked.topk_scores = TensorView::contiguous(d_scores.get(), DType::kFloat32, {N, K}, where);
+      checked.invalid_count = TensorView::contiguous(d_counter.get(), DType::kInt32, {1}, where);
+      dsv4::index_topk(checked);
+      std::vector<int32_t> indices(static_cast<size_t>(N * K));
+      std::vector<float> scores(static_cast<size_t>(N * K));
+      int32_t counter = 0;
+      std::vector<int32_t> slots(static_cast<size_t>(N * K));
+      device_.download(indices.data(), d_indices.get(), indices.size() * 4);
+      device_.download(slots.data(), d_slots.get(), slots.size() * 4);
+      device_.download(scores.data(), d_scores.get(), scores.size() * 4);
+      device_.download(&counter, d_counter.get(), 4);
+      dsv4::IndexerParams host = p;
+      host.q = TensorView::contiguous(in.q.data(), DType::kBFloat16, {N, H, dsv4::kIndexerKeyDim});
+      host.weights = TensorView::contiguous(in.weights.data(), DType::kFloat32, {N, H});
+      host.key_cache = TensorView::contiguous(in.cache.data(), DType::kUInt8,
+                                              {in.num_blocks, kBlockSize * kKeyBytes});
+      host.block_table =
+          TensorView::contiguous(in.block_table.data(), DType::kInt32, {N, in.pages_per_row});
+      host.num_entries = TensorView::contiguous(in.num_entries.data(), DType::kInt32, {N});
+      std::vector<int32_t> scratch(static_cast<size_t>(N * K));
+      host.topk_indices = TensorView::contiguous(scratch.data(), DType::kInt32, {N, K});
+      host.topk_slots = TensorView();  // p's points at device memory; checked below instead
+      point.check = check_index(dsv4::index_topk_reference(host), indices, scores, counter);
+      for (int64_t at = 0; at < N * K && point.check == "ok"; ++at) {
+        const int32_t s = indices[at];
+        const int32_t want =
+            s < 0 ? -1
+                  : in.block_table[(at / K) * in.pages_per_row + s / kBlockSize] * kBlockSize +
+                        s % kBlockSize;
+        if (slots[at] != want) point.check = "FAIL (topk_slots[" + std::to_string(at) + "])";
+      }
+    } else {
+      dsv4::index_topk(p);  // errors surface here, not inside a graph capture
+    }
+    point.time_us = device_.time_us([&](CudaStream s) { dsv4::index_topk(p, s); }, timing_);
+    return point;
+  }
+
+ private:
+  BenchDevice& device_;
+  TimingOptions timing_;
+  bool verify_;
+  double verify_budget_;
+};
+
+void print_attention_usage() {
+  std::printf(
+      "hdk-bench attention [options]\n"
+      "  --preset flash,pro    Hq 64, CSA top-512 / Hq 128, CSA top-1024 (index_topk: top_k)\n"
+      "  --ops LIST            sparse,index (default both)\n"
+      "  --lists LIST          sparse_decode lists: csa (128 + top-k), hca (128 + 4096)\n"
+      "  --N LIST              sparse_decode queries (default 1-128 GPU, 1,2 CPU)\n"
+      "  --csa-spread S        a CSA list picks its entries out of S x top-k of the query's own\n"
+      "                        (default 4); an HCA list reads all of its own\n"
+      "  --index-N LIST        index_topk rows (default 1,4,16,64 GPU, 1 CPU)\n"
+      "  --entries LIST        index_topk keys per row (default 8192,65536,262144 GPU, 8192 CPU)\n"
+      "  --hot                 keep caches warm between runs (default: flushed, cold)\n"
+      "  --iterations N        timed runs per point (median)\n"
+      "  --verify              check points up to the budget against the float64 reference\n"
+      "  --verify-budget X     largest N*Hq*L*512 (sparse) or N*entries*64*128 (index) checked\n"
+      "                        (default 1073741824)\n"
+      "  --json FILE           also write results as JSON\n"
+      "  --cpu                 run on the CPU even when a GPU is present\n");
+}
+
+const AttentionPreset& find_preset(const std::string& name) {
+  for (const AttentionPreset& preset : kAttentionPresets) {
+    if (name == preset.name) return preset;
+  }
+  throw std::runtime_error("unknown preset '" + name + "' (flash or pro)");
+}
+
+}  // namespace
+
+int attention_command(Options& options) {
+  if (options.flag("help")) {
+    print_attention_usage();
+    return 0;
+  }
+  std::unique_ptr<BenchDevice> device = BenchDevice::create(options.flag("cpu"));
+  const bool gpu = device->device().is_cuda();
+  const std::vector<std::string> presets = options.texts("preset", {"flash", "pro"});
+  const std::vector<std::string> ops = options.texts("ops", {"sparse", "index"});
+  const std::vector<std::string> lists = options.texts("lists", {"csa", "hca"});
+  const std::vector<int64_t> rows = options.integers(
+      "N", gpu ? std::vector<int64_t>{1, 2, 4, 8, 16, 32, 64, 128} : std::vector<int64_t>{1, 2});
+  const int64_t spread = options.integer("csa-spread", 4);
+  const std::vector<int64_t> index_rows = options.integers(
+      "index-N", gpu ? std::vector<int64_t>{1, 4, 16, 64} : std::vector<int64_t>{1});
+  const std::vector<int64_t> entry_counts = options.integers(
+      "entries", gpu ? std::vector<int64_t>{8192, 65536, 262144} : std::vector<int64_t>{8192});
+  const bool verify = options.flag("verify");
+  const double verify_budget = options.real("verify-budget", 1073741824.0);
+  TimingOptions timing;
+  timing.flush_cache = !options.flag("hot");
+  timing.iterations = static_cast<int>(options.integer("iterations", gpu ? 100 : 3));
+  const std::string json_path = options.text("json", "");
+  options.reject_unused();
+  for (const std::string& op : ops) {
+    if (op != "sparse" && op != "index") throw std::runtime_error("unknown op '" + op + "'");
+  }
+  for (const std::string& list : lists) {
+    if (list != "csa" && list != "hca") throw std::runtime_error("unknown list '" + list + "'");
+  }
+  for (const std::string& name : presets)
+    find_preset(name);  // an unknown name fails before the run starts
+  if (spread < 1) throw std::runtime_error("--csa-spread must be at least 1");
+  for (int64_t n : rows) {
+    if (n < 1) throw std::runtime_error("--N values must be at least 1");
+  }
+  for (int64_t n : index_rows) {
+    if (n < 1) throw std::runtime_error("--index-N values must be at least 1");
+  }
+  for (int64_t e : entry_counts) {
+    if (e < 1) throw std::runtime_error("--entries values must be at least 1");
+  }
+
+  const RunBaseline baseline = start_run(*device, "attention", timing);
+  ResultTable table({"op", "preset", "list", "N", "L", "Hq", "top_k", "time_us", "GB/s", "%copy",
+                     "target", "check"});
+  AttentionBench bench(*device, timing, verify, verify_budget);
+  int failures = 0;
+  auto add = [&](const Point& point) {
+    std::string L = point.op == "sparse_decode"
+                        ? std::to_string(kWindow) + "+" + std::to_string(point.length - kWindow)
+                        : std::to_string(point.length);
+    std::vector<std::string> cells = {point.op,
+                                      point.preset,
+                                      point.list,
+                                      std::to_string(point.N),
+                                      L,
+                                      std::to_string(point.heads),
+                                      point.top_k ? std::to_string(point.top_k) : "-"};
+    if (!point.error.empty()) {
+      ++failures;
+      cells.insert(cells.end(), {"error", "-", "-", "-", "error"});
+      table.add_row(cells);
+      return;
+    }
+    const double gbs = point.bytes / (point.time_us * 1e-6) / 1e9;
+    const double percent = 100.0 * gbs / baseline.copy_gbs;
+    // The targets: sparse_decode >= 75% of copy at N >= 32, index_topk >= 70% at 65536+.
+    std::string target = "-";
+    if (point.op == "sparse_decode" && point.N >= 32) target = percent >= 75.0 ? "met" : "MISSED";
+    if (point.op == "index_topk" && point.length >= 65536) {
+      target = percent >= 70.0 ? "met" : "MISSED";
+    }
+    if (point.check.rfind("FAIL", 0) == 0) {
+      ++failures;
+      std::fprintf(stderr, "%s %s %s N=%lld: %s\n", point.op.c_str(), point.preset.c_str(),
+                   point.list.c_str(), static_cast<long long>(point.N), point.check.c_str());
+    }
+    cells.insert(cells.end(), {format(point.time_us, 2), format(gbs, 1), format(percent, 1), target,
+                               point.check.rfind("FAIL", 0) == 0 ? "FAIL" : point.check});
+    table.add_row(cells);
+  };
+  // One failing point (e.g. a backend that throws) is reported and the run goes on.
+  auto attempt = [&](Point base, const std::function<Point()>& run) {
+    try {
+      add(run());
+    } catch (const std::exception& error) {
+      std::fprintf(stderr, "%s %s %s N=%lld: %s\n", base.op.c_str(), base.preset.c_str(),
+                   base.list.c_str(), static_cast<long long>(base.N), error.what());
+      base.error = error.what();
+      add(base);
+    }
+  };
+  auto has = [&](const char* op) { return std::find(ops.begin(), ops.end(), op) != ops.end(); };
+  if (has("sparse")) {
+    for (const std::string& name : presets) {
+      const AttentionPreset& preset = find_preset(name);
+      for (const std::string& list : lists) {
+        const bool csa = list == "csa";
+        const int64_t compressed = csa ? preset.csa_length : kHcaLength;
+        for (int64_t N : rows) {
+          std::fprintf(stderr, "\rsparse_decode %s %s N=%lld ...   ", preset.name, list.c_str(),
+                       static_cast<long long>(N));
+          Point base;
+          base.op = "sparse_decode";
+          base.preset = preset.name;
+          base.list = list;
+          base.N = N;
+          base.length = kWindow + compressed;
+          base.heads = preset.heads;
+          attempt(base, [&] {
+            return bench.sparse(preset, csa ? "csa" : "hca", compressed, csa ? spread : 1, N);
+          });
+        }
+      }
+    }
+  }
+  if (has("index")) {
+    for (int64_t N : index_rows) {
+      for (int64_t entries : entry_counts) {
+        std::fprintf(stderr, "\rindex_topk N=%lld entries=%lld ...   ", static_cast<long long>(N),
+                     static_cast<long long>(entries));
+        std::unique_ptr<AttentionBench::IndexInputs> inputs;
+        for (const std::string& name : presets) {
+          const AttentionPreset& preset = find_preset(name);
+          Point base;
+          base.op = "index_topk";
+          base.preset = preset.name;
+          base.list = "mxfp4";
+          base.N = N;
+          base.length = entries;
+          base.heads = dsv4::kIndexerHeads;
+          base.top_k = preset.csa_length;
+          attempt(base, [&] {
+            if (!inputs) inputs = bench.index_inputs(N, entries);
+            return bench.index(*inputs, preset.name, preset.csa_length);
+          });
+        }
+      }
+    }
+  }
+  std::fprintf(stderr, "\r%60s\r", "");
+  return finish_run(
+      table,
+      "GB/s = KV bytes read / time. sparse_decode: N x L x 584 (every query reads its own L ="
+      "\n128 SWA entries of its ring page + the compressed entries: CSA top-k picked out of"
+      "\n--csa-spread x top-k of its own, HCA all 4096 of its own); not counted: q and out"
+      "\n(N x Hq x 512 bf16 each), lse, sink and the int32 indices (N x L x 4)."
+      "\nindex_topk: N x entries x 68 (MXFP4 keys of the row's own pages, block size 64);"
+      "\nnot counted: q (N x 64 x 128 bf16), weights, block table, the top-k indices and"
+      "\nslots written (timed with topk_slots, without topk_scores). %copy = GB/s / copy bw."
+      "\ntarget: sparse_decode >= 75% of copy at N >= 32; index_topk >= 70% at 65536+ entries."
+      "\ncheck (--verify): against the float64 reference with the tests' bounds, for points"
+      "\nwith N*Hq*L*512 (sparse) or N*entries*64*128 (index) <= --verify-budget; '-' beyond",
+      options, json_path, *device, baseline, timing, failures);
+}
+
+}  // namespace bench
+}  // namespace hdk

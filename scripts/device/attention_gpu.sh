@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# The DeepSeek-V4 read side (issue 17: index_topk and sparse_decode) on a GPU machine, in one
+# 10-minute device call: build (unless HDK_SKIP_BUILD=1 and the binaries exist), the attention
+# test suite (CPU and CUDA cases), compute-sanitizer memcheck and racecheck over its CUDA cases,
+# `hdk-bench attention --verify` (the issue grid, checked against the float64 reference up to the
+# verify budget), then the Python package (prebuilt mode), its read-side tests and
+# bench/dsv4_vs_torch.py --ops attention,indexer (hdk against the PyTorch chains and torch.topk).
+# Run from the repository root: OUT=/path scripts/device/attention_gpu.sh. Logs and JSON go to
+# $OUT/attention-gpu/ and are packed into $OUT/attention-gpu.tar.gz. Every step runs even when an
+# earlier one fails; the exit status is non-zero when any failed.
+#
+# Knobs: HDK_BUILD_DIR (default build-cuda), HDK_SKIP_BUILD=1, HDK_SKIP_PYTHON=1,
+# ATTENTION_CUDA_CASES (gtest filter of the CUDA cases for the sanitizers), BENCH_ARGS (extra
+# hdk-bench attention options), TORCH_ITERATIONS (default 100).
+set -uo pipefail
+cd "$(dirname "$0")/../.." || exit 2
+export PYTHONUNBUFFERED=1
+root=${OUT:-attention-gpu-out}
+out="$root/attention-gpu"
+build=${HDK_BUILD_DIR:-build-cuda}
+mkdir -p "$out"
+tests="$build/tests/hdk_dsv4_attention_tests"
+bench="$build/bench/hdk-bench"
+python=${PYTHON:-python3}
+sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+cuda_cases=${ATTENTION_CUDA_CASES:-'*Cuda*:*cuda*:*CUDA*'}
+failed=()
+
+step() {  # step <name> <timeout seconds> <command...>: runs it, logs to $out/<name>.log
+  local name=$1 limit=$2
+  shift 2
+  local start=$SECONDS
+  echo "== $name: $*"
+  timeout --kill-after=10 "$limit" "$@" >"$out/$name.log" 2>&1
+  local status=$?
+  echo "   exit $status after $((SECONDS - start)) s (log: $out/$name.log)"
+  tail -n 4 "$out/$name.log" | sed 's/^/   | /'
+  [[ $status -eq 0 ]] || failed+=("$name (exit $status)")
+  pack >/dev/null  # after every step: a run cut short still leaves its logs
+  return "$status"
+}
+
+pack() {
+  tar czf "$root/attention-gpu.tar.gz" -C "$root" attention-gpu
+  echo "logs: $root/attention-gpu.tar.gz"
+}
+
+{
+  date -u
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
+  "$sanitizer" --version 2>&1 | tail -1
+  git rev-parse HEAD 2>/dev/null
+  git status --short 2>/dev/null | head -20
+} >"$out/environment.log"
+cat "$out/environment.log"
+
+# 0. Build the two binaries (and libhdk.so for the Python package).
+if [[ -z ${HDK_SKIP_BUILD:-} || ! -x $tests || ! -x $bench ]]; then
+  step configure 120 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DHDK_BUILD_TESTS=ON -DHDK_WITH_CUDA=ON
+  step build 420 cmake --build "$build" --parallel "$(nproc)" --target hdk_dsv4_attention_tests \
+    hdk-bench hdk
+fi
+for binary in "$tests" "$bench"; do
+  if [[ ! -x $binary ]]; then
+    echo "missing $binary: the build failed (see $out/build.log)" >&2
+    failed+=("missing $binary")
+    printf 'FAILED: %s\n' "${failed[@]}"
+    pack
+    exit 2
+  fi
+done
+
+# 1. Every attention test (the CUDA cases must run here, not skip).
+step tests 120 "$tests"
+if grep -q "cuda backend skipped\|no CUDA device" "$out/tests.log"; then
+  failed+=("tests (CUDA cases skipped: no usable GPU?)")
+fi
+
+# 2. memcheck over the CUDA cases (bounds of the paged reads, the -1 / negative slots, the
+#    second list, the counters), 3. racecheck over them (shared-memory staging of the entries,
+#    the softmax merge, the top-k).
+step memcheck 150 "$sanitizer" --tool memcheck --leak-check no --error-exitcode 3 \
+  "$tests" --gtest_brief=1 --gtest_filter="$cuda_cases"
+if grep -q "\] 0 tests from" "$out/memcheck.log"; then
+  failed+=("memcheck (no CUDA case matched '$cuda_cases': set ATTENTION_CUDA_CASES)")
+fi
+step racecheck 120 "$sanitizer" --tool racecheck --racecheck-report hazard --error-exitcode 3 \
+  "$tests" --gtest_brief=1 --gtest_filter="$cuda_cases"
+
+# 4. The benchmark: the issue grid, CUDA-graph replays with a flushed L2, the points within the
+#    verify budget checked against the float64 reference.
+# shellcheck disable=SC2086  # BENCH_ARGS is a list of options
+step bench-attention 240 "$bench" attention --verify --json "$out/attention.json" \
+  ${BENCH_ARGS:-}
+step bench-attention-hot 90 "$bench" attention --hot --ops sparse --N 32,128 --iterations 50 \
+  --json "$out/attention_hot.json"
+
+# 5. The Python package against the PyTorch chains (prebuilt mode: only python/csrc compiles).
+if [[ -z ${HDK_SKIP_PYTHON:-} ]]; then
+  site=$(mktemp -d)/site
+  library=$(realpath "$build/src/libhdk.so")
+  # pip when it works, setuptools directly otherwise (as scripts/device/python_gpu.sh does).
+  # shellcheck disable=SC2016  # expanded by the inner shell
+  if step python-build 240 env HDK_PREBUILT_LIB="$library" MAX_JOBS="$(nproc)" PY="$python" \
+    SITE="$site" bash -c '"$PY" -m pip install --no-build-isolation --no-deps --no-index \
+      --disable-pip-version-check --root-user-action=ignore --target "$SITE" ./python ||
+      (cd python && "$PY" setup.py build --build-lib "$SITE")'; then
+    step python-tests 150 env PYTHONPATH="$site" "$python" -m pytest -q -rs -p no:cacheprovider \
+      python/tests/test_dsv4_attention.py python/tests/test_bench_dsv4_attention_torch.py
+    step dsv4-vs-torch 300 env PYTHONPATH="$site" "$python" bench/dsv4_vs_torch.py \
+      --ops attention,indexer --iterations "${TORCH_ITERATIONS:-100}" \
+      --json "$out/attention_vs_torch.json"
+  fi
+fi
+
+echo
+pack
+if [[ ${#failed[@]} -gt 0 ]]; then
+  printf 'FAILED: %s\n' "${failed[@]}"
+  exit 1
+fi
+echo "attention GPU run: all steps passed ($SECONDS s)"
