@@ -2,8 +2,8 @@
 dsv4_kv_reference.py's decoders, on keys and entries stored by hdk.dsv4.store_indexer_keys /
 store_entries into shuffled pages, with poisoned outputs and counters that start at 3: ragged
 entry counts, fewer entries than top_k, exact ties, empty lists with and without a sink, NaN
-queries counted, errors naming the argument. The CUDA backend is not implemented yet: CUDA
-cases are skipped with that reason, and where a GPU build exists a CUDA call must raise it.
+queries counted, errors naming the argument. The cases run on the CPU; test_cuda_matches_the_cpu
+runs both ops on CUDA tensors where a GPU exists (the C++ tests hold the CUDA cases).
 
 Tolerances are those of tests/dsv4/attention_test.cpp (docs/dsv4-attention.md, "Accuracy")."""
 
@@ -19,8 +19,8 @@ from conftest import CUDA_SKIP
 
 needs_cuda = pytest.mark.skipif(CUDA_SKIP is not None, reason=str(CUDA_SKIP))
 NOT_ON_CUDA = (
-    "hdk::dsv4 index_topk / sparse_decode: not implemented on CUDA yet "
-    "(test_cuda_raises_not_implemented_yet checks the error where a GPU exists)"
+    "the case builds its inputs on the CPU; CUDA is covered by test_cuda_matches_the_cpu and the "
+    "C++ tests"
 )
 NAN = float("nan")
 INF = float("inf")
@@ -388,13 +388,49 @@ def test_ops_are_registered():
 
 
 @needs_cuda
-def test_cuda_raises_not_implemented_yet():
-    index_args, decode_args = small_problem("cuda")
-    with pytest.raises(hdk.HdkError, match="not implemented on CUDA yet"):
-        hdk.dsv4.index_topk(**index_args)
-    # sparse_decode has CUDA kernels now (tests/dsv4/attention_test.cpp); the Python CUDA cases
-    # are the Python side's to enable.
-    del decode_args
+def test_cuda_matches_the_cpu():
+    """The ops on CUDA tensors against the CPU backend on the same stored bytes (the C++ tests
+    check the CUDA kernels against the float64 reference case by case)."""
+    g = ref.generator(55)
+    counts = [0, 7, 300, 1000]
+    key_cache, block_table, _ = stored_keys(counts, 16, "mxfp4", g)
+    q = torch.randn(4, 64, 128, generator=g).to(torch.bfloat16)
+    weights = torch.rand(4, 64, generator=g) * 0.02
+    num_entries = torch.tensor(counts, dtype=torch.int32)
+    want_slots = torch.empty(4, 64, dtype=torch.int32)
+    want_indices, want_scores = hdk.dsv4.index_topk(
+        q, weights, key_cache, 16, block_table, num_entries, 64, topk_slots=want_slots
+    )
+    slots = torch.empty(4, 64, dtype=torch.int32, device="cuda")
+    indices, scores = hdk.dsv4.index_topk(
+        q.cuda(),
+        weights.cuda(),
+        key_cache.cuda(),
+        16,
+        block_table.cuda(),
+        num_entries.cuda(),
+        64,
+        topk_slots=slots,
+    )
+    assert torch.equal(indices.cpu() < 0, want_indices < 0)
+    assert torch.allclose(scores.cpu(), want_scores, rtol=1e-4, atol=1e-6)
+    pages = block_table.long().gather(1, indices.cpu().clamp(min=0).long() // 16)
+    assert torch.equal(
+        slots.cpu().long(), torch.where(indices.cpu() >= 0, pages * 16 + indices.cpu() % 16, -1)
+    )
+
+    cache, _ = stored_entries(600, 64, g)
+    entry_list = torch.randint(0, 600, (5, 200), generator=g, dtype=torch.int32)
+    entry_list[3] = -1
+    sink = torch.randn(64, generator=g)
+    q = torch.randn(5, 64, 512, generator=g).to(torch.bfloat16)
+    want_out, want_lse = hdk.dsv4.sparse_decode(q, cache, 64, entry_list, sink=sink)
+    out, lse = hdk.dsv4.sparse_decode(
+        q.cuda(), cache.cuda(), 64, entry_list.cuda(), sink=sink.cuda()
+    )
+    scale = want_out.float().abs().max()
+    assert ((out.cpu().float() - want_out.float()).abs() <= 2.0**-7 * scale).all()
+    assert torch.allclose(lse.cpu(), want_lse, rtol=1e-4, atol=1e-4)
 
 
 def test_reference_is_a_softmax_with_sink():

@@ -6,5 +6,6 @@ list(APPEND HDK_CUDA_SOURCES
   dsv4/cuda/router_gate_split.cu
   dsv4/cuda/router_gate_gemv.cu
   dsv4/cuda/kv_cache_cuda.cu
+  dsv4/cuda/index_topk_cuda.cu
   dsv4/cuda/sparse_decode_cuda.cu
   topk/cuda/topk_cuda.cu)

@@ -1,7 +1,7 @@
 // Entry points of the read side: validate once, then run the backend of the device the tensors
 // live on. The CPU checks entry counts, block ids and slots on the host first (an hdk::Error
-// before anything is written). sparse_decode has CUDA kernels; index_topk does not yet: its CUDA
-// tensors get an hdk::Error that says so, after the same validation.
+// before anything is written); the CUDA kernels make such rows invalid and count them instead
+// (sparse_decode's check_indices asks for the CPU's check, at the cost of a synchronization).
 #include "hdk/dsv4/attention.h"
 
 #include <cstdint>
@@ -13,6 +13,7 @@
 #include "hdk/error.h"
 
 #ifdef HDK_WITH_CUDA
+#include "dsv4/cuda/index_topk_cuda.h"
 #include "dsv4/cuda/kv_cache_cuda.h"
 #include "dsv4/cuda/sparse_decode_cuda.h"
 #endif
@@ -21,17 +22,12 @@ namespace hdk {
 namespace dsv4 {
 namespace {
 
-[[noreturn]] void no_cuda_backend(const char* operation, const Device& device) {
-#ifdef HDK_WITH_CUDA
+#ifndef HDK_WITH_CUDA
+[[noreturn]] void no_cuda_build(const char* operation, const Device& device) {
   throw Error(std::string(operation) + ": the tensors are on " + device.str() +
-              ", but this operation is not implemented on CUDA yet (only the CPU backend "
-              "exists; see docs/dsv4-attention.md)");
-#else
-  throw Error(std::string(operation) + ": the tensors are on " + device.str() +
-              " but this build of hdk has no CUDA backend (configure with -DHDK_WITH_CUDA=ON); "
-              "this operation is not implemented on CUDA yet either");
-#endif
+              " but this build of hdk has no CUDA backend (configure with -DHDK_WITH_CUDA=ON)");
 }
+#endif
 
 }  // namespace
 
@@ -40,10 +36,19 @@ void index_topk(const IndexerParams& params) {
 }
 
 void index_topk(const IndexerParams& params, CudaStream stream) {
-  (void)stream;
   const detail::IndexerProblem problem = detail::validate_index_topk(params);
   const Device device = params.topk_indices.device;
-  if (!device.is_cpu()) no_cuda_backend("hdk::dsv4::index_topk", device);
+  if (!device.is_cpu()) {
+#ifdef HDK_WITH_CUDA
+    // No host check of num_entries and block ids (it would synchronize): the kernel gives such
+    // rows padding and counts them.
+    detail::index_topk_cuda(problem, device.index, stream);
+    return;
+#else
+    (void)stream;
+    no_cuda_build("hdk::dsv4::index_topk", device);
+#endif
+  }
   detail::check_indexer_indices(problem);
   detail::index_topk_cpu(problem);
 }
@@ -75,8 +80,7 @@ void sparse_decode(const SparseDecodeParams& params, CudaStream stream) {
   detail::sparse_decode_cuda(problem, device.index, stream);
 #else
   (void)stream;
-  throw Error("hdk::dsv4::sparse_decode: the tensors are on " + device.str() +
-              " but this build of hdk has no CUDA backend (configure with -DHDK_WITH_CUDA=ON)");
+  no_cuda_build("hdk::dsv4::sparse_decode", device);
 #endif
 }
 

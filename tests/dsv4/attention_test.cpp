@@ -7,9 +7,14 @@
 // - index_topk scores: fp32 dot products over 128 values and a sum over H heads. Keys are exact
 //   in fp32 (E2M1 x scale) and bf16/fp32 queries are exact too, so the only error is fp32
 //   accumulation: |score - ref| <= 1e-5 x sum_h |w_h| sum_d |q_hd K_d| (about 2^-24 x (128 + 64)
-//   x the magnitude, with slack). The selection may differ from the reference's only between
-//   entries whose reference scores are within those tolerances; exact ties must go to the lower
-//   s. With few distinct keys (exact ties everywhere) the indices must equal the reference's.
+//   x the magnitude, with slack). The CUDA tensor-core path feeds fp32 queries to the mma as two
+//   bf16 parts (q = hi + lo within 2^-16 |q|), so with fp32 q it gets 1e-5 + 1.6e-5 instead;
+//   bf16 queries and keys enter it exactly. The selection may differ from the reference's only
+//   between entries whose reference scores are within those tolerances (checked pairwise along
+//   the returned order, so a swap beyond them fails); exact ties must go to the lower s. With few
+//   distinct keys (exact ties everywhere) the indices must equal the reference's.
+// The index_topk tests run on every backend: the CPU, and the CUDA kernel with each of its two
+// scoring paths (tensor cores, CUDA cores); CUDA cases skip without a GPU.
 // - sparse_decode: fp32 scores (512-term dot products) and fp32 online softmax, then the output
 //   rounded once to bf16 (2^-8 relative) or fp32. |o - ref| <= 2^-8 |ref| (bf16; 2^-22 for
 //   fp32) + 1e-4 x (1 + max score magnitude) x max |E|: a score error of e moves every weight by
@@ -43,6 +48,7 @@
 #ifdef HDK_WITH_CUDA
 #include <cuda_runtime.h>
 
+#include "dsv4/cuda/index_topk_cuda.h"
 #include "dsv4/cuda/sparse_decode_cuda.h"
 #endif
 
@@ -202,7 +208,7 @@ IndexInputs make_index_inputs(const IndexCase& c) {
 
 // Checks the outputs against the reference within the tolerances of the file comment.
 void check_index_outputs(const IndexCase& c, const IndexInputs& in,
-                         const dsv4::IndexerReference& ref) {
+                         const dsv4::IndexerReference& ref, double relative_tolerance = 1e-5) {
   const int64_t K = c.top_k;
   for (int64_t n = 0; n < in.N; ++n) {
     SCOPED_TRACE("row " + std::to_string(n));
@@ -228,7 +234,7 @@ void check_index_outputs(const IndexCase& c, const IndexInputs& in,
     const std::vector<double>& score = ref.scores[n];
     std::vector<double> tol(static_cast<size_t>(count));
     for (int64_t s = 0; s < count; ++s)
-      tol[s] = 1e-5 * ref.magnitudes[n][s] + 1e-30;
+      tol[s] = relative_tolerance * ref.magnitudes[n][s] + 1e-30;
     if (c.distinct_keys > 0) {
       for (int64_t j = 0; j < kept; ++j)
         ASSERT_EQ(got[j], ref.indices[n * K + j]) << "exact ties: position " << j;
@@ -241,6 +247,10 @@ void check_index_outputs(const IndexCase& c, const IndexInputs& in,
       ASSERT_FALSE(chosen[s]) << "index " << s << " twice";
       chosen[s] = 1;
       lowest_chosen = std::min(lowest_chosen, score[s] + tol[s]);
+      if (j > 0) {  // best first: a later entry may beat an earlier one only within tolerance
+        const int32_t before = got[j - 1];
+        ASSERT_LE(score[s], score[before] + tol[s] + tol[before]) << "order at " << j;
+      }
       if (c.scores) {
         ASSERT_NEAR(got_scores[j], score[s], tol[s]) << "score of entry " << s;
         if (j > 0) {
@@ -259,26 +269,130 @@ void check_index_outputs(const IndexCase& c, const IndexInputs& in,
   }
 }
 
-void run_index_case(const IndexCase& c) {
-  SCOPED_TRACE(c.describe());
+// Where index_topk runs: the CPU backend, or the CUDA kernel scoring on tensor cores (its
+// default) or on CUDA cores (its plain cross-check path).
+enum class IndexBackend { kCPU, kCudaTensorCore, kCudaCore };
+
+const char* index_backend_name(IndexBackend backend) {
+  switch (backend) {
+    case IndexBackend::kCPU:
+      return "cpu";
+    case IndexBackend::kCudaTensorCore:
+      return "cuda_tensor_core";
+    case IndexBackend::kCudaCore:
+      return "cuda_core";
+  }
+  return "?";
+}
+
+Backend memory_of(IndexBackend backend) {
+  return backend == IndexBackend::kCPU ? Backend::kCPU : Backend::kCUDA;
+}
+
+// The relative score tolerance of the file comment for a backend and query dtype.
+double index_tolerance(IndexBackend backend, DType q_dtype) {
+  return backend == IndexBackend::kCudaTensorCore && q_dtype == DType::kFloat32 ? 2.6e-5 : 1e-5;
+}
+
+// Forces the CUDA kernel's scoring path for one scope and puts the default back, so a failing
+// test cannot leave later tests on the cross-check path.
+class ScorePathScope {
+ public:
+  explicit ScorePathScope(IndexBackend backend) {
+#ifdef HDK_WITH_CUDA
+    dsv4::detail::set_index_score_path(backend == IndexBackend::kCudaCore
+                                           ? dsv4::detail::IndexScorePath::kCudaCore
+                                           : dsv4::detail::IndexScorePath::kTensorCore);
+#else
+    (void)backend;
+#endif
+  }
+  ~ScorePathScope() {
+#ifdef HDK_WITH_CUDA
+    dsv4::detail::set_index_score_path(dsv4::detail::IndexScorePath::kTensorCore);
+#endif
+  }
+  ScorePathScope(const ScorePathScope&) = delete;
+  ScorePathScope& operator=(const ScorePathScope&) = delete;
+};
+
+// index_topk of `in` on `backend`; in.indices, in.scores and in.counter receive the outputs (on
+// CUDA: copies of the host arrays, poison included, go to the device and come back).
+void run_index_topk(const IndexCase& c, IndexInputs& in, IndexBackend backend) {
+  if (backend == IndexBackend::kCPU) {
+    dsv4::index_topk(in.params(c));
+    return;
+  }
+  const Backend memory = memory_of(backend);
+  const Device device = backend_device(memory);
+  ScorePathScope scope(backend);
+  auto buffer = [&](const void* host, size_t bytes) {
+    DeviceBuffer b(memory, std::max<size_t>(bytes, 16));
+    if (bytes > 0) b.upload(host, bytes);
+    return b;
+  };
+  DeviceBuffer q = buffer(in.q_bytes.data(), in.q_bytes.size());
+  DeviceBuffer weights = buffer(in.weights.data(), in.weights.size() * 4);
+  DeviceBuffer cache = buffer(in.cache.data(), in.cache.size());
+  DeviceBuffer table = buffer(in.block_table.data(), in.block_table.size() * 4);
+  DeviceBuffer counts = buffer(in.counts.data(), in.counts.size());
+  DeviceBuffer indices = buffer(in.indices.data(), in.indices.size() * 4);
+  DeviceBuffer scores = buffer(in.scores.data(), in.scores.size() * 4);
+  DeviceBuffer slots = buffer(in.slots.data(), in.slots.size() * 4);
+  DeviceBuffer counter = buffer(in.counter.data(), in.counter.size());
+  dsv4::IndexerParams p = in.params(c);
+  auto to_device = [&](TensorView& view, const DeviceBuffer& b) {
+    view.data = b.data();
+    view.device = device;
+  };
+  to_device(p.q, q);
+  to_device(p.weights, weights);
+  to_device(p.key_cache, cache);
+  to_device(p.block_table, table);
+  to_device(p.num_entries, counts);
+  to_device(p.topk_indices, indices);
+  if (p.topk_scores.defined()) to_device(p.topk_scores, scores);
+  if (p.topk_slots.defined()) to_device(p.topk_slots, slots);
+  to_device(p.invalid_count, counter);
+  dsv4::index_topk(p);
+  synchronize(memory);
+  indices.download(in.indices.data(), in.indices.size() * 4);
+  scores.download(in.scores.data(), in.scores.size() * 4);
+  slots.download(in.slots.data(), in.slots.size() * 4);
+  counter.download(in.counter.data(), in.counter.size());
+}
+
+void run_index_case(const IndexCase& c, IndexBackend backend) {
+  SCOPED_TRACE(c.describe() + " on " + index_backend_name(backend));
   IndexInputs in = make_index_inputs(c);
   std::vector<uint8_t> ref_counter = counter_bytes(DType::kInt32, 3);
   dsv4::IndexerParams ref_params = in.params(c);
   ref_params.invalid_count = TensorView::contiguous(ref_counter.data(), DType::kInt32, {1});
   const dsv4::IndexerReference ref = dsv4::index_topk_reference(ref_params);
-  dsv4::index_topk(in.params(c));
+  run_index_topk(c, in, backend);
   EXPECT_EQ(read_counter(in.counter, DType::kInt32), 3 + ref.invalid_rows);
   EXPECT_EQ(read_counter(ref_counter, DType::kInt32), 3 + ref.invalid_rows);
-  check_index_outputs(c, in, ref);
+  check_index_outputs(c, in, ref, index_tolerance(backend, c.q_dtype));
 }
 
-TEST(IndexTopk, FlashShapeRaggedRows) {
+class IndexTopk : public ::testing::TestWithParam<IndexBackend> {
+ protected:
+  void SetUp() override {
+    const std::string reason = backend_unavailable_reason(memory_of(GetParam()));
+    if (!reason.empty()) {
+      GTEST_SKIP() << index_backend_name(GetParam()) << " backend skipped: " << reason;
+    }
+  }
+  IndexBackend backend() const { return GetParam(); }
+};
+
+TEST_P(IndexTopk, FlashShapeRaggedRows) {
   IndexCase c;
   c.counts = std::vector<int64_t>{0, 1, 300, 700, 1100};
-  run_index_case(c);
+  run_index_case(c, backend());
 }
 
-TEST(IndexTopk, ProShapeNvfp4Fp32Queries) {
+TEST_P(IndexTopk, ProShapeNvfp4Fp32Queries) {
   IndexCase c;
   c.counts = std::vector<int64_t>{2048, 1500, 17, 1024};
   c.top_k = 1024;
@@ -287,10 +401,10 @@ TEST(IndexTopk, ProShapeNvfp4Fp32Queries) {
   c.q_dtype = DType::kFloat32;
   c.count_dtype = DType::kInt64;
   c.seed = 2;
-  run_index_case(c);
+  run_index_case(c, backend());
 }
 
-TEST(IndexTopk, SmallShapes) {
+TEST_P(IndexTopk, SmallShapes) {
   const int64_t heads[] = {1, 3, 64};
   const int64_t block_sizes[] = {1, 3, 16};
   const int64_t top_ks[] = {1, 5, 40};
@@ -308,23 +422,88 @@ TEST(IndexTopk, SmallShapes) {
         c.scores = seed % 4 != 0;
         c.slots = seed % 5 != 0;
         c.seed = seed++;
-        run_index_case(c);
+        run_index_case(c, backend());
       }
     }
   }
 }
 
-TEST(IndexTopk, ExactTiesGoToTheLowerEntry) {
+// Heads that are not a multiple of the kernel's 16-head tiles, and more than 64.
+TEST_P(IndexTopk, OddHeadCounts) {
+  uint64_t seed = 50;
+  for (int64_t H : {17, 40, 128}) {
+    IndexCase c;
+    c.heads = H;
+    c.counts = std::vector<int64_t>{900, 2500};
+    c.q_dtype = H == 40 ? DType::kFloat32 : DType::kBFloat16;
+    c.seed = seed++;
+    run_index_case(c, backend());
+  }
+}
+
+// A decode batch: 64 rows of ragged lengths, some shorter than top_k.
+TEST_P(IndexTopk, SixtyFourRaggedRows) {
+  std::mt19937_64 rng(60);
+  for (int64_t k : {512, 2048}) {
+    IndexCase c;
+    for (int n = 0; n < 64; ++n)
+      c.counts.push_back(static_cast<int64_t>(rng() % 6000));
+    c.counts[5] = 0;
+    c.counts[6] = k;
+    c.top_k = k;
+    c.seed = static_cast<uint64_t>(61 + k);
+    run_index_case(c, backend());
+  }
+}
+
+// Rows as long as the contract's largest (262144 entries, the most the CUDA kernel's cluster
+// keeps in shared memory), top_k 512, 1024 and 2048.
+TEST_P(IndexTopk, LongRows) {
+  IndexCase c;
+  c.counts = std::vector<int64_t>{262144, 70001};
+  c.top_k = 2048;
+  c.seed = 70;
+  run_index_case(c, backend());
+  c.counts = std::vector<int64_t>{65536, 131072 + 5};
+  c.top_k = 1024;
+  c.format = KeyFormat::kNVFP4;
+  c.seed = 71;
+  run_index_case(c, backend());
+  c.counts = std::vector<int64_t>{100000};
+  c.top_k = 512;
+  c.q_dtype = DType::kFloat32;
+  c.seed = 72;
+  run_index_case(c, backend());
+}
+
+// Beyond what the CUDA kernel's cluster holds: it then scores each chunk again on every pass of
+// the select (slow, still exact).
+TEST_P(IndexTopk, RowsBeyondTheClusterCapacity) {
+  IndexCase c;
+  c.counts = std::vector<int64_t>{300007, 12};
+  c.top_k = 1024;
+  c.block_size = 128;
+  c.seed = 80;
+  run_index_case(c, backend());
+}
+
+TEST_P(IndexTopk, ExactTiesGoToTheLowerEntry) {
   for (int64_t distinct : {1, 3, 9}) {
     IndexCase c;
     c.counts = std::vector<int64_t>{600, 40, 1025};
     c.distinct_keys = distinct;
     c.seed = 30 + distinct;
-    run_index_case(c);
+    run_index_case(c, backend());
   }
+  IndexCase c;  // ties across the CTAs of a cluster and past the leader's candidate buffer
+  c.counts = std::vector<int64_t>{70000};
+  c.distinct_keys = 5;
+  c.top_k = 2048;
+  c.seed = 36;
+  run_index_case(c, backend());
 }
 
-TEST(IndexTopk, NonFiniteQueriesAndWeightsAreCountedRowsOfPadding) {
+TEST_P(IndexTopk, NonFiniteQueriesAndWeightsAreCountedRowsOfPadding) {
   IndexCase c;
   c.counts = std::vector<int64_t>{100, 100, 100, 100};
   c.top_k = 16;
@@ -340,68 +519,120 @@ TEST(IndexTopk, NonFiniteQueriesAndWeightsAreCountedRowsOfPadding) {
   ref_params.invalid_count = TensorView::contiguous(ref_counter.data(), DType::kInt32, {1});
   const dsv4::IndexerReference ref = dsv4::index_topk_reference(ref_params);
   ASSERT_EQ(ref.invalid_rows, 3);
-  dsv4::index_topk(in.params(c));
+  run_index_topk(c, in, backend());
   EXPECT_EQ(read_counter(in.counter, DType::kInt32), 6);
-  check_index_outputs(c, in, ref);  // rows 0-2 all padding, row 3 normal
+  check_index_outputs(c, in, ref, index_tolerance(backend(), c.q_dtype));  // rows 0-2 padding
   EXPECT_NE(in.indices[3 * c.top_k], -1);
 }
 
-TEST(IndexTopk, KeyStoredWithNaNMarkersRanksLast) {
-  IndexCase c;
-  c.counts = std::vector<int64_t>{10};
-  c.top_k = 12;
-  c.block_size = 4;
-  IndexInputs in = make_index_inputs(c);
-  // Overwrite entry 3 with a key holding a NaN: stored as NaN markers, it scores NaN.
-  std::vector<float> key(dsv4::kIndexerKeyDim, 1.0f);
-  key[40] = kNaN;
-  const int64_t slot = in.block_table[0] * c.block_size + 3;
-  std::vector<uint8_t> slot_bytes = index_bytes({slot}, DType::kInt64);
-  dsv4::StoreIndexerKeysParams store;
-  store.keys = TensorView::contiguous(key.data(), DType::kFloat32, {1, dsv4::kIndexerKeyDim});
-  store.slots = TensorView::contiguous(slot_bytes.data(), DType::kInt64, {1});
-  store.cache = TensorView::contiguous(in.cache.data(), DType::kUInt8,
-                                       {in.num_blocks, c.block_size * dsv4::key_bytes(c.format)});
-  store.block_size = c.block_size;
-  dsv4::store_indexer_keys(store);
-  dsv4::index_topk(in.params(c));
-  EXPECT_EQ(read_counter(in.counter, DType::kInt32), 3);  // not a row error
-  EXPECT_EQ(in.indices[9], 3);
-  EXPECT_TRUE(std::isnan(in.scores[9]));
-  EXPECT_EQ(in.indices[10], -1);
-  for (int64_t j = 0; j < 9; ++j)
-    EXPECT_TRUE(std::isfinite(in.scores[j]) && in.indices[j] != 3) << j;
+TEST_P(IndexTopk, KeyStoredWithNaNMarkersRanksLast) {
+  for (KeyFormat format : {KeyFormat::kMXFP4, KeyFormat::kNVFP4}) {
+    IndexCase c;
+    c.counts = std::vector<int64_t>{10};
+    c.top_k = 12;
+    c.block_size = 4;
+    c.format = format;
+    IndexInputs in = make_index_inputs(c);
+    // Overwrite entry 3 with a key holding a NaN: stored as NaN markers, it scores NaN.
+    std::vector<float> key(dsv4::kIndexerKeyDim, 1.0f);
+    key[40] = kNaN;
+    const int64_t slot = in.block_table[0] * c.block_size + 3;
+    std::vector<uint8_t> slot_bytes = index_bytes({slot}, DType::kInt64);
+    dsv4::StoreIndexerKeysParams store;
+    store.keys = TensorView::contiguous(key.data(), DType::kFloat32, {1, dsv4::kIndexerKeyDim});
+    store.slots = TensorView::contiguous(slot_bytes.data(), DType::kInt64, {1});
+    store.cache = TensorView::contiguous(in.cache.data(), DType::kUInt8,
+                                         {in.num_blocks, c.block_size * dsv4::key_bytes(c.format)});
+    store.block_size = c.block_size;
+    store.format = c.format;
+    dsv4::store_indexer_keys(store);
+    run_index_topk(c, in, backend());
+    EXPECT_EQ(read_counter(in.counter, DType::kInt32), 3);  // not a row error
+    EXPECT_EQ(in.indices[9], 3);
+    EXPECT_TRUE(std::isnan(in.scores[9]));
+    EXPECT_EQ(in.indices[10], -1);
+    EXPECT_EQ(in.scores[10], -kInf);
+    for (int64_t j = 0; j < 9; ++j)
+      EXPECT_TRUE(std::isfinite(in.scores[j]) && in.indices[j] != 3) << j;
+  }
 }
 
-TEST(IndexTopk, EntryCountsAndBlocksOutOfRangeThrowBeforeWriting) {
+// The CPU checks entry counts and block ids on the host and throws before writing; the CUDA
+// kernel checks them on the device (a host check would synchronize) and gives such a row only
+// padding, counting it.
+TEST_P(IndexTopk, EntryCountsAndBlocksOutOfRange) {
   IndexCase c;
-  c.counts = std::vector<int64_t>{20, 5};
+  c.counts = std::vector<int64_t>{20, 5, 9};
   c.top_k = 4;
   c.block_size = 8;
+  const bool cpu = backend() == IndexBackend::kCPU;
+  // Rows 0 and 2 keep their inputs; the reference sees row 1 as it was (its outputs are not
+  // compared).
+  auto check_others = [&](const IndexInputs& in) {
+    IndexInputs fresh = make_index_inputs(c);
+    std::vector<uint8_t> ref_counter = counter_bytes(DType::kInt32, 3);
+    dsv4::IndexerParams ref_params = fresh.params(c);
+    ref_params.invalid_count = TensorView::contiguous(ref_counter.data(), DType::kInt32, {1});
+    const dsv4::IndexerReference ref = dsv4::index_topk_reference(ref_params);
+    for (int64_t n : {0, 2}) {
+      for (int64_t j = 0; j < c.top_k; ++j)
+        EXPECT_EQ(in.indices[n * c.top_k + j], ref.indices[n * c.top_k + j]) << n << " " << j;
+    }
+    for (int64_t j = 0; j < c.top_k; ++j) {
+      EXPECT_EQ(in.indices[1 * c.top_k + j], -1);
+      EXPECT_EQ(in.scores[1 * c.top_k + j], -kInf);
+      EXPECT_EQ(in.slots[1 * c.top_k + j], -1);
+    }
+    EXPECT_EQ(read_counter(in.counter, DType::kInt32), 4);
+  };
   {
     IndexInputs in = make_index_inputs(c);
     const int64_t capacity = in.max_blocks * c.block_size;
     put_index(in.counts, c.count_dtype, 1, capacity + 1);
-    expect_error([&] { dsv4::index_topk(in.params(c)); },
-                 "num_entries[1] = " + std::to_string(capacity + 1) + " is outside 0.." +
-                     std::to_string(capacity));
-    EXPECT_EQ(in.indices[0], 0x5a5a5a5a);
+    if (cpu) {
+      expect_error([&] { dsv4::index_topk(in.params(c)); },
+                   "num_entries[1] = " + std::to_string(capacity + 1) + " is outside 0.." +
+                       std::to_string(capacity));
+      EXPECT_EQ(in.indices[0], 0x5a5a5a5a);
+    } else {
+      run_index_topk(c, in, backend());
+      check_others(in);
+    }
   }
   {
     IndexInputs in = make_index_inputs(c);
-    put_index(in.counts, c.count_dtype, 0, -1);
-    expect_error([&] { dsv4::index_topk(in.params(c)); }, "num_entries[0] = -1");
+    put_index(in.counts, c.count_dtype, 1, -1);
+    if (cpu) {
+      expect_error([&] { dsv4::index_topk(in.params(c)); }, "num_entries[1] = -1");
+    } else {
+      run_index_topk(c, in, backend());
+      check_others(in);
+    }
   }
   {
     IndexInputs in = make_index_inputs(c);
-    in.block_table[1] = static_cast<int32_t>(in.num_blocks);
-    expect_error([&] { dsv4::index_topk(in.params(c)); }, "block_table[0, 1] = ");
-    EXPECT_EQ(in.indices[0], 0x5a5a5a5a);
-    EXPECT_EQ(read_counter(in.counter, DType::kInt32), 3);
+    in.block_table[1 * in.max_blocks] = static_cast<int32_t>(in.num_blocks);
+    if (cpu) {
+      expect_error([&] { dsv4::index_topk(in.params(c)); }, "block_table[1, 0] = ");
+      EXPECT_EQ(in.indices[0], 0x5a5a5a5a);
+      EXPECT_EQ(read_counter(in.counter, DType::kInt32), 3);
+    } else {
+      run_index_topk(c, in, backend());
+      check_others(in);
+    }
   }
 }
 
-TEST(IndexTopk, ValidationNamesTheArgument) {
+std::string index_param_name(const ::testing::TestParamInfo<IndexBackend>& param) {
+  return index_backend_name(param.param);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, IndexTopk,
+                         ::testing::Values(IndexBackend::kCPU, IndexBackend::kCudaTensorCore,
+                                           IndexBackend::kCudaCore),
+                         index_param_name);
+
+TEST(IndexTopkValidation, NamesTheArgument) {
   IndexCase c;
   c.counts = std::vector<int64_t>{20, 5};
   c.top_k = 4;
@@ -1296,9 +1527,11 @@ TEST(SparseDecodeCuda, CapturedInACudaGraph) {
 }
 #endif
 
-// index_topk has no CUDA backend yet; a build without CUDA says so for sparse_decode as well.
-TEST(Attention, CudaTensorsWithoutACudaBackend) {
-#ifndef HDK_WITH_CUDA
+// A build without CUDA says so for CUDA tensors, after the same validation as the CPU's.
+TEST(Attention, CudaTensorsWithoutACudaBuild) {
+#ifdef HDK_WITH_CUDA
+  GTEST_SKIP() << "this build has the CUDA backend";
+#else
   SparseCase c;
   c.N = 1;
   c.heads = 2;
@@ -1308,7 +1541,6 @@ TEST(Attention, CudaTensorsWithoutACudaBackend) {
   for (TensorView* view : {&p.q, &p.cache, &p.indices, &p.sink, &p.out, &p.lse, &p.invalid_count})
     view->device = Device::cuda(0);
   expect_error([&] { dsv4::sparse_decode(p); }, "has no CUDA backend");
-#endif
 
   IndexCase ic;
   ic.counts = std::vector<int64_t>{3};
@@ -1318,7 +1550,8 @@ TEST(Attention, CudaTensorsWithoutACudaBackend) {
   for (TensorView* view : {&ip.q, &ip.weights, &ip.key_cache, &ip.block_table, &ip.num_entries,
                            &ip.topk_indices, &ip.topk_scores, &ip.topk_slots, &ip.invalid_count})
     view->device = Device::cuda(0);
-  expect_error([&] { dsv4::index_topk(ip); }, "not implemented on CUDA yet");
+  expect_error([&] { dsv4::index_topk(ip); }, "has no CUDA backend");
+#endif
 }
 
 }  // namespace

@@ -6,9 +6,8 @@
 //
 // Both read the quantized pages the write side (hdk/dsv4/kv_cache.h) stored, straight from the
 // paged pools: no dequantized copy of a cache is made. Every call runs on the device its tensors
-// live on. Both backends implement sparse_decode (on CUDA it allocates nothing, does not
-// synchronize and can be captured in a CUDA graph); index_topk has no CUDA backend yet (a CUDA
-// tensor gives an hdk::Error saying so).
+// live on. Both have a CPU and a CUDA backend; on CUDA they allocate nothing, do not synchronize
+// (unless check_indices asks) and can be captured in a CUDA graph.
 #pragma once
 
 #include <cstdint>
@@ -55,7 +54,9 @@ struct IndexerParams {
 };
 
 // The CPU throws hdk::Error before writing anything for num_entries[n] outside
-// 0 .. max_blocks * block_size and for a block id of a used page outside the key cache.
+// 0 .. max_blocks * block_size and for a block id of a used page outside the key cache. CUDA
+// (which would have to synchronize for that check) gives such a row only padding and counts it
+// in invalid_count instead.
 void index_topk(const IndexerParams& params);
 void index_topk(const IndexerParams& params, CudaStream stream);
 

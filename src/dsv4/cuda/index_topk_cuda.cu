@@ -1,0 +1,506 @@
+// CUDA backend of hdk::dsv4::index_topk: one launch, a cluster of C CTAs (C = 1..8) per row, each
+// CTA owning a contiguous segment of the row's entries. A CTA
+//  1. stages the row's weights and queries in shared memory (the queries already in the mma
+//     fragment order of dsv4/index_mma_layout.h), checks that they are finite and that the
+//     row's num_entries and the block ids of its used pages are in range (every CTA of the
+//     cluster reads the same values and reaches the same verdict, so no cluster barrier is
+//     needed before an invalid row returns);
+//  2. scores its segment straight from the paged FP4 key cache into shared memory, as the
+//     order-preserving uint32 keys of topk_key.h: on tensor cores (a warp takes two 8-entry
+//     tiles at a time: a lane dequantizes 32 dims of one key per tile into bf16 B fragments,
+//     mma.sync m16n8k16 against the staged q for every 16 heads, then relu, weight and a
+//     shuffle sum over heads) or, as a test cross-check, on CUDA cores (one warp per entry,
+//     fp32 FMAs);
+//  3. runs hdk::topk's cluster radix select (topk/cuda/cluster_select.cuh) over those scores;
+//     the leader CTA writes the row's outputs.
+// The scores never leave shared memory: the cluster holds up to 8 x 32768 of them, which covers
+// 262144 entries per row with no workspace. A longer row still gets exact results: each CTA
+// then scores its segment in chunks again on every pass of the select (usually 2 or 3 passes,
+// at most 7).
+// docs/dsv4-attention.md has the reasoning and the numbers.
+#include "dsv4/cuda/index_topk_cuda.h"
+
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstdint>
+#include <string>
+
+#include "core/cuda_helpers.h"
+#include "dsv4/cuda/gate_mma.cuh"
+#include "dsv4/index_launch_plan.h"
+#include "dsv4/index_mma_layout.h"
+#include "dsv4/kv_cache_problem.h"
+#include "dsv4/kv_formats.h"
+#include "hdk/error.h"
+#include "topk/cuda/cluster_select.cuh"
+#include "topk/topk_key.h"
+
+namespace hdk {
+namespace dsv4 {
+namespace detail {
+namespace {
+
+namespace cg = cooperative_groups;
+using hdk::detail::cluster_select;
+using hdk::detail::column_of;
+using hdk::detail::ordered_key;
+using hdk::detail::select_layout;
+
+constexpr const char* kOperation = "hdk::dsv4::index_topk";
+// 8 warps: with two tiles per warp the tensor-core kernels take 146-155 registers a thread.
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kTilesPerWarp = 2;  // 8-entry tiles per warp per query fragment read
+constexpr unsigned kFullMask = 0xffffffffu;
+
+std::atomic<int> g_score_path{static_cast<int>(IndexScorePath::kTensorCore)};
+
+__host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+__device__ __forceinline__ void count_invalid(const Counter& counter) {
+  if (counter.data == nullptr) return;
+  if (counter.dtype == DType::kInt64) {
+    atomicAdd(static_cast<unsigned long long*>(counter.data), 1ull);
+  } else {
+    atomicAdd(static_cast<int*>(counter.data), 1);
+  }
+}
+
+// relu that keeps NaN, as the CPU backend's: a key stored with NaN markers must score NaN.
+__device__ __forceinline__ float relu(float x) {
+  return x < 0.0f ? 0.0f : x;
+}
+
+// The score a ranked key stands for (ordered_key's inverse; -0 comes back as +0).
+__device__ __forceinline__ float value_of_key(uint32_t key) {
+  if (key == 0u) return __uint_as_float(0x7fc00000u);
+  return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
+}
+
+// q[row, head, dim] as fp32 (exact for bf16).
+__device__ __forceinline__ float query_value(const IndexerProblem& p, int64_t row, int64_t head,
+                                             int dim) {
+  const int64_t offset = row * p.q.row_stride + head * p.q.head_stride + dim;
+  if (p.q.dtype == DType::kFloat32) return static_cast<const float*>(p.q.data)[offset];
+  return bf16_bits_value(static_cast<const uint16_t*>(p.q.data)[offset]);
+}
+
+// Stages the row's queries; returns true when this thread saw a value that is not finite.
+template <bool kTensor, bool kFp32Q>
+__device__ bool stage_queries(const IndexerProblem& p, int64_t row, const IndexLaunch& launch,
+                              uint8_t* shared) {
+  bool bad = false;
+  if (kTensor) {
+    uint32_t* hi = reinterpret_cast<uint32_t*>(shared + launch.q);
+    uint32_t* lo = reinterpret_cast<uint32_t*>(shared + launch.q_lo);
+    const int64_t registers = launch.m_tiles * kKeySteps * 32 * 4;
+    for (int64_t r = threadIdx.x; r < registers; r += kThreads) {
+      const int64_t word = r / 4;  // q_fragment_word(m_tile, step, lane)
+      const int reg = static_cast<int>(r % 4);
+      const int lane = static_cast<int>(word % 32);
+      const int step = static_cast<int>((word / 32) % kKeySteps);
+      const int64_t m_tile = word / (32 * kKeySteps);
+      uint32_t hi_bits[2], lo_bits[2];
+      for (int e = 0; e < 2; ++e) {
+        const int i = 2 * reg + e;
+        const int head = q_fragment_head(m_tile, lane, i);
+        const float value =
+            head < p.num_heads ? query_value(p, row, head, q_fragment_dim(step, lane, i)) : 0.0f;
+        bad |= !is_finite(value);
+        if (kFp32Q) {
+          split_bf16(value, hi_bits[e], lo_bits[e]);
+        } else {
+          hi_bits[e] = bf16_rn_bits(value);  // exact: the value came from bf16
+        }
+      }
+      hi[r] = pack_bf16x2(hi_bits[0], hi_bits[1]);
+      if (kFp32Q) lo[r] = pack_bf16x2(lo_bits[0], lo_bits[1]);
+    }
+  } else {
+    float* q = reinterpret_cast<float*>(shared + launch.q);
+    const int64_t values = p.num_heads * kIndexerKeyDim;
+    for (int64_t i = threadIdx.x; i < values; i += kThreads) {
+      const float value = query_value(p, row, i / kIndexerKeyDim, static_cast<int>(i % 128));
+      bad |= !is_finite(value);
+      q[i] = value;
+    }
+  }
+  return bad;
+}
+
+// Where entry s of the row lives: its page and its offset in the page (s < 2^31, checked).
+struct EntryPlace {
+  const uint8_t* page;
+  int64_t offset;
+};
+
+__device__ __forceinline__ EntryPlace place_of(const IndexerProblem& p, int64_t row, int64_t s) {
+  const uint32_t entry = static_cast<uint32_t>(s);
+  const uint32_t block_size = static_cast<uint32_t>(p.keys.block_size);
+  const int64_t block = p.block_table.at(row, entry / block_size);
+  return EntryPlace{p.keys.data + block * p.keys.page_stride,
+                    static_cast<int64_t>(entry % block_size)};
+}
+
+// One lane's share of an 8-entry tile: 16 bytes of its key and their scales.
+struct KeyPiece {
+  uint32_t words[4];
+  uint32_t scale_lo, scale_hi;  // bf16x2 scales of dims 32t .. 32t + 15 and 32t + 16 .. 32t + 31
+};
+
+// Loads the piece of entry `first + e` (e = tile * 8 + group) for quad lane t; entries past
+// `count` read entry `first` and get zero codes (their scores are dropped, and the columns of
+// an mma do not mix).
+template <KeyFormat kFormat>
+__device__ __forceinline__ KeyPiece load_key_piece(const IndexerProblem& p, int64_t row,
+                                                   int64_t first, int64_t count, int64_t tile,
+                                                   int group, int t, bool wide) {
+  const int64_t e = tile * kMmaN + group;
+  const bool valid = e < count;
+  const EntryPlace place = place_of(p, row, first + (valid ? e : 0));
+  const uint8_t* data = place.page + place.offset * kKeyDataBytes + 16 * t;
+  KeyPiece piece;
+  if (wide) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(data));
+    piece.words[0] = v.x, piece.words[1] = v.y, piece.words[2] = v.z, piece.words[3] = v.w;
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      piece.words[i] = __ldg(reinterpret_cast<const uint32_t*>(data) + i);
+  }
+  const uint8_t* scales =
+      place.page + p.keys.block_size * kKeyDataBytes + place.offset * key_scale_bytes(kFormat);
+  if (kFormat == KeyFormat::kMXFP4) {
+    const float scale = decode_ue8m0(__ldg(scales + t));
+    piece.scale_lo = piece.scale_hi = pack_floats_bf16x2(scale, scale);
+  } else {
+    const uint32_t two = __ldg(reinterpret_cast<const unsigned short*>(scales) + t);
+    const float lo = decode_e4m3(static_cast<uint8_t>(two & 0xffu));
+    const float hi = decode_e4m3(static_cast<uint8_t>(two >> 8));
+    piece.scale_lo = pack_floats_bf16x2(lo, lo);
+    piece.scale_hi = pack_floats_bf16x2(hi, hi);
+  }
+  if (!valid) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      piece.words[i] = 0u;
+  }
+  return piece;
+}
+
+// Tensor cores: scores entries first .. first + count - 1 of the row into out[0 .. count). A warp
+// takes kTilesPerWarp consecutive 8-entry tiles at a time (warp w: tile groups w, w + 8, ...),
+// so each query fragment read from shared memory feeds kTilesPerWarp mma; the next group's key
+// bytes are loaded while the current group is computed.
+template <bool kFp32Q, KeyFormat kFormat>
+__device__ void score_tensor(const IndexerProblem& p, int64_t row, int64_t first, int64_t count,
+                             const IndexLaunch& launch, const uint8_t* shared, uint32_t* out,
+                             bool wide) {
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int group = lane >> 2, t = lane & 3;
+  const uint4* q_hi = reinterpret_cast<const uint4*>(shared + launch.q);
+  const uint4* q_lo = reinterpret_cast<const uint4*>(shared + launch.q_lo);
+  const float* weights = reinterpret_cast<const float*>(shared + launch.weights);
+  const int m_tiles = static_cast<int>(launch.m_tiles);
+  const int64_t tile_groups = ceil_div(ceil_div(count, kMmaN), kTilesPerWarp);
+  if (warp >= tile_groups) return;
+  // Tiles past the end load entry `first` with zero codes; their scores are not written.
+  KeyPiece next[kTilesPerWarp];
+#pragma unroll
+  for (int u = 0; u < kTilesPerWarp; ++u) {
+    next[u] =
+        load_key_piece<kFormat>(p, row, first, count, warp * kTilesPerWarp + u, group, t, wide);
+  }
+  for (int64_t tile_group = warp; tile_group < tile_groups; tile_group += kWarps) {
+    uint32_t b[kTilesPerWarp][kKeySteps][2];
+#pragma unroll
+    for (int u = 0; u < kTilesPerWarp; ++u) {
+#pragma unroll
+      for (int step = 0; step < kKeySteps; ++step) {
+        key_fragment(next[u].words, step,
+                     step < kKeySteps / 2 ? next[u].scale_lo : next[u].scale_hi, b[u][step][0],
+                     b[u][step][1]);
+      }
+    }
+    const int64_t ahead = tile_group + kWarps < tile_groups ? tile_group + kWarps : tile_group;
+#pragma unroll
+    for (int u = 0; u < kTilesPerWarp; ++u) {
+      next[u] =
+          load_key_piece<kFormat>(p, row, first, count, ahead * kTilesPerWarp + u, group, t, wide);
+    }
+
+    float sum[kTilesPerWarp][2] = {};  // entries 2t and 2t + 1 of each tile, this lane's heads
+    for (int m_tile = 0; m_tile < m_tiles; ++m_tile) {
+      float c[kTilesPerWarp][4] = {};
+#pragma unroll
+      for (int step = 0; step < kKeySteps; ++step) {
+        const uint4 a = q_hi[q_fragment_word(m_tile, step, lane)];
+#pragma unroll
+        for (int u = 0; u < kTilesPerWarp; ++u)
+          mma_bf16_16816(c[u], a.x, a.y, a.z, a.w, b[u][step][0], b[u][step][1]);
+        if (kFp32Q) {
+          const uint4 l = q_lo[q_fragment_word(m_tile, step, lane)];
+#pragma unroll
+          for (int u = 0; u < kTilesPerWarp; ++u)
+            mma_bf16_16816(c[u], l.x, l.y, l.z, l.w, b[u][step][0], b[u][step][1]);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float w = weights[m_tile * kMmaM + mma_c_row(lane, i)];
+#pragma unroll
+        for (int u = 0; u < kTilesPerWarp; ++u)
+          sum[u][i & 1] += relu(c[u][i]) * w;
+      }
+    }
+    // The 8 lanes of one quad position hold the same entries for different heads.
+#pragma unroll
+    for (int u = 0; u < kTilesPerWarp; ++u) {
+#pragma unroll
+      for (int offset = 4; offset < 32; offset <<= 1) {
+        sum[u][0] += __shfl_xor_sync(kFullMask, sum[u][0], offset);
+        sum[u][1] += __shfl_xor_sync(kFullMask, sum[u][1], offset);
+      }
+    }
+    if (group == 0) {
+#pragma unroll
+      for (int u = 0; u < kTilesPerWarp; ++u) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int64_t e = (tile_group * kTilesPerWarp + u) * kMmaN + mma_c_col(lane, i);
+          if (e < count) out[e] = ordered_key(sum[u][i]);
+        }
+      }
+    }
+  }
+}
+
+// CUDA cores, the plain way: one warp per entry, lane l holds dims 4l .. 4l + 3 (decoded like
+// the CPU backend does), fp32 dot per head, heads summed in order.
+template <KeyFormat kFormat>
+__device__ void score_cuda_core(const IndexerProblem& p, int64_t row, int64_t first, int64_t count,
+                                const IndexLaunch& launch, const uint8_t* shared, uint32_t* out) {
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const float* q = reinterpret_cast<const float*>(shared + launch.q);
+  const float* weights = reinterpret_cast<const float*>(shared + launch.weights);
+  for (int64_t e = warp; e < count; e += kWarps) {
+    const EntryPlace place = place_of(p, row, first + e);
+    const uint8_t* data = place.page + place.offset * kKeyDataBytes;
+    const uint8_t* scales =
+        place.page + p.keys.block_size * kKeyDataBytes + place.offset * key_scale_bytes(kFormat);
+    const float scale = kFormat == KeyFormat::kMXFP4 ? decode_ue8m0(scales[lane / 8])
+                                                     : decode_e4m3(scales[lane / 4]);
+    float key[4];
+    for (int i = 0; i < 4; ++i) {
+      const uint8_t byte = data[2 * lane + i / 2];
+      key[i] = decode_e2m1(static_cast<uint8_t>((byte >> (4 * (i & 1))) & 0xf)) * scale;
+    }
+    float score = 0.0f;
+    for (int64_t h = 0; h < p.num_heads; ++h) {
+      const float* qh = q + h * kIndexerKeyDim + 4 * lane;
+      float dot = 0.0f;
+      for (int i = 0; i < 4; ++i)
+        dot += qh[i] * key[i];
+      for (int offset = 16; offset > 0; offset >>= 1)
+        dot += __shfl_xor_sync(kFullMask, dot, offset);
+      score += relu(dot) * weights[h];
+    }
+    if (lane == 0) out[e] = ordered_key(score);
+  }
+}
+
+template <bool kTensor, bool kFp32Q, KeyFormat kFormat>
+__global__ void __launch_bounds__(kThreads, 1)
+    index_topk_kernel(IndexerProblem p, IndexLaunch launch, bool wide) {
+  cg::cluster_group cluster = cg::this_cluster();
+  const int cluster_size = static_cast<int>(cluster.num_blocks());
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int64_t row = blockIdx.x / cluster_size;
+  const int tid = threadIdx.x;
+  extern __shared__ __align__(16) uint8_t shared[];
+  float* weights = reinterpret_cast<float*>(shared + launch.weights);
+  uint32_t* scores = reinterpret_cast<uint32_t*>(shared + launch.scores);
+
+  // 1. Weights and queries to shared memory; the row's validity.
+  bool bad = false;
+  for (int64_t h = tid; h < launch.m_tiles * kMmaM; h += kThreads) {
+    const float w =
+        h < p.num_heads ? p.weights[row * p.weights_row_stride + h * p.weights_head_stride] : 0.0f;
+    bad |= !is_finite(w);
+    weights[h] = w;
+  }
+  bad |= stage_queries<kTensor, kFp32Q>(p, row, launch, shared);
+  int64_t length = p.num_entries.at(row);
+  const int64_t block_size = p.keys.block_size;
+  if (length < 0 || length > p.max_blocks * block_size) {
+    bad = true;
+  } else {
+    for (int64_t page = tid; page < ceil_div(length, block_size); page += kThreads) {
+      const int64_t block = p.block_table.at(row, page);
+      bad |= block < 0 || block >= p.keys.num_blocks;
+    }
+  }
+  if (__syncthreads_or(bad ? 1 : 0) != 0) {  // also the barrier after staging
+    length = 0;
+    if (rank == 0 && tid == 0) count_invalid(p.invalid_count);
+  }
+
+  const int64_t want = length < p.top_k ? length : p.top_k;
+  int32_t* out_indices = p.topk_indices + row * p.topk_indices_row_stride;
+  float* out_scores =
+      p.topk_scores != nullptr ? p.topk_scores + row * p.topk_scores_row_stride : nullptr;
+  int32_t* out_slots =
+      p.topk_slots != nullptr ? p.topk_slots + row * p.topk_slots_row_stride : nullptr;
+  if (want == 0) {  // the same in every CTA of the cluster: none touches another's memory
+    if (rank == 0) {
+      for (int64_t j = tid; j < p.top_k; j += kThreads) {
+        out_indices[j] = -1;
+        if (out_scores != nullptr) out_scores[j] = -INFINITY;
+        if (out_slots != nullptr) out_slots[j] = -1;
+      }
+    }
+    return;
+  }
+
+  // 2. Scores of the segment, kept in shared memory when they fit (always up to 8 x chunk).
+  const int64_t segment = ceil_div(length, cluster_size);
+  const int64_t begin = min(length, rank * segment);
+  const int64_t size = min(length, begin + segment) - begin;
+  const bool resident = size <= launch.chunk;
+  auto score = [&](int64_t first, int64_t count) {
+    if (kTensor) {
+      score_tensor<kFp32Q, kFormat>(p, row, begin + first, count, launch, shared, scores, wide);
+    } else {
+      score_cuda_core<kFormat>(p, row, begin + first, count, launch, shared, scores);
+    }
+  };
+  if (resident && size > 0) score(0, size);
+  __syncthreads();
+
+  // 3. The cluster's select over the scores; rounds of one score per thread.
+  auto for_each_entry = [&](bool /*first*/, auto&& visit) {
+    for (int64_t chunk = 0; chunk < size; chunk += launch.chunk) {
+      const int count = static_cast<int>(min(launch.chunk, size - chunk));
+      if (!resident) {
+        __syncthreads();  // the previous chunk's scores are all visited
+        score(chunk, count);
+        __syncthreads();
+      }
+      for (int base = 0; base < count; base += kThreads) {
+        const int i = base + tid;
+        visit(scores[min(i, count - 1)], static_cast<uint32_t>(begin + chunk + i), i < count);
+      }
+    }
+  };
+  if (!cluster_select(shared, launch.sort_capacity, want, length, for_each_entry)) return;
+
+  const uint64_t* sorted =
+      reinterpret_cast<const uint64_t*>(shared + select_layout(launch.sort_capacity).sorted);
+  for (int64_t j = tid; j < p.top_k; j += kThreads) {
+    if (j < want) {
+      const uint32_t s = column_of(sorted[j]);
+      out_indices[j] = static_cast<int32_t>(s);
+      if (out_scores != nullptr)
+        out_scores[j] = value_of_key(static_cast<uint32_t>(sorted[j] >> 32));
+      // The key cache's slot of entry s: validation checked that every slot fits int32.
+      if (out_slots != nullptr) out_slots[j] = static_cast<int32_t>(p.slot(row, s));
+    } else {
+      out_indices[j] = -1;
+      if (out_scores != nullptr) out_scores[j] = -INFINITY;
+      if (out_slots != nullptr) out_slots[j] = -1;
+    }
+  }
+}
+
+using Kernel = void (*)(IndexerProblem, IndexLaunch, bool);
+
+template <bool kTensor>
+Kernel pick_kernel(bool fp32_q, KeyFormat format) {
+  if (fp32_q) {
+    return format == KeyFormat::kMXFP4 ? index_topk_kernel<kTensor, true, KeyFormat::kMXFP4>
+                                       : index_topk_kernel<kTensor, true, KeyFormat::kNVFP4>;
+  }
+  return format == KeyFormat::kMXFP4 ? index_topk_kernel<kTensor, false, KeyFormat::kMXFP4>
+                                     : index_topk_kernel<kTensor, false, KeyFormat::kNVFP4>;
+}
+
+}  // namespace
+
+void set_index_score_path(IndexScorePath path) {
+  g_score_path.store(static_cast<int>(path), std::memory_order_relaxed);
+}
+
+IndexScorePath index_score_path() {
+  return static_cast<IndexScorePath>(g_score_path.load(std::memory_order_relaxed));
+}
+
+void index_topk_cuda(const IndexerProblem& p, int device, CudaStream stream) {
+  if (p.num_rows == 0) return;
+  const int64_t block_size = p.keys.block_size;
+  const int64_t capacity = p.max_blocks * block_size;
+  if (capacity > INT_MAX) {
+    throw Error(std::string(kOperation) + ": block_table's " + std::to_string(p.max_blocks) +
+                " pages of " + std::to_string(block_size) + " entries exceed the " +
+                std::to_string(INT_MAX) + " entries per row the int32 indices can name");
+  }
+  // Key pages hold 4-byte (MXFP4) or 8-byte (NVFP4) scale words read whole (as the KV cache
+  // kernels do); 16-byte code loads when the pool allows them.
+  const int64_t alignment = p.format == KeyFormat::kMXFP4 ? 4 : 8;
+  const uintptr_t base = reinterpret_cast<uintptr_t>(p.keys.data);
+  if (base % alignment != 0 || p.keys.page_stride % alignment != 0) {
+    throw Error(std::string(kOperation) + ": argument 'key_cache' must be " +
+                std::to_string(alignment) +
+                "-byte aligned with a page stride that is a multiple of " +
+                std::to_string(alignment) + " bytes on CUDA");
+  }
+  const bool wide = base % 16 == 0 && p.keys.page_stride % 16 == 0;
+  const bool tensor = index_score_path() == IndexScorePath::kTensorCore;
+  const bool fp32_q = p.q.dtype == DType::kFloat32;
+
+  hdk::detail::CudaDeviceGuard guard(device, kOperation);
+  const int sm_count =
+      hdk::detail::cached_device_attribute(cudaDevAttrMultiProcessorCount, device, kOperation);
+  const int shared_limit = hdk::detail::cached_device_attribute(
+      cudaDevAttrMaxSharedMemoryPerBlockOptin, device, kOperation);
+
+  const IndexLaunchPlan plan = plan_index_launch(p.num_rows, p.num_heads, capacity, p.top_k, tensor,
+                                                 fp32_q, sm_count, shared_limit);
+  const IndexLaunch& launch = plan.launch;
+  const int cluster_size = plan.cluster_size;
+  if (p.num_rows > INT_MAX / cluster_size) {
+    throw Error(std::string(kOperation) + ": the CUDA backend takes at most " +
+                std::to_string(INT_MAX / cluster_size) + " rows per call, got " +
+                std::to_string(p.num_rows));
+  }
+
+  const Kernel kernel =
+      tensor ? pick_kernel<true>(fp32_q, p.format) : pick_kernel<false>(fp32_q, p.format);
+  hdk::detail::allow_dynamic_shared_memory(kernel, static_cast<int>(launch.bytes), device,
+                                           kOperation);
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(p.num_rows * cluster_size), 1, 1);
+  config.blockDim = dim3(kThreads, 1, 1);
+  config.dynamicSmemBytes = launch.bytes;
+  config.stream = reinterpret_cast<cudaStream_t>(stream);
+  cudaLaunchAttribute attributes[1];
+  attributes[0].id = cudaLaunchAttributeClusterDimension;
+  attributes[0].val.clusterDim.x = static_cast<unsigned>(cluster_size);
+  attributes[0].val.clusterDim.y = 1;
+  attributes[0].val.clusterDim.z = 1;
+  config.attrs = attributes;
+  config.numAttrs = 1;
+  hdk::detail::check_launch(cudaLaunchKernelEx(&config, kernel, p, launch, wide), kOperation,
+                            "launching index_topk_kernel");
+}
+
+}  // namespace detail
+}  // namespace dsv4
+}  // namespace hdk

@@ -1,0 +1,26 @@
+// The CUDA backend of hdk::dsv4::index_topk (compiled only with HDK_WITH_CUDA). One launch: a
+// cluster of CTAs per row scores its entries into shared memory and selects the top-k there
+// (docs/dsv4-attention.md, "index_topk on CUDA"). No allocation, no synchronization, no
+// workspace. Rows whose num_entries or used block ids are out of range are not checked on the
+// host: the kernel gives them only padding and counts them in invalid_count.
+#pragma once
+
+#include "dsv4/attention_problem.h"
+#include "hdk/cuda_stream.h"
+
+namespace hdk {
+namespace dsv4 {
+namespace detail {
+
+void index_topk_cuda(const IndexerProblem& problem, int device, CudaStream stream);
+
+// How the kernel computes q · K: tensor cores (the default) or plain fp32 FMAs on CUDA cores
+// (slow, kept as an independent cross-check). A test aid, affecting every later call in the
+// process; the tests restore the default with a scope guard.
+enum class IndexScorePath { kTensorCore, kCudaCore };
+void set_index_score_path(IndexScorePath path);
+IndexScorePath index_score_path();
+
+}  // namespace detail
+}  // namespace dsv4
+}  // namespace hdk

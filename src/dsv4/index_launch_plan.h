@@ -1,0 +1,110 @@
+// Host planning of index_topk's CUDA launch (cuda/index_topk_cuda.cu): CTAs per row (a cluster)
+// and the kernel's shared-memory layout. Plain C++ so that tests/dsv4/index_launch_plan_test.cpp
+// checks it on the CPU: regions that must not overlap do not, everything fits the device's
+// shared memory, and up to 8 x 32768 entries per row the scores stay resident.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "dsv4/index_mma_layout.h"
+#include "hdk/dsv4/kv_cache.h"
+#include "hdk/error.h"
+#include "topk/select_layout.h"
+
+namespace hdk {
+namespace dsv4 {
+namespace detail {
+
+constexpr int kIndexMaxCluster = 8;            // portable cluster size
+constexpr int64_t kIndexMaxChunk = 32768;      // scores a CTA holds at once: 128 KiB
+constexpr int64_t kIndexMinChunk = 1024;       // below this a CTA would rescore too often
+constexpr int64_t kIndexSpreadEntries = 4096;  // fewest entries per CTA when spreading rows
+
+// The kernel's shared memory (byte offsets from its start, multiples of 16) and sizes. Weights
+// (m_tiles * 16 fp32) and queries (tensor cores: fragment words, hi then lo for fp32 q; CUDA
+// cores: H x 128 fp32) sit in the select's space when `overlay` (every row's scores resident, so
+// scoring ends before the select starts), else after it.
+struct IndexLaunch {
+  int sort_capacity = 1;  // power of two >= the most winners a row can have
+  int64_t m_tiles = 0;    // ceil(H / 16): heads padded with zero weights and queries
+  int64_t chunk = 0;      // scores a CTA holds at once (a multiple of 32)
+  bool overlay = false;
+  size_t weights = 0;
+  size_t q = 0;
+  size_t q_lo = 0;
+  size_t scores = 0;  // chunk uint32 keys
+  size_t bytes = 0;   // dynamic shared memory
+};
+
+struct IndexLaunchPlan {
+  IndexLaunch launch;
+  int cluster_size = 1;  // CTAs per row: 1, 2, 4 or 8
+};
+
+inline size_t align16(size_t bytes) {
+  return (bytes + 15) / 16 * 16;
+}
+
+// Sizes from the validated call (capacity = max_blocks * block_size) and the device (its SMs and
+// its opt-in shared memory per CTA). Throws hdk::Error when the queries leave too little shared
+// memory for scores.
+inline IndexLaunchPlan plan_index_launch(int64_t num_rows, int64_t num_heads, int64_t capacity,
+                                         int64_t top_k, bool tensor, bool fp32_q, int sm_count,
+                                         int shared_limit) {
+  auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+  IndexLaunchPlan plan;
+  IndexLaunch& launch = plan.launch;
+  while (launch.sort_capacity < std::min<int64_t>(top_k, std::max<int64_t>(capacity, 1)))
+    launch.sort_capacity <<= 1;
+  launch.m_tiles = ceil_div(num_heads, kMmaM);
+  const size_t fragment_bytes = static_cast<size_t>(launch.m_tiles) * kKeySteps * 32 * 16;
+  const size_t q_bytes =
+      tensor ? fragment_bytes * (fp32_q ? 2 : 1)
+             : static_cast<size_t>(num_heads) * static_cast<size_t>(kIndexerKeyDim) * 4;
+  const size_t weight_bytes = align16(static_cast<size_t>(launch.m_tiles) * kMmaM * 4);
+  const size_t select_bytes = align16(hdk::detail::select_layout(launch.sort_capacity).bytes);
+  auto scores_room = [&](size_t scores_offset) {  // whole multiples of 32 scores
+    return (static_cast<int64_t>(shared_limit) - static_cast<int64_t>(scores_offset)) / 4 / 32 * 32;
+  };
+  const size_t overlay_offset = std::max(select_bytes, weight_bytes + align16(q_bytes));
+  const int64_t overlay_chunk = std::min(kIndexMaxChunk, scores_room(overlay_offset));
+
+  // Enough CTAs to keep a row's scores in shared memory; then, for few rows, more to use the SMs
+  // (the CTAs of a cluster run at once, one per SM).
+  int& cluster_size = plan.cluster_size;
+  while (cluster_size < kIndexMaxCluster && ceil_div(capacity, cluster_size) > overlay_chunk)
+    cluster_size *= 2;
+  while (cluster_size < kIndexMaxCluster && num_rows * cluster_size * 2 <= sm_count &&
+         ceil_div(capacity, 2 * cluster_size) >= kIndexSpreadEntries)
+    cluster_size *= 2;
+  const int64_t per_cta = std::max<int64_t>(ceil_div(capacity, cluster_size), 1);
+
+  int64_t chunk_limit = overlay_chunk;
+  launch.overlay = per_cta <= overlay_chunk;
+  if (launch.overlay) {
+    launch.weights = 0;
+    launch.q = weight_bytes;
+    launch.scores = overlay_offset;
+  } else {
+    launch.weights = select_bytes;
+    launch.q = select_bytes + weight_bytes;
+    launch.scores = launch.q + align16(q_bytes);
+    chunk_limit = std::min(kIndexMaxChunk, scores_room(launch.scores));
+    if (chunk_limit < kIndexMinChunk) {
+      throw Error("hdk::dsv4::index_topk: " + std::to_string(num_heads) +
+                  " heads leave too little of the device's " + std::to_string(shared_limit) +
+                  " bytes of shared memory per CTA for scores on CUDA");
+    }
+  }
+  launch.q_lo = launch.q + fragment_bytes;
+  launch.chunk = std::min(chunk_limit, ceil_div(per_cta, 32) * 32);
+  launch.bytes = launch.scores + static_cast<size_t>(launch.chunk) * 4;
+  return plan;
+}
+
+}  // namespace detail
+}  // namespace dsv4
+}  // namespace hdk

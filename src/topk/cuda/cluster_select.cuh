@@ -1,0 +1,292 @@
+// The selection machinery of hdk::topk's CUDA backend, shared with hdk::dsv4::index_topk (which
+// selects over scores it computes itself and keeps in shared memory instead of reading a row of
+// values): a cluster of CTAs, each owning a contiguous segment of one row, finds the `want`
+// largest 64-bit ranked entries (topk_key.h: order-preserving key, then the inverted column, so
+// entries are unique, the k-th largest is exact and ties go to the lower column).
+//  1. Cluster levels, over the whole segment: each CTA histograms the 11-bit digit of the entries
+//     that match the prefix chosen so far (2048 bins in shared memory), the cluster sums its
+//     histograms through distributed shared memory, and every CTA finds the bin that holds the
+//     k-th entry. Usually one level suffices: it stops as soon as the chosen bin is needed whole
+//     or holds at most kCandidates entries.
+//  2. One pass over the segment appends the entries above the chosen bin (winners) and those in
+//     it (candidates) to the leader CTA's shared memory (one remote atomic per warp).
+//  3. The leader alone finishes the radix select on the candidates (shared memory and
+//     __syncthreads only), appends the ones it needs and sorts the exactly `want` winners
+//     (bitonic), largest first.
+// The caller supplies the segment's entries through a visitor (see cluster_select); nothing
+// here reads global memory.
+#pragma once
+
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "topk/select_layout.h"
+#include "topk/topk_key.h"
+
+namespace hdk {
+namespace detail {
+namespace cluster_select_detail {
+
+constexpr int kDigitBits = kSelectDigitBits;
+constexpr int kBins = kSelectBins;
+constexpr int kCandidates = kSelectCandidates;
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// What one level decided; written by one thread, read by all after a barrier.
+struct Control {
+  unsigned int bin;         // the bin that holds the entry of rank `need`
+  unsigned int above;       // entries in higher bins
+  unsigned int count;       // entries in the chosen bin
+  unsigned int winners;     // leader only: entries appended to `sorted` so far
+  unsigned int candidates;  // leader only: entries appended to `candidate` so far
+  unsigned int unused[3];
+};
+
+// The digit of a level: bits [shift, shift + width) of the entry, taken from the top.
+struct Digit {
+  int width, shift;
+};
+__device__ __forceinline__ Digit digit_after(int prefix_bits) {
+  const int width = 64 - prefix_bits < kDigitBits ? 64 - prefix_bits : kDigitBits;
+  return Digit{width, 64 - prefix_bits - width};
+}
+
+// The entry's top `bits` bits (bits > 0).
+__device__ __forceinline__ uint64_t top_bits(uint64_t entry, int bits) {
+  return entry >> (64 - bits);
+}
+
+// Adds one to counts[bin] for every lane with `counted`; all 32 lanes call it. A warp whose 32
+// lanes all count into one bin (runs of equal or close values) adds once instead of making 32
+// conflicting atomics; otherwise each lane adds on its own (shared atomics resolve moderate
+// conflicts in hardware, cheaper than aggregating every warp).
+__device__ __forceinline__ void histogram_add(uint32_t* counts, bool counted, unsigned int bin,
+                                              int lane) {
+  const unsigned int first_bin = __shfl_sync(kFullMask, bin, 0);
+  if (__all_sync(kFullMask, counted && bin == first_bin)) {
+    if (lane == 0) atomicAdd(&counts[bin], 32u);
+  } else if (counted) {
+    atomicAdd(&counts[bin], 1u);
+  }
+}
+
+// Appends `entry` for every lane with `take` to buffer[*count ...]; all 32 lanes call it. One
+// atomic per warp (the buffer and count may be in another CTA's shared memory).
+__device__ __forceinline__ void warp_append(uint64_t* buffer, unsigned int* count, bool take,
+                                            uint64_t entry, int lane) {
+  const unsigned int ballot = __ballot_sync(kFullMask, take);
+  if (ballot == 0) return;
+  const int first = __ffs(ballot) - 1;
+  unsigned int slot = 0;
+  if (lane == first) slot = atomicAdd(count, static_cast<unsigned int>(__popc(ballot)));
+  slot = __shfl_sync(kFullMask, slot, first);
+  if (take) buffer[slot + __popc(ballot & ((1u << lane) - 1u))] = entry;
+}
+
+// Finds the bin (of kBins, higher bins hold larger entries) where the count of entries in
+// higher bins first reaches `need`, and writes it with its counts to *control. Every thread of
+// the block calls it; blockDim.x is a power of two from 64 to 1024. The caller synchronizes
+// before reading *control.
+__device__ inline void find_threshold_bin(const uint32_t* totals, unsigned int need,
+                                          uint32_t* warp_sums, Control* control) {
+  const int threads = blockDim.x;
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int per_thread = kBins / threads;
+  const int top = kBins - 1 - per_thread * tid;  // this thread's bins: top, top - 1, ...
+  uint32_t local = 0;
+  for (int b = 0; b < per_thread; ++b)
+    local += totals[top - b];
+  uint32_t inclusive = local;
+#pragma unroll
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const uint32_t value = __shfl_up_sync(kFullMask, inclusive, offset);
+    if (lane >= offset) inclusive += value;
+  }
+  if (lane == 31) warp_sums[warp] = inclusive;
+  __syncthreads();
+  uint32_t before = 0;
+  for (int w = 0; w < warp; ++w)
+    before += warp_sums[w];
+  uint32_t above = before + inclusive - local;
+  if (above < need && need <= above + local) {
+    for (int b = 0; b < per_thread; ++b) {
+      const uint32_t count = totals[top - b];
+      if (above + count >= need) {
+        control->bin = static_cast<unsigned int>(top - b);
+        control->above = above;
+        control->count = count;
+        break;
+      }
+      above += count;
+    }
+  }
+}
+
+}  // namespace cluster_select_detail
+
+// Selects the `want` (1 .. sort_capacity, the same in every CTA of the cluster) largest ranked
+// entries among the segments of the cluster's CTAs; `length` is the row's entry count. Returns
+// true in the leader CTA (rank 0), whose shared `sorted` array (select_layout) then holds them,
+// largest first; the other CTAs return false having finished every access to the leader's
+// memory. Every thread of every CTA of the cluster calls it; blockDim.x is a power of two from
+// 64 to 1024.
+//
+// for_each_entry(first, visit) must call visit(key, column, in_range) for every entry of this
+// CTA's segment (key: ordered_key of its value, column: its index in the row), in rounds in
+// which every thread of the CTA calls visit the same number of times (extra calls with in_range
+// false), so visit may use warp collectives. `first` is true on the first pass over the segment
+// (a caller may compute or load its entries then and cache them). It may use __syncthreads but
+// no cluster barrier.
+template <typename ForEachEntry>
+__device__ bool cluster_select(uint8_t* shared, int sort_capacity, int64_t want, int64_t length,
+                               ForEachEntry&& for_each_entry) {
+  using namespace cluster_select_detail;
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int cluster_size = static_cast<int>(cluster.num_blocks());
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int threads = blockDim.x;
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+
+  const SelectLayout layout = select_layout(sort_capacity);
+  Control* control = reinterpret_cast<Control*>(shared);
+  uint64_t* sorted = reinterpret_cast<uint64_t*>(shared + layout.sorted);
+  uint64_t* candidate = reinterpret_cast<uint64_t*>(shared + layout.candidate);
+  uint32_t* histogram = reinterpret_cast<uint32_t*>(shared + layout.histogram);
+  uint32_t* totals = reinterpret_cast<uint32_t*>(shared + layout.totals);
+  uint32_t* warp_sums = reinterpret_cast<uint32_t*>(shared + layout.warp_sums);
+
+  for (int i = tid; i < 2 * kBins; i += threads)
+    histogram[i] = 0;
+  if (tid == 0) {
+    control->winners = 0;
+    control->candidates = 0;
+  }
+  cluster.sync();  // the cluster runs and every counter is zero before any remote access
+
+  // 1. Cluster levels until the chosen bin is needed whole (done) or fits the leader's buffer.
+  const bool select_all = want == length;
+  uint64_t prefix = 0;
+  int prefix_bits = 0;
+  unsigned int need = static_cast<unsigned int>(want);
+  bool done = select_all;
+  for (int level = 0; !done; ++level) {
+    uint32_t* counts = histogram + (level & 1) * kBins;
+    const Digit digit = digit_after(prefix_bits);
+    for_each_entry(level == 0, [&](uint32_t key, uint32_t column, bool in_range) {
+      if (prefix_bits == 0) {  // the first digit lies in the key: no 64-bit entry needed
+        histogram_add(counts, in_range, key >> (32 - kDigitBits), lane);
+        return;
+      }
+      const uint64_t entry = ranked_entry(key, column);
+      const bool counted = in_range && top_bits(entry, prefix_bits) == prefix;
+      const unsigned int bin =
+          static_cast<unsigned int>(entry >> digit.shift) & ((1u << digit.width) - 1u);
+      histogram_add(counts, counted, bin, lane);
+    });
+    cluster.sync();  // every CTA's histogram of this level is complete
+    for (int bin = tid; bin < kBins; bin += threads) {
+      uint32_t total = 0;
+      for (int source = 0; source < cluster_size; ++source) {
+        total += cluster.map_shared_rank(counts, source)[bin];
+      }
+      totals[bin] = total;
+      // The other buffer was last read remotely during the previous level, which every CTA
+      // finished before the cluster.sync above.
+      histogram[((level + 1) & 1) * kBins + bin] = 0;
+    }
+    __syncthreads();
+    find_threshold_bin(totals, need, warp_sums, control);
+    __syncthreads();
+    prefix = (prefix << digit.width) | control->bin;
+    prefix_bits += digit.width;
+    need -= control->above;
+    // Entries are unique, so at 64 bits the bin holds one entry and it is needed.
+    done = control->count == need;
+    if (control->count <= static_cast<unsigned int>(kCandidates)) break;
+  }
+
+  // 2. Winners and candidates to the leader.
+  unsigned int* leader_winners = cluster.map_shared_rank(&control->winners, 0);
+  unsigned int* leader_candidates = cluster.map_shared_rank(&control->candidates, 0);
+  uint64_t* leader_sorted = cluster.map_shared_rank(sorted, 0);
+  uint64_t* leader_candidate = cluster.map_shared_rank(candidate, 0);
+  for_each_entry(select_all, [&](uint32_t key, uint32_t column, bool in_range) {
+    const uint64_t entry = ranked_entry(key, column);
+    const uint64_t top = select_all ? 0 : top_bits(entry, prefix_bits);
+    const bool win = in_range && (select_all || top > prefix || (done && top == prefix));
+    const bool maybe = in_range && !done && top == prefix;
+    if (__ballot_sync(kFullMask, win || maybe) == 0) return;  // most warps, most of the time
+    warp_append(leader_sorted, leader_winners, win, entry, lane);
+    warp_append(leader_candidate, leader_candidates, maybe, entry, lane);
+  });
+  cluster.sync();  // the leader's buffers are complete; the other CTAs are done
+  if (rank != 0) return false;
+
+  // 3. The leader finishes the select among the candidates, one digit at a time.
+  const int candidates = static_cast<int>(control->candidates);        // 0 when done already
+  const int rounded = (candidates + threads - 1) / threads * threads;  // uniform trip count
+  for (int level = 0; !done; ++level) {
+    uint32_t* counts = histogram + (level & 1) * kBins;
+    const Digit digit = digit_after(prefix_bits);
+    for (int i = tid; i < kBins; i += threads)
+      counts[i] = 0;
+    __syncthreads();
+    for (int i = tid; i < rounded; i += threads) {
+      const uint64_t entry = i < candidates ? candidate[i] : 0;
+      const bool counted = i < candidates && top_bits(entry, prefix_bits) == prefix;
+      const unsigned int bin =
+          static_cast<unsigned int>(entry >> digit.shift) & ((1u << digit.width) - 1u);
+      histogram_add(counts, counted, bin, lane);
+    }
+    __syncthreads();
+    find_threshold_bin(counts, need, warp_sums, control);
+    __syncthreads();
+    prefix = (prefix << digit.width) | control->bin;
+    prefix_bits += digit.width;
+    need -= control->above;
+    done = control->count == need;
+    __syncthreads();  // every thread read *control before the next level's bin overwrites it
+  }
+  for (int i = tid; i < rounded; i += threads) {
+    const uint64_t entry = i < candidates ? candidate[i] : 0;
+    const bool take = i < candidates && top_bits(entry, prefix_bits) >= prefix;
+    warp_append(sorted, &control->winners, take, entry, lane);
+  }
+
+  // Sort the exactly `want` winners, largest first.
+  const int count = static_cast<int>(want);
+  int size = 1;
+  while (size < count)
+    size <<= 1;
+  __syncthreads();
+  for (int i = count + tid; i < size; i += threads)
+    sorted[i] = 0;
+  __syncthreads();
+  for (int width = 2; width <= size; width <<= 1) {
+    for (int stride = width >> 1; stride > 0; stride >>= 1) {
+      for (int i = tid; i < size / 2; i += threads) {
+        const int lo = 2 * i - (i & (stride - 1));
+        const int hi = lo + stride;
+        const bool descending = (lo & width) == 0;
+        const uint64_t a = sorted[lo];
+        const uint64_t b = sorted[hi];
+        if ((a < b) == descending) {
+          sorted[lo] = b;
+          sorted[hi] = a;
+        }
+      }
+      __syncthreads();
+    }
+  }
+  return true;
+}
+
+}  // namespace detail
+}  // namespace hdk

@@ -1,0 +1,144 @@
+// index_topk's CUDA launch plan (src/dsv4/index_launch_plan.h), checked on the CPU over a grid of
+// calls and two devices' limits: the shared-memory regions the kernel uses at the same time do not
+// overlap, the total fits the device, the scores of rows up to 8 x 32768 entries stay resident
+// (no rescoring), and the planner refuses head counts that leave no room for scores.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "dsv4/index_launch_plan.h"
+#include "dsv4/index_mma_layout.h"
+#include "hdk/error.h"
+#include "topk/select_layout.h"
+
+namespace hdk {
+namespace dsv4 {
+namespace detail {
+namespace {
+
+constexpr int kH100Shared = 232448;  // opt-in shared memory per CTA, H100 and H200
+constexpr int kH100Sms = 132;
+
+struct Call {
+  int64_t rows, heads, capacity, top_k;
+  bool tensor, fp32_q;
+  int sms, shared;
+  std::string describe() const {
+    return "N=" + std::to_string(rows) + " H=" + std::to_string(heads) +
+           " capacity=" + std::to_string(capacity) + " top_k=" + std::to_string(top_k) +
+           (tensor ? " tensor" : " cuda-core") + (fp32_q ? " fp32" : " bf16") +
+           " sms=" + std::to_string(sms) + " shared=" + std::to_string(shared);
+  }
+};
+
+void check_plan(const Call& c) {
+  SCOPED_TRACE(c.describe());
+  IndexLaunchPlan plan;
+  try {
+    plan = plan_index_launch(c.rows, c.heads, c.capacity, c.top_k, c.tensor, c.fp32_q, c.sms,
+                             c.shared);
+  } catch (const Error&) {
+    // Only when rescoring is needed and the select, weights, queries and the smallest chunk of
+    // scores together exceed the device.
+    int sort_capacity = 1;
+    while (sort_capacity < std::min<int64_t>(c.top_k, std::max<int64_t>(c.capacity, 1)))
+      sort_capacity <<= 1;
+    const int64_t m_tiles = (c.heads + kMmaM - 1) / kMmaM;
+    const int64_t q_bytes =
+        c.tensor ? m_tiles * kKeySteps * 32 * 16 * (c.fp32_q ? 2 : 1) : c.heads * 128 * 4;
+    const int64_t needed = static_cast<int64_t>(hdk::detail::select_layout(sort_capacity).bytes) +
+                           m_tiles * kMmaM * 4 + q_bytes + kIndexMinChunk * 4;
+    ASSERT_GT(needed, c.shared) << "refused a call that fits";
+    ASSERT_GT(c.capacity, kIndexMinChunk) << "refused a call whose scores fit";
+    return;
+  }
+  const IndexLaunch& l = plan.launch;
+  const int C = plan.cluster_size;
+  ASSERT_TRUE(C == 1 || C == 2 || C == 4 || C == 8);
+  // The select needs room for every winner a row can have.
+  ASSERT_EQ(l.sort_capacity & (l.sort_capacity - 1), 0);
+  ASSERT_GE(l.sort_capacity, std::min<int64_t>(c.top_k, std::max<int64_t>(c.capacity, 1)));
+  ASSERT_LE(l.sort_capacity, 2048);
+  ASSERT_EQ(l.m_tiles * kMmaM >= c.heads && (l.m_tiles - 1) * kMmaM < c.heads, true);
+  for (size_t offset : {l.weights, l.q, l.q_lo, l.scores})
+    ASSERT_EQ(offset % 16, 0u);
+  ASSERT_GT(l.chunk, 0);
+  ASSERT_EQ(l.chunk % 32, 0);
+  ASSERT_LE(l.chunk, kIndexMaxChunk);
+  ASSERT_LE(l.bytes, static_cast<size_t>(c.shared));
+  ASSERT_EQ(l.bytes, l.scores + static_cast<size_t>(l.chunk) * 4);
+
+  const size_t select_end = hdk::detail::select_layout(l.sort_capacity).bytes;
+  const size_t fragment_bytes = static_cast<size_t>(l.m_tiles) * kKeySteps * 32 * 16;
+  const size_t q_end =
+      l.q + (c.tensor ? fragment_bytes * (c.fp32_q ? 2 : 1) : c.heads * 128 * size_t{4});
+  ASSERT_LE(l.weights + l.m_tiles * kMmaM * 4, l.q);  // weights, then queries
+  ASSERT_EQ(l.q_lo, l.q + fragment_bytes);
+  ASSERT_LE(q_end, l.scores);  // queries before scores (both live while scoring)
+  const int64_t per_cta = (c.capacity + C - 1) / C;
+  if (l.overlay) {
+    // Every row is scored once, before the select: all of its scores must be resident.
+    ASSERT_GE(l.chunk, per_cta);
+    ASSERT_GE(l.scores, select_end);  // the scores outlive the weights and queries
+  } else {
+    // Rescoring during the select: weights and queries must not share its space.
+    ASSERT_GE(l.weights, select_end);
+    ASSERT_EQ(C, kIndexMaxCluster);
+    ASSERT_GE(l.chunk, kIndexMinChunk);
+  }
+}
+
+TEST(IndexLaunchPlan, RegionsFitAndDoNotOverlap) {
+  for (int64_t rows : {1, 7, 64, 1000}) {
+    for (int64_t heads : {1, 17, 64, 128}) {
+      for (int64_t capacity : {0, 1, 100, 4096, 65536, 131072 + 5, 262144, 262144 + 64, 1 << 21}) {
+        for (int64_t top_k : {1, 512, 2048}) {
+          for (bool tensor : {true, false}) {
+            for (bool fp32_q : {false, true}) {
+              for (int shared : {kH100Shared, 101376}) {  // H100/H200, and a smaller device
+                check_plan(Call{rows, heads, capacity, top_k, tensor, fp32_q, kH100Sms, shared});
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The contract's shapes keep every score in shared memory on an H100: H = 64, up to 262144
+// entries, both query dtypes and both scoring paths.
+TEST(IndexLaunchPlan, ContractShapesStayResident) {
+  for (int64_t capacity : {4096, 65536, 262144}) {
+    for (bool tensor : {true, false}) {
+      for (bool fp32_q : {false, true}) {
+        const IndexLaunchPlan plan =
+            plan_index_launch(64, 64, capacity, 2048, tensor, fp32_q, kH100Sms, kH100Shared);
+        EXPECT_TRUE(plan.launch.overlay) << capacity << " " << tensor << " " << fp32_q;
+        EXPECT_GE(plan.launch.chunk * plan.cluster_size, capacity);
+      }
+    }
+  }
+  // 64 rows of 65536: two CTAs a row, one wave of 128 CTAs on 132 SMs.
+  EXPECT_EQ(plan_index_launch(64, 64, 65536, 512, true, false, kH100Sms, kH100Shared).cluster_size,
+            2);
+  // One row spreads over 8 SMs.
+  EXPECT_EQ(plan_index_launch(1, 64, 65536, 512, true, false, kH100Sms, kH100Shared).cluster_size,
+            8);
+  // Beyond 8 x 32768 the plan rescored chunks.
+  EXPECT_FALSE(
+      plan_index_launch(64, 64, 300000, 512, true, false, kH100Sms, kH100Shared).launch.overlay);
+}
+
+TEST(IndexLaunchPlan, TooManyHeadsIsAnError) {
+  EXPECT_THROW(plan_index_launch(1, 4096, 1 << 20, 512, true, true, kH100Sms, kH100Shared), Error);
+  EXPECT_THROW(plan_index_launch(1, 4096, 1 << 20, 512, false, false, kH100Sms, kH100Shared),
+               Error);
+}
+
+}  // namespace
+}  // namespace detail
+}  // namespace dsv4
+}  // namespace hdk
