@@ -79,5 +79,27 @@ void allow_dynamic_shared_memory(Kernel kernel, int bytes, int device, const cha
   current = bytes;
 }
 
+// Launches `kernel` as `grid` CTAs of `block` threads in clusters of `cluster_size` CTAs along x
+// (the cluster kernels of hdk::topk and the DeepSeek-V4 read side); returns the launch's status
+// for check_launch.
+template <typename... KernelArgs, typename... Args>
+cudaError_t launch_in_clusters(void (*kernel)(KernelArgs...), unsigned grid, unsigned block,
+                               size_t shared_bytes, cudaStream_t stream, unsigned cluster_size,
+                               Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(grid, 1, 1);
+  config.blockDim = dim3(block, 1, 1);
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeClusterDimension;
+  attribute[0].val.clusterDim.x = cluster_size;
+  attribute[0].val.clusterDim.y = 1;
+  attribute[0].val.clusterDim.z = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
 }  // namespace detail
 }  // namespace hdk

@@ -30,6 +30,7 @@
 #include <string>
 
 #include "core/cuda_helpers.h"
+#include "dsv4/cuda/count_invalid.cuh"
 #include "dsv4/cuda/gate_mma.cuh"
 #include "dsv4/index_launch_plan.h"
 #include "dsv4/index_mma_layout.h"
@@ -61,15 +62,6 @@ std::atomic<int> g_score_path{static_cast<int>(IndexScorePath::kTensorCore)};
 
 __host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
-}
-
-__device__ __forceinline__ void count_invalid(const Counter& counter) {
-  if (counter.data == nullptr) return;
-  if (counter.dtype == DType::kInt64) {
-    atomicAdd(static_cast<unsigned long long*>(counter.data), 1ull);
-  } else {
-    atomicAdd(static_cast<int*>(counter.data), 1);
-  }
 }
 
 // relu that keeps NaN, as the CPU backend's: a key stored with NaN markers must score NaN.
@@ -485,20 +477,11 @@ void index_topk_cuda(const IndexerProblem& p, int device, CudaStream stream) {
       tensor ? pick_kernel<true>(fp32_q, p.format) : pick_kernel<false>(fp32_q, p.format);
   hdk::detail::allow_dynamic_shared_memory(kernel, static_cast<int>(launch.bytes), device,
                                            kOperation);
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(p.num_rows * cluster_size), 1, 1);
-  config.blockDim = dim3(kThreads, 1, 1);
-  config.dynamicSmemBytes = launch.bytes;
-  config.stream = reinterpret_cast<cudaStream_t>(stream);
-  cudaLaunchAttribute attributes[1];
-  attributes[0].id = cudaLaunchAttributeClusterDimension;
-  attributes[0].val.clusterDim.x = static_cast<unsigned>(cluster_size);
-  attributes[0].val.clusterDim.y = 1;
-  attributes[0].val.clusterDim.z = 1;
-  config.attrs = attributes;
-  config.numAttrs = 1;
-  hdk::detail::check_launch(cudaLaunchKernelEx(&config, kernel, p, launch, wide), kOperation,
-                            "launching index_topk_kernel");
+  hdk::detail::check_launch(hdk::detail::launch_in_clusters(
+                                kernel, static_cast<unsigned>(p.num_rows * cluster_size), kThreads,
+                                launch.bytes, reinterpret_cast<cudaStream_t>(stream),
+                                static_cast<unsigned>(cluster_size), p, launch, wide),
+                            kOperation, "launching index_topk_kernel");
 }
 
 }  // namespace detail

@@ -12,6 +12,7 @@
 
 #include "core/cuda_helpers.h"
 #include "dsv4/compressor_math.h"
+#include "dsv4/cuda/count_invalid.cuh"
 #include "dsv4/cuda/kv_cache_cuda.h"
 #include "dsv4/kv_formats.h"
 #include "hdk/error.h"
@@ -25,16 +26,6 @@ constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kWarpsPerBlock = 4;
 constexpr int kEntryLanes = 28;  // lanes holding FP8 values; lanes 28..31 hold RoPE values
 constexpr uint32_t kCanonicalNaN = 0x7fc00000u;
-
-__device__ __forceinline__ void count_invalid(const Counter& counter, int64_t count) {
-  if (counter.data == nullptr || count == 0) return;
-  if (counter.dtype == DType::kInt64) {
-    atomicAdd(static_cast<unsigned long long*>(counter.data),
-              static_cast<unsigned long long>(count));
-  } else {
-    atomicAdd(static_cast<int*>(counter.data), static_cast<int>(count));
-  }
-}
 
 __device__ __forceinline__ uint16_t bf16_bits(float value) {
   const uint32_t b = __float_as_uint(value);

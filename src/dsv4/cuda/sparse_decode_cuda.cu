@@ -21,6 +21,7 @@
 #include <tuple>
 
 #include "core/cuda_helpers.h"
+#include "dsv4/cuda/count_invalid.cuh"
 #include "dsv4/cuda/sparse_decode_cuda.h"
 #include "dsv4/cuda/sparse_decode_layout.h"
 #include "dsv4/kv_formats.h"
@@ -130,16 +131,6 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float x, float y) {
 
 __device__ __forceinline__ float bf16_value(uint16_t bits) {
   return __uint_as_float(static_cast<uint32_t>(bits) << 16);
-}
-
-__device__ __forceinline__ void count_invalid(const Counter& counter, int64_t count) {
-  if (counter.data == nullptr || count == 0) return;
-  if (counter.dtype == DType::kInt64) {
-    atomicAdd(static_cast<unsigned long long*>(counter.data),
-              static_cast<unsigned long long>(count));
-  } else {
-    atomicAdd(static_cast<int*>(counter.data), static_cast<int>(count));
-  }
 }
 
 __device__ __forceinline__ void store_output(const SparseDecodeProblem& p, int64_t offset,
@@ -706,20 +697,11 @@ void launch_mma(const SparseDecodeProblem& p, int device, cudaStream_t stream) {
                         (p.q.head_stride * element) % 16 == 0;
   auto kernel = wide ? sparse_decode_mma_kernel<true> : sparse_decode_mma_kernel<false>;
   hdk::detail::allow_dynamic_shared_memory(kernel, kSharedBytes, device, kOperation);
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(p.num_rows * plan.cluster()), 1, 1);
-  config.blockDim = dim3(kThreads, 1, 1);
-  config.dynamicSmemBytes = kSharedBytes;
-  config.stream = stream;
-  cudaLaunchAttribute attributes[1];
-  attributes[0].id = cudaLaunchAttributeClusterDimension;
-  attributes[0].val.clusterDim.x = static_cast<unsigned>(plan.cluster());
-  attributes[0].val.clusterDim.y = 1;
-  attributes[0].val.clusterDim.z = 1;
-  config.attrs = attributes;
-  config.numAttrs = 1;
-  hdk::detail::check_launch(cudaLaunchKernelEx(&config, kernel, p, plan, q_vector), kOperation,
-                            "sparse_decode_mma_kernel");
+  hdk::detail::check_launch(
+      hdk::detail::launch_in_clusters(kernel, static_cast<unsigned>(p.num_rows * plan.cluster()),
+                                      kThreads, kSharedBytes, stream,
+                                      static_cast<unsigned>(plan.cluster()), p, plan, q_vector),
+      kOperation, "sparse_decode_mma_kernel");
 }
 
 }  // namespace

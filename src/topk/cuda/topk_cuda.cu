@@ -157,20 +157,11 @@ void topk_cuda(const TopkProblem& p, int device, CudaStream stream) {
   }
   allow_dynamic_shared_memory(topk_kernel, static_cast<int>(bytes), device, kOperation);
 
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(p.num_rows * cluster_size), 1, 1);
-  config.blockDim = dim3(static_cast<unsigned>(threads), 1, 1);
-  config.dynamicSmemBytes = bytes;
-  config.stream = reinterpret_cast<cudaStream_t>(stream);
-  cudaLaunchAttribute attributes[1];
-  attributes[0].id = cudaLaunchAttributeClusterDimension;
-  attributes[0].val.clusterDim.x = static_cast<unsigned>(cluster_size);
-  attributes[0].val.clusterDim.y = 1;
-  attributes[0].val.clusterDim.z = 1;
-  config.attrs = attributes;
-  config.numAttrs = 1;
-  check_launch(cudaLaunchKernelEx(&config, topk_kernel, p, cached_keys, sort_capacity), kOperation,
-               "launching the top-k kernel");
+  check_launch(launch_in_clusters(
+                   topk_kernel, static_cast<unsigned>(p.num_rows * cluster_size),
+                   static_cast<unsigned>(threads), bytes, reinterpret_cast<cudaStream_t>(stream),
+                   static_cast<unsigned>(cluster_size), p, cached_keys, sort_capacity),
+               kOperation, "launching the top-k kernel");
 }
 
 }  // namespace detail
