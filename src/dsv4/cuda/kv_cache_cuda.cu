@@ -254,14 +254,16 @@ __global__ void store_entries_kernel(StoreEntriesProblem p, bool aligned_values)
   const int lane = threadIdx.x % 32;
   const int64_t n = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (n >= p.num_rows) return;
+  // The row's values are requested together with its slot, not after it: one DRAM round trip
+  // before the entry can be written instead of two (a padding row's values are read for nothing).
+  float x[16];
+  load_values<16>(p.values, p.values_dtype, n * p.values_row_stride + 16 * lane, aligned_values, x);
   const int64_t slot = p.slots.at(n);
   if (slot < 0) return;
   if (slot >= p.cache.num_slots()) {
     if (lane == 0) count_invalid(p.invalid_count, 1);
     return;
   }
-  float x[16];
-  load_values<16>(p.values, p.values_dtype, n * p.values_row_stride + 16 * lane, aligned_values, x);
   const bool nonfinite = warp_write_entry<kWide>(x, p.cache, slot, lane);
   if (lane == 0 && nonfinite) count_invalid(p.invalid_count, 1);
 }
