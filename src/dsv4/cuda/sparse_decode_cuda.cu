@@ -512,7 +512,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       for (int s = 0; s < plan.splits; ++s)
         factors[s * kHeads + h] /= denominator;
-      lse = (top + log2f(denominator)) * kLn2;
+      // An empty list leaves the sink alone in the denominator: lse is the sink itself, not
+      // its round trip through log2 units.
+      lse = list_top == -INFINITY ? p.sink[(head0 + h) * p.sink_stride]
+                                  : (top + log2f(denominator)) * kLn2;
     }
     if (!p.lse_includes_sink) {  // log of the list's own sum (FlashMLA's lse)
       float list_sum = 0.0f;
