@@ -34,6 +34,7 @@
 #include "gdn/cuda/device_helpers.cuh"
 #include "gdn/decode_problem.h"
 #include "gdn/gating.h"
+#include "gdn/lean_kernel_fit.h"
 
 namespace hdk {
 namespace gdn {
@@ -62,7 +63,8 @@ struct PackedInput<__half> {
   static constexpr int kPerWord = 2;
   __device__ __forceinline__ static float value(const uint32_t* words, int e) {
     const uint32_t word = words[e / 2];
-    return __half2float(__ushort_as_half(static_cast<unsigned short>(e % 2 == 0 ? word : word >> 16)));
+    return __half2float(
+        __ushort_as_half(static_cast<unsigned short>(e % 2 == 0 ? word : word >> 16)));
   }
   __device__ __forceinline__ static float scalar(uint32_t raw) {
     return __half2float(__ushort_as_half(static_cast<unsigned short>(raw)));
@@ -101,16 +103,13 @@ __device__ __forceinline__ void hide_from_hoisting(T& value) {
   }
 }
 
-// Most tokens one request may have in a call the lean kernel runs (one per lane: the per-token
-// gates and slots are held by lane t).
-constexpr int kLeanMaxTokens = 32;
-
-// Register cap of each lean instance: the lowest multiple of 8 at or above what the compiler
-// takes uncapped, so the cap only fixes the occupancy it already reaches, never forces a spill
-// (every instance checked with -Xptxas -v, table in docs/gdn-cuda-dispatch.md). 255: no cap.
-template <typename StateT, typename InputT, int K, int kRowsPerThread, int kLanes>
+// Register cap of each lean instance: the lowest multiple of 8 with which the compiler spills
+// nothing (every instance checked with -Xptxas -v; table in docs/gdn-cuda-dispatch.md). Uncapped
+// the compiler takes 130-180 and the occupancy of the classic kernel.
+template <typename StateT, typename InputT, int K, int kRowsPerThread, int kLanes,
+          bool kNarrowOffsets, bool kTokenSlots>
 constexpr int lean_multi_token_registers() {
-  return 255;
+  return kNarrowOffsets && !kTokenSlots && sizeof(InputT) == 2 ? 88 : 104;
 }
 
 template <typename StateT, typename InputT, int K, int kRowsPerThread, int kLanes,
@@ -250,8 +249,8 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
     // Padding (or invalid) request: zero output, no slot touched.
     for (Offset t = 0; t < num_tokens; ++t) {
       if (finishes_row) {
-        store_element(p.out.data, p.out.dtype,
-                      token_at(p.out, origin + t, hv) + row_of(owned_row), 0.0f);
+        store_element(p.out.data, p.out.dtype, token_at(p.out, origin + t, hv) + row_of(owned_row),
+                      0.0f);
       }
     }
     return;
