@@ -31,6 +31,7 @@
 
 #include "gdn/cuda/decode_kernel_vk.cuh"
 #include "gdn/cuda/decode_launch.h"
+#include "gdn/cuda/decode_vk_lean_registers.h"
 #include "gdn/cuda/device_helpers.cuh"
 #include "gdn/decode_problem.h"
 #include "gdn/gating.h"
@@ -103,13 +104,15 @@ __device__ __forceinline__ void hide_from_hoisting(T& value) {
   }
 }
 
-// Register cap of each lean instance: the lowest multiple of 8 with which the compiler spills
-// nothing (every instance checked with -Xptxas -v; table in docs/gdn-cuda-dispatch.md). Uncapped
-// the compiler takes 130-180 and the occupancy of the classic kernel.
+// Register cap of each lean instance (decode_vk_lean_registers.h).
 template <typename StateT, typename InputT, int K, int kRowsPerThread, int kLanes,
           bool kNarrowOffsets, bool kTokenSlots>
 constexpr int lean_multi_token_registers() {
-  return kNarrowOffsets && !kTokenSlots && sizeof(InputT) == 2 ? 88 : 104;
+  constexpr LeanInput kInput = std::is_same_v<InputT, float>    ? LeanInput::kFp32
+                               : std::is_same_v<InputT, __half> ? LeanInput::kFp16
+                                                                : LeanInput::kBf16;
+  return lean_register_cap(static_cast<int>(sizeof(StateT)), kInput, K, kRowsPerThread, kLanes,
+                           kNarrowOffsets, kTokenSlots);
 }
 
 template <typename StateT, typename InputT, int K, int kRowsPerThread, int kLanes,
@@ -197,7 +200,7 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
   const DType gate_a_dtype = p.fused_gating ? p.a.dtype : p.g.dtype;
   const DType gate_b_dtype = p.fused_gating ? p.b.dtype : p.beta.dtype;
   uint32_t gate_a_bits = 0, gate_b_bits = 0;
-  int64_t lane_slot = -1;
+  Offset lane_slot = -1;
   auto load_token_scalars = [&](Offset origin, Offset count) {
     const Offset t = lane;
     if (t < count) {
@@ -208,7 +211,11 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
       gate_b_bits = p.fused_gating
                         ? load_raw_element(p.b.data, p.b.dtype, token_at(p.b, token, hv))
                         : load_raw_element(p.beta.data, p.beta.dtype, token_at(p.beta, token, hv));
-      if constexpr (kTokenSlots) lane_slot = per_token_write_slot(p, n, t);
+      // A request longer than the index columns is invalid and runs no token: its columns
+      // past C are not read (they would lie outside the index tensor).
+      if constexpr (kTokenSlots) {
+        if (t < p.index_columns) lane_slot = static_cast<Offset>(per_token_write_slot(p, n, t));
+      }
     }
   };
   auto finish_gates = [&](float A_log, float dt_bias, float& decay, float& beta) {
@@ -244,6 +251,8 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
   const RequestPlan plan = plan_request(p, n);
   if (plan.invalid && hv == 0 && tile == 0 && lane == 0) count_invalid(p);
   const Offset origin = static_cast<Offset>(plan.token_origin);
+  // Slot numbers fit the offset type (narrow: the host checked the pool size).
+  const Offset final_slot = static_cast<Offset>(plan.final_slot);
   const Offset num_tokens = static_cast<Offset>(plan.num_tokens);
   if (plan.read_slot < 0) {
     // Padding (or invalid) request: zero output, no slot touched.
@@ -349,7 +358,7 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
       targets[0] = static_cast<StateT*>(p.intermediate_states) + cache_offset(p, n, t, hv);
     }
     if constexpr (kTokenSlots) {
-      const int64_t slot = __shfl_sync(0xffffffffu, lane_slot, token_lane);
+      const Offset slot = __shfl_sync(0xffffffffu, lane_slot, token_lane);
       if (slot >= 0) targets[1] = pool + slot_offset(p, slot, hv);
     }
 #pragma unroll
@@ -367,8 +376,8 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
     }
   }
 
-  if (plan.final_slot >= 0) {
-    StateT* head = pool + slot_offset(p, plan.final_slot, hv);
+  if (final_slot >= 0) {
+    StateT* head = pool + slot_offset(p, final_slot, hv);
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       if (!row_valid(r)) continue;
