@@ -1,12 +1,12 @@
 // CUDA entry of GDN decode: backend capability checks, the optional host-side index check, the
-// launch plan, and the launch. Kernels: decode_kernel_vk.cuh, decode_kernel_kv.cuh; the choices
-// and the measurements behind them: docs/gdn-cuda-dispatch.md.
+// launch plan, and the launch. Kernels: decode_kernel_vk.cuh (and its lean variant,
+// decode_kernel_vk_lean.cuh), decode_kernel_vk_single.cuh, decode_kernel_kv.cuh; the choices and
+// the measurements behind them: docs/gdn-cuda-dispatch.md.
 #include "gdn/cuda/decode_cuda.h"
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <atomic>
 #include <string>
 #include <vector>
@@ -190,9 +190,8 @@ LaunchPlan plan_launch(const DecodeProblem& p, int sm_count) {
   const int forced_lanes = lanes_override.load();
   if (!single) {
     // Multi-token kernel: independent warps (docs/gdn-cuda-dispatch.md for the measured
-    // choice of rows and lanes).
-    // The lean variant awaits GPU timing, so only a forced choice runs it; it holds one token
-    // per lane, so longer requests stay on the classic kernel.
+    // choice of rows and lanes). The lean variant awaits GPU timing, so only a forced choice
+    // runs it; it holds one token per lane, so longer requests stay on the classic kernel.
     plan.kernel = DecodeKernel::kVK;
     if (variant_override.load() == MultiTokenVariant::kLean &&
         most_tokens_per_request(p) <= kLeanMaxTokens) {
