@@ -2,7 +2,8 @@
 // kernel (decode_kernel_vk.cuh). Same work split and the same arithmetic per row (a warp owns a
 // tile of rows of one (request, head), each lane R rows x K / L columns in fp32 registers across
 // the tokens, one butterfly for all dots), with fewer values live in the token loop, so that
-// more warps fit an SM without a spill (the classic kernel needs 146-174 registers uncapped):
+// more warps fit an SM without a spill (the classic kernel takes 146-174 registers uncapped and
+// is capped at 128):
 // - q, k and v have their dtype as a template parameter, and q and k stay in the 32-bit words
 //   they were loaded as; an element is converted where it is used (a shift or a mask for
 //   bf16), once per column for all rows (columns outside, rows inside);
@@ -10,11 +11,11 @@
 //   token, and broadcast by a shuffle when the token runs: no lane holds the gate inputs of the
 //   next token or computes exp and sigmoid for every token. So a call runs here only when no
 //   request has more than 32 tokens (kLeanMaxTokens; the dispatcher checks it): reloading the
-//   gates inside the loop every 32 tokens cost 8 registers in every instance;
+//   gates inside the loop every 32 tokens raised the lowest spill-free register cap by 8;
 // - token offsets (q, k, v, out, the gates) are 32-bit where the host proved every offset of the
 //   call fits (token_offsets_fit_32_bits); pool and verify-cache offsets stay 64-bit;
 // - the per-token pool slots of 2-D state_indices are compiled only into the instances the
-//   launcher picks for such calls, their slots fetched 32 tokens at a time like the gates;
+//   launcher picks for such calls, their slots read once, token t's by lane t, like the gates;
 // - only the next token's q, k and v are loaded ahead, v only by the lanes that finish a row, and
 //   only once this token's q is consumed (the load addresses depend on this token's k norm, so
 //   the instruction scheduler cannot move the loads up next to both vectors of the token);
