@@ -314,7 +314,11 @@ void print_usage() {
       "                        kernel 4, 8 or 16; multi-token kernel 2, 4 or 8\n"
       "  --lanes-per-row N     force the multi-token kernel's lanes per state row (tuning,\n"
       "                        K = 128: bf16 8 or 16, fp32 16 or 32)\n"
-      "  --multi-token-kernel  use the multi-token kernel for T = 1 too (tuning)\n");
+      "  --multi-token-kernel  use the multi-token kernel for T = 1 too (tuning)\n"
+      "  --multi-token-variant classic|lean\n"
+      "                        which build of the multi-token kernel runs (default: the\n"
+      "                        dispatcher's, classic); lean takes up to 32 tokens per request\n"
+      "  --wide-offsets        lean variant: 64-bit token offsets even where 32 bits fit\n");
 }
 
 }  // namespace
@@ -347,6 +351,11 @@ int gdn_command(Options& options) {
   const int64_t forced_rows = options.integer("rows-per-thread", 0);
   const int64_t forced_lanes = options.integer("lanes-per-row", 0);
   const bool multi_token_always = options.flag("multi-token-kernel");
+  const std::string variant = options.text("multi-token-variant", "");
+  const bool wide_offsets = options.flag("wide-offsets");
+  if (!variant.empty() && variant != "classic" && variant != "lean") {
+    throw std::runtime_error("--multi-token-variant classic|lean");
+  }
   options.reject_unused();
 #ifdef HDK_WITH_CUDA
   gdn::detail::LaunchOverride forced;
@@ -354,9 +363,13 @@ int gdn_command(Options& options) {
   forced.rows_per_thread = static_cast<int>(forced_rows);
   forced.lanes_per_row = static_cast<int>(forced_lanes);
   if (multi_token_always) forced.one_token_kernel = gdn::detail::OneTokenKernel::kMultiToken;
+  if (variant == "classic") forced.multi_token_variant = gdn::detail::MultiTokenVariant::kClassic;
+  if (variant == "lean") forced.multi_token_variant = gdn::detail::MultiTokenVariant::kLean;
+  forced.wide_offsets = wide_offsets;
   gdn::detail::set_launch_override(forced);
 #else
-  if (forced_warps != 0 || forced_rows != 0 || forced_lanes != 0 || multi_token_always) {
+  if (forced_warps != 0 || forced_rows != 0 || forced_lanes != 0 || multi_token_always ||
+      !variant.empty() || wide_offsets) {
     throw std::runtime_error("the kernel tuning options need the CUDA backend");
   }
 #endif

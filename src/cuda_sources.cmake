@@ -3,6 +3,8 @@ list(APPEND HDK_CUDA_SOURCES
   gdn/cuda/decode_cuda.cu
   gdn/cuda/decode_vk_float.cu
   gdn/cuda/decode_vk_bf16.cu
+  gdn/cuda/decode_vk_lean_float.cu
+  gdn/cuda/decode_vk_lean_bf16.cu
   gdn/cuda/decode_vk_single_float.cu
   gdn/cuda/decode_vk_single_bf16.cu
   gdn/cuda/decode_kv_float.cu

@@ -14,6 +14,8 @@
 
 #ifdef HDK_WITH_CUDA
 #include <cuda_runtime.h>
+
+#include "gdn/cuda/decode_cuda.h"
 #endif
 
 namespace hdk {
@@ -30,6 +32,26 @@ namespace {
 
 void check(cudaError_t status) {
   ASSERT_EQ(status, cudaSuccess) << cudaGetErrorString(status);
+}
+
+using gdn::detail::MultiTokenVariant;
+
+// Forces a multi-token kernel variant for a scope; restored however the scope ends.
+class ForcedVariant {
+ public:
+  explicit ForcedVariant(MultiTokenVariant variant) {
+    gdn::detail::LaunchOverride forced;
+    forced.multi_token_variant = variant;
+    gdn::detail::set_launch_override(forced);
+  }
+  ~ForcedVariant() { gdn::detail::set_launch_override(gdn::detail::LaunchOverride()); }
+  ForcedVariant(const ForcedVariant&) = delete;
+  ForcedVariant& operator=(const ForcedVariant&) = delete;
+};
+
+const char* variant_name(MultiTokenVariant variant) {
+  return variant == MultiTokenVariant::kLean ? "lean multi-token kernel"
+                                             : "classic multi-token kernel";
 }
 
 // Runs a small case inside a much larger problem on the GPU: its slots are placed at
@@ -171,31 +193,35 @@ BufferContents run_embedded(const GdnCase& c, const Embedding& e, std::vector<in
 TEST(GdnDecodeCuda, PoolLargerThan4GiB) {
   HDK_SKIP_WITHOUT_CUDA();
 #ifdef HDK_WITH_CUDA
-  for (DType state : {DType::kFloat32, DType::kBFloat16}) {
-    for (gdn::StateLayout layout : {gdn::StateLayout::kVK, gdn::StateLayout::kKV}) {
-      GdnCaseConfig config;
-      config.B = 4, config.T = 2, config.H = 16, config.HV = 64, config.K = 128, config.V = 128;
-      config.state_dtype = state;
-      config.layout = layout;
-      config.padding_fraction = 0.25;
-      config.seed = 4242;
-      SCOPED_TRACE(config.describe());
-      const GdnCase c(config);
-      const int64_t slot_bytes = 64 * 128 * 128 * static_cast<int64_t>(dtype_size(state));
-      Embedding e;
-      e.pool_slots = (int64_t{9} << 30) / 2 / slot_bytes + 16;  // 4.5 GiB of pool
-      e.slot_of = [&](int64_t s) { return e.pool_slots - 2 - 3 * s; };
-      e.batch = config.B;
-      for (int64_t n = 0; n < config.B; ++n)
-        e.row_of.push_back(n);
-      ASSERT_GT(e.slot_of(0) * slot_bytes, int64_t{1} << 32);
-      std::vector<int64_t> used;
-      std::vector<uint8_t> neighbours_ok;
-      const BufferContents actual = run_embedded(c, e, &used, &neighbours_ok);
-      EXPECT_TRUE(outputs_match(c, run_reference(c), actual));
-      ASSERT_FALSE(neighbours_ok.empty());
-      for (uint8_t ok : neighbours_ok)
-        EXPECT_EQ(ok, 1) << "a slot next to a used one changed";
+  for (MultiTokenVariant variant : {MultiTokenVariant::kClassic, MultiTokenVariant::kLean}) {
+    const ForcedVariant forced(variant);
+    SCOPED_TRACE(variant_name(variant));
+    for (DType state : {DType::kFloat32, DType::kBFloat16}) {
+      for (gdn::StateLayout layout : {gdn::StateLayout::kVK, gdn::StateLayout::kKV}) {
+        GdnCaseConfig config;
+        config.B = 4, config.T = 2, config.H = 16, config.HV = 64, config.K = 128, config.V = 128;
+        config.state_dtype = state;
+        config.layout = layout;
+        config.padding_fraction = 0.25;
+        config.seed = 4242;
+        SCOPED_TRACE(config.describe());
+        const GdnCase c(config);
+        const int64_t slot_bytes = 64 * 128 * 128 * static_cast<int64_t>(dtype_size(state));
+        Embedding e;
+        e.pool_slots = (int64_t{9} << 30) / 2 / slot_bytes + 16;  // 4.5 GiB of pool
+        e.slot_of = [&](int64_t s) { return e.pool_slots - 2 - 3 * s; };
+        e.batch = config.B;
+        for (int64_t n = 0; n < config.B; ++n)
+          e.row_of.push_back(n);
+        ASSERT_GT(e.slot_of(0) * slot_bytes, int64_t{1} << 32);
+        std::vector<int64_t> used;
+        std::vector<uint8_t> neighbours_ok;
+        const BufferContents actual = run_embedded(c, e, &used, &neighbours_ok);
+        EXPECT_TRUE(outputs_match(c, run_reference(c), actual));
+        ASSERT_FALSE(neighbours_ok.empty());
+        for (uint8_t ok : neighbours_ok)
+          EXPECT_EQ(ok, 1) << "a slot next to a used one changed";
+      }
     }
   }
 #endif
@@ -206,36 +232,35 @@ TEST(GdnDecodeCuda, PoolLargerThan4GiB) {
 TEST(GdnDecodeCuda, IntermediateCacheBeyond2To31Elements) {
   HDK_SKIP_WITHOUT_CUDA();
 #ifdef HDK_WITH_CUDA
-  GdnCaseConfig config;
-  config.B = 3, config.T = 8, config.H = 16, config.HV = 64, config.K = 128, config.V = 128;
-  config.state_dtype = DType::kBFloat16;
-  config.intermediate = true;
-  config.update_state = false;
-  config.seed = 777;
-  SCOPED_TRACE(config.describe());
-  const GdnCase c(config);
-  Embedding e;
-  e.pool_slots = c.pool_size();
-  e.slot_of = [](int64_t s) { return s; };
-  e.batch = 260;  // 260 * 8 * 64 * 128 * 128 = 2.18e9 elements > 2^31
-  e.row_of = {0, 258, 259};
-  ASSERT_GT(e.batch * 8 * 64 * 128 * 128, int64_t{1} << 31);
-  std::vector<int64_t> used;
-  std::vector<uint8_t> neighbours_ok;
-  const BufferContents actual = run_embedded(c, e, &used, &neighbours_ok);
-  EXPECT_TRUE(outputs_match(c, run_reference(c), actual));
+  for (MultiTokenVariant variant : {MultiTokenVariant::kClassic, MultiTokenVariant::kLean}) {
+    const ForcedVariant forced(variant);
+    SCOPED_TRACE(variant_name(variant));
+    GdnCaseConfig config;
+    config.B = 3, config.T = 8, config.H = 16, config.HV = 64, config.K = 128, config.V = 128;
+    config.state_dtype = DType::kBFloat16;
+    config.intermediate = true;
+    config.update_state = false;
+    config.seed = 777;
+    SCOPED_TRACE(config.describe());
+    const GdnCase c(config);
+    Embedding e;
+    e.pool_slots = c.pool_size();
+    e.slot_of = [](int64_t s) { return s; };
+    e.batch = 260;  // 260 * 8 * 64 * 128 * 128 = 2.18e9 elements > 2^31
+    e.row_of = {0, 258, 259};
+    ASSERT_GT(e.batch * 8 * 64 * 128 * 128, int64_t{1} << 31);
+    std::vector<int64_t> used;
+    std::vector<uint8_t> neighbours_ok;
+    const BufferContents actual = run_embedded(c, e, &used, &neighbours_ok);
+    EXPECT_TRUE(outputs_match(c, run_reference(c), actual));
+  }
 #endif
 }
 
-// A captured decode replays with whatever the buffers hold at replay time, on a user stream.
-TEST(GdnDecodeCuda, GraphCaptureAndReplay) {
-  HDK_SKIP_WITHOUT_CUDA();
 #ifdef HDK_WITH_CUDA
-  GdnCaseConfig config;
-  config.B = 16, config.T = 1, config.H = 8, config.HV = 32, config.K = 128, config.V = 128;
-  config.state_dtype = DType::kBFloat16;
-  config.padding_fraction = 0.25;
-  config.seed = 31;
+// Captures one decode of `config` on a user stream, then replays it with fresh inputs, pool and
+// indices written into the captured buffers.
+void capture_and_replay(GdnCaseConfig config) {
   const GdnCase first(config);
   std::vector<DeviceBuffer> memory;
   std::vector<void*> bases;
@@ -253,8 +278,8 @@ TEST(GdnDecodeCuda, GraphCaptureAndReplay) {
   cudaGraphExec_t exec = nullptr;
   check(cudaGraphInstantiate(&exec, graph, 0));
 
-  for (uint64_t seed : {31, 32, 33}) {
-    // Same shapes, fresh inputs, pool and indices written into the captured buffers.
+  const uint64_t first_seed = config.seed;
+  for (uint64_t seed : {first_seed, first_seed + 1, first_seed + 2}) {
     config.seed = seed;
     const GdnCase c(config);
     for (size_t i = 0; i < c.buffers().size(); ++i) {
@@ -272,6 +297,38 @@ TEST(GdnDecodeCuda, GraphCaptureAndReplay) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+}
+#endif  // HDK_WITH_CUDA
+
+// A captured decode replays with whatever the buffers hold at replay time, on a user stream.
+TEST(GdnDecodeCuda, GraphCaptureAndReplay) {
+  HDK_SKIP_WITHOUT_CUDA();
+#ifdef HDK_WITH_CUDA
+  GdnCaseConfig config;
+  config.B = 16, config.T = 1, config.H = 8, config.HV = 32, config.K = 128, config.V = 128;
+  config.state_dtype = DType::kBFloat16;
+  config.padding_fraction = 0.25;
+  config.seed = 31;
+  capture_and_replay(config);
+#endif
+}
+
+// The same for a verify pass (T = 2, cache on) through both multi-token variants.
+TEST(GdnDecodeCuda, MultiTokenGraphCaptureAndReplay) {
+  HDK_SKIP_WITHOUT_CUDA();
+#ifdef HDK_WITH_CUDA
+  for (MultiTokenVariant variant : {MultiTokenVariant::kClassic, MultiTokenVariant::kLean}) {
+    const ForcedVariant forced(variant);
+    SCOPED_TRACE(variant_name(variant));
+    GdnCaseConfig config;
+    config.B = 8, config.T = 2, config.H = 8, config.HV = 32, config.K = 128, config.V = 128;
+    config.state_dtype = DType::kBFloat16;
+    config.intermediate = true;
+    config.update_state = false;
+    config.padding_fraction = 0.25;
+    config.seed = 41;
+    capture_and_replay(config);
+  }
 #endif
 }
 

@@ -97,6 +97,23 @@ std::vector<GdnCaseConfig> semantic_cases() {
     }
   }
 
+  // The lean multi-token kernel holds one token per lane: 32 tokens (every lane, 2-D indices
+  // and the cache) and 40 (more than it takes: the classic kernel runs even when lean is forced).
+  for (DType state : {DType::kFloat32, DType::kBFloat16}) {
+    GdnCaseConfig c;
+    c.B = 3, c.T = 32, c.H = 2, c.HV = 4, c.K = 128, c.V = 32;
+    c.state_dtype = state;
+    c.indices = IndexKind::kPerToken;
+    c.num_accepted_tokens = true;
+    c.intermediate = true;
+    add(c);
+    c.T = 40;
+    c.indices = IndexKind::kPerRequest;
+    c.num_accepted_tokens = false;
+    c.padding_fraction = 0.3;
+    add(c);
+  }
+
   // Input and output dtypes; fp32 end to end is held to 1e-5.
   for (DType input : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
     for (StateLayout layout : {StateLayout::kVK, StateLayout::kKV}) {
@@ -251,26 +268,45 @@ TEST_P(GdnDecodeSemantics, MatchesReference) {
   const BufferContents actual = run_backend(test_case, backend);
   EXPECT_TRUE(outputs_match(test_case, expected, actual));
 #ifdef HDK_WITH_CUDA
-  // The dispatcher sends one-token calls to either of two kernels depending on the batch: both
-  // must honour every semantic of the grid, whichever the grid's sizes select.
+  // The dispatcher sends one-token calls to either of two kernels depending on the batch, and
+  // multi-token calls to the classic multi-token kernel or its lean variant (32- or 64-bit token
+  // offsets): each must honour every semantic of the grid, whichever the grid's sizes select.
   if (backend == Backend::kCUDA) {
+    using gdn::detail::LaunchOverride;
+    using gdn::detail::MultiTokenVariant;
     using gdn::detail::OneTokenKernel;
-    for (OneTokenKernel kernel : {OneTokenKernel::kOneToken, OneTokenKernel::kMultiToken}) {
+    struct Forced {
+      const char* name;
+      OneTokenKernel one_token;
+      MultiTokenVariant variant;
+      bool wide_offsets;
+    };
+    const Forced forced_runs[] = {
+        {"one-token kernel forced", OneTokenKernel::kOneToken, MultiTokenVariant::kClassic, false},
+        {"classic multi-token kernel forced", OneTokenKernel::kMultiToken,
+         MultiTokenVariant::kClassic, false},
+        {"lean multi-token kernel forced", OneTokenKernel::kMultiToken, MultiTokenVariant::kLean,
+         false},
+        {"lean multi-token kernel forced, 64-bit token offsets", OneTokenKernel::kMultiToken,
+         MultiTokenVariant::kLean, true},
+    };
+    for (const Forced& run : forced_runs) {
       // Restored however the call ends: a throwing backend must not leave later tests on a
       // forced kernel.
       struct ForcedKernel {
-        explicit ForcedKernel(OneTokenKernel kernel) {
-          gdn::detail::LaunchOverride forced;
-          forced.one_token_kernel = kernel;
+        explicit ForcedKernel(const Forced& run) {
+          LaunchOverride forced;
+          forced.one_token_kernel = run.one_token;
+          forced.multi_token_variant = run.variant;
+          forced.wide_offsets = run.wide_offsets;
           gdn::detail::set_launch_override(forced);
         }
-        ~ForcedKernel() { gdn::detail::set_launch_override(gdn::detail::LaunchOverride()); }
+        ~ForcedKernel() { gdn::detail::set_launch_override(LaunchOverride()); }
       };
-      SCOPED_TRACE(kernel == OneTokenKernel::kOneToken ? "one-token kernel forced"
-                                                       : "multi-token kernel forced");
+      SCOPED_TRACE(run.name);
       BufferContents forced_actual;
       {
-        const ForcedKernel forced(kernel);
+        const ForcedKernel forced(run);
         forced_actual = run_backend(test_case, backend);
       }
       EXPECT_TRUE(outputs_match(test_case, expected, forced_actual));

@@ -1,12 +1,12 @@
 // CUDA entry of GDN decode: backend capability checks, the optional host-side index check, the
-// launch plan, and the launch. Kernels: decode_kernel_vk.cuh, decode_kernel_kv.cuh; the choices
-// and the measurements behind them: docs/gdn-cuda-dispatch.md.
+// launch plan, and the launch. Kernels: decode_kernel_vk.cuh (and its lean variant,
+// decode_kernel_vk_lean.cuh), decode_kernel_vk_single.cuh, decode_kernel_kv.cuh; the choices and
+// the measurements behind them: docs/gdn-cuda-dispatch.md.
 #include "gdn/cuda/decode_cuda.h"
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <atomic>
 #include <string>
 #include <vector>
@@ -14,6 +14,7 @@
 #include "core/argument_checks.h"
 #include "gdn/cuda/decode_launch.h"
 #include "gdn/decode_validation.h"
+#include "gdn/lean_kernel_fit.h"
 #include "hdk/error.h"
 
 namespace hdk {
@@ -29,6 +30,8 @@ std::atomic<int> warps_override{0};
 std::atomic<int> rows_override{0};
 std::atomic<int> lanes_override{0};
 std::atomic<OneTokenKernel> one_token_override{OneTokenKernel::kAuto};
+std::atomic<MultiTokenVariant> variant_override{MultiTokenVariant::kAuto};
+std::atomic<bool> wide_offsets_override{false};
 
 void check_cuda(cudaError_t status, const char* what) {
   if (status != cudaSuccess) {
@@ -124,12 +127,6 @@ void check_indices_on_host(const DecodeProblem& problem, const DecodeParams& par
 
 }  // namespace
 
-int vk_rows_per_warp(DType state_dtype, int64_t head_k, int rows_per_thread) {
-  const int vec = state_dtype == DType::kFloat32 ? 4 : 8;
-  const int lanes_per_row = static_cast<int>(std::min<int64_t>(32, head_k / vec));
-  return (32 / lanes_per_row) * rows_per_thread;
-}
-
 void check_row_coverage(const DecodeProblem& problem, int warps_per_cta, int rows_per_warp,
                         int64_t tiles_per_head) {
   if (int64_t{warps_per_cta} * rows_per_warp * tiles_per_head >= problem.head_v) return;
@@ -147,6 +144,8 @@ void set_launch_override(const LaunchOverride& forced) {
   rows_override.store(forced.rows_per_thread);
   lanes_override.store(forced.lanes_per_row);
   one_token_override.store(forced.one_token_kernel);
+  variant_override.store(forced.multi_token_variant);
+  wide_offsets_override.store(forced.wide_offsets);
 }
 
 const char* decode_kernel_name(DecodeKernel kernel) {
@@ -155,6 +154,8 @@ const char* decode_kernel_name(DecodeKernel kernel) {
       return "vk1";
     case DecodeKernel::kKV:
       return "kv";
+    case DecodeKernel::kVKLean:
+      return "vkl";
     case DecodeKernel::kVK:
       break;
   }
@@ -189,13 +190,24 @@ LaunchPlan plan_launch(const DecodeProblem& p, int sm_count) {
   const int forced_lanes = lanes_override.load();
   if (!single) {
     // Multi-token kernel: independent warps (docs/gdn-cuda-dispatch.md for the measured
-    // choice of rows and lanes).
+    // choice of rows and lanes). The lean variant serves bf16 state with T > 1: on an H100
+    // (Qwen3.5-397B, B >= 8) it is 1.12-1.25x the classic kernel (T = 2, B = 256: 593 vs 739 us,
+    // 92% of copy); with fp32 state the two are within 1-4% of each other, so the classic one
+    // (measured longer) stays. It holds one token per lane: longer requests stay classic.
+    const MultiTokenVariant variant = variant_override.load();
+    const bool lean_by_default = p.state_dtype == DType::kBFloat16 && !one_token;
+    const bool lean = variant == MultiTokenVariant::kLean ||
+                      (variant == MultiTokenVariant::kAuto && lean_by_default);
     plan.kernel = DecodeKernel::kVK;
+    if (lean && most_tokens_per_request(p) <= kLeanMaxTokens) {
+      plan.kernel = DecodeKernel::kVKLean;
+      plan.narrow_offsets = !wide_offsets_override.load() && token_offsets_fit_32_bits(p);
+    }
     plan.warps_per_cta = kMultiTokenWarpsPerCta;
     plan.lanes_per_row = forced_lanes > 0 ? forced_lanes : full_lanes;
     plan.rows_per_thread =
         forced_rows > 0 ? forced_rows : multi_token_default_rows(state_bytes, p.head_k);
-    const int rows_per_warp = (32 / plan.lanes_per_row) * plan.rows_per_thread;
+    const int rows_per_warp = vk_rows_per_warp(plan.lanes_per_row, plan.rows_per_thread);
     plan.tiles_per_head = ceil_div(p.head_v, rows_per_warp);
     plan.ctas = ceil_div(heads * plan.tiles_per_head, plan.warps_per_cta);
     return plan;
@@ -215,7 +227,7 @@ LaunchPlan plan_launch(const DecodeProblem& p, int sm_count) {
   if (const int forced = warps_override.load(); forced >= 1 && forced <= 8) {
     plan.warps_per_cta = forced;
   }
-  const int rows_per_warp = vk_rows_per_warp(p.state_dtype, p.head_k, plan.rows_per_thread);
+  const int rows_per_warp = vk_rows_per_warp(plan.lanes_per_row, plan.rows_per_thread);
   plan.tiles_per_head = ceil_div(p.head_v, int64_t{plan.warps_per_cta} * rows_per_warp);
   plan.ctas = heads * plan.tiles_per_head;
   return plan;
@@ -242,6 +254,14 @@ void decode_cuda(const DecodeProblem& problem, const DecodeParams& params, CudaS
     } else {
       launch_decode_vk_single<__nv_bfloat16>(problem, plan.warps_per_cta, plan.rows_per_thread,
                                              plan.tiles_per_head, cuda_stream);
+    }
+  } else if (plan.kernel == DecodeKernel::kVKLean) {
+    if (fp32) {
+      launch_decode_vk_lean<float>(problem, plan.lanes_per_row, plan.rows_per_thread,
+                                   plan.tiles_per_head, plan.narrow_offsets, cuda_stream);
+    } else {
+      launch_decode_vk_lean<__nv_bfloat16>(problem, plan.lanes_per_row, plan.rows_per_thread,
+                                           plan.tiles_per_head, plan.narrow_offsets, cuda_stream);
     }
   } else if (plan.kernel == DecodeKernel::kVK) {
     if (fp32) {

@@ -18,11 +18,13 @@ void decode_cuda(const DecodeProblem& problem, const DecodeParams& params, CudaS
 // Which decode kernel a launch uses.
 enum class DecodeKernel {
   kVK,        // [V, K] state, any number of tokens per request (decode_kernel_vk.cuh)
+  kVKLean,    // [V, K] state, up to 32 tokens per request, fewer registers
+              // (decode_kernel_vk_lean.cuh)
   kVKSingle,  // [V, K] state, one token per request (decode_kernel_vk_single.cuh)
   kKV,        // [K, V] state (decode_kernel_kv.cuh)
 };
 
-// The short name hdk-bench prints: "vk", "vk1" or "kv".
+// The short name hdk-bench prints: "vk", "vkl", "vk1" or "kv".
 const char* decode_kernel_name(DecodeKernel kernel);
 
 // Launch geometry the dispatcher picks, exposed for hdk-bench's tuning sweep.
@@ -31,8 +33,9 @@ struct LaunchPlan {
   int warps_per_cta = 0;
   int rows_per_thread = 0;
   int lanes_per_row = 0;       // lanes sharing one state row (kVK kernels)
-  int64_t tiles_per_head = 0;  // row tiles of one head: CTAs (vk1, kv) or warps (vk)
+  int64_t tiles_per_head = 0;  // row tiles of one head: CTAs (vk1, kv) or warps (vk, vkl)
   int64_t ctas = 0;
+  bool narrow_offsets = false;  // vkl: 32-bit token offsets (token_offsets_fit_32_bits)
 };
 
 LaunchPlan plan_launch(const DecodeProblem& problem, int sm_count);
@@ -40,15 +43,23 @@ LaunchPlan plan_launch(const DecodeProblem& problem, int sm_count);
 // Which kernel serves one-token calls: the dispatcher's choice, or one of the two forced.
 enum class OneTokenKernel { kAuto, kOneToken, kMultiToken };
 
+// Which build of the multi-token kernel runs: the dispatcher's choice (today the classic one),
+// the classic kernel, or the lean variant (for calls of at most 32 tokens per request; longer
+// ones run the classic kernel whatever is forced).
+enum class MultiTokenVariant { kAuto, kClassic, kLean };
+
 // Tuning and test aid, affecting every later call in the process: forces the VK kernels' warps
 // per CTA (one-token kernel), rows per thread and lanes per row (0 = the
-// dispatcher's choice), and the kernel of one-token calls (the tests run both). A combination
-// no kernel was built for is an error at launch.
+// dispatcher's choice), the kernel of one-token calls and the multi-token variant (the tests
+// run each), and 64-bit token offsets in the lean variant where 32 bits would do (so tests
+// cover both of its builds). A combination no kernel was built for is an error at launch.
 struct LaunchOverride {
   int warps = 0;
   int rows_per_thread = 0;
   int lanes_per_row = 0;
   OneTokenKernel one_token_kernel = OneTokenKernel::kAuto;
+  MultiTokenVariant multi_token_variant = MultiTokenVariant::kAuto;
+  bool wide_offsets = false;
 };
 void set_launch_override(const LaunchOverride& forced);
 

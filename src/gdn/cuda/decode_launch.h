@@ -12,16 +12,18 @@ namespace hdk {
 namespace gdn {
 namespace detail {
 
-// Rows one warp of the VK kernel covers for a state dtype, K and rows per thread (2 or 4: the
-// rows a thread keeps in registers, i.e. its 16-byte state loads in flight).
-int vk_rows_per_warp(DType state_dtype, int64_t head_k, int rows_per_thread);
-
 // State columns one CTA of the KV kernel covers (8 lanes x one 16-byte fragment).
 int kv_columns_per_cta(DType state_dtype);
 
 // Lanes that share one state row when each lane reads whole 16-byte fragments of it.
 constexpr int full_lanes_per_row(int state_bytes, int64_t head_k) {
   return head_k / (16 / state_bytes) < 32 ? static_cast<int>(head_k / (16 / state_bytes)) : 32;
+}
+
+// Rows one warp of a VK kernel covers: (32 / lanes per row) rows per pass, rows_per_thread
+// passes.
+constexpr int vk_rows_per_warp(int lanes_per_row, int rows_per_thread) {
+  return (32 / lanes_per_row) * rows_per_thread;
 }
 
 // The multi-token kernel's rows per thread where the dispatcher has no measured choice: as
@@ -43,6 +45,13 @@ constexpr int kMultiTokenWarpsPerCta = 4;
 template <typename StateT>
 void launch_decode_vk(const DecodeProblem& problem, int lanes_per_row, int rows_per_thread,
                       int64_t tiles_per_head, cudaStream_t stream);
+
+// The lean variant of the multi-token kernel (decode_kernel_vk_lean.cuh), same shapes; only for
+// calls whose requests have at most kLeanMaxTokens tokens. narrow_offsets: the call's token
+// offsets fit in 32 bits (token_offsets_fit_32_bits).
+template <typename StateT>
+void launch_decode_vk_lean(const DecodeProblem& problem, int lanes_per_row, int rows_per_thread,
+                           int64_t tiles_per_head, bool narrow_offsets, cudaStream_t stream);
 
 // Throws unless tiles_per_head tiles of warps_per_cta x rows_per_warp rows cover a head's V
 // rows: the host's launch plan must agree with the compile-time shape of the kernel it picked,

@@ -1,0 +1,395 @@
+// GDN decode for pools in layout kVK, any number of tokens: the lean variant of the multi-token
+// kernel (decode_kernel_vk.cuh). Same work split and the same arithmetic per row (a warp owns a
+// tile of rows of one (request, head), each lane R rows x K / L columns in fp32 registers across
+// the tokens, one butterfly for all dots), with fewer values live in the token loop, so that
+// more warps fit an SM without a spill (the classic kernel takes 146-174 registers uncapped and
+// is capped at 128):
+// - q, k and v have their dtype as a template parameter, and q and k stay in the 32-bit words
+//   they were loaded as; an element is converted where it is used (a shift or a mask for
+//   bf16), once per column for all rows (columns outside, rows inside);
+// - the decay and beta of token t are computed once, by lane t of the warp, before the first
+//   token, and broadcast by a shuffle when the token runs: no lane holds the gate inputs of the
+//   next token or computes exp and sigmoid for every token. So a call runs here only when no
+//   request has more than 32 tokens (kLeanMaxTokens; the dispatcher checks it): reloading the
+//   gates inside the loop every 32 tokens raised the lowest spill-free register cap by 8;
+// - token offsets (q, k, v, out, the gates) are 32-bit where the host proved every offset of the
+//   call fits (token_offsets_fit_32_bits); pool and verify-cache offsets stay 64-bit;
+// - the per-token pool slots of 2-D state_indices are compiled only into the instances the
+//   launcher picks for such calls, their slots read once, token t's by lane t, like the gates;
+// - only the next token's q, k and v are loaded ahead, v only by the lanes that finish a row, and
+//   only once this token's q is consumed (the load addresses depend on this token's k norm, so
+//   the instruction scheduler cannot move the loads up next to both vectors of the token);
+// - request and head indices are hidden from loop-invariant hoisting, so per-token offsets are
+//   recomputed (a few integer instructions) instead of held in registers across the tokens.
+// Register counts of every instance: docs/gdn-cuda-dispatch.md.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "gdn/cuda/decode_kernel_vk.cuh"
+#include "gdn/cuda/decode_launch.h"
+#include "gdn/cuda/decode_vk_lean_registers.h"
+#include "gdn/cuda/device_helpers.cuh"
+#include "gdn/decode_problem.h"
+#include "gdn/gating.h"
+#include "gdn/lean_kernel_fit.h"
+
+namespace hdk {
+namespace gdn {
+namespace detail {
+
+// q, k or v elements of type InputT as the 32-bit words they were loaded in; value(words, e)
+// converts element e of a lane's run of elements.
+template <typename InputT>
+struct PackedInput;
+
+template <>
+struct PackedInput<__nv_bfloat16> {
+  static constexpr int kPerWord = 2;
+  __device__ __forceinline__ static float value(const uint32_t* words, int e) {
+    // bf16 -> fp32 is a 16-bit shift (low half) or a mask (high half).
+    const uint32_t word = words[e / 2];
+    return __uint_as_float(e % 2 == 0 ? word << 16 : word & 0xffff0000u);
+  }
+  __device__ __forceinline__ static float scalar(uint32_t raw) {
+    return __uint_as_float(raw << 16);
+  }
+};
+
+template <>
+struct PackedInput<__half> {
+  static constexpr int kPerWord = 2;
+  __device__ __forceinline__ static float value(const uint32_t* words, int e) {
+    const uint32_t word = words[e / 2];
+    return __half2float(
+        __ushort_as_half(static_cast<unsigned short>(e % 2 == 0 ? word : word >> 16)));
+  }
+  __device__ __forceinline__ static float scalar(uint32_t raw) {
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(raw)));
+  }
+};
+
+template <>
+struct PackedInput<float> {
+  static constexpr int kPerWord = 1;
+  __device__ __forceinline__ static float value(const uint32_t* words, int e) {
+    return __uint_as_float(words[e]);
+  }
+  __device__ __forceinline__ static float scalar(uint32_t raw) { return __uint_as_float(raw); }
+};
+
+// The raw bits of one element of a q/k/v-typed tensor (converted by PackedInput::scalar).
+template <typename InputT>
+__device__ __forceinline__ uint32_t load_input_bits(const void* base, int64_t offset) {
+  if constexpr (sizeof(InputT) == 4) {
+    return __ldg(static_cast<const unsigned int*>(base) + offset);
+  } else {
+    return __ldg(static_cast<const unsigned short*>(base) + offset);
+  }
+}
+
+// Makes `value` look changed to the optimizer, at no cost: what the token loop computes from it
+// (token offsets, pointers) is then computed where it is used instead of being hoisted out of
+// the loop into registers held across all tokens, which would cost more warps per SM than the
+// few integer instructions per token it saves.
+template <typename T>
+__device__ __forceinline__ void hide_from_hoisting(T& value) {
+  if constexpr (sizeof(T) == 8) {
+    asm volatile("" : "+l"(value));
+  } else {
+    asm volatile("" : "+r"(value));
+  }
+}
+
+// Register cap of each lean instance (decode_vk_lean_registers.h).
+template <typename StateT, typename InputT, int K, int kRowsPerThread, int kLanes,
+          bool kNarrowOffsets, bool kTokenSlots>
+constexpr int lean_multi_token_registers() {
+  constexpr LeanInput kInput = std::is_same_v<InputT, float>    ? LeanInput::kFp32
+                               : std::is_same_v<InputT, __half> ? LeanInput::kFp16
+                                                                : LeanInput::kBf16;
+  return lean_register_cap(static_cast<int>(sizeof(StateT)), kInput, K, kRowsPerThread, kLanes,
+                           kNarrowOffsets, kTokenSlots);
+}
+
+template <typename StateT, typename InputT, int K, int kRowsPerThread, int kLanes,
+          bool kNarrowOffsets, bool kTokenSlots, int kMaxRegisters>
+__global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxRegisters)
+    gdn_decode_vk_lean_kernel(const DecodeProblem p, int64_t tiles_per_head) {
+  using Shape = VKShape<StateT, K, kRowsPerThread, kLanes>;
+  using Input = PackedInput<InputT>;
+  // Token offsets: 32-bit only where the launcher proved they fit.
+  using Offset = std::conditional_t<kNarrowOffsets, int32_t, int64_t>;
+  constexpr int kVec = Shape::kVec;
+  constexpr int kFragments = Shape::kFragmentsPerLane;
+  constexpr int kValues = Shape::kValuesPerLane;
+  constexpr int kRows = kRowsPerThread;
+  constexpr int kDots = 2 * kRows;  // (S.k, S.q) per row, interleaved
+  constexpr int kWords = kValues / Input::kPerWord;
+  constexpr int kFragmentWords = kVec / Input::kPerWord;
+  static_assert(kDots <= kLanes, "each lane must end the butterfly owning one dot");
+
+  const int lane = threadIdx.x % 32;
+  const int64_t item = int64_t{blockIdx.x} * (blockDim.x / 32) + threadIdx.x / 32;
+  const int64_t tile = item % tiles_per_head;
+  const int64_t head_task = item / tiles_per_head;
+  if (head_task >= p.num_requests * p.num_v_heads) return;  // the grid's last CTA
+  // Request and head indices in the token-offset type (narrow: the host checked B x HV). Not
+  // const: the token loop hides them from the optimizer (hide_from_hoisting).
+  Offset hv = static_cast<Offset>(head_task % p.num_v_heads);
+  Offset n = static_cast<Offset>(head_task / p.num_v_heads);
+  Offset h = static_cast<Offset>(p.qk_head_of(hv));
+  const int lane_in_row = lane % kLanes;
+  const int group_base = lane - lane_in_row;
+  // Offsets inside one head fit in 32 bits (V * K <= 65536).
+  const int thread_first_row = static_cast<int>(tile) * Shape::kRowsPerWarp + lane / kLanes;
+  const int head_v = static_cast<int>(p.head_v);
+  auto row_of = [&](int r) { return thread_first_row + r * Shape::kRowsPerPass; };
+  auto row_valid = [&](int r) { return row_of(r) < head_v; };
+  auto column_of = [&](int f) { return (f * kLanes + lane_in_row) * kVec; };
+
+  // After the butterfly this lane holds dot index `owned`: row owned / 2, S.k for even
+  // indices, S.q for odd ones. The lowest lane holding a row's S.k finishes that row.
+  const int owned = scattered_index<kDots, kLanes>(lane_in_row);
+  const int owned_row = owned / 2;
+  const bool finishes_row = (owned % 2) == 0 &&
+                            lane_in_row == scattered_lane<kDots, kLanes>(owned) &&
+                            row_valid(owned_row);
+  const int dot_q_lane = group_base + scattered_lane<kDots, kLanes>(owned | 1);
+
+  // Element offset of (token, head) in a per-token tensor of this request.
+  auto token_at = [&](const TokenTensor& x, Offset token, Offset head) -> Offset {
+    const Offset request_row = p.variable_length ? 0 : n;
+    return request_row * static_cast<Offset>(x.stride_request) +
+           token * static_cast<Offset>(x.stride_token) + head * static_cast<Offset>(x.stride_head);
+  };
+
+  // One token's q and k, this lane's columns, as loaded.
+  struct TokenQK {
+    uint32_t q[kWords], k[kWords];
+  };
+  auto load_qk = [&](Offset token, TokenQK& x) {
+    const Offset q_base = token_at(p.q, token, h);
+    const Offset k_base = token_at(p.k, token, h);
+#pragma unroll
+    for (int f = 0; f < kFragments; ++f) {
+      // One fragment's columns are contiguous; a lane's fragments are kLanes x kVec apart.
+      RawVector<kVec, sizeof(InputT)> piece_q, piece_k;
+      piece_q.load(p.q.data, q_base + column_of(f));
+      piece_k.load(p.k.data, k_base + column_of(f));
+#pragma unroll
+      for (int w = 0; w < kFragmentWords; ++w) {
+        x.q[f * kFragmentWords + w] = piece_q.words[w];
+        x.k[f * kFragmentWords + w] = piece_k.words[w];
+      }
+    }
+  };
+  // v of the row this lane finishes (only finishing lanes load it).
+  auto load_v = [&](Offset token) -> uint32_t {
+    return finishes_row
+               ? load_input_bits<InputT>(p.v.data, token_at(p.v, token, hv) + row_of(owned_row))
+               : 0u;
+  };
+
+  // Per-token scalars, token j of the request in lane j (at most kLeanMaxTokens tokens): the
+  // gate inputs (raw bits), turned into decay and beta once they arrived, and with per-token
+  // slots the slot the state after the token goes to.
+  const DType gate_a_dtype = p.fused_gating ? p.a.dtype : p.g.dtype;
+  const DType gate_b_dtype = p.fused_gating ? p.b.dtype : p.beta.dtype;
+  uint32_t gate_a_bits = 0, gate_b_bits = 0;
+  Offset lane_slot = -1;
+  auto load_token_scalars = [&](Offset origin, Offset count) {
+    const Offset t = lane;
+    if (t < count) {
+      const Offset token = origin + t;
+      gate_a_bits = p.fused_gating
+                        ? load_raw_element(p.a.data, p.a.dtype, token_at(p.a, token, hv))
+                        : load_raw_element(p.g.data, p.g.dtype, token_at(p.g, token, hv));
+      gate_b_bits = p.fused_gating
+                        ? load_raw_element(p.b.data, p.b.dtype, token_at(p.b, token, hv))
+                        : load_raw_element(p.beta.data, p.beta.dtype, token_at(p.beta, token, hv));
+      // A request longer than the index columns is invalid and runs no token: its columns
+      // past C are not read (they would lie outside the index tensor).
+      if constexpr (kTokenSlots) {
+        if (t < p.index_columns) lane_slot = static_cast<Offset>(per_token_write_slot(p, n, t));
+      }
+    }
+  };
+  auto finish_gates = [&](float A_log, float dt_bias, float& decay, float& beta) {
+    const float gate_a = raw_to_float(gate_a_bits, gate_a_dtype);
+    const float gate_b = raw_to_float(gate_b_bits, gate_b_dtype);
+    const float g = p.fused_gating ? fused_log_decay(A_log, gate_a, dt_bias, p.softplus_beta,
+                                                     p.softplus_threshold)
+                                   : gate_a;
+    decay = expf(g);
+    beta = p.fused_gating ? sigmoid(gate_b) : gate_b;
+  };
+
+  // The first token's inputs and every token's gates, then the pool index, then the
+  // state: two DRAM round trips before the first token can start.
+  TokenQK next;
+  uint32_t next_v = 0;
+  {
+    // Before the plan is known: the token range from cu_seqlens only.
+    const TokenRange range = request_tokens(p, n);
+    const Offset first_token = static_cast<Offset>(range.origin);
+    if (range.count > 0) {
+      load_qk(first_token, next);
+      next_v = load_v(first_token);
+    }
+    load_token_scalars(first_token, static_cast<Offset>(range.count));
+  }
+  float A_log = 0.0f, dt_bias = 0.0f;
+  if (p.fused_gating) {
+    A_log = p.A_log[hv * p.A_log_stride];
+    dt_bias = load_element(p.dt_bias, p.dt_bias_dtype, hv * p.dt_bias_stride);
+  }
+
+  const RequestPlan plan = plan_request(p, n);
+  if (plan.invalid && hv == 0 && tile == 0 && lane == 0) count_invalid(p);
+  const Offset origin = static_cast<Offset>(plan.token_origin);
+  // Slot numbers fit the offset type (narrow: the host checked the pool size).
+  const Offset final_slot = static_cast<Offset>(plan.final_slot);
+  const Offset num_tokens = static_cast<Offset>(plan.num_tokens);
+  if (plan.read_slot < 0) {
+    // Padding (or invalid) request: zero output, no slot touched.
+    for (Offset t = 0; t < num_tokens; ++t) {
+      if (finishes_row) {
+        store_element(p.out.data, p.out.dtype, token_at(p.out, origin + t, hv) + row_of(owned_row),
+                      0.0f);
+      }
+    }
+    return;
+  }
+
+  StateT* pool = static_cast<StateT*>(p.state);
+  float state[kRows][kValues];
+  {
+    const StateT* head = pool + slot_offset(p, plan.read_slot, hv);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+      for (int f = 0; f < kFragments; ++f) {
+        if (row_valid(r)) {
+          Fragment<StateT>::load(head + row_of(r) * K + column_of(f), &state[r][f * kVec]);
+        } else {
+#pragma unroll
+          for (int e = 0; e < kVec; ++e)
+            state[r][f * kVec + e] = 0.0f;
+        }
+      }
+    }
+  }
+  float lane_decay, lane_beta;
+  finish_gates(A_log, dt_bias, lane_decay, lane_beta);
+
+  for (Offset t = 0; t < num_tokens; ++t) {
+    hide_from_hoisting(n);
+    hide_from_hoisting(hv);
+    hide_from_hoisting(h);
+    const int token_lane = static_cast<int>(t);  // t < kLeanMaxTokens
+    const TokenQK current = next;
+    const uint32_t current_v = next_v;
+
+    // Both dots of every row and the norms, one column at a time: a column's q and k are
+    // converted once and used by all rows.
+    float dots[kDots];
+#pragma unroll
+    for (int i = 0; i < kDots; ++i)
+      dots[i] = 0.0f;
+    float qq = 0.0f, kk = 0.0f, qk = 0.0f;
+#pragma unroll
+    for (int e = 0; e < kValues; ++e) {
+      const float q_e = Input::value(current.q, e);
+      const float k_e = Input::value(current.k, e);
+      qq += q_e * q_e;
+      kk += k_e * k_e;
+      qk += q_e * k_e;
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        dots[2 * r] += state[r][e] * k_e;
+        dots[2 * r + 1] += state[r][e] * q_e;
+      }
+    }
+    // The next token's inputs are loaded once this token's q is no longer needed (its k is,
+    // for the update): they arrive during the reductions, the update and the stores, and are
+    // never held next to both of this token's vectors.
+    kk = group_sum<kLanes>(kk);
+    if (t + 1 < num_tokens) {
+      const Offset after = origin + t + 1 + (kk < 0.0f ? 1 : 0);
+      load_qk(after, next);
+      next_v = load_v(after);
+    }
+    qq = group_sum<kLanes>(qq);
+    qk = group_sum<kLanes>(qk);
+    reduce_scatter<kDots, kLanes>(dots, lane_in_row);
+
+    const float q_factor = p.use_qk_l2norm ? p.scale * rsqrtf(qq + p.l2norm_eps) : p.scale;
+    const float k_factor = p.use_qk_l2norm ? rsqrtf(kk + p.l2norm_eps) : 1.0f;
+    const float decay = __shfl_sync(0xffffffffu, lane_decay, token_lane);
+    const float beta = __shfl_sync(0xffffffffu, lane_beta, token_lane);
+
+    const float owned_dot_q = __shfl_sync(0xffffffffu, dots[0], dot_q_lane);
+    const float u = beta * (Input::scalar(current_v) - decay * dots[0] * k_factor);
+    if (finishes_row) {
+      store_element(p.out.data, p.out.dtype, token_at(p.out, origin + t, hv) + row_of(owned_row),
+                    decay * owned_dot_q * q_factor + u * (qk * q_factor * k_factor));
+    }
+    float row_u[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      row_u[r] =
+          __shfl_sync(0xffffffffu, u, group_base + scattered_lane<kDots, kLanes>(2 * r)) * k_factor;
+    }
+#pragma unroll
+    for (int e = 0; e < kValues; ++e) {
+      const float k_e = Input::value(current.k, e);
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+        state[r][e] = decay * state[r][e] + row_u[r] * k_e;
+    }
+
+    // States after this token: the verify cache and/or per-token pool slots.
+    StateT* targets[2] = {nullptr, nullptr};
+    if (p.intermediate_states != nullptr) {
+      targets[0] = static_cast<StateT*>(p.intermediate_states) + cache_offset(p, n, t, hv);
+    }
+    if constexpr (kTokenSlots) {
+      const Offset slot = __shfl_sync(0xffffffffu, lane_slot, token_lane);
+      if (slot >= 0) targets[1] = pool + slot_offset(p, slot, hv);
+    }
+#pragma unroll
+    for (int which = 0; which < (kTokenSlots ? 2 : 1); ++which) {
+      if (targets[which] == nullptr) continue;
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        if (!row_valid(r)) continue;
+#pragma unroll
+        for (int f = 0; f < kFragments; ++f) {
+          Fragment<StateT>::store(targets[which] + row_of(r) * K + column_of(f),
+                                  &state[r][f * kVec]);
+        }
+      }
+    }
+  }
+
+  if (final_slot >= 0) {
+    StateT* head = pool + slot_offset(p, final_slot, hv);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      if (!row_valid(r)) continue;
+#pragma unroll
+      for (int f = 0; f < kFragments; ++f) {
+        Fragment<StateT>::store(head + row_of(r) * K + column_of(f), &state[r][f * kVec]);
+      }
+    }
+  }
+}
+
+}  // namespace detail
+}  // namespace gdn
+}  // namespace hdk

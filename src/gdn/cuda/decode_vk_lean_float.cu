@@ -1,0 +1,14 @@
+// The lean multi-token VK kernel for float state pools.
+#include "gdn/cuda/decode_vk_lean_launch.cuh"
+
+namespace hdk {
+namespace gdn {
+namespace detail {
+
+template void launch_decode_vk_lean<float>(const DecodeProblem& problem, int lanes_per_row,
+                                           int rows_per_thread, int64_t tiles_per_head,
+                                           bool narrow_offsets, cudaStream_t stream);
+
+}  // namespace detail
+}  // namespace gdn
+}  // namespace hdk

@@ -1,0 +1,97 @@
+// Launcher of the lean multi-token kernel; decode_vk_lean_{bf16,float}.cu instantiate it once
+// per state dtype. Every shape the classic multi-token launcher (decode_vk_launch.cuh) accepts
+// is built here too, so a sweep can compare the two kernels shape by shape; each shape for q/k/v
+// in bf16, fp16 and fp32, with 32- or 64-bit token offsets, with or without per-token slots.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "gdn/cuda/decode_kernel_vk.cuh"
+#include "gdn/cuda/decode_kernel_vk_lean.cuh"
+#include "gdn/cuda/decode_launch.h"
+#include "gdn/cuda/decode_vk_launch.cuh"
+#include "gdn/cuda/dispatch.h"
+#include "gdn/lean_kernel_fit.h"
+#include "hdk/dtype.h"
+
+namespace hdk {
+namespace gdn {
+namespace detail {
+
+template <typename StateT, int K, int kRows, int kLanes>
+void launch_vk_lean_shape(const DecodeProblem& problem, bool narrow_offsets, int64_t tiles_per_head,
+                          cudaStream_t stream) {
+  using Shape = VKShape<StateT, K, kRows, kLanes>;
+  check_row_coverage(problem, 1, Shape::kRowsPerWarp, tiles_per_head);
+  const int64_t warps = problem.num_requests * problem.num_v_heads * tiles_per_head;
+  const int64_t ctas = (warps + kMultiTokenWarpsPerCta - 1) / kMultiTokenWarpsPerCta;
+  const dim3 grid(static_cast<unsigned>(ctas)), block(kMultiTokenWarpsPerCta * 32);
+  auto launch = [&](auto input, auto narrow, auto token_slots) {
+    using InputT = typename decltype(input)::type;
+    constexpr bool kNarrow = decltype(narrow)::value;
+    constexpr bool kSlots = decltype(token_slots)::value;
+    gdn_decode_vk_lean_kernel<
+        StateT, InputT, K, kRows, kLanes, kNarrow, kSlots,
+        lean_multi_token_registers<StateT, InputT, K, kRows, kLanes, kNarrow, kSlots>()>
+        <<<grid, block, 0, stream>>>(problem, tiles_per_head);
+  };
+  auto with_flags = [&](auto input) {
+    const bool slots = writes_token_slots(problem);
+    if (narrow_offsets) {
+      if (slots) return launch(input, std::true_type(), std::true_type());
+      return launch(input, std::true_type(), std::false_type());
+    }
+    if (slots) return launch(input, std::false_type(), std::true_type());
+    return launch(input, std::false_type(), std::false_type());
+  };
+  switch (problem.q.dtype) {
+    case DType::kBFloat16:
+      return with_flags(std::common_type<__nv_bfloat16>());
+    case DType::kFloat16:
+      return with_flags(std::common_type<__half>());
+    default:
+      return with_flags(std::common_type<float>());
+  }
+}
+
+// The lean multi-token kernel, for the shapes of launch_decode_vk. The caller has checked that
+// no request has more than kLeanMaxTokens tokens; narrow_offsets: token_offsets_fit_32_bits.
+template <typename StateT>
+void launch_decode_vk_lean(const DecodeProblem& problem, int lanes_per_row, int rows_per_thread,
+                           int64_t tiles_per_head, bool narrow_offsets, cudaStream_t stream) {
+  HDK_DISPATCH_HEAD_K(problem.head_k, [&] {
+    constexpr int kFull = full_lanes_per_row<StateT, kHeadK>();
+    constexpr int kDefaultRows = multi_token_default_rows<StateT, kHeadK>();
+    auto launch = [&](auto rows, auto lanes) {
+      constexpr int kRows = decltype(rows)::value, kLanes = decltype(lanes)::value;
+      launch_vk_lean_shape<StateT, kHeadK, kRows, kLanes>(problem, narrow_offsets, tiles_per_head,
+                                                          stream);
+    };
+    using Two = std::integral_constant<int, 2>;
+    using Four = std::integral_constant<int, 4>;
+    using Eight = std::integral_constant<int, 8>;
+    using Full = std::integral_constant<int, kFull>;
+    using Half = std::integral_constant<int, kFull / 2>;
+    if constexpr (kHeadK == 128) {
+      if (lanes_per_row == kFull / 2 && rows_per_thread == 2) return launch(Two(), Half());
+      if (lanes_per_row == kFull / 2 && rows_per_thread == 4) return launch(Four(), Half());
+      if (lanes_per_row == kFull && rows_per_thread == 2) return launch(Two(), Full());
+      if (lanes_per_row == kFull && rows_per_thread == 4) return launch(Four(), Full());
+      if constexpr (kFull >= 16) {
+        if (lanes_per_row == kFull && rows_per_thread == 8) return launch(Eight(), Full());
+      }
+    } else if (lanes_per_row == kFull && rows_per_thread == kDefaultRows) {
+      return launch(std::integral_constant<int, kDefaultRows>(), Full());
+    }
+    no_kernel_for("lean multi-token", kHeadK, lanes_per_row, rows_per_thread);
+  });
+}
+
+}  // namespace detail
+}  // namespace gdn
+}  // namespace hdk

@@ -1,0 +1,142 @@
+// The host-side checks that pick a build of the CUDA lean multi-token kernel: 32-bit token
+// offsets only where every offset fits, and the most tokens a request can run. Plain C++, so
+// these run on the CPU.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "gdn/decode_problem.h"
+#include "gdn/decode_validation.h"
+#include "gdn/lean_kernel_fit.h"
+#include "support/gdn_case.h"
+
+namespace hdk {
+namespace testing {
+namespace {
+
+using gdn::detail::DecodeProblem;
+using gdn::detail::TokenTensor;
+
+constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+
+// A [B, T, H, K]-shaped contiguous problem with fused gating and no data behind it (the checks
+// read sizes and strides only; a non-null pointer marks a tensor as given).
+DecodeProblem contiguous_problem(int64_t B, int64_t T, int64_t H, int64_t HV, int64_t K,
+                                 int64_t V) {
+  static char storage = 0;
+  DecodeProblem p;
+  p.num_requests = B, p.tokens_per_request = T, p.token_capacity = T;
+  p.num_qk_heads = H, p.num_v_heads = HV, p.head_k = K, p.head_v = V;
+  p.total_tokens = B * T;
+  p.pool_size = B;
+  auto tensor = [&](int64_t heads, int64_t row) {
+    TokenTensor x;
+    x.data = &storage;
+    x.stride_head = row;
+    x.stride_token = heads * row;
+    x.stride_request = T * heads * row;
+    return x;
+  };
+  p.q = tensor(H, K), p.k = tensor(H, K), p.v = tensor(HV, V), p.out = tensor(HV, V);
+  p.a = tensor(HV, 1), p.b = tensor(HV, 1);
+  return p;
+}
+
+TEST(GdnLeanKernelFit, ReachOfAContiguousTensorIsItsLastElement) {
+  const DecodeProblem p = contiguous_problem(3, 2, 4, 8, 16, 32);
+  EXPECT_EQ(gdn::detail::token_tensor_reach(p.q, 3, 2, 4, 16), 3 * 2 * 4 * 16 - 1);
+  EXPECT_EQ(gdn::detail::token_tensor_reach(p.out, 3, 2, 8, 32), 3 * 2 * 8 * 32 - 1);
+  EXPECT_EQ(gdn::detail::token_tensor_reach(p.a, 3, 2, 8, 1), 3 * 2 * 8 - 1);
+}
+
+TEST(GdnLeanKernelFit, NegativeStridesCountByMagnitude) {
+  TokenTensor x;
+  x.stride_request = -1000, x.stride_token = 10, x.stride_head = -1;
+  EXPECT_EQ(gdn::detail::token_tensor_reach(x, 4, 3, 5, 1), 3 * 1000 + 2 * 10 + 4);
+}
+
+TEST(GdnLeanKernelFit, TokenOffsetsFitUpToInt32Max) {
+  // v and out of B x 1 x HV x V elements: the last offset is B * HV * V - 1.
+  const int64_t HV = 64, V = 128, K = 128, H = 16;
+  const int64_t fits = (kInt32Max + 1) / (HV * V);  // last offset exactly kInt32Max
+  EXPECT_TRUE(gdn::detail::token_offsets_fit_32_bits(contiguous_problem(fits, 1, H, HV, K, V)));
+  EXPECT_FALSE(
+      gdn::detail::token_offsets_fit_32_bits(contiguous_problem(fits + 1, 1, H, HV, K, V)));
+}
+
+TEST(GdnLeanKernelFit, EachTensorAndIndexCanForceWideOffsets) {
+  const DecodeProblem base = contiguous_problem(4, 2, 2, 4, 64, 32);
+  ASSERT_TRUE(gdn::detail::token_offsets_fit_32_bits(base));
+  for (int which = 0; which < 8; ++which) {
+    DecodeProblem p = base;
+    TokenTensor* tensors[] = {&p.q, &p.k, &p.v, &p.out, &p.a, &p.b, &p.g, &p.beta};
+    TokenTensor& x = *tensors[which];
+    static char storage = 0;
+    x.data = &storage;             // g and beta are not given in the base problem
+    x.stride_request = kInt32Max;  // a view into a huge buffer: request 1 is past 2^31
+    EXPECT_FALSE(gdn::detail::token_offsets_fit_32_bits(p)) << "tensor " << which;
+    x.data = nullptr;  // a tensor that is not given does not count
+    EXPECT_TRUE(gdn::detail::token_offsets_fit_32_bits(p)) << "tensor " << which;
+  }
+  DecodeProblem p = base;
+  p.pool_size = kInt32Max + int64_t{1};  // slot numbers are kept in 32 bits
+  EXPECT_FALSE(gdn::detail::token_offsets_fit_32_bits(p));
+  p = base;
+  p.num_requests = kInt32Max / p.num_v_heads + 1;  // request x head indices
+  p.q.stride_request = p.k.stride_request = p.v.stride_request = p.out.stride_request = 0;
+  p.a.stride_request = p.b.stride_request = 0;
+  EXPECT_FALSE(gdn::detail::token_offsets_fit_32_bits(p));
+}
+
+TEST(GdnLeanKernelFit, VariableLengthUsesTheTokenDimension) {
+  DecodeProblem p = contiguous_problem(1, 5, 2, 4, 64, 32);
+  p.variable_length = true;
+  p.num_requests = 5;
+  p.total_tokens = 5;
+  p.tokens_per_request = p.token_capacity = 1;  // max_tokens_per_request = 1
+  EXPECT_TRUE(gdn::detail::token_offsets_fit_32_bits(p));
+  EXPECT_EQ(gdn::detail::most_tokens_per_request(p), 1);
+  // Stride of the token dim so large that token 4 lies past 2^31; request strides are ignored.
+  p.v.stride_token = kInt32Max / 4 + 1;
+  EXPECT_FALSE(gdn::detail::token_offsets_fit_32_bits(p));
+}
+
+// Through validation: the checks see the strides and sizes a real call produces.
+TEST(GdnLeanKernelFit, ValidatedCallsOfTheTestGrid) {
+  GdnCaseConfig config;
+  config.B = 3, config.T = 4, config.H = 2, config.HV = 4, config.K = 64, config.V = 32;
+  config.indices = IndexKind::kPerToken;
+  config.num_accepted_tokens = true;
+  config.packed_inputs = true;
+  const GdnCase c(config);
+  std::vector<std::vector<uint8_t>> memory;
+  std::vector<void*> bases;
+  for (const BufferSpec& buffer : c.buffers())
+    memory.push_back(buffer.initial);
+  for (auto& bytes : memory)
+    bases.push_back(bytes.data());
+  const DecodeProblem p = gdn::detail::validate_decode(c.bind(bases, Device::cpu()));
+  EXPECT_TRUE(gdn::detail::token_offsets_fit_32_bits(p));
+  EXPECT_EQ(gdn::detail::most_tokens_per_request(p), 4);
+  EXPECT_TRUE(gdn::detail::writes_token_slots(p));
+
+  config.varlen_lengths = {2, 40, 1};  // a request longer than the lean kernel takes
+  config.indices = IndexKind::kPerRequest;
+  config.num_accepted_tokens = false;
+  const GdnCase varlen(config);
+  memory.clear();
+  bases.clear();
+  for (const BufferSpec& buffer : varlen.buffers())
+    memory.push_back(buffer.initial);
+  for (auto& bytes : memory)
+    bases.push_back(bytes.data());
+  const DecodeProblem q = gdn::detail::validate_decode(varlen.bind(bases, Device::cpu()));
+  EXPECT_GT(gdn::detail::most_tokens_per_request(q), gdn::detail::kLeanMaxTokens);
+  EXPECT_FALSE(gdn::detail::writes_token_slots(q));
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace hdk
