@@ -104,7 +104,9 @@ def test_sparse_decode_chain_matches_hdk(device, dtype, extra, lse_includes_sink
     assert torch.equal(want_lse[~finite], got_lse[~finite])
     assert bool(((got_lse - want_lse).abs()[finite] <= lse_bound[finite]).all())
     # Not just within the (loose) bound: fp32 agrees to fp32 rounding, bf16 to a few bf16 ulps.
-    close = 1e-5 if dtype == torch.float32 else 2.0**-5
+    # On CUDA hdk's tensor-core kernel rounds the softmax weights to bf16 (2^-8 of max |E| in the
+    # bound), so there the fp32 chain agrees to bf16 rounding only (H100: 2^-10 of max |o|).
+    close = 1e-5 if dtype == torch.float32 and not got.is_cuda else 2.0**-5
     assert float(error.max()) <= close * float(want.float().abs().max())
 
 
