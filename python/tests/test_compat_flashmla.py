@@ -12,23 +12,9 @@ import torch
 import dsv4_kv_reference as ref
 import hdk
 from hdk.compat.flashmla import flash_mla_with_kvcache, get_mla_metadata
-from conftest import CUDA_SKIP
 from test_dsv4_attention import reference_attention, stored_entries
 
 INF = float("inf")
-
-
-@pytest.fixture(
-    params=[
-        "cpu",
-        pytest.param(
-            "cuda",
-            marks=pytest.mark.skipif(CUDA_SKIP is not None, reason=str(CUDA_SKIP)),
-        ),
-    ]
-)
-def device(request):
-    return request.param
 
 
 def flashmla_view(pages, block_size, pitch=None, device="cpu"):

@@ -12,23 +12,9 @@ import torch
 
 import dsv4_kv_reference as ref
 from hdk.dsv4 import KVCacheManager
-from conftest import CUDA_SKIP
 from test_dsv4_attention import check_topk, reference_attention, reference_topk
 
 HEADS, INDEX_HEADS, TOP_K = 8, 64, 6
-
-
-@pytest.fixture(
-    params=[
-        "cpu",
-        pytest.param(
-            "cuda",
-            marks=pytest.mark.skipif(CUDA_SKIP is not None, reason=str(CUDA_SKIP)),
-        ),
-    ]
-)
-def device(request):
-    return request.param
 
 
 def expected_swa(m, request, query_position, last_position):
