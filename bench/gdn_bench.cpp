@@ -314,7 +314,8 @@ void print_usage() {
       "                        kernel 4, 8 or 16; multi-token kernel 2, 4 or 8\n"
       "  --lanes-per-row N     force the multi-token kernel's lanes per state row (tuning,\n"
       "                        K = 128: bf16 8 or 16, fp32 16 or 32)\n"
-      "  --multi-token-kernel  use the multi-token kernel for T = 1 too (tuning)\n"
+      "  --multi-token-kernel  use the multi-token kernel for T = 1 (tuning)\n"
+      "  --one-token-kernel    use the one-token kernel for T = 1 (tuning)\n"
       "  --multi-token-variant classic|lean\n"
       "                        which build of the multi-token kernel runs (default: the\n"
       "                        dispatcher's, classic); lean takes up to 32 tokens per request\n"
@@ -351,6 +352,10 @@ int gdn_command(Options& options) {
   const int64_t forced_rows = options.integer("rows-per-thread", 0);
   const int64_t forced_lanes = options.integer("lanes-per-row", 0);
   const bool multi_token_always = options.flag("multi-token-kernel");
+  const bool one_token_always = options.flag("one-token-kernel");
+  if (multi_token_always && one_token_always) {
+    throw std::runtime_error("--multi-token-kernel and --one-token-kernel exclude each other");
+  }
   const std::string variant = options.text("multi-token-variant", "");
   const bool wide_offsets = options.flag("wide-offsets");
   if (!variant.empty() && variant != "classic" && variant != "lean") {
@@ -363,13 +368,14 @@ int gdn_command(Options& options) {
   forced.rows_per_thread = static_cast<int>(forced_rows);
   forced.lanes_per_row = static_cast<int>(forced_lanes);
   if (multi_token_always) forced.one_token_kernel = gdn::detail::OneTokenKernel::kMultiToken;
+  if (one_token_always) forced.one_token_kernel = gdn::detail::OneTokenKernel::kOneToken;
   if (variant == "classic") forced.multi_token_variant = gdn::detail::MultiTokenVariant::kClassic;
   if (variant == "lean") forced.multi_token_variant = gdn::detail::MultiTokenVariant::kLean;
   forced.wide_offsets = wide_offsets;
   gdn::detail::set_launch_override(forced);
 #else
   if (forced_warps != 0 || forced_rows != 0 || forced_lanes != 0 || multi_token_always ||
-      !variant.empty() || wide_offsets) {
+      one_token_always || !variant.empty() || wide_offsets) {
     throw std::runtime_error("the kernel tuning options need the CUDA backend");
   }
 #endif

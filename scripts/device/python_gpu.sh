@@ -8,6 +8,8 @@
 #   tests   the pytest suite, CPU and CUDA cases (CUDA graphs, torch.compile)
 #   bench   python -m hdk.bench gdn over the full grid -> $OUT/python_bench.json
 #   dsv4    bench/dsv4_vs_torch.py -> $OUT/dsv4_vs_torch.json (HDK_SKIP_DSV4=1 skips it)
+# HDK_SKIP_TESTS=1, HDK_SKIP_BENCH=1 and HDK_SKIP_DSV4=1 skip a stage; HDK_DSV4_ARGS passes
+# options to dsv4_vs_torch.py (e.g. "--ops attention,indexer").
 # Logs land in $OUT (default /tmp/hdk-out). Exits non-zero if any stage failed.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -51,18 +53,22 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out
 [[ -f $library ]] || { echo "no libhdk at $library: build it with CUDA first" >&2; exit 1; }
 stage build build || { echo "build failed; see $out/python_build.log" >&2; exit 1; }
 echo "package installed into $site (PYTHONPATH for later runs on this machine)"
-stage tests env PYTHONPATH="$site" timeout 180 "$python" -m pytest -q -rs -p no:cacheprovider \
-  python/tests
+if [[ -z ${HDK_SKIP_TESTS:-} ]]; then
+  stage tests env PYTHONPATH="$site" timeout 180 "$python" -m pytest -q -rs -p no:cacheprovider \
+    python/tests
+fi
 # HDK_BENCH_ARGS adds options (e.g. "--batch 1,64 --T 1" for a quick look); HDK_BENCH_TIMEOUT
 # (seconds, default 300) bounds the benchmark.
-stage bench env PYTHONPATH="$site" timeout "${HDK_BENCH_TIMEOUT:-300}" "$python" -m hdk.bench gdn \
-  --json "$out/python_bench.json" ${HDK_BENCH_ARGS:-}
+if [[ -z ${HDK_SKIP_BENCH:-} ]]; then
+  stage bench env PYTHONPATH="$site" timeout "${HDK_BENCH_TIMEOUT:-300}" "$python" -m hdk.bench gdn \
+    --json "$out/python_bench.json" ${HDK_BENCH_ARGS:-}
+fi
 
 # The DeepSeek-V4 router and top-k against the plain PyTorch chain and torch.topk (issue 5), and
 # the KV cache write side against plain PyTorch peers (issue 16; `--ops kv` runs that alone).
 if [[ -z ${HDK_SKIP_DSV4:-} ]]; then
   stage dsv4_vs_torch env PYTHONPATH="$site" timeout 540 "$python" bench/dsv4_vs_torch.py \
-    --json "$out/dsv4_vs_torch.json"
+    --json "$out/dsv4_vs_torch.json" ${HDK_DSV4_ARGS:-}
 fi
 
 if [[ ${#failed[@]} -gt 0 ]]; then

@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "hdk/error.h"
@@ -79,6 +80,29 @@ void allow_dynamic_shared_memory(Kernel kernel, int bytes, int device, const cha
   current = bytes;
 }
 
+// The launch configuration of a `grid` of CTAs of `block` threads in clusters of `cluster_size`
+// CTAs along x. It owns the cluster attribute its config points to, so it is not copied.
+struct ClusterLaunch {
+  cudaLaunchConfig_t config = {};
+  cudaLaunchAttribute attribute[1] = {};
+
+  ClusterLaunch(dim3 grid, unsigned block, size_t shared_bytes, cudaStream_t stream,
+                unsigned cluster_size) {
+    config.gridDim = grid;
+    config.blockDim = dim3(block, 1, 1);
+    config.dynamicSmemBytes = shared_bytes;
+    config.stream = stream;
+    attribute[0].id = cudaLaunchAttributeClusterDimension;
+    attribute[0].val.clusterDim.x = cluster_size;
+    attribute[0].val.clusterDim.y = 1;
+    attribute[0].val.clusterDim.z = 1;
+    config.attrs = attribute;
+    config.numAttrs = 1;
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+};
+
 // Launches `kernel` as `grid` CTAs of `block` threads in clusters of `cluster_size` CTAs along x
 // (the cluster kernels of hdk::topk and the DeepSeek-V4 read side); returns the launch's status
 // for check_launch.
@@ -86,19 +110,29 @@ template <typename... KernelArgs, typename... Args>
 cudaError_t launch_in_clusters(void (*kernel)(KernelArgs...), unsigned grid, unsigned block,
                                size_t shared_bytes, cudaStream_t stream, unsigned cluster_size,
                                Args&&... args) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(grid, 1, 1);
-  config.blockDim = dim3(block, 1, 1);
-  config.dynamicSmemBytes = shared_bytes;
-  config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeClusterDimension;
-  attribute[0].val.clusterDim.x = cluster_size;
-  attribute[0].val.clusterDim.y = 1;
-  attribute[0].val.clusterDim.z = 1;
-  config.attrs = attribute;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  ClusterLaunch launch(dim3(grid, 1, 1), block, shared_bytes, stream, cluster_size);
+  return cudaLaunchKernelEx(&launch.config, kernel, std::forward<Args>(args)...);
+}
+
+// How many clusters of `cluster_size` CTAs of `kernel` the device runs at once (a cluster needs
+// its CTAs' SMs in one GPC, so this can be well under SMs / cluster_size). Asked once per
+// (kernel, device, cluster size, block, shared bytes); host-only, allowed during graph capture.
+template <typename... KernelArgs>
+int max_active_clusters(void (*kernel)(KernelArgs...), unsigned cluster_size, unsigned block,
+                        size_t shared_bytes, int device, const char* operation) {
+  static std::mutex mutex;
+  static std::map<std::tuple<const void*, int, unsigned, unsigned, size_t>, int> known;
+  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), device, cluster_size,
+                                   block, shared_bytes);
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto found = known.find(key);
+  if (found != known.end()) return found->second;
+  ClusterLaunch launch(dim3(cluster_size, 1, 1), block, shared_bytes, nullptr, cluster_size);
+  int clusters = 0;
+  check_cuda(cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config), operation,
+             "cudaOccupancyMaxActiveClusters");
+  known[key] = clusters;
+  return clusters;
 }
 
 }  // namespace detail

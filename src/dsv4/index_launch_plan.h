@@ -21,7 +21,7 @@ namespace detail {
 constexpr int kIndexMaxCluster = 8;            // portable cluster size
 constexpr int64_t kIndexMaxChunk = 32768;      // scores a CTA holds at once: 128 KiB
 constexpr int64_t kIndexMinChunk = 1024;       // below this a CTA would rescore too often
-constexpr int64_t kIndexSpreadEntries = 4096;  // fewest entries per CTA when spreading rows
+constexpr int64_t kIndexSpreadEntries = 1024;  // fewest entries per CTA when spreading rows
 
 // The kernel's shared memory (byte offsets from its start, multiples of 16) and sizes. Weights
 // (m_tiles * 16 fp32) and queries (tensor cores: fragment words, hi then lo for fp32 q; CUDA
@@ -39,6 +39,13 @@ struct IndexLaunch {
   size_t bytes = 0;   // dynamic shared memory
 };
 
+// How many clusters of 2, 4 and 8 CTAs (one CTA per SM) the device runs at once: a cluster
+// needs its SMs in one GPC, so this is below SMs / size (0: unknown, no limit).
+struct ClusterCapacity {
+  int of_size[3] = {0, 0, 0};
+  int at(int size) const { return size <= 1 ? 0 : of_size[size == 2 ? 0 : size == 4 ? 1 : 2]; }
+};
+
 struct IndexLaunchPlan {
   IndexLaunch launch;
   int cluster_size = 1;  // CTAs per row: 1, 2, 4 or 8
@@ -53,7 +60,8 @@ inline size_t align16(size_t bytes) {
 // memory for scores.
 inline IndexLaunchPlan plan_index_launch(int64_t num_rows, int64_t num_heads, int64_t capacity,
                                          int64_t top_k, bool tensor, bool fp32_q, int sm_count,
-                                         int shared_limit) {
+                                         int shared_limit,
+                                         const ClusterCapacity& clusters = ClusterCapacity()) {
   auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
   IndexLaunchPlan plan;
   IndexLaunch& launch = plan.launch;
@@ -77,8 +85,16 @@ inline IndexLaunchPlan plan_index_launch(int64_t num_rows, int64_t num_heads, in
   int& cluster_size = plan.cluster_size;
   while (cluster_size < kIndexMaxCluster && ceil_div(capacity, cluster_size) > overlay_chunk)
     cluster_size *= 2;
+  // Spreading stops where the rows' clusters would not all run at once (a second wave costs
+  // more than the wider clusters save: H100, 16 rows x 65536 in clusters of 8 took 315 us, 4
+  // rows 163 us).
+  auto all_at_once = [&](int size) {
+    const int limit = clusters.at(size);
+    return limit == 0 || num_rows <= limit;
+  };
   while (cluster_size < kIndexMaxCluster && num_rows * cluster_size * 2 <= sm_count &&
-         ceil_div(capacity, 2 * cluster_size) >= kIndexSpreadEntries)
+         ceil_div(capacity, 2 * cluster_size) >= kIndexSpreadEntries &&
+         all_at_once(2 * cluster_size))
     cluster_size *= 2;
   const int64_t per_cta = std::max<int64_t>(ceil_div(capacity, cluster_size), 1);
 

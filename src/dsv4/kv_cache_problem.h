@@ -22,8 +22,27 @@ struct PagedPool {
   int64_t page_stride = 0;  // bytes between pages (>= block_size * entry bytes)
 
   HDK_HOST_DEVICE int64_t num_slots() const { return num_blocks * block_size; }
-  HDK_HOST_DEVICE uint8_t* page(int64_t slot) const {
-    return data + (slot / block_size) * page_stride;
+  HDK_HOST_DEVICE uint8_t* page(int64_t slot) const { return locate(slot).page; }
+
+  // Where a slot (0 <= slot < num_slots()) is: its page and its offset in the page. Slots and
+  // block sizes below 2^32 (any cache a GPU holds) divide in 32 bits, which costs a GPU several
+  // times fewer instructions than 64-bit division.
+  struct Place {
+    uint8_t* page;
+    int64_t offset;
+  };
+  HDK_HOST_DEVICE Place locate(int64_t slot) const {
+    int64_t block, offset;
+    if ((static_cast<uint64_t>(slot) | static_cast<uint64_t>(block_size)) <= 0xffffffffull) {
+      const uint32_t narrow = static_cast<uint32_t>(slot);
+      const uint32_t size = static_cast<uint32_t>(block_size);
+      block = narrow / size;
+      offset = narrow % size;
+    } else {
+      block = slot / block_size;
+      offset = slot % block_size;
+    }
+    return Place{data + block * page_stride, offset};
   }
 };
 

@@ -731,12 +731,19 @@ struct SparseCase {
   int64_t extra_L = 0;
   int64_t extra_block_size = 128;
   int64_t extra_num_blocks = 3;
+  // q and out start one element into their buffers: the CUDA kernels' paths for rows that are
+  // not 16-byte aligned (element loads and stores instead of vectors and cp.async).
+  bool misaligned = false;
+
+  int64_t q_pad_bytes() const { return misaligned ? dtype_size(q_dtype) : 0; }
+  int64_t out_pad() const { return misaligned ? 1 : 0; }
 
   std::string describe() const {
     return "N=" + std::to_string(N) + " H=" + std::to_string(heads) + " L=" + std::to_string(L) +
            " bs=" + std::to_string(block_size) + " blocks=" + std::to_string(num_blocks) + " " +
            dtype_name(q_dtype) + "->" + dtype_name(out_dtype) + (sink ? " sink" : "") +
-           " scale=" + std::to_string(scale) + " seed=" + std::to_string(seed) +
+           (misaligned ? " misaligned" : "") + " scale=" + std::to_string(scale) +
+           " seed=" + std::to_string(seed) +
            (extra_L > 0
                 ? " extra L2=" + std::to_string(extra_L) + " bs=" + std::to_string(extra_block_size)
                 : "");
@@ -754,7 +761,8 @@ struct SparseInputs {
 
   dsv4::SparseDecodeParams params(const SparseCase& c) {
     dsv4::SparseDecodeParams p;
-    p.q = TensorView::contiguous(q_bytes.data(), c.q_dtype, {c.N, c.heads, dsv4::kHeadDim});
+    p.q = TensorView::contiguous(q_bytes.data() + c.q_pad_bytes(), c.q_dtype,
+                                 {c.N, c.heads, dsv4::kHeadDim});
     p.cache = TensorView::contiguous(cache.data(), DType::kUInt8,
                                      {c.num_blocks, c.block_size * dsv4::kEntryBytes});
     p.block_size = c.block_size;
@@ -769,7 +777,8 @@ struct SparseInputs {
     }
     if (c.sink) p.sink = TensorView::contiguous(sink.data(), DType::kFloat32, {c.heads});
     p.scale = c.scale;
-    p.out = TensorView::contiguous(out.data(), c.out_dtype, {c.N, c.heads, dsv4::kHeadDim});
+    p.out = TensorView::contiguous(out.data() + c.out_pad() * dtype_size(c.out_dtype), c.out_dtype,
+                                   {c.N, c.heads, dsv4::kHeadDim});
     if (c.lse) p.lse = TensorView::contiguous(lse.data(), DType::kFloat32, {c.N, c.heads});
     p.lse_includes_sink = c.lse_includes_sink;
     p.invalid_count = TensorView::contiguous(counter.data(), DType::kInt64, {});
@@ -831,8 +840,10 @@ SparseInputs make_sparse_inputs(const SparseCase& c) {
   }
   in.q = normal_values(rng, c.N * c.heads * dsv4::kHeadDim, c.q_scale);
   in.q_bytes = encode_rows(in.q, c.q_dtype);
+  in.q_bytes.insert(in.q_bytes.begin(), static_cast<size_t>(c.q_pad_bytes()), uint8_t{0});
   in.sink = normal_values(rng, c.heads, 2.0f);
-  in.out.resize(static_cast<size_t>(c.N * c.heads * dsv4::kHeadDim * dtype_size(c.out_dtype)));
+  in.out.resize(static_cast<size_t>((c.N * c.heads * dsv4::kHeadDim + c.out_pad()) *
+                                    dtype_size(c.out_dtype)));
   for (auto& byte : in.out)
     byte = 0xff;  // NaN in fp32 and bf16
   in.lse.assign(static_cast<size_t>(c.N * c.heads), 12345.0f);
@@ -897,11 +908,14 @@ void run_sparse_backend(const SparseCase& c, SparseInputs& in, const SparseRun& 
   p.check_indices = check_indices;
   std::vector<DeviceBuffer> buffers;
   buffers.reserve(9);
+  // `host` is the whole buffer; a view that starts inside it keeps its offset on the device.
   auto place = [&](TensorView& view, const void* host, size_t bytes) {
     if (!view.defined()) return;
+    const std::ptrdiff_t offset =
+        static_cast<const uint8_t*>(view.data) - static_cast<const uint8_t*>(host);
     buffers.emplace_back(run.backend, std::max<size_t>(bytes, 1));
     buffers.back().upload(host, bytes);
-    view.data = buffers.back().data();
+    view.data = static_cast<uint8_t*>(buffers.back().data()) + offset;
     view.device = device;
   };
   place(p.q, in.q_bytes.data(), in.q_bytes.size());
@@ -958,7 +972,7 @@ void check_sparse_outputs(const SparseCase& c, const SparseInputs& in,
       for (int64_t i = 0; i < D; ++i) {
         const size_t at = static_cast<size_t>((n * c.heads + h) * D + i);
         const double want = ref.out[at];
-        const double got = read_float(in.out, c.out_dtype, at);
+        const double got = read_float(in.out, c.out_dtype, at + static_cast<size_t>(c.out_pad()));
         const double tol = relative * std::fabs(want) + value_tol;
         ASSERT_LE(std::fabs(got - want), tol)
             << "head " << h << " value " << i << ": got " << got << ", want " << want;
@@ -1026,6 +1040,19 @@ TEST_P(SparseDecode, FlashShapeCsaList) {
   c.L = 128 + 512;
   c.empty_rows = std::vector<int64_t>{1};
   run_sparse_case(c, GetParam());
+}
+
+TEST_P(SparseDecode, MisalignedQueryAndOutput) {
+  for (DType dtype : {DType::kBFloat16, DType::kFloat32}) {
+    SparseCase c;
+    c.N = 3;
+    c.L = 200;
+    c.misaligned = true;
+    c.q_dtype = dtype;
+    c.out_dtype = dtype;
+    c.empty_rows = std::vector<int64_t>{2};
+    run_sparse_case(c, GetParam());
+  }
 }
 
 TEST_P(SparseDecode, ProShapeCsaList) {

@@ -127,6 +127,20 @@ TEST(IndexLaunchPlan, ContractShapesStayResident) {
   // One row spreads over 8 SMs.
   EXPECT_EQ(plan_index_launch(1, 64, 65536, 512, true, false, kH100Sms, kH100Shared).cluster_size,
             8);
+  // A short row spreads too, down to 1024 entries a CTA.
+  EXPECT_EQ(plan_index_launch(1, 64, 8192, 512, true, false, kH100Sms, kH100Shared).cluster_size,
+            8);
+  EXPECT_EQ(plan_index_launch(1, 64, 2048, 512, true, false, kH100Sms, kH100Shared).cluster_size,
+            2);
+  // Spreading keeps every row's cluster resident at once: 16 rows with room for 14 clusters of
+  // 8 and 30 of 4 get clusters of 4.
+  ClusterCapacity clusters;
+  clusters.of_size[0] = 64, clusters.of_size[1] = 30, clusters.of_size[2] = 14;
+  EXPECT_EQ(plan_index_launch(16, 64, 65536, 512, true, false, kH100Sms, kH100Shared, clusters)
+                .cluster_size,
+            4);
+  EXPECT_EQ(plan_index_launch(16, 64, 65536, 512, true, false, kH100Sms, kH100Shared).cluster_size,
+            8);
   // Beyond 8 x 32768 the plan rescored chunks.
   EXPECT_FALSE(
       plan_index_launch(64, 64, 300000, 512, true, false, kH100Sms, kH100Shared).launch.overlay);

@@ -304,6 +304,15 @@ float bf16_bits_value(uint32_t bits16) {
   return value;
 }
 
+TEST(SparseDecodeLayout, SpreadPairConversionMatchesThePairOne) {
+  for (uint32_t word = 0; word < 65536; ++word) {
+    const uint32_t spread = (word & 0xffu) | ((word & 0xff00u) << 8);
+    ASSERT_EQ(dsv4::detail::e4m3_spread_pair_as_scaled_bf16(spread),
+              dsv4::detail::e4m3_pair_as_scaled_bf16(word))
+        << word;
+  }
+}
+
 TEST(SparseDecodeLayout, Fp8PairsBecomeExactScaledBf16) {
   using dsv4::detail::decode_e4m3;
   using dsv4::detail::decode_ue8m0;

@@ -24,8 +24,7 @@ constexpr uint32_t kCanonicalNaN = 0x7fc00000u;
 
 // Writes one MODEL1 entry from 512 floats; true when it holds a non-finite value.
 bool write_entry(const PagedPool& pool, int64_t slot, const float* x) {
-  const int64_t offset = slot % pool.block_size;
-  uint8_t* page = pool.page(slot);
+  const auto [page, offset] = pool.locate(slot);
   uint8_t* data = page + offset * kEntryDataBytes;
   uint8_t* scales = page + pool.block_size * kEntryDataBytes + offset * kEntryScaleBytes;
   bool nonfinite = false;
@@ -77,8 +76,7 @@ void hadamard_128(float* x) {
 // Writes one indexer key from 128 floats (rotated first when asked); true when non-finite.
 bool write_key(const PagedPool& pool, int64_t slot, KeyFormat format, bool rotate, float* x) {
   if (rotate) hadamard_128(x);
-  const int64_t offset = slot % pool.block_size;
-  uint8_t* page = pool.page(slot);
+  const auto [page, offset] = pool.locate(slot);
   uint8_t* data = page + offset * kKeyDataBytes;
   uint8_t* scales = page + pool.block_size * kKeyDataBytes + offset * key_scale_bytes(format);
   const int64_t group_size = format == KeyFormat::kMXFP4 ? 32 : 16;

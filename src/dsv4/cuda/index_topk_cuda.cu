@@ -463,8 +463,17 @@ void index_topk_cuda(const IndexerProblem& p, int device, CudaStream stream) {
   const int shared_limit = hdk::detail::cached_device_attribute(
       cudaDevAttrMaxSharedMemoryPerBlockOptin, device, kOperation);
 
+  const Kernel kernel =
+      tensor ? pick_kernel<true>(fp32_q, p.format) : pick_kernel<false>(fp32_q, p.format);
+  // The kernel runs one CTA per SM (its registers), whatever shared memory it takes.
+  hdk::detail::allow_dynamic_shared_memory(kernel, shared_limit, device, kOperation);
+  ClusterCapacity clusters;
+  for (int i = 0; i < 3; ++i) {
+    clusters.of_size[i] = hdk::detail::max_active_clusters(
+        kernel, 2u << i, kThreads, static_cast<size_t>(shared_limit), device, kOperation);
+  }
   const IndexLaunchPlan plan = plan_index_launch(p.num_rows, p.num_heads, capacity, p.top_k, tensor,
-                                                 fp32_q, sm_count, shared_limit);
+                                                 fp32_q, sm_count, shared_limit, clusters);
   const IndexLaunch& launch = plan.launch;
   const int cluster_size = plan.cluster_size;
   if (p.num_rows > INT_MAX / cluster_size) {
@@ -472,11 +481,6 @@ void index_topk_cuda(const IndexerProblem& p, int device, CudaStream stream) {
                 std::to_string(INT_MAX / cluster_size) + " rows per call, got " +
                 std::to_string(p.num_rows));
   }
-
-  const Kernel kernel =
-      tensor ? pick_kernel<true>(fp32_q, p.format) : pick_kernel<false>(fp32_q, p.format);
-  hdk::detail::allow_dynamic_shared_memory(kernel, static_cast<int>(launch.bytes), device,
-                                           kOperation);
   hdk::detail::check_launch(hdk::detail::launch_in_clusters(
                                 kernel, static_cast<unsigned>(p.num_rows * cluster_size), kThreads,
                                 launch.bytes, reinterpret_cast<cudaStream_t>(stream),

@@ -105,8 +105,7 @@ __device__ bool warp_write_entry(const float (&x)[16], const PagedPool& pool, in
     amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, mask));
     finite = __shfl_xor_sync(kFullMask, static_cast<int>(finite), mask) != 0 && finite;
   }
-  const int64_t offset = slot % pool.block_size;
-  uint8_t* page = pool.page(slot);
+  const auto [page, offset] = pool.locate(slot);
   uint8_t* data = page + offset * kEntryDataBytes;
   uint32_t scale = kScaleNaN;
   if (lane < kEntryLanes) {
@@ -214,8 +213,7 @@ __device__ bool warp_write_key(float (&x)[4], const PagedPool& pool, int64_t slo
         codes |= static_cast<uint32_t>(encode_e2m1(x[i], scale)) << (4 * i);
     }
   }
-  const int64_t offset = slot % pool.block_size;
-  uint8_t* page = pool.page(slot);
+  const auto [page, offset] = pool.locate(slot);
   reinterpret_cast<uint16_t*>(page + offset * kKeyDataBytes)[lane] = static_cast<uint16_t>(codes);
   uint32_t low = 0, high = 0;
   const int groups = mx ? 4 : 8;
@@ -299,8 +297,7 @@ __global__ void gather_entries_kernel(GatherEntriesProblem p) {
     if (slot >= 0 && lane == 0) count_invalid(p.invalid_count, 1);
     return;
   }
-  const int64_t offset = slot % p.cache.block_size;
-  const uint8_t* page = p.cache.page(slot);
+  const auto [page, offset] = p.cache.locate(slot);
   const uint8_t* data = page + offset * kEntryDataBytes;
   if (lane < kEntryLanes) {
     uint4 v;
@@ -376,8 +373,7 @@ __global__ void gather_keys_kernel(GatherKeysProblem p) {
   float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   if (slot >= 0 && slot < p.cache.num_slots()) {
     const bool mx = p.format == KeyFormat::kMXFP4;
-    const int64_t offset = slot % p.cache.block_size;
-    const uint8_t* page = p.cache.page(slot);
+    const auto [page, offset] = p.cache.locate(slot);
     const uint32_t codes = reinterpret_cast<const uint16_t*>(page + offset * kKeyDataBytes)[lane];
     const uint8_t scale_byte =
         page[p.cache.block_size * kKeyDataBytes + offset * key_scale_bytes(p.format) +

@@ -196,19 +196,11 @@ __global__ void __launch_bounds__(kThreads, 2) gate_gemm_kernel(GemmArgs args) {
 template <int kTokenTiles>
 void launch(const GemmArgs& args, cudaStream_t stream) {
   constexpr int kRows = kTokenTiles * kTokenTile;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>((args.E + kExperts - 1) / kExperts * kGateSplits),
-                        static_cast<unsigned>((args.N + kRows - 1) / kRows), 1);
-  config.blockDim = dim3(kThreads, 1, 1);
-  config.stream = stream;
-  cudaLaunchAttribute attributes[1];
-  attributes[0].id = cudaLaunchAttributeClusterDimension;
-  attributes[0].val.clusterDim.x = kGateSplits;
-  attributes[0].val.clusterDim.y = 1;
-  attributes[0].val.clusterDim.z = 1;
-  config.attrs = attributes;
-  config.numAttrs = 1;
-  hdk::detail::check_launch(cudaLaunchKernelEx(&config, gate_gemm_kernel<kTokenTiles>, args),
+  const hdk::detail::ClusterLaunch launch(
+      dim3(static_cast<unsigned>((args.E + kExperts - 1) / kExperts * kGateSplits),
+           static_cast<unsigned>((args.N + kRows - 1) / kRows), 1),
+      kThreads, 0, stream, kGateSplits);
+  hdk::detail::check_launch(cudaLaunchKernelEx(&launch.config, gate_gemm_kernel<kTokenTiles>, args),
                             kOperation, "launching the gate GEMM kernel");
 }
 

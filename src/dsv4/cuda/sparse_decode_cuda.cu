@@ -93,16 +93,17 @@ __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 }
 
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row_address) {
+// row_address: this lane's row, as a shared-space address.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t row_address) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(shared_address(row_address)));
+               : "r"(row_address));
 }
 
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row_address) {
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t row_address) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(shared_address(row_address)));
+               : "r"(row_address));
 }
 
 // c += a b for one m16n8k16 tile (bf16 in, fp32 accumulators).
@@ -142,6 +143,22 @@ __device__ __forceinline__ void store_output(const SparseDecodeProblem& p, int64
   }
 }
 
+// Four consecutive outputs; `vector`: one 16-byte (fp32) or 8-byte (bf16) store is aligned.
+__device__ __forceinline__ void store_output4(const SparseDecodeProblem& p, int64_t offset,
+                                              float4 value, bool vector) {
+  if (!vector) {
+    store_output(p, offset, value.x);
+    store_output(p, offset + 1, value.y);
+    store_output(p, offset + 2, value.z);
+    store_output(p, offset + 3, value.w);
+  } else if (p.out_dtype == DType::kFloat32) {
+    *reinterpret_cast<float4*>(static_cast<float*>(p.out) + offset) = value;
+  } else {
+    *reinterpret_cast<uint2*>(static_cast<uint16_t*>(p.out) + offset) =
+        make_uint2(pack_bf16x2(value.x, value.y), pack_bf16x2(value.z, value.w));
+  }
+}
+
 // ---- tensor-core kernel: pieces ---------------------------------------------------------------
 
 // Address of (row, logical chunk) in a swizzled bf16 tile of `chunks_per_row` chunks per row.
@@ -150,151 +167,239 @@ __device__ __forceinline__ uint8_t* tile_address(uint8_t* tile, MatrixCoord at,
   return tile + (at.row * chunks_per_row + swizzled_chunk(at.row, at.col)) * 16;
 }
 
-// Enqueues the stored bytes of tile `tile` of row n's list (indices over cache, then
-// extra_indices over extra_cache) into the raw buffer and records which of its entries are real
-// (valid[e]); a slot beyond its cache marks the CTA bad. Warp w copies entries
-// w, w + 8, ...; its lanes share the entry's 36 (or 72) data chunks and the scale word.
+// Where an entry's stored bytes are: its 576 data bytes and 8 scale bytes, or nothing (data ==
+// nullptr) for a skipped entry and a slot beyond its cache (which also marks the CTA bad).
+struct EntrySource {
+  const uint8_t* data = nullptr;
+  const uint8_t* scales = nullptr;
+};
+
+// Lane l of warp w resolves entry w + 8 (l % 8) of tile `tile` of row n's list (indices over
+// cache, then extra_indices over extra_cache); lanes 8.. repeat lanes 0..7, so the warp's eight
+// slots cost one round trip. Called a tile ahead of issue_tile, so that round trip overlaps the
+// current tile's wait and dequantization.
+__device__ __forceinline__ EntrySource resolve_entry(const SparseDecodeProblem& p, int64_t n,
+                                                     int64_t tile, int* bad, int warp, int lane) {
+  const int64_t j = tile * kTile + warp + kWarps * (lane % 8);
+  EntrySource source;
+  if (j >= p.list_length()) return source;
+  const int64_t slot = p.list_slot(n, j);
+  const PagedPool& pool = p.list_pool(j);
+  if (slot < 0) return source;
+  if (slot >= pool.num_slots()) {
+    *bad = 1;
+    return source;
+  }
+  const auto [page, offset] = pool.locate(slot);
+  source.data = page + offset * kEntryDataBytes;
+  source.scales = page + pool.block_size * kEntryDataBytes + offset * kEntryScaleBytes;
+  return source;
+}
+
+__device__ __forceinline__ const uint8_t* shuffle_pointer(const uint8_t* pointer, int lane) {
+  const uint64_t bits = reinterpret_cast<uint64_t>(pointer);
+  const uint32_t lo = __shfl_sync(kFullMask, static_cast<uint32_t>(bits), lane);
+  const uint32_t hi = __shfl_sync(kFullMask, static_cast<uint32_t>(bits >> 32), lane);
+  return reinterpret_cast<const uint8_t*>((static_cast<uint64_t>(hi) << 32) | lo);
+}
+
+// Enqueues the stored bytes of the warp's eight entries of a tile (resolved by resolve_entry)
+// into the raw buffer and records which are real (valid[e]). The warp's lanes share each entry's
+// 36 (or 72) data chunks and its scale word.
 template <bool kWide>
-__device__ void issue_tile(const SparseDecodeProblem& p, int64_t n, int64_t tile, uint8_t* smem,
-                           int* valid, int* bad, int warp, int lane) {
+__device__ void issue_tile(const EntrySource& mine, uint8_t* smem, int* valid, int warp, int lane) {
   uint8_t* raw = smem + kRawOffset;
   uint8_t* raw_scales = smem + kScaleOffset;
-  const int64_t length = p.list_length();
-  for (int e = warp; e < kTile; e += kWarps) {
-    const int64_t j = tile * kTile + e;
-    const int64_t slot = j < length ? p.list_slot(n, j) : -1;
-    const PagedPool& pool = p.list_pool(j);
-    const bool real = slot >= 0 && slot < pool.num_slots();
-    if (lane == 0) {
-      valid[e] = real ? 1 : 0;
-      if (slot >= pool.num_slots()) *bad = 1;
-    }
-    if (!real) continue;
-    const int64_t offset = slot % pool.block_size;
-    const uint8_t* page = pool.page(slot);
-    const uint8_t* data = page + offset * kEntryDataBytes;
-    const uint8_t* scales = page + pool.block_size * kEntryDataBytes + offset * kEntryScaleBytes;
+#pragma unroll 1
+  for (int i = 0; i < kTile / kWarps; ++i) {
+    const int e = warp + kWarps * i;
+    const uint8_t* data = shuffle_pointer(mine.data, i);
+    const uint8_t* scales = shuffle_pointer(mine.scales, i);
+    if (lane == 0) valid[e] = data != nullptr ? 1 : 0;
+    if (data == nullptr) continue;
     uint8_t* target = raw + e * kEntryDataBytes;
     constexpr int kChunk = kWide ? 16 : 8;
     constexpr int kDataChunks = static_cast<int>(kEntryDataBytes) / kChunk;
-    for (int c = lane; c <= kDataChunks; c += 32) {
-      if (c == kDataChunks) {
+    constexpr int kPasses = (kDataChunks + 1 + 31) / 32;  // the data chunks, then the scales
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const int c = lane + 32 * pass;
+      if (c < kDataChunks) {
+        if (kWide) {
+          cp_async_16(target + c * kChunk, data + c * kChunk);
+        } else {
+          cp_async_8(target + c * kChunk, data + c * kChunk);
+        }
+      } else if (c == kDataChunks) {
         cp_async_8(raw_scales + e * kEntryScaleBytes, scales);
-      } else if (kWide) {
-        cp_async_16(target + c * kChunk, data + c * kChunk);
-      } else {
-        cp_async_8(target + c * kChunk, data + c * kChunk);
       }
     }
   }
 }
 
-// Eight stored FP8 codes times 2^(scale - 127) as eight bf16 (exact), NaN codes and a NaN scale
-// giving NaN.
+// Eight stored FP8 codes times 2^(scale - 127) as eight bf16 (exact; scale byte 0 is 2^-127).
+// NaN codes and the NaN scale come out as some finite value: the caller flags them
+// (fp8_nan_seen) instead.
 __device__ __forceinline__ uint4 dequantize_8(uint2 codes, uint32_t scale_byte) {
-  if (scale_byte == kScaleNaN || any_e4m3_nan(codes.x) || any_e4m3_nan(codes.y)) {
-    const uint32_t words[2] = {codes.x, codes.y};
-    uint32_t out[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint32_t w = words[i / 2] >> (16 * (i % 2));
-      const float scale = decode_ue8m0(static_cast<uint8_t>(scale_byte));
-      const float lo = decode_e4m3(static_cast<uint8_t>(w & 0xffu)) * scale;
-      const float hi = decode_e4m3(static_cast<uint8_t>((w >> 8) & 0xffu)) * scale;
-      out[i] = (__float_as_uint(lo) >> 16) | (__float_as_uint(hi) & 0xffff0000u);
-    }
-    return make_uint4(out[0], out[1], out[2], out[3]);
-  }
-  const uint32_t up = kBf16TwoTo120 | (kBf16TwoTo120 << 16);
+  const uint32_t up = kBf16TwoTo120 * 0x10001u;
   const uint32_t scale = ue8m0_as_bf16(scale_byte) * 0x10001u;
-  auto convert = [&](uint32_t pair_word) {
-    return mul_bf16x2(mul_bf16x2(e4m3_pair_as_scaled_bf16(pair_word), up), scale);
+  auto convert = [&](uint32_t spread) {
+    return mul_bf16x2(mul_bf16x2(e4m3_spread_pair_as_scaled_bf16(spread), up), scale);
   };
-  return make_uint4(convert(codes.x), convert(codes.x >> 16), convert(codes.y),
-                    convert(codes.y >> 16));
+  return make_uint4(
+      convert(__byte_perm(codes.x, 0, 0x4140)), convert(__byte_perm(codes.x, 0, 0x4342)),
+      convert(__byte_perm(codes.y, 0, 0x4140)), convert(__byte_perm(codes.y, 0, 0x4342)));
 }
 
-// The raw tile to bf16 rows of E (zero rows for entries that are not real): thread jobs are
-// (entry, 16-byte output chunk); chunks 0..55 are FP8 values (group = chunk / 8), 56..63 the RoPE
-// values copied as stored.
-__device__ void dequantize_tile(uint8_t* smem, const int* valid, int tid) {
+__device__ __forceinline__ bool fp8_nan_seen(uint2 codes, uint32_t scale_byte) {
+  return scale_byte == kScaleNaN || any_e4m3_nan(codes.x) || any_e4m3_nan(codes.y);
+}
+
+// The raw tile to bf16 rows of E (zero rows for entries that are not real). Thread t converts
+// output chunk c = t % 64 (8 values) of entries t / 64, + 4, ...: chunks 0..55 are FP8 values
+// (scale group c / 8), 56..63 the RoPE values copied as stored. Returns whether a real entry
+// held an FP8 NaN code or a NaN scale: such a value is not turned into NaN here, the caller
+// marks the row bad, which is what its NaN would have done (every head's sums take it in).
+__device__ bool dequantize_tile(uint8_t* smem, const int* valid, int tid) {
   const uint8_t* raw = smem + kRawOffset;
   const uint8_t* raw_scales = smem + kScaleOffset;
-  uint8_t* e_tile = smem + kEOffset;
   constexpr int kNopeChunks = static_cast<int>(kNopeDim / 8);
-  for (int job = tid; job < kTile * kChunksPerRow; job += kThreads) {
-    const int e = job / kChunksPerRow, c = job % kChunksPerRow;
+  constexpr int kEntriesPerPass = kThreads / kChunksPerRow;
+  static_assert(kEntriesPerPass == 4, "rows e and e + 4 alternate between two swizzles");
+  const int c = tid % kChunksPerRow;
+  const int first_entry = tid / kChunksPerRow;
+  const bool fp8 = c < kNopeChunks;
+  const int source = fp8 ? 8 * c : static_cast<int>(kNopeDim) + 16 * (c - kNopeChunks);
+  // Rows e and e + 4 swizzle chunk c to c ^ (e % 8) and c ^ (e % 8) ^ 4.
+  const uint32_t target_even =
+      shared_address(smem + kEOffset) +
+      static_cast<uint32_t>((first_entry * kChunksPerRow + swizzled_chunk(first_entry, c)) * 16);
+  const uint32_t odd_shift =
+      static_cast<uint32_t>((kEntriesPerPass * kChunksPerRow + (swizzled_chunk(first_entry + 4, c) -
+                                                                swizzled_chunk(first_entry, c))) *
+                            16);
+  bool nan = false;
+#pragma unroll 4
+  for (int i = 0; i < kTile / kEntriesPerPass; ++i) {
+    const int e = first_entry + kEntriesPerPass * i;
     uint4 value = make_uint4(0, 0, 0, 0);
     if (valid[e]) {
       const uint8_t* entry = raw + e * kEntryDataBytes;
-      if (c < kNopeChunks) {
-        const uint2 codes = *reinterpret_cast<const uint2*>(entry + 8 * c);
-        value = dequantize_8(codes, raw_scales[e * kEntryScaleBytes + c / 8]);
+      if (fp8) {
+        const uint2 codes = *reinterpret_cast<const uint2*>(entry + source);
+        const uint32_t scale_byte = raw_scales[e * kEntryScaleBytes + c / 8];
+        nan = nan || fp8_nan_seen(codes, scale_byte);
+        value = dequantize_8(codes, scale_byte);
       } else {
-        value = *reinterpret_cast<const uint4*>(entry + kNopeDim + 16 * (c - kNopeChunks));
+        value = *reinterpret_cast<const uint4*>(entry + source);
       }
     }
-    *reinterpret_cast<uint4*>(tile_address(e_tile, MatrixCoord{e, c}, kChunksPerRow)) = value;
+    // Entry e's row: two passes of 4 rows are 8 rows, whose swizzle repeats.
+    const uint32_t target =
+        target_even + (i / 2) * 2 * kEntriesPerPass * kChunksPerRow * 16 + (i % 2) * odd_shift;
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(target), "r"(value.x),
+                 "r"(value.y), "r"(value.z), "r"(value.w)
+                 : "memory");
   }
+  return nan;
 }
 
-// The CTA's 64 query heads as bf16 rows (zero rows beyond Hq); a NaN or infinity marks it bad.
-__device__ void load_queries(const SparseDecodeProblem& p, int64_t n, int64_t head0, bool q_vector,
-                             uint8_t* smem, int* bad, int tid) {
+// The CTA's 64 query heads as bf16 rows (zero rows beyond Hq). bf16 q with 16-byte aligned rows
+// goes by cp.async (committed with the first tile; queries_finite checks it once it has landed);
+// other q is loaded four 8-value chunks at a time (one round trip per four chunks), converted to
+// bf16, checked (a NaN or infinity marks the CTA bad) and stored.
+__device__ void load_queries(const SparseDecodeProblem& p, int64_t n, int64_t head0, bool q_async,
+                             bool q_vector, uint8_t* smem, int* bad, int tid) {
   uint8_t* q_tile = smem + kQOffset;
+  constexpr int kJobs = kHeads * kChunksPerRow / kThreads;
+  static_assert(kHeads * kChunksPerRow % kThreads == 0, "whole jobs per thread");
+  if (q_async) {
+    for (int i = 0; i < kJobs; ++i) {
+      const int job = tid + i * kThreads;
+      const int h = job / kChunksPerRow, c = job % kChunksPerRow;
+      uint8_t* target = tile_address(q_tile, MatrixCoord{h, c}, kChunksPerRow);
+      if (head0 + h < p.num_heads) {
+        cp_async_16(target, static_cast<const uint16_t*>(p.q.data) + n * p.q.row_stride +
+                                (head0 + h) * p.q.head_stride + 8 * c);
+      } else {
+        *reinterpret_cast<uint4*>(target) = make_uint4(0, 0, 0, 0);
+      }
+    }
+    return;
+  }
+  constexpr int kBatch = 4;
   bool finite = true;
-  for (int job = tid; job < kHeads * kChunksPerRow; job += kThreads) {
-    const int h = job / kChunksPerRow, c = job % kChunksPerRow;
-    const int64_t head = head0 + h;
-    uint32_t words[4] = {0, 0, 0, 0};
-    if (head < p.num_heads) {
+  for (int batch = 0; batch < kJobs; batch += kBatch) {
+    float x[kBatch][8];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int job = tid + (batch + b) * kThreads;
+      const int h = job / kChunksPerRow, c = job % kChunksPerRow;
+      const int64_t head = head0 + h;
       const int64_t offset = n * p.q.row_stride + head * p.q.head_stride + 8 * c;
-      if (p.q.dtype == DType::kFloat32) {
-        float x[8];
+      if (head >= p.num_heads) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+          x[b][i] = 0.0f;
+      } else if (p.q.dtype == DType::kFloat32) {
         const float* source = static_cast<const float*>(p.q.data) + offset;
         if (q_vector) {
           const float4 v0 = reinterpret_cast<const float4*>(source)[0];
           const float4 v1 = reinterpret_cast<const float4*>(source)[1];
-          x[0] = v0.x, x[1] = v0.y, x[2] = v0.z, x[3] = v0.w;
-          x[4] = v1.x, x[5] = v1.y, x[6] = v1.z, x[7] = v1.w;
+          x[b][0] = v0.x, x[b][1] = v0.y, x[b][2] = v0.z, x[b][3] = v0.w;
+          x[b][4] = v1.x, x[b][5] = v1.y, x[b][6] = v1.z, x[b][7] = v1.w;
         } else {
 #pragma unroll
           for (int i = 0; i < 8; ++i)
-            x[i] = source[i];
-        }
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          finite = finite && is_finite(x[2 * i]) && is_finite(x[2 * i + 1]);
-          words[i] = pack_bf16x2(x[2 * i], x[2 * i + 1]);
+            x[b][i] = source[i];
         }
       } else {
         const uint16_t* source = static_cast<const uint16_t*>(p.q.data) + offset;
-        if (q_vector) {
-          const uint4 v = *reinterpret_cast<const uint4*>(source);
-          words[0] = v.x, words[1] = v.y, words[2] = v.z, words[3] = v.w;
-        } else {
 #pragma unroll
-          for (int i = 0; i < 4; ++i)
-            words[i] = source[2 * i] | (static_cast<uint32_t>(source[2 * i + 1]) << 16);
-        }
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          finite =
-              finite && (words[i] & 0x7f80u) != 0x7f80u && (words[i] & 0x7f800000u) != 0x7f800000u;
-        }
+        for (int i = 0; i < 8; ++i)
+          x[b][i] = bf16_value(source[i]);
       }
     }
-    *reinterpret_cast<uint4*>(tile_address(q_tile, MatrixCoord{h, c}, kChunksPerRow)) =
-        make_uint4(words[0], words[1], words[2], words[3]);
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int job = tid + (batch + b) * kThreads;
+      const int h = job / kChunksPerRow, c = job % kChunksPerRow;
+      uint32_t words[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        finite = finite && is_finite(x[b][2 * i]) && is_finite(x[b][2 * i + 1]);
+        words[i] = pack_bf16x2(x[b][2 * i], x[b][2 * i + 1]);
+      }
+      *reinterpret_cast<uint4*>(tile_address(q_tile, MatrixCoord{h, c}, kChunksPerRow)) =
+          make_uint4(words[0], words[1], words[2], words[3]);
+    }
   }
   if (!finite) *bad = 1;
+}
+
+// Whether the query chunks this thread copied by cp.async (load_queries) are finite: read back
+// by the same thread after its wait, so no barrier is needed.
+__device__ bool queries_finite(const uint8_t* smem, int tid) {
+  const uint8_t* q_tile = smem + kQOffset;
+  bool finite = true;
+  for (int i = 0; i < kHeads * kChunksPerRow / kThreads; ++i) {
+    const int job = tid + i * kThreads;
+    const int h = job / kChunksPerRow, c = job % kChunksPerRow;
+    const uint4 v = *reinterpret_cast<const uint4*>(
+        tile_address(const_cast<uint8_t*>(q_tile), MatrixCoord{h, c}, kChunksPerRow));
+    for (const uint32_t word : {v.x, v.y, v.z, v.w}) {
+      finite = finite && (word & 0x7f80u) != 0x7f80u && (word & 0x7f800000u) != 0x7f800000u;
+    }
+  }
+  return finite;
 }
 
 // ---- tensor-core kernel -----------------------------------------------------------------------
 
 template <bool kWide>
 __global__ void __launch_bounds__(kThreads, 1)
-    sparse_decode_mma_kernel(SparseDecodeProblem p, SparsePlan plan, bool q_vector) {
+    sparse_decode_mma_kernel(SparseDecodeProblem p, SparsePlan plan, bool q_vector,
+                             bool out_vector) {
   extern __shared__ __align__(128) uint8_t smem[];
   cg::cluster_group cluster = cg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank());
@@ -322,10 +427,29 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t tiles = (p.list_length() + kTile - 1) / kTile;
   const int64_t first = split_first_tile(tiles, split, plan.splits);
   const int64_t last = split_first_tile(tiles, split + 1, plan.splits);
-  if (first < last)
-    issue_tile<kWide>(p, n, first, smem, valid + (first & 1) * kTile, bad, warp, lane);
+  const bool q_async = q_vector && p.q.dtype != DType::kFloat32;
+  EntrySource next_source;
+  if (first < last) next_source = resolve_entry(p, n, first, bad, warp, lane);
+  load_queries(p, n, head0, q_async, q_vector, smem, bad, tid);
+  if (first < last) issue_tile<kWide>(next_source, smem, valid + (first & 1) * kTile, warp, lane);
   cp_async_commit();
-  load_queries(p, n, head0, q_vector, smem, bad, tid);
+
+  // ldmatrix row addresses (shared space). The rows a lane names all have row % 8 = lane % 8,
+  // so the swizzled chunk of k-step k (16 columns) is 8 (k / 4) + ((2 (k % 4) + h) ^ (lane % 8)),
+  // h the lane's half of the 16 columns: four byte offsets per lane, the rest immediates.
+  const int a_row = lane % 8 + 8 * ((lane / 8) % 2);  // A fragments; B of O = P E (.trans)
+  const int b_row = lane % 8 + 8 * (lane / 16);       // B of S = Q E^T
+  uint32_t a_chunk[4], b_chunk[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    a_chunk[j] = static_cast<uint32_t>(((2 * j + lane / 16) ^ (lane % 8)) * 16);
+    b_chunk[j] = static_cast<uint32_t>(((2 * j + (lane / 8) % 2) ^ (lane % 8)) * 16);
+  }
+  constexpr uint32_t kRowBytes = static_cast<uint32_t>(kHeadDim) * 2;
+  const uint32_t q_rows = shared_address(q_tile) + (16 * head_tile + a_row) * kRowBytes;
+  const uint32_t s_rows = shared_address(e_tile) + (32 * half + b_row) * kRowBytes;
+  const uint32_t p_rows = shared_address(p_tile) + (16 * head_tile + a_row) * kTile * 2;
+  const uint32_t o_rows = shared_address(e_tile) + a_row * kRowBytes + 512 * half;
 
   // Scores are kept in log2 units: s * scale * log2(e), so exp2 gives the softmax weights.
   const float score_scale = p.scale * kLog2e;
@@ -338,12 +462,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   for (int64_t t = first; t < last; ++t) {
     const int* tile_valid = valid + (t & 1) * kTile;
+    // The next tile's slots, resolved while this tile lands and is dequantized.
+    if (t + 1 < last) next_source = resolve_entry(p, n, t + 1, bad, warp, lane);
     cp_async_wait_all();
     __syncthreads();  // the raw tile has landed; E and P are no longer read
-    dequantize_tile(smem, tile_valid, tid);
+    if (dequantize_tile(smem, tile_valid, tid)) *bad = 1;
     __syncthreads();  // E is complete; the raw buffer is free
     if (t + 1 < last) {
-      issue_tile<kWide>(p, n, t + 1, smem, valid + ((t + 1) & 1) * kTile, bad, warp, lane);
+      issue_tile<kWide>(next_source, smem, valid + ((t + 1) & 1) * kTile, warp, lane);
     }
     cp_async_commit();
 
@@ -352,18 +478,19 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int j = 0; j < 4; ++j)
       s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-#pragma unroll 4
-    for (int k_step = 0; k_step < kChunksPerRow / 2; ++k_step) {
-      uint32_t a[4];
-      ldmatrix_x4(
-          a, tile_address(q_tile, ldmatrix_a_address(lane, 16 * head_tile, k_step), kChunksPerRow));
 #pragma unroll
-      for (int pair = 0; pair < 2; ++pair) {
-        uint32_t b[4];
-        ldmatrix_x4(b, tile_address(e_tile, ldmatrix_b_address(lane, 32 * half + 16 * pair, k_step),
-                                    kChunksPerRow));
-        mma_16816(s[2 * pair], a, b[0], b[1]);
-        mma_16816(s[2 * pair + 1], a, b[2], b[3]);
+    for (int k4 = 0; k4 < kChunksPerRow / 8; ++k4) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        uint32_t a[4];
+        ldmatrix_x4(a, q_rows + 128 * k4 + a_chunk[j]);
+#pragma unroll
+        for (int pair = 0; pair < 2; ++pair) {
+          uint32_t b[4];
+          ldmatrix_x4(b, s_rows + pair * 16 * kRowBytes + 128 * k4 + b_chunk[j]);
+          mma_16816(s[2 * pair], a, b[0], b[1]);
+          mma_16816(s[2 * pair + 1], a, b[2], b[3]);
+        }
       }
     }
 
@@ -399,10 +526,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       row_max[r] = new_max;
       row_sum[r] *= alpha[r];
     }
+    // Once the maxima settle, whole warps keep theirs: no rescale then.
+    if (__any_sync(kFullMask, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      o[j][0] *= alpha[0], o[j][1] *= alpha[0];
-      o[j][2] *= alpha[1], o[j][3] *= alpha[1];
+      for (int j = 0; j < 32; ++j) {
+        o[j][0] *= alpha[0], o[j][1] *= alpha[0];
+        o[j][2] *= alpha[1], o[j][3] *= alpha[1];
+      }
     }
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -426,20 +556,19 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int k_step = 0; k_step < kTile / 16; ++k_step) {
       uint32_t a[4];
-      ldmatrix_x4(
-          a, tile_address(p_tile, ldmatrix_a_address(lane, 16 * head_tile, k_step), kTile / 8));
+      ldmatrix_x4(a, p_rows + a_chunk[k_step]);
 #pragma unroll
       for (int pair = 0; pair < 16; ++pair) {
         uint32_t b[4];
-        ldmatrix_x4_trans(
-            b, tile_address(e_tile, ldmatrix_bt_address(lane, 16 * k_step, 256 * half + 16 * pair),
-                            kChunksPerRow));
+        ldmatrix_x4_trans(b,
+                          o_rows + k_step * 16 * kRowBytes + 128 * (pair / 4) + a_chunk[pair % 4]);
         mma_16816(o[2 * pair], a, b[0], b[1]);
         mma_16816(o[2 * pair + 1], a, b[2], b[3]);
       }
     }
   }
   cp_async_wait_all();
+  if (q_async && !queries_finite(smem, tid)) *bad = 1;
 
   // ---- this CTA's partial result: (row max, row sum, unnormalized O) per head ---------------
   bool nan = false;
@@ -532,27 +661,46 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();  // factors are complete
 
+  // Each thread sums four columns of one head over the splits: every split's partial is loaded
+  // (distributed shared memory) before any is used, then four values are stored at once.
   const int columns = static_cast<int>(kHeadDim) / plan.splits;
   const int column0 = split * columns;
-  for (int job = tid; job < kHeads * columns / 4; job += kThreads) {
-    const int h = job / (columns / 4);
-    const int col = column0 + 4 * (job % (columns / 4));
+  const float* peer_stage[kSparseMaxCluster];
+#pragma unroll
+  for (int s = 0; s < kSparseMaxCluster; ++s) {
+    peer_stage[s] =
+        s < plan.splits ? cluster.map_shared_rank(stage, s * plan.groups + group) : stage;
+  }
+  const int quads_log2 = 7 - (__ffs(plan.splits) - 1);  // columns / 4 = 2^quads_log2
+  for (int job = tid; job < kHeads << quads_log2; job += kThreads) {
+    const int h = job >> quads_log2;
+    const int col = column0 + 4 * (job & ((1 << quads_log2) - 1));
     const int64_t head = head0 + h;
     if (head >= p.num_heads) continue;
     float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (!row_bad) {
-      for (int s = 0; s < plan.splits; ++s) {
-        const float f = factors[s * kHeads + h];
-        const float4 v = *reinterpret_cast<const float4*>(
-            cluster.map_shared_rank(stage, s * plan.groups + group) + h * kStageStride + col);
-        sum.x += f * v.x, sum.y += f * v.y, sum.z += f * v.z, sum.w += f * v.w;
+    if (!row_bad && plan.splits == 1) {  // the CTA's own partial alone
+      const float f = factors[h];
+      const float4 v = *reinterpret_cast<const float4*>(stage + h * kStageStride + col);
+      sum = make_float4(f * v.x, f * v.y, f * v.z, f * v.w);
+    } else if (!row_bad) {
+      float4 partial[kSparseMaxCluster];
+#pragma unroll
+      for (int s = 0; s < kSparseMaxCluster; ++s) {
+        if (s < plan.splits) {
+          partial[s] = *reinterpret_cast<const float4*>(peer_stage[s] + h * kStageStride + col);
+        }
+      }
+#pragma unroll
+      for (int s = 0; s < kSparseMaxCluster; ++s) {
+        if (s < plan.splits) {
+          const float f = factors[s * kHeads + h];
+          sum.x += f * partial[s].x, sum.y += f * partial[s].y;
+          sum.z += f * partial[s].z, sum.w += f * partial[s].w;
+        }
       }
     }
     const int64_t offset = n * p.out_row_stride + head * p.out_head_stride + col;
-    store_output(p, offset, sum.x);
-    store_output(p, offset + 1, sum.y);
-    store_output(p, offset + 2, sum.z);
-    store_output(p, offset + 3, sum.w);
+    store_output4(p, offset, sum, out_vector);
   }
   if (rank == 0 && tid == 0 && row_bad) count_invalid(p.invalid_count, 1);
   cluster.sync();  // no CTA leaves while a peer may still read its shared memory
@@ -562,8 +710,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // Lane `lane`'s 16 values of the entry at `slot`, exactly as the CPU decodes them.
 __device__ void decode_entry_values(const PagedPool& pool, int64_t slot, int lane, float (&x)[16]) {
-  const int64_t offset = slot % pool.block_size;
-  const uint8_t* page = pool.page(slot);
+  const auto [page, offset] = pool.locate(slot);
   const uint8_t* data = page + offset * kEntryDataBytes;
   if (lane < 28) {
     const uint2 lo = reinterpret_cast<const uint2*>(data + 16 * lane)[0];
@@ -691,19 +838,30 @@ bool aligned_16(const void* pointer) {
 void launch_mma(const SparseDecodeProblem& p, int device, cudaStream_t stream) {
   const int sm_count =
       hdk::detail::cached_device_attribute(cudaDevAttrMultiProcessorCount, device, kOperation);
-  const SparsePlan plan = plan_sparse_decode(p.num_rows, p.num_heads, p.list_length(), sm_count);
+  SparsePlan plan = plan_sparse_decode(p.num_rows, p.num_heads, p.list_length(), sm_count);
   const bool wide = aligned_16(p.cache.data) && p.cache.page_stride % 16 == 0 &&
                     (p.num_extra_indices == 0 ||
                      (aligned_16(p.extra_cache.data) && p.extra_cache.page_stride % 16 == 0));
   const int64_t element = p.q.dtype == DType::kFloat32 ? 4 : 2;
   const bool q_vector = aligned_16(p.q.data) && (p.q.row_stride * element) % 16 == 0 &&
                         (p.q.head_stride * element) % 16 == 0;
+  const int64_t out_element = p.out_dtype == DType::kFloat32 ? 4 : 2;
+  const bool out_vector = reinterpret_cast<uintptr_t>(p.out) % (4 * out_element) == 0 &&
+                          p.out_row_stride % 4 == 0 && p.out_head_stride % 4 == 0;
   auto kernel = wide ? sparse_decode_mma_kernel<true> : sparse_decode_mma_kernel<false>;
   hdk::detail::allow_dynamic_shared_memory(kernel, kSharedBytes, device, kOperation);
+  // A cluster needs its CTAs' SMs free in one GPC, so fewer clusters than SMs / size fit at
+  // once: more splits than leave every row's cluster resident would run a second wave (H100,
+  // Flash CSA N = 32: 4 splits took 117 us, more than N = 64 with 2 splits took, 95 us).
+  while (plan.splits > 1 && p.num_rows > hdk::detail::max_active_clusters(
+                                             kernel, static_cast<unsigned>(plan.cluster()),
+                                             kThreads, kSharedBytes, device, kOperation)) {
+    plan.splits /= 2;
+  }
   hdk::detail::check_launch(
-      hdk::detail::launch_in_clusters(kernel, static_cast<unsigned>(p.num_rows * plan.cluster()),
-                                      kThreads, kSharedBytes, stream,
-                                      static_cast<unsigned>(plan.cluster()), p, plan, q_vector),
+      hdk::detail::launch_in_clusters(
+          kernel, static_cast<unsigned>(p.num_rows * plan.cluster()), kThreads, kSharedBytes,
+          stream, static_cast<unsigned>(plan.cluster()), p, plan, q_vector, out_vector),
       kOperation, "sparse_decode_mma_kernel");
 }
 

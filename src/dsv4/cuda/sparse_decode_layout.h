@@ -84,6 +84,12 @@ HDK_HOST_DEVICE uint32_t e4m3_pair_as_scaled_bf16(uint32_t word) {
          ((word & 0x7f00u) << 12);
 }
 
+// The same bits from the pair spread out to bytes 0 and 2 of `spread` (what byte_perm(word, 0,
+// 0x4140) makes of bytes 0 and 1 of a word): one shift and mask per field for both codes.
+HDK_HOST_DEVICE uint32_t e4m3_spread_pair_as_scaled_bf16(uint32_t spread) {
+  return ((spread << 8) & 0x80008000u) | ((spread << 4) & 0x07f007f0u);
+}
+
 // Whether any of the four codes of `word` is an E4M3 NaN (0x7F or 0xFF), which the pattern
 // above would turn into a finite number: the classic zero-byte test on the complement of
 // word | 0x80808080, whose NaN bytes are exactly the 0xFF ones.

@@ -176,14 +176,17 @@ LaunchPlan plan_launch(const DecodeProblem& p, int sm_count) {
     plan.ctas = heads * plan.tiles_per_head;
     return plan;
   }
-  // One token per request needs no fp32 state between tokens: the lighter kernel, except for
-  // a single head-batch (B x HV <= 64), where the multi-token kernel's smaller per-warp items
-  // finish sooner (H100, B = 1, HV = 64: bf16 8.2 vs 9.2 us, fp32 9.3 vs 10.6 us; equal at
-  // B = 2, slower from B = 4).
+  // One token per request. The lean multi-token kernel (lean_one_token) where it measured
+  // faster than the one-token kernel on an H100 (Qwen3.5-397B, hdk-bench gdn --T 1, same binary):
+  // fp32 state at every batch (B = 2: 12.0 vs 13.9 us, B = 16: 52.5 vs 55.1, B = 256: 735 vs
+  // 742); bf16 state up to kLeanOneTokenMaxHeads heads (B = 2: 9.4 vs 10.5 us, B = 16: 33.6 vs
+  // 34.5), above which the one-token kernel's raw bf16 fragments keep it level or ahead (B = 256:
+  // 439 vs 438 us). Forcing either kernel (LaunchOverride) overrides this.
   const bool one_token = p.token_capacity == 1 || p.tokens_per_request == 1;
   const OneTokenKernel forced_kernel = one_token_override.load();
-  const bool single = one_token && forced_kernel != OneTokenKernel::kMultiToken &&
-                      (heads > 64 || forced_kernel == OneTokenKernel::kOneToken);
+  const bool lean_one_token = p.state_dtype == DType::kFloat32 || heads <= kLeanOneTokenMaxHeads;
+  const bool single = one_token && (forced_kernel == OneTokenKernel::kOneToken ||
+                                    (forced_kernel == OneTokenKernel::kAuto && !lean_one_token));
   const int state_bytes = static_cast<int>(dtype_size(p.state_dtype));
   const int full_lanes = full_lanes_per_row(state_bytes, p.head_k);
   const int forced_rows = rows_override.load();
@@ -195,7 +198,7 @@ LaunchPlan plan_launch(const DecodeProblem& p, int sm_count) {
     // 92% of copy); with fp32 state the two are within 1-4% of each other, so the classic one
     // (measured longer) stays. It holds one token per lane: longer requests stay classic.
     const MultiTokenVariant variant = variant_override.load();
-    const bool lean_by_default = p.state_dtype == DType::kBFloat16 && !one_token;
+    const bool lean_by_default = one_token || p.state_dtype == DType::kBFloat16;
     const bool lean = variant == MultiTokenVariant::kLean ||
                       (variant == MultiTokenVariant::kAuto && lean_by_default);
     plan.kernel = DecodeKernel::kVK;

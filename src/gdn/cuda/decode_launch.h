@@ -40,6 +40,10 @@ constexpr int multi_token_default_rows(int state_bytes, int64_t head_k) {
 // sets the scheduling granule.
 constexpr int kMultiTokenWarpsPerCta = 4;
 
+// One-token calls with bf16 state and at most this many (request, value head) pairs run the
+// lean multi-token kernel rather than the one-token kernel (plan_launch has the measurements).
+constexpr int64_t kLeanOneTokenMaxHeads = 1024;
+
 // The multi-token kernel: every warp owns rows_per_thread x (32 / lanes_per_row) rows of one
 // head; tiles_per_head counts warps.
 template <typename StateT>
