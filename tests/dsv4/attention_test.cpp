@@ -959,6 +959,11 @@ void check_sparse_outputs(const SparseCase& c, const SparseInputs& in,
   const int64_t D = dsv4::kHeadDim;
   const bool tensor_core = kernel == SparseKernel::kTensorCore;
   const double relative = c.out_dtype == DType::kBFloat16 ? std::ldexp(1.0, -8) : 1e-6;
+  // The element before a misaligned out is not out's: it keeps its poison.
+  const auto pad_bytes = static_cast<size_t>(c.out_pad()) * dtype_size(c.out_dtype);
+  for (size_t i = 0; i < pad_bytes; ++i) {
+    ASSERT_EQ(in.out[i], 0xff) << "byte " << i << " before out was written";
+  }
   double worst = 0.0;
   for (int64_t n = 0; n < c.N; ++n) {
     SCOPED_TRACE("row " + std::to_string(n) + (ref.invalid[n] ? " (invalid)" : ""));
