@@ -354,6 +354,21 @@ def kv_record(results, op, shape, hdk_us, torch_us, nbytes=None, copy_gbs=None, 
     print(text)
 
 
+def kv_random_pages(blocks, generator, device):
+    """MODEL1 pages of random entries: FP8 codes of every value but NaN, RoPE bf16 values of
+    magnitude below 4, UE8M0 scales 2^-17 .. 2^13."""
+    cache = torch.randint(
+        0, 256, (blocks, KV_BLOCK_SIZE * 584), dtype=torch.uint8, generator=generator
+    ).to(device)
+    data = cache[:, : KV_BLOCK_SIZE * 576].view(blocks, KV_BLOCK_SIZE, 576)
+    codes = data[..., :448]
+    codes[(codes & 0x7F) == 0x7F] ^= 1
+    data[..., 449:576:2] &= 0xBF  # bf16 high bytes: exponent below 0x80
+    scales = cache[:, KV_BLOCK_SIZE * 576 :].view(blocks, KV_BLOCK_SIZE, 8)
+    scales[..., :7] = 110 + scales[..., :7] % 31
+    return cache
+
+
 def bench_kv_store_gather(timer, quick, iterations, copy_gbs, results):
     generator = torch.Generator(device="cpu")
     generator.manual_seed(8)
@@ -386,18 +401,23 @@ def bench_kv_store_gather(timer, quick, iterations, copy_gbs, results):
             (lambda r: r["pct_copy"] >= 70) if rows >= 64 else None,
         )
     for rows, length in [(64, 128), (64, 2048)]:
-        slots = torch.randint(0, blocks * KV_BLOCK_SIZE, (rows, length), generator=generator)
-        slots = slots.to(device)
+        # Every row reads entries of its own, each once: entries shared by rows would come from
+        # L2 and flatter the bandwidth.
+        gather_cache = kv_random_pages(rows * length // KV_BLOCK_SIZE, generator, device)
+        peer_gather_cache = gather_cache.clone()
+        slots = torch.randperm(rows * length, generator=generator).view(rows, length).to(device)
         out = torch.empty(rows, length, 512, dtype=torch.bfloat16, device=device)
         peer_out = {}
         hdk_us = timer.time_graph(
-            capture(timer, lambda: hdk.dsv4.gather_entries(cache, KV_BLOCK_SIZE, slots, out=out)),
+            capture(
+                timer, lambda: hdk.dsv4.gather_entries(gather_cache, KV_BLOCK_SIZE, slots, out=out)
+            ),
             iterations,
         )
 
         def peer_call():
             peer_out["out"] = dsv4_kv_torch.gather_entries(
-                peer_cache, KV_BLOCK_SIZE, slots, dtype=torch.bfloat16
+                peer_gather_cache, KV_BLOCK_SIZE, slots, dtype=torch.bfloat16
             )
 
         torch_us = timer.time_graph(capture(timer, peer_call), iterations)

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dsv4/reference/kv_cache_reference.h"
@@ -353,6 +354,14 @@ std::vector<GatherCase> gather_cases() {
         cases.push_back(c);
       }
     }
+  }
+  // Row counts that are no multiple of a CUDA warp's rows, and rows of one warp that span
+  // several n (L < 32, and L not dividing it).
+  for (const auto& [N, L] : {std::pair<int64_t, int64_t>{5, 37}, {7, 3}}) {
+    GatherCase c;
+    c.N = N, c.L = L, c.seed = ++seed;
+    c.out_dtype = L == 3 ? DType::kBFloat16 : DType::kFloat32;
+    cases.push_back(c);
   }
   return cases;
 }

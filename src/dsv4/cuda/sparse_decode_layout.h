@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "core/host_device.h"
+#include "dsv4/e4m3_bits.h"
 
 namespace hdk {
 namespace dsv4 {
@@ -73,39 +74,6 @@ HDK_HOST_DEVICE MatrixCoord ldmatrix_b_address(int lane, int n0, int k_step) {
 HDK_HOST_DEVICE MatrixCoord ldmatrix_bt_address(int lane, int k0, int n0) {
   return MatrixCoord{k0 + lane % 8 + 8 * ((lane / 8) % 2), n0 / 8 + lane / 16};
 }
-
-// ---- FP8 E4M3 codes to bf16, two at a time ---------------------------------------------------
-// The bf16 bit pattern sign << 15 | (code & 0x7f) << 4 is the E4M3 value times 2^-120 for every
-// code but NaN (E4M3's exponent bias is 7, bf16's 127, and both have subnormals with the same
-// mantissa alignment once shifted). Codes 0 and 1 of `word` (its low two bytes) land in the low
-// and high halves of a bf16x2 word; the kernel multiplies by 2^120, then by the group's scale.
-HDK_HOST_DEVICE uint32_t e4m3_pair_as_scaled_bf16(uint32_t word) {
-  return ((word & 0x80u) << 8) | ((word & 0x7fu) << 4) | ((word & 0x8000u) << 16) |
-         ((word & 0x7f00u) << 12);
-}
-
-// The same bits from the pair spread out to bytes 0 and 2 of `spread` (what byte_perm(word, 0,
-// 0x4140) makes of bytes 0 and 1 of a word): one shift and mask per field for both codes.
-HDK_HOST_DEVICE uint32_t e4m3_spread_pair_as_scaled_bf16(uint32_t spread) {
-  return ((spread << 8) & 0x80008000u) | ((spread << 4) & 0x07f007f0u);
-}
-
-// Whether any of the four codes of `word` is an E4M3 NaN (0x7F or 0xFF), which the pattern
-// above would turn into a finite number: the classic zero-byte test on the complement of
-// word | 0x80808080, whose NaN bytes are exactly the 0xFF ones.
-HDK_HOST_DEVICE bool any_e4m3_nan(uint32_t word) {
-  const uint32_t t = word | 0x80808080u;
-  return ((~t - 0x01010101u) & t & 0x80808080u) != 0;
-}
-
-// bf16 bits of 2^(byte - 127), the UE8M0 scale (0 is the subnormal 2^-127; 0xFF, NaN, is the
-// caller's slow path).
-HDK_HOST_DEVICE uint32_t ue8m0_as_bf16(uint32_t byte) {
-  return byte == 0 ? 0x0040u : (byte << 7);
-}
-
-// bf16 bits of 2^120.
-constexpr uint32_t kBf16TwoTo120 = (120u + 127u) << 7;
 
 // ---- Launch plan ----------------------------------------------------------------------------
 constexpr int kSparseHeadsPerCta = 64;  // 4 head tiles of 16
