@@ -26,18 +26,9 @@ sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-san
 cuda_cases=${ATTENTION_CUDA_CASES:-'*Cuda*:*cuda*:*CUDA*'}
 failed=()
 
-step() {  # step <name> <timeout seconds> <command...>: runs it, logs to $out/<name>.log
-  local name=$1 limit=$2
-  shift 2
-  local start=$SECONDS
-  echo "== $name: $*"
-  timeout --kill-after=10 "$limit" "$@" >"$out/$name.log" 2>&1
-  local status=$?
-  echo "   exit $status after $((SECONDS - start)) s (log: $out/$name.log)"
-  tail -n 4 "$out/$name.log" | sed 's/^/   | /'
-  [[ $status -eq 0 ]] || failed+=("$name (exit $status)")
-  pack >/dev/null  # after every step: a run cut short still leaves its logs
-  return "$status"
+source scripts/device/step.sh  # after the cd to the repository root
+after_step() {  # a run cut short still leaves its logs
+  pack >/dev/null
 }
 
 pack() {

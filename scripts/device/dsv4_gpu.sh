@@ -15,17 +15,7 @@ bench="$build/bench/hdk-bench"
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 failed=()
 
-step() {  # step <name> <timeout seconds> <command...>: runs it, logs to $out/<name>.log
-  local name=$1 limit=$2
-  shift 2
-  local start=$SECONDS
-  echo "== $name: $*"
-  timeout --kill-after=10 "$limit" "$@" >"$out/$name.log" 2>&1
-  local status=$?
-  echo "   exit $status after $((SECONDS - start)) s (log: $out/$name.log)"
-  tail -n 4 "$out/$name.log" | sed 's/^/   | /'
-  [[ $status -eq 0 ]] || failed+=("$name (exit $status)")
-}
+source scripts/device/step.sh  # after the cd to the repository root
 
 for binary in "$tests" "$bench"; do
   if [[ ! -x $binary ]]; then
