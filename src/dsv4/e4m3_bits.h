@@ -37,6 +37,14 @@ HDK_HOST_DEVICE bool any_e4m3_nan(uint32_t word) {
   return ((~t - 0x01010101u) & t & 0x80808080u) != 0;
 }
 
+// Nonzero bits (bit 7 of a byte) where a byte of `word` is an E4M3 NaN code: its low seven bits
+// are all set exactly when (byte & 0x7f) + 1 reaches bit 7, with no carry into the next byte. No
+// branch, so a kernel can OR these over many words and test once (any_e4m3_nan answers for one
+// word).
+HDK_HOST_DEVICE uint32_t e4m3_nan_flags(uint32_t word) {
+  return ((word & 0x7f7f7f7fu) + 0x01010101u) & 0x80808080u;
+}
+
 // bf16 bits of 2^(byte - 127), the UE8M0 scale (0 is the subnormal 2^-127; 0xFF, NaN, is the
 // caller's slow path).
 HDK_HOST_DEVICE uint32_t ue8m0_as_bf16(uint32_t byte) {

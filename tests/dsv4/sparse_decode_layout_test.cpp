@@ -1,12 +1,11 @@
 // The index math of sparse_decode's tensor-core kernel (src/dsv4/cuda/sparse_decode_layout.h),
 // checked on the CPU so it holds before any GPU runs the kernel:
-// - the mma.sync m16n8k16 fragment ownership against entries of the PTX ISA's tables, and as
-//   bijections;
-// - one warp emulated end to end: shared-memory tiles written with the kernel's swizzle, ldmatrix
-//   (plain and .trans) emulated from the PTX ISA's description with the kernel's lane addresses,
-//   the mma emulated with the ownership functions; the products S = Q E^T and O = P E (each a
-//   16 x 16 x 8 product per n-tile) must equal plain matmuls;
-// - the bank pattern of every ldmatrix the kernel issues (no conflicts);
+// - the wgmma m64nNk16 fragment ownership against entries of the PTX ISA's figures, and as
+//   bijections; the score accumulators as the output product's A fragments;
+// - the operand tiles: every chunk stored once, bank-conflict-free stores, and both warpgroups
+//   emulated end to end: each element read where the PTX ISA's canonical 128-byte-swizzled
+//   layouts put it for the kernel's descriptors (K-major for S = Q E^T, N-major for O = P E);
+//   the products must equal plain matmuls;
 // - the FP8 -> bf16 bit trick and the NaN detector against the write side's decoders, for all
 //   codes and the scales the writer produces;
 // - the launch plan.
@@ -32,266 +31,215 @@ using dsv4::detail::MatrixCoord;
 
 // ---- fragment ownership ------------------------------------------------------------------------
 
-TEST(SparseDecodeLayout, FragmentOwnershipMatchesThePtxTables) {
-  using dsv4::detail::mma_a_coord;
-  using dsv4::detail::mma_b_coord;
-  using dsv4::detail::mma_c_coord;
-  // Entries read off the PTX ISA's figures for mma.m16n8k16 (.bf16 A, B; .f32 C).
+TEST(SparseDecodeLayout, FragmentOwnershipMatchesThePtxFigures) {
+  using dsv4::detail::wgmma_a_coord;
+  using dsv4::detail::wgmma_d_coord;
+  // Entries read off the PTX ISA's figures for wgmma .m64nNk16 (.bf16 A in registers, .f32 D).
   struct Case {
-    int lane, reg, half, row, col;
+    int thread, reg, half, row, col;
   };
-  for (const Case& c : {Case{0, 0, 0, 0, 0}, Case{0, 0, 1, 0, 1}, Case{5, 1, 0, 9, 2},
-                        Case{5, 2, 1, 1, 11}, Case{31, 3, 1, 15, 15}, Case{30, 3, 0, 15, 12}}) {
-    const MatrixCoord a = mma_a_coord(c.lane, c.reg, c.half);
-    EXPECT_EQ(a.row, c.row) << "A lane " << c.lane << " reg " << c.reg << " half " << c.half;
-    EXPECT_EQ(a.col, c.col) << "A lane " << c.lane << " reg " << c.reg << " half " << c.half;
+  for (const Case& c :
+       {Case{0, 0, 0, 0, 0}, Case{0, 0, 1, 0, 1}, Case{0, 1, 0, 8, 0}, Case{0, 2, 0, 0, 8},
+        Case{5, 3, 1, 9, 11}, Case{37, 0, 0, 17, 2}, Case{127, 3, 1, 63, 15}}) {
+    const MatrixCoord a = wgmma_a_coord(c.thread, c.reg, c.half);
+    EXPECT_EQ(a.row, c.row) << "A thread " << c.thread << " reg " << c.reg << " half " << c.half;
+    EXPECT_EQ(a.col, c.col) << "A thread " << c.thread << " reg " << c.reg << " half " << c.half;
   }
-  for (const Case& c : {Case{0, 0, 0, 0, 0}, Case{0, 0, 1, 1, 0}, Case{6, 1, 0, 12, 1},
-                        Case{31, 1, 1, 15, 7}, Case{9, 0, 1, 3, 2}}) {
-    const MatrixCoord b = mma_b_coord(c.lane, c.reg, c.half);
-    EXPECT_EQ(b.row, c.row) << "B lane " << c.lane << " reg " << c.reg;  // k
-    EXPECT_EQ(b.col, c.col) << "B lane " << c.lane << " reg " << c.reg;  // n
+  // D: {thread, index, -, row, col}.
+  for (const Case& c :
+       {Case{0, 0, 0, 0, 0}, Case{0, 1, 0, 0, 1}, Case{0, 2, 0, 8, 0}, Case{0, 4, 0, 0, 8},
+        Case{6, 7, 0, 9, 13}, Case{33, 0, 0, 16, 2}, Case{127, 127, 0, 63, 255}}) {
+    const MatrixCoord d = wgmma_d_coord(c.thread, c.reg);
+    EXPECT_EQ(d.row, c.row) << "D thread " << c.thread << " index " << c.reg;
+    EXPECT_EQ(d.col, c.col) << "D thread " << c.thread << " index " << c.reg;
   }
-  for (const Case& c : {Case{0, 0, 0, 0, 0}, Case{0, 1, 0, 0, 1}, Case{7, 3, 0, 9, 7},
-                        Case{29, 2, 0, 15, 2}, Case{4, 0, 0, 1, 0}}) {
-    const MatrixCoord d = mma_c_coord(c.lane, c.reg);
-    EXPECT_EQ(d.row, c.row) << "C lane " << c.lane << " index " << c.reg;
-    EXPECT_EQ(d.col, c.col) << "C lane " << c.lane << " index " << c.reg;
-  }
-  // Every element owned exactly once.
-  std::set<std::pair<int, int>> a_seen, b_seen, c_seen;
-  for (int lane = 0; lane < 32; ++lane) {
+  // Every element owned exactly once: A 64 x 16, D 64 x 64 (32 registers) and 64 x 256 (128).
+  std::set<std::pair<int, int>> a_seen, d64_seen, d256_seen;
+  for (int thread = 0; thread < 128; ++thread) {
     for (int reg = 0; reg < 4; ++reg) {
       for (int half = 0; half < 2; ++half) {
-        const MatrixCoord a = mma_a_coord(lane, reg, half);
+        const MatrixCoord a = wgmma_a_coord(thread, reg, half);
         EXPECT_TRUE(a_seen.insert({a.row, a.col}).second);
-        EXPECT_TRUE(a.row >= 0 && a.row < 16 && a.col >= 0 && a.col < 16);
-        if (reg < 2) {
-          const MatrixCoord b = mma_b_coord(lane, reg, half);
-          EXPECT_TRUE(b_seen.insert({b.row, b.col}).second);
-          EXPECT_TRUE(b.row >= 0 && b.row < 16 && b.col >= 0 && b.col < 8);
-        }
+        EXPECT_TRUE(a.row >= 0 && a.row < 64 && a.col >= 0 && a.col < 16);
       }
-      const MatrixCoord c = mma_c_coord(lane, reg);
-      EXPECT_TRUE(c_seen.insert({c.row, c.col}).second);
-      EXPECT_TRUE(c.row >= 0 && c.row < 16 && c.col >= 0 && c.col < 8);
     }
-  }
-  EXPECT_EQ(a_seen.size(), 256u);
-  EXPECT_EQ(b_seen.size(), 128u);
-  EXPECT_EQ(c_seen.size(), 128u);
-}
-
-// ---- one warp, emulated ------------------------------------------------------------------------
-
-// A swizzled bf16 tile as the kernel stores it (values kept as floats; only positions matter).
-struct Tile {
-  int rows = 0, chunks_per_row = 0;
-  std::vector<float> slots;  // physical layout: [row][physical chunk][8]
-
-  Tile(int r, int chunks) : rows(r), chunks_per_row(chunks), slots(r * chunks * 8, NAN) {}
-  int physical(int row, int col) const {
-    return (row * chunks_per_row + dsv4::detail::swizzled_chunk(row, col / 8)) * 8 + col % 8;
-  }
-  void set(int row, int col, float v) { slots[physical(row, col)] = v; }
-  // The byte offset the kernel computes for (row, logical chunk): tile_address().
-  int address(MatrixCoord at) const {
-    return (at.row * chunks_per_row + dsv4::detail::swizzled_chunk(at.row, at.col)) * 16;
-  }
-  float at_byte(int byte_offset, int element) const { return slots[byte_offset / 2 + element]; }
-};
-
-// ldmatrix.x4 as the PTX ISA describes it: lanes 8m..8m+7 give the row addresses of matrix m;
-// every lane receives, per matrix, the pair ldmatrix_received() names. out[lane][m][half].
-using Fragments = std::vector<std::vector<std::vector<float>>>;
-Fragments emulate_ldmatrix(const Tile& tile, const std::vector<MatrixCoord>& lane_address,
-                           bool trans) {
-  Fragments out(32, std::vector<std::vector<float>>(4, std::vector<float>(2)));
-  for (int lane = 0; lane < 32; ++lane) {
-    for (int m = 0; m < 4; ++m) {
-      for (int half = 0; half < 2; ++half) {
-        const MatrixCoord e = dsv4::detail::ldmatrix_received(lane, half, trans);
-        const int row_address = tile.address(lane_address[8 * m + e.row]);
-        out[lane][m][half] = tile.at_byte(row_address, e.col);
+    for (int i = 0; i < 128; ++i) {
+      const MatrixCoord d = wgmma_d_coord(thread, i);
+      EXPECT_TRUE(d.row >= 0 && d.row < 64 && d.col >= 0 && d.col < 256);
+      EXPECT_TRUE(d256_seen.insert({d.row, d.col}).second);
+      if (i < 32) {
+        EXPECT_TRUE(d64_seen.insert({d.row, d.col}).second);
+        EXPECT_LT(d.col, 64);
       }
     }
   }
-  return out;
+  EXPECT_EQ(a_seen.size(), 64u * 16u);
+  EXPECT_EQ(d64_seen.size(), 64u * 64u);
+  EXPECT_EQ(d256_seen.size(), 64u * 256u);
 }
 
-// mma.m16n8k16 from fragments: A from registers a[lane][0..3], B from b[lane][0..1]; returns the
-// 16 x 8 product as the C fragments place it, read back into a matrix.
-std::vector<float> emulate_mma(const Fragments& a, const Fragments& b, int b_first_reg) {
-  float A[16][16], B[16][8];
-  for (int lane = 0; lane < 32; ++lane) {
-    for (int reg = 0; reg < 4; ++reg) {
-      for (int half = 0; half < 2; ++half) {
-        const MatrixCoord at = dsv4::detail::mma_a_coord(lane, reg, half);
-        A[at.row][at.col] = a[lane][reg][half];
-        if (reg < 2) {
-          const MatrixCoord bt = dsv4::detail::mma_b_coord(lane, reg, half);
-          B[bt.row][bt.col] = b[lane][b_first_reg + reg][half];
+// The kernel packs score accumulators 8 k .. 8 k + 7 into the A fragment of O = P E's k-step k.
+TEST(SparseDecodeLayout, ScoreAccumulatorsAreTheOutputProductsAFragments) {
+  for (int thread = 0; thread < 128; ++thread) {
+    for (int k = 0; k < 4; ++k) {
+      for (int reg = 0; reg < 4; ++reg) {
+        for (int half = 0; half < 2; ++half) {
+          const MatrixCoord a = dsv4::detail::wgmma_a_coord(thread, reg, half);
+          const MatrixCoord d = dsv4::detail::wgmma_d_coord(thread, 8 * k + 2 * reg + half);
+          ASSERT_EQ(a.row, d.row) << thread << " " << k << " " << reg << " " << half;
+          ASSERT_EQ(16 * k + a.col, d.col) << thread << " " << k << " " << reg << " " << half;
         }
       }
     }
   }
-  float c_fragments[32][4];
-  for (int lane = 0; lane < 32; ++lane) {
-    for (int i = 0; i < 4; ++i) {
-      const MatrixCoord ct = dsv4::detail::mma_c_coord(lane, i);
-      float sum = 0.0f;
-      for (int k = 0; k < 16; ++k)
-        sum += A[ct.row][k] * B[k][ct.col];
-      c_fragments[lane][i] = sum;
-    }
-  }
-  std::vector<float> c(16 * 8, NAN);
-  for (int lane = 0; lane < 32; ++lane) {
-    for (int i = 0; i < 4; ++i) {
-      const MatrixCoord ct = dsv4::detail::mma_c_coord(lane, i);
-      c[ct.row * 8 + ct.col] = c_fragments[lane][i];
-    }
-  }
-  return c;
 }
+
+// ---- the operand tiles against wgmma's view of them -------------------------------------------
 
 float small_integer(std::mt19937& rng) {
   return static_cast<float>(static_cast<int>(rng() % 9) - 4);  // exact sums
 }
 
-// S = Q E^T for one head tile (rows 16 head_tile..) and two n-tiles (entries n0..n0+15), over
-// two k-steps, with 512-wide rows as in the kernel.
-TEST(SparseDecodeLayout, WarpScoresMatchAPlainMatmul) {
+// The 128-byte swizzle (Swizzle<3,4,3>): address bits 4..6 XOR bits 7..9.
+int swizzle_128(int byte) {
+  return byte ^ (((byte >> 7) & 7) << 4);
+}
+
+// Where wgmma reads element (row, k) of a K-major operand (PTX ISA, canonical layouts: 128-byte
+// swizzling, ((8, m), (T, 2k)) : ((8T, SBO), (1, T)), T = 8 bf16), and element (k, n) of an
+// N-major one (((T, 8, m), (8, k)) : ((1, T, LBO), (8T, SBO))). Offsets relative to a tile that
+// starts on a 1024-byte boundary.
+int k_major_byte(const dsv4::detail::WgmmaOperand& op, int row, int k) {
+  return swizzle_128(op.start + (row / 8) * op.stride + (row % 8) * 128 + 2 * k);
+}
+int n_major_byte(const dsv4::detail::WgmmaOperand& op, int k, int n) {
+  return swizzle_128(op.start + (n / 64) * op.leading + (n % 64) * 2 + (k / 8) * op.stride +
+                     (k % 8) * 128);
+}
+
+// An operand tile of `rows` rows as the kernel writes it (operand_chunk_offset), values kept as
+// floats.
+struct OperandTile {
+  int rows;
+  std::vector<float> slots;
+  explicit OperandTile(int r) : rows(r), slots(dsv4::detail::operand_bytes(r) / 2, NAN) {}
+  void set(int row, int col, float v) {
+    slots[(dsv4::detail::operand_chunk_offset(row, col / 8, rows) + 2 * (col % 8)) / 2] = v;
+  }
+  float at_byte(int byte) const { return slots[byte / 2]; }
+};
+
+TEST(SparseDecodeLayout, OperandChunksFillTheTileOnce) {
+  for (int rows : {64, dsv4::detail::kSparseTile}) {
+    std::set<int> seen;
+    for (int row = 0; row < rows; ++row) {
+      for (int chunk = 0; chunk < 64; ++chunk) {
+        const int at = dsv4::detail::operand_chunk_offset(row, chunk, rows);
+        EXPECT_EQ(at % 16, 0);
+        EXPECT_TRUE(at >= 0 && at < dsv4::detail::operand_bytes(rows));
+        EXPECT_TRUE(seen.insert(at).second) << rows << " " << row << " " << chunk;
+      }
+    }
+    // The 8 chunks that 8 consecutive threads store (one row, one block) hit all 8 bank groups.
+    for (int row = 0; row < rows; ++row) {
+      for (int block = 0; block < 8; ++block) {
+        std::set<int> groups;
+        for (int c = 0; c < 8; ++c)
+          groups.insert(dsv4::detail::operand_chunk_offset(row, 8 * block + c, rows) / 16 % 8);
+        EXPECT_EQ(groups.size(), 8u);
+      }
+    }
+  }
+}
+
+// Both warpgroups emulated: each half's S (64 heads x kSparseTile entries) over its 16 k-steps
+// read through the kernel's descriptors, the halves summed, then O = P E for each half's 256
+// columns with P taken from the S accumulators as the kernel packs them. Both must equal plain
+// matmuls.
+TEST(SparseDecodeLayout, WarpgroupProductsMatchPlainMatmuls) {
+  using dsv4::detail::wgmma_a_coord;
+  using dsv4::detail::wgmma_d_coord;
+  constexpr int kTile = dsv4::detail::kSparseTile, kScores = kTile / 2, kWidth = 512;
   std::mt19937 rng(5);
-  constexpr int kWidth = 512, kChunks = kWidth / 8;
-  Tile q(64, kChunks), e(64, kChunks);
-  std::vector<float> Q(64 * kWidth), E(64 * kWidth);
+  OperandTile q(64), e(kTile);
+  std::vector<float> Q(64 * kWidth), E(kTile * kWidth);
   for (int r = 0; r < 64; ++r) {
     for (int c = 0; c < kWidth; ++c) {
       Q[r * kWidth + c] = small_integer(rng);
-      E[r * kWidth + c] = small_integer(rng);
       q.set(r, c, Q[r * kWidth + c]);
-      e.set(r, c, E[r * kWidth + c]);
+      if (r < kTile) {
+        E[r * kWidth + c] = small_integer(rng);
+        e.set(r, c, E[r * kWidth + c]);
+      }
     }
   }
-  for (int head_tile : {0, 3}) {
-    for (int n0 : {0, 16, 48}) {
-      std::vector<float> got(16 * 16, 0.0f);
-      for (int k_step : {0, 1, 31}) {
-        std::vector<MatrixCoord> a_addr(32), b_addr(32);
-        for (int lane = 0; lane < 32; ++lane) {
-          a_addr[lane] = dsv4::detail::ldmatrix_a_address(lane, 16 * head_tile, k_step);
-          b_addr[lane] = dsv4::detail::ldmatrix_b_address(lane, n0, k_step);
+  // S: per half, thread and accumulator.
+  std::vector<float> s(2 * 128 * kScores, 0.0f);
+  for (int half = 0; half < 2; ++half) {
+    for (int k_step = 16 * half; k_step < 16 * half + 16; ++k_step) {
+      const dsv4::detail::WgmmaOperand a_op = dsv4::detail::scores_operand(k_step, 64);
+      const dsv4::detail::WgmmaOperand b_op = dsv4::detail::scores_operand(k_step, kTile);
+      for (int thread = 0; thread < 128; ++thread) {
+        for (int i = 0; i < kScores; ++i) {
+          const MatrixCoord d = wgmma_d_coord(thread, i);
+          float sum = 0.0f;
+          for (int k = 0; k < 16; ++k) {
+            sum +=
+                q.at_byte(k_major_byte(a_op, d.row, k)) * e.at_byte(k_major_byte(b_op, d.col, k));
+          }
+          s[(half * 128 + thread) * kScores + i] += sum;
         }
-        const Fragments a = emulate_ldmatrix(q, a_addr, false);
-        const Fragments b = emulate_ldmatrix(e, b_addr, false);
-        for (int tile = 0; tile < 2; ++tile) {
-          const std::vector<float> c = emulate_mma(a, b, 2 * tile);
-          for (int r = 0; r < 16; ++r) {
-            for (int col = 0; col < 8; ++col)
-              got[r * 16 + 8 * tile + col] += c[r * 8 + col];
+      }
+    }
+  }
+  for (int thread = 0; thread < 128; ++thread) {
+    for (int i = 0; i < kScores; ++i) {
+      const MatrixCoord d = wgmma_d_coord(thread, i);
+      float want = 0.0f;
+      for (int k = 0; k < kWidth; ++k)
+        want += Q[d.row * kWidth + k] * E[d.col * kWidth + k];
+      ASSERT_EQ(s[thread * kScores + i] + s[(128 + thread) * kScores + i], want)
+          << "head " << d.row << " entry " << d.col;
+    }
+  }
+  // O = P E with P = the first half's accumulators / 64 (exact: multiples of 1/64).
+  std::vector<float> P(64 * kTile);
+  for (int thread = 0; thread < 128; ++thread) {
+    for (int i = 0; i < kScores; ++i) {
+      const MatrixCoord d = wgmma_d_coord(thread, i);
+      P[d.row * kTile + d.col] = s[thread * kScores + i] / 64.0f;
+    }
+  }
+  std::vector<int> a_owner(64 * 16, -1);  // thread * 8 + 2 reg + half
+  for (int thread = 0; thread < 128; ++thread) {
+    for (int reg = 0; reg < 4; ++reg) {
+      for (int h = 0; h < 2; ++h) {
+        const MatrixCoord at = wgmma_a_coord(thread, reg, h);
+        a_owner[at.row * 16 + at.col] = thread * 8 + 2 * reg + h;
+      }
+    }
+  }
+  for (int half = 0; half < 2; ++half) {
+    for (int thread = 0; thread < 128; thread += 3) {
+      for (int i = 0; i < 128; ++i) {
+        const MatrixCoord d = wgmma_d_coord(thread, i);
+        float got = 0.0f;
+        for (int k_step = 0; k_step < kTile / 16; ++k_step) {
+          const dsv4::detail::WgmmaOperand op = dsv4::detail::outputs_operand(half, k_step, kTile);
+          for (int k = 0; k < 16; ++k) {
+            // A(d.row, k) is held by the thread wgmma_a_coord names, which packed it from its
+            // accumulator 8 k_step + 2 reg + h.
+            const int owner = a_owner[d.row * 16 + k];
+            const float a = s[(owner / 8) * kScores + 8 * k_step + owner % 8] / 64.0f;
+            got += a * e.at_byte(n_major_byte(op, k, d.col));
           }
         }
-      }
-      for (int r = 0; r < 16; ++r) {
-        for (int col = 0; col < 16; ++col) {
-          float want = 0.0f;
-          for (int k_step : {0, 1, 31}) {
-            for (int k = 16 * k_step; k < 16 * k_step + 16; ++k)
-              want += Q[(16 * head_tile + r) * kWidth + k] * E[(n0 + col) * kWidth + k];
-          }
-          ASSERT_EQ(got[r * 16 + col], want)
-              << "head tile " << head_tile << " n0 " << n0 << " row " << r << " entry " << col;
-        }
+        float want = 0.0f;
+        for (int k = 0; k < kTile; ++k)
+          want += P[d.row * kTile + k] * E[k * kWidth + 256 * half + d.col];
+        ASSERT_EQ(got, want) << "half " << half << " head " << d.row << " column " << d.col;
       }
     }
-  }
-}
-
-// O = P E for one head tile and two n-tiles of output columns (n0..n0+15), over every k-step of
-// a 64-entry tile: P is [64 heads][64 entries] (8 chunks per row), E [64 entries][512].
-TEST(SparseDecodeLayout, WarpOutputsMatchAPlainMatmul) {
-  std::mt19937 rng(6);
-  constexpr int kWidth = 512;
-  Tile p(64, 8), e(64, kWidth / 8);
-  std::vector<float> P(64 * 64), E(64 * kWidth);
-  for (int r = 0; r < 64; ++r) {
-    for (int c = 0; c < 64; ++c) {
-      P[r * 64 + c] = small_integer(rng);
-      p.set(r, c, P[r * 64 + c]);
-    }
-    for (int c = 0; c < kWidth; ++c) {
-      E[r * kWidth + c] = small_integer(rng);
-      e.set(r, c, E[r * kWidth + c]);
-    }
-  }
-  for (int head_tile : {1, 2}) {
-    for (int n0 : {0, 16, 256 + 16 * 15}) {
-      std::vector<float> got(16 * 16, 0.0f);
-      for (int k_step = 0; k_step < 4; ++k_step) {
-        std::vector<MatrixCoord> a_addr(32), b_addr(32);
-        for (int lane = 0; lane < 32; ++lane) {
-          a_addr[lane] = dsv4::detail::ldmatrix_a_address(lane, 16 * head_tile, k_step);
-          b_addr[lane] = dsv4::detail::ldmatrix_bt_address(lane, 16 * k_step, n0);
-        }
-        const Fragments a = emulate_ldmatrix(p, a_addr, false);
-        const Fragments b = emulate_ldmatrix(e, b_addr, true);
-        for (int tile = 0; tile < 2; ++tile) {
-          const std::vector<float> c = emulate_mma(a, b, 2 * tile);
-          for (int r = 0; r < 16; ++r) {
-            for (int col = 0; col < 8; ++col)
-              got[r * 16 + 8 * tile + col] += c[r * 8 + col];
-          }
-        }
-      }
-      for (int r = 0; r < 16; ++r) {
-        for (int col = 0; col < 16; ++col) {
-          float want = 0.0f;
-          for (int k = 0; k < 64; ++k)
-            want += P[(16 * head_tile + r) * 64 + k] * E[k * kWidth + n0 + col];
-          ASSERT_EQ(got[r * 16 + col], want)
-              << "head tile " << head_tile << " n0 " << n0 << " row " << r << " column " << col;
-        }
-      }
-    }
-  }
-}
-
-// Each 8-lane phase of an ldmatrix reads eight 16-byte rows; with the swizzle they fall in eight
-// different 16-byte bank groups (byte address / 16 mod 8), so no phase conflicts.
-TEST(SparseDecodeLayout, LdmatrixPhasesAreConflictFree) {
-  auto check = [](const std::vector<MatrixCoord>& addresses, int chunks_per_row, const char* what) {
-    for (int m = 0; m < 4; ++m) {
-      std::set<int> groups;
-      for (int i = 0; i < 8; ++i) {
-        const MatrixCoord at = addresses[8 * m + i];
-        const int byte =
-            (at.row * chunks_per_row + dsv4::detail::swizzled_chunk(at.row, at.col)) * 16;
-        groups.insert((byte / 16) % 8);
-      }
-      EXPECT_EQ(groups.size(), 8u) << what << " matrix " << m;
-    }
-  };
-  for (int k_step = 0; k_step < 32; ++k_step) {
-    std::vector<MatrixCoord> a(32), b(32), pa(32), bt(32);
-    for (int lane = 0; lane < 32; ++lane) {
-      a[lane] = dsv4::detail::ldmatrix_a_address(lane, 16 * (k_step % 4), k_step);
-      b[lane] = dsv4::detail::ldmatrix_b_address(lane, 16 * (k_step % 4), k_step);
-      pa[lane] = dsv4::detail::ldmatrix_a_address(lane, 16 * (k_step % 4), k_step % 4);
-      bt[lane] = dsv4::detail::ldmatrix_bt_address(lane, 16 * (k_step % 4), 16 * k_step);
-    }
-    check(a, 64, "Q");
-    check(b, 64, "E (scores)");
-    check(pa, 8, "P");
-    check(bt, 64, "E (outputs)");
-  }
-  // The swizzle permutes the chunks of every row.
-  for (int row = 0; row < 16; ++row) {
-    std::set<int> chunks;
-    for (int c = 0; c < 64; ++c)
-      chunks.insert(dsv4::detail::swizzled_chunk(row, c));
-    EXPECT_EQ(chunks.size(), 64u);
-    EXPECT_EQ(*chunks.rbegin(), 63);
   }
 }
 
@@ -365,12 +313,14 @@ TEST(SparseDecodeLayout, NanCodesAreDetected) {
     for (uint32_t code = 0; code < 256; ++code) {
       const uint32_t word = (code << (8 * b)) | (0x01020304u & ~(0xffu << (8 * b)));
       ASSERT_EQ(dsv4::detail::any_e4m3_nan(word), brute(word)) << std::hex << word;
+      ASSERT_EQ(dsv4::detail::e4m3_nan_flags(word) != 0, brute(word)) << std::hex << word;
     }
   }
   for (int i = 0; i < 200000; ++i) {
     uint32_t word = static_cast<uint32_t>(rng());
     if (i % 2) word |= 0x7fu << (8 * (i % 4));
     ASSERT_EQ(dsv4::detail::any_e4m3_nan(word), brute(word)) << std::hex << word;
+    ASSERT_EQ(dsv4::detail::e4m3_nan_flags(word) != 0, brute(word)) << std::hex << word;
   }
 }
 
@@ -399,7 +349,7 @@ TEST(SparseDecodeLayout, PlanFillsTheGpuWithinOneCluster) {
         EXPECT_EQ(plan.splits & (plan.splits - 1), 0);
         EXPECT_EQ(dsv4::kHeadDim % (4 * plan.splits), 0);  // column slices of float4
         // The splits' tiles partition the list.
-        const int64_t tiles = (length + 63) / 64;
+        const int64_t tiles = (length + dsv4::detail::kSparseTile - 1) / dsv4::detail::kSparseTile;
         int64_t covered = 0;
         for (int s = 0; s < plan.splits; ++s) {
           const int64_t first = dsv4::detail::split_first_tile(tiles, s, plan.splits);

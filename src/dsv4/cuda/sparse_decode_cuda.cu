@@ -4,10 +4,13 @@
 // Tensor-core kernel: one thread-block cluster per query row. Its CTAs are `groups` head groups
 // of 64 heads times `splits` slices of the list (plan_sparse_decode). A CTA walks its slice in
 // tiles of 64 entries: cp.async brings the next tile's stored bytes into shared memory while the
-// current tile, dequantized once to bf16, feeds S = Q E^T and O += P E through mma.sync m16n8k16
-// (8 warps: warp w owns head tile w % 4 and, for S, entries 32 (w / 4) .. + 32 of the tile, for O,
-// columns 256 (w / 4) .. + 256). The splits' partial results meet in shared memory across the
-// cluster (no global workspace), where the sink is added once and the row's validity agreed on.
+// current tile, dequantized once to bf16, feeds S = Q E^T and O += P E through Hopper's
+// warpgroup MMA (wgmma.cuh). Two warpgroups: warpgroup h computes S over dims 256 h .. + 255
+// (the two halves are summed through shared memory, so both hold the whole 64 x 64 S and run the
+// same softmax) and owns O's columns 256 h .. + 255, with P passed from the score accumulators
+// to the output product in registers. The splits' partial results meet in shared memory across
+// the cluster (no global workspace), where the sink is added once and the row's validity agreed
+// on.
 //
 // CUDA-core kernel: one CTA per query row, one warp per head at a time, lane l holding entry
 // values 16 l .. 16 l + 15 in fp32; the CPU backend's arithmetic, step for step.
@@ -24,6 +27,7 @@
 #include "dsv4/cuda/count_invalid.cuh"
 #include "dsv4/cuda/sparse_decode_cuda.h"
 #include "dsv4/cuda/sparse_decode_layout.h"
+#include "dsv4/cuda/wgmma.cuh"
 #include "dsv4/kv_formats.h"
 #include "hdk/error.h"
 
@@ -47,25 +51,30 @@ constexpr int kStageStride = static_cast<int>(kHeadDim) + 8;   // floats per sta
 
 std::atomic<SparseDecodeKernel> kernel_override{SparseDecodeKernel::kAuto};
 
-// ---- shared memory of the tensor-core kernel (byte offsets) ---------------------------------
-constexpr int kQOffset = 0;                                         // [64 heads][512] bf16
-constexpr int kEOffset = kQOffset + kHeads * kHeadDim * 2;          // [64 entries][512] bf16
-constexpr int kRawOffset = kEOffset + kTile * kHeadDim * 2;         // [64][576] stored bytes
-constexpr int kScaleOffset = kRawOffset + kTile * kEntryDataBytes;  // [64][8] scale bytes
-constexpr int kPOffset = kScaleOffset + kTile * kEntryScaleBytes;   // [64 heads][64] bf16
-constexpr int kMaxOffset = kPOffset + kHeads * kTile * 2;           // [2 halves][64] fp32
-constexpr int kSumOffset = kMaxOffset + 2 * kHeads * 4;             // [2 halves][64] fp32
-constexpr int kValidOffset = kSumOffset + 2 * kHeads * 4;           // [2 buffers][64] int
-constexpr int kStatOffset = kValidOffset + 2 * kTile * 4;           // m[64], l[64] fp32
-constexpr int kBadOffset = kStatOffset + 2 * kHeads * 4;            // int (+ pad)
-constexpr int kFactorOffset = kBadOffset + 16;                      // [8 splits][64] fp32
-constexpr int kSharedBytes = kFactorOffset + kSparseMaxCluster * kHeads * 4;
+// ---- shared memory of the tensor-core kernel (byte offsets from a 1024-byte boundary) --------
+constexpr int kQBytes = operand_bytes(kHeads);             // 64 heads x 512 bf16
+constexpr int kEBytes = operand_bytes(kTile);              // 64 entries x 512 bf16
+constexpr int kScoreRegisters = kTile / 2;                 // S accumulators per thread
+constexpr int kExchangeBytes = kScoreRegisters * 128 * 4;  // one warpgroup's partial S
+constexpr int kQOffset = 0;
+constexpr int kEOffset = kQOffset + kQBytes;
+constexpr int kRawOffset = kEOffset + kEBytes;                            // [64][576] stored bytes
+constexpr int kScaleOffset = kRawOffset + kTile * kEntryDataBytes;        // [64][8] scale bytes
+constexpr int kExchangeOffset = kScaleOffset + kTile * kEntryScaleBytes;  // [2 halves] S
+constexpr int kValidOffset = kExchangeOffset + 2 * kExchangeBytes;        // [2 buffers][64] int
+constexpr int kStatOffset = kValidOffset + 2 * kTile * 4;                 // m[64], l[64] fp32
+constexpr int kBadOffset = kStatOffset + 2 * kHeads * 4;                  // int (+ pad)
+constexpr int kFactorOffset = kBadOffset + 16;                            // [8 splits][64] fp32
+constexpr int kUsedBytes = kFactorOffset + kSparseMaxCluster * kHeads * 4;
+// The dynamic shared memory is aligned up to the swizzle atom inside the kernel.
+constexpr int kSharedBytes = kUsedBytes + kSwizzleAtomBytes;
 // After the list, the CTA's unnormalized O ([64][kStageStride] fp32) overlays Q, E and the raw
 // tile, which are no longer read.
 constexpr int kStageOffset = 0;
-static_assert(kStageOffset + kHeads * kStageStride * 4 <= kPOffset, "O staging overlaps P");
+static_assert(kStageOffset + kHeads * kStageStride * 4 <= kExchangeOffset, "O staging overlaps");
 static_assert(kSharedBytes <= 227 * 1024, "shared memory beyond an SM's");
-static_assert(kEntryDataBytes % 16 == 0 && kRawOffset % 16 == 0 && kPOffset % 16 == 0, "align");
+static_assert(kEntryDataBytes % 16 == 0 && kRawOffset % 16 == 0 && kEOffset % 1024 == 0, "align");
+static_assert(kHeads == 64 && kTile == 64, "one warpgroup's M; the m64n64 score product");
 
 // ---- PTX wrappers ---------------------------------------------------------------------------
 
@@ -89,31 +98,10 @@ __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
 
-__device__ __forceinline__ void cp_async_wait_all() {
-  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-}
-
-// row_address: this lane's row, as a shared-space address.
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t row_address) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(row_address));
-}
-
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t row_address) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(row_address));
-}
-
-// c += a b for one m16n8k16 tile (bf16 in, fp32 accumulators).
-__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                          uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+// Waits until at most `kPending` of this thread's cp.async groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
 // Exact products of bf16 pairs (one factor is a power of two, so nothing rounds).
@@ -161,10 +149,9 @@ __device__ __forceinline__ void store_output4(const SparseDecodeProblem& p, int6
 
 // ---- tensor-core kernel: pieces ---------------------------------------------------------------
 
-// Address of (row, logical chunk) in a swizzled bf16 tile of `chunks_per_row` chunks per row.
-__device__ __forceinline__ uint8_t* tile_address(uint8_t* tile, MatrixCoord at,
-                                                 int chunks_per_row) {
-  return tile + (at.row * chunks_per_row + swizzled_chunk(at.row, at.col)) * 16;
+// 16-byte chunk `chunk` of row `row` of the Q tile.
+__device__ __forceinline__ uint8_t* query_chunk(uint8_t* tile, int row, int chunk) {
+  return tile + operand_chunk_offset(row, chunk, kHeads);
 }
 
 // Where an entry's stored bytes are: its 576 data bytes and 8 scale bytes, or nothing (data ==
@@ -174,13 +161,15 @@ struct EntrySource {
   const uint8_t* scales = nullptr;
 };
 
+constexpr int kEntriesPerWarp = kTile / kWarps;
+
 // Lane l of warp w resolves entry w + 8 (l % 8) of tile `tile` of row n's list (indices over
 // cache, then extra_indices over extra_cache); lanes 8.. repeat lanes 0..7, so the warp's eight
 // slots cost one round trip. Called a tile ahead of issue_tile, so that round trip overlaps the
 // current tile's wait and dequantization.
 __device__ __forceinline__ EntrySource resolve_entry(const SparseDecodeProblem& p, int64_t n,
                                                      int64_t tile, int* bad, int warp, int lane) {
-  const int64_t j = tile * kTile + warp + kWarps * (lane % 8);
+  const int64_t j = tile * kTile + warp + kWarps * (lane % kEntriesPerWarp);
   EntrySource source;
   if (j >= p.list_length()) return source;
   const int64_t slot = p.list_slot(n, j);
@@ -211,7 +200,7 @@ __device__ void issue_tile(const EntrySource& mine, uint8_t* smem, int* valid, i
   uint8_t* raw = smem + kRawOffset;
   uint8_t* raw_scales = smem + kScaleOffset;
 #pragma unroll 1
-  for (int i = 0; i < kTile / kWarps; ++i) {
+  for (int i = 0; i < kEntriesPerWarp; ++i) {
     const int e = warp + kWarps * i;
     const uint8_t* data = shuffle_pointer(mine.data, i);
     const uint8_t* scales = shuffle_pointer(mine.scales, i);
@@ -251,8 +240,9 @@ __device__ __forceinline__ uint4 dequantize_8(uint2 codes, uint32_t scale_byte) 
       convert(__byte_perm(codes.y, 0, 0x4140)), convert(__byte_perm(codes.y, 0, 0x4342)));
 }
 
-__device__ __forceinline__ bool fp8_nan_seen(uint2 codes, uint32_t scale_byte) {
-  return scale_byte == kScaleNaN || any_e4m3_nan(codes.x) || any_e4m3_nan(codes.y);
+// Nonzero where a code is an FP8 NaN or the scale byte is the NaN scale (0xff + 1 sets bit 8).
+__device__ __forceinline__ uint32_t fp8_nan_bits(uint2 codes, uint32_t scale_byte) {
+  return e4m3_nan_flags(codes.x) | e4m3_nan_flags(codes.y) | ((scale_byte + 1) & 0x100u);
 }
 
 // The raw tile to bf16 rows of E (zero rows for entries that are not real). Thread t converts
@@ -270,15 +260,13 @@ __device__ bool dequantize_tile(uint8_t* smem, const int* valid, int tid) {
   const int first_entry = tid / kChunksPerRow;
   const bool fp8 = c < kNopeChunks;
   const int source = fp8 ? 8 * c : static_cast<int>(kNopeDim) + 16 * (c - kNopeChunks);
-  // Rows e and e + 4 swizzle chunk c to c ^ (e % 8) and c ^ (e % 8) ^ 4.
-  const uint32_t target_even =
-      shared_address(smem + kEOffset) +
-      static_cast<uint32_t>((first_entry * kChunksPerRow + swizzled_chunk(first_entry, c)) * 16);
-  const uint32_t odd_shift =
-      static_cast<uint32_t>((kEntriesPerPass * kChunksPerRow + (swizzled_chunk(first_entry + 4, c) -
-                                                                swizzled_chunk(first_entry, c))) *
-                            16);
-  bool nan = false;
+  // Rows e and e + 4 swizzle chunk c differently (e % 8 differs by 4); eight rows later the
+  // pattern repeats one swizzle atom further.
+  const uint32_t e_tile = shared_address(smem + kEOffset);
+  const uint32_t target_even = e_tile + operand_chunk_offset(first_entry, c, kTile);
+  const uint32_t target_odd =
+      e_tile + operand_chunk_offset(first_entry + kEntriesPerPass, c, kTile);
+  uint32_t nan_bits = 0;
 #pragma unroll 4
   for (int i = 0; i < kTile / kEntriesPerPass; ++i) {
     const int e = first_entry + kEntriesPerPass * i;
@@ -288,20 +276,18 @@ __device__ bool dequantize_tile(uint8_t* smem, const int* valid, int tid) {
       if (fp8) {
         const uint2 codes = *reinterpret_cast<const uint2*>(entry + source);
         const uint32_t scale_byte = raw_scales[e * kEntryScaleBytes + c / 8];
-        nan = nan || fp8_nan_seen(codes, scale_byte);
+        nan_bits |= fp8_nan_bits(codes, scale_byte);
         value = dequantize_8(codes, scale_byte);
       } else {
         value = *reinterpret_cast<const uint4*>(entry + source);
       }
     }
-    // Entry e's row: two passes of 4 rows are 8 rows, whose swizzle repeats.
-    const uint32_t target =
-        target_even + (i / 2) * 2 * kEntriesPerPass * kChunksPerRow * 16 + (i % 2) * odd_shift;
+    const uint32_t target = (i % 2 == 0 ? target_even : target_odd) + (i / 2) * kSwizzleAtomBytes;
     asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(target), "r"(value.x),
                  "r"(value.y), "r"(value.z), "r"(value.w)
                  : "memory");
   }
-  return nan;
+  return nan_bits != 0;
 }
 
 // The CTA's 64 query heads as bf16 rows (zero rows beyond Hq). bf16 q with 16-byte aligned rows
@@ -317,7 +303,7 @@ __device__ void load_queries(const SparseDecodeProblem& p, int64_t n, int64_t he
     for (int i = 0; i < kJobs; ++i) {
       const int job = tid + i * kThreads;
       const int h = job / kChunksPerRow, c = job % kChunksPerRow;
-      uint8_t* target = tile_address(q_tile, MatrixCoord{h, c}, kChunksPerRow);
+      uint8_t* target = query_chunk(q_tile, h, c);
       if (head0 + h < p.num_heads) {
         cp_async_16(target, static_cast<const uint16_t*>(p.q.data) + n * p.q.row_stride +
                                 (head0 + h) * p.q.head_stride + 8 * c);
@@ -370,7 +356,7 @@ __device__ void load_queries(const SparseDecodeProblem& p, int64_t n, int64_t he
         finite = finite && is_finite(x[b][2 * i]) && is_finite(x[b][2 * i + 1]);
         words[i] = pack_bf16x2(x[b][2 * i], x[b][2 * i + 1]);
       }
-      *reinterpret_cast<uint4*>(tile_address(q_tile, MatrixCoord{h, c}, kChunksPerRow)) =
+      *reinterpret_cast<uint4*>(query_chunk(q_tile, h, c)) =
           make_uint4(words[0], words[1], words[2], words[3]);
     }
   }
@@ -385,8 +371,8 @@ __device__ bool queries_finite(const uint8_t* smem, int tid) {
   for (int i = 0; i < kHeads * kChunksPerRow / kThreads; ++i) {
     const int job = tid + i * kThreads;
     const int h = job / kChunksPerRow, c = job % kChunksPerRow;
-    const uint4 v = *reinterpret_cast<const uint4*>(
-        tile_address(const_cast<uint8_t*>(q_tile), MatrixCoord{h, c}, kChunksPerRow));
+    const uint4 v =
+        *reinterpret_cast<const uint4*>(query_chunk(const_cast<uint8_t*>(q_tile), h, c));
     for (const uint32_t word : {v.x, v.y, v.z, v.w}) {
       finite = finite && (word & 0x7f80u) != 0x7f80u && (word & 0x7f800000u) != 0x7f800000u;
     }
@@ -400,21 +386,22 @@ template <bool kWide>
 __global__ void __launch_bounds__(kThreads, 1)
     sparse_decode_mma_kernel(SparseDecodeProblem p, SparsePlan plan, bool q_vector,
                              bool out_vector) {
-  extern __shared__ __align__(128) uint8_t smem[];
+  extern __shared__ __align__(128) uint8_t shared_bytes[];
+  // wgmma swizzles by shared-address bits, so the operand tiles start on a 1024-byte boundary.
+  uint8_t* smem =
+      shared_bytes +
+      (kSwizzleAtomBytes - shared_address(shared_bytes) % kSwizzleAtomBytes) % kSwizzleAtomBytes;
   cg::cluster_group cluster = cg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank());
   const int64_t n = blockIdx.x / plan.cluster();
   const int group = rank % plan.groups, split = rank / plan.groups;
   const int64_t head0 = int64_t{group} * kHeads;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int head_tile = warp % 4, half = warp / 4;
-  const int quad_row = lane / 4;  // rows quad_row and quad_row + 8 of the head tile (C layout)
+  const int half = warp / 4;       // the warpgroup: its half of S's dims and of O's columns
+  const int thread = tid % 128;    // in the warpgroup (wgmma_d_coord)
+  const int head_tile = warp % 4;  // heads 16 head_tile .. + 15 of the warpgroup's products
+  const int quad_row = lane / 4;   // rows quad_row and quad_row + 8 of the head tile
 
-  uint8_t* q_tile = smem + kQOffset;
-  uint8_t* e_tile = smem + kEOffset;
-  uint8_t* p_tile = smem + kPOffset;
-  float* tile_max = reinterpret_cast<float*>(smem + kMaxOffset);
-  float* tile_sum = reinterpret_cast<float*>(smem + kSumOffset);
   int* valid = reinterpret_cast<int*>(smem + kValidOffset);
   float* stat_m = reinterpret_cast<float*>(smem + kStatOffset);
   float* stat_l = stat_m + kHeads;
@@ -434,93 +421,72 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (first < last) issue_tile<kWide>(next_source, smem, valid + (first & 1) * kTile, warp, lane);
   cp_async_commit();
 
-  // ldmatrix row addresses (shared space). The rows a lane names all have row % 8 = lane % 8,
-  // so the swizzled chunk of k-step k (16 columns) is 8 (k / 4) + ((2 (k % 4) + h) ^ (lane % 8)),
-  // h the lane's half of the 16 columns: four byte offsets per lane, the rest immediates.
-  const int a_row = lane % 8 + 8 * ((lane / 8) % 2);  // A fragments; B of O = P E (.trans)
-  const int b_row = lane % 8 + 8 * (lane / 16);       // B of S = Q E^T
-  uint32_t a_chunk[4], b_chunk[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    a_chunk[j] = static_cast<uint32_t>(((2 * j + lane / 16) ^ (lane % 8)) * 16);
-    b_chunk[j] = static_cast<uint32_t>(((2 * j + (lane / 8) % 2) ^ (lane % 8)) * 16);
-  }
-  constexpr uint32_t kRowBytes = static_cast<uint32_t>(kHeadDim) * 2;
-  const uint32_t q_rows = shared_address(q_tile) + (16 * head_tile + a_row) * kRowBytes;
-  const uint32_t s_rows = shared_address(e_tile) + (32 * half + b_row) * kRowBytes;
-  const uint32_t p_rows = shared_address(p_tile) + (16 * head_tile + a_row) * kTile * 2;
-  const uint32_t o_rows = shared_address(e_tile) + a_row * kRowBytes + 512 * half;
-
+  const uint32_t q_tile = shared_address(smem + kQOffset);
+  const uint32_t e_tile = shared_address(smem + kEOffset);
+  float* exchange = reinterpret_cast<float*>(smem + kExchangeOffset);
   // Scores are kept in log2 units: s * scale * log2(e), so exp2 gives the softmax weights.
   const float score_scale = p.scale * kLog2e;
   float row_max[2] = {-INFINITY, -INFINITY};
-  float row_sum[2] = {0.0f, 0.0f};  // this lane's share; summed over the quad at the end
-  float o[32][4];
+  float row_sum[2] = {0.0f, 0.0f};  // this thread's share; summed over the quad at the end
+  float o[128];                     // O's columns 256 half .. as wgmma_d_coord places them
 #pragma unroll
-  for (int j = 0; j < 32; ++j)
-    o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  for (int i = 0; i < 128; ++i)
+    o[i] = 0.0f;
 
   for (int64_t t = first; t < last; ++t) {
     const int* tile_valid = valid + (t & 1) * kTile;
-    // The next tile's slots, resolved while this tile lands and is dequantized.
+    // The next tile's slots, resolved while this tile lands and the last O product runs.
     if (t + 1 < last) next_source = resolve_entry(p, n, t + 1, bad, warp, lane);
-    cp_async_wait_all();
-    __syncthreads();  // the raw tile has landed; E and P are no longer read
+    cp_async_wait<0>();
+    wgmma_wait<0>();  // the last tile's O = P E no longer reads E
+    __syncthreads();  // the raw tile has landed in every thread's view; E is free
     if (dequantize_tile(smem, tile_valid, tid)) *bad = 1;
-    __syncthreads();  // E is complete; the raw buffer is free
+    fence_shared_for_wgmma();
+    __syncthreads();  // E is complete (and Q, on the first tile); the raw buffer is free
     if (t + 1 < last) {
       issue_tile<kWide>(next_source, smem, valid + ((t + 1) & 1) * kTile, warp, lane);
     }
     cp_async_commit();
 
-    // S = Q E^T for heads 16 head_tile.., entries 32 half.. : four n-tiles of 8 entries.
-    float s[4][4];
+    // This warpgroup's half of S = Q E^T (64 heads x 64 entries, dims 256 half .. + 255).
+    float s[kScoreRegisters];
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
-      s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+    for (int i = 0; i < kScoreRegisters; ++i)
+      s[i] = 0.0f;
+    wgmma_fence();
 #pragma unroll
-    for (int k4 = 0; k4 < kChunksPerRow / 8; ++k4) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        uint32_t a[4];
-        ldmatrix_x4(a, q_rows + 128 * k4 + a_chunk[j]);
-#pragma unroll
-        for (int pair = 0; pair < 2; ++pair) {
-          uint32_t b[4];
-          ldmatrix_x4(b, s_rows + pair * 16 * kRowBytes + 128 * k4 + b_chunk[j]);
-          mma_16816(s[2 * pair], a, b[0], b[1]);
-          mma_16816(s[2 * pair + 1], a, b[2], b[3]);
-        }
-      }
+    for (int k = 0; k < 16; ++k) {
+      wgmma_m64n64k16(s, wgmma_descriptor(q_tile, scores_operand(16 * half + k, kHeads)),
+                      wgmma_descriptor(e_tile, scores_operand(16 * half + k, kTile)), k > 0);
     }
+    wgmma_commit();
+    wgmma_wait<0>();
+    // The other half through shared memory: the same thread of the other warpgroup holds the
+    // same elements, and a + b == b + a, so both warpgroups hold the same S bit for bit.
+#pragma unroll
+    for (int i = 0; i < kScoreRegisters; ++i)
+      exchange[(half * kScoreRegisters + i) * 128 + thread] = s[i];
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kScoreRegisters; ++i)
+      s[i] += exchange[((1 - half) * kScoreRegisters + i) * 128 + thread];
 
-    // Online softmax: the tile's row maximum over both halves (through shared memory), then the
-    // weights, the rescaled sums and accumulators. Entries that are not real score -inf; fmaxf
-    // skips NaN scores, whose weights turn the sums NaN (caught at the end).
+    // Online softmax over the tile. A head's row lies in the four threads of a quad. Entries
+    // that are not real score -inf; fmaxf skips NaN scores, whose weights turn the sums NaN
+    // (caught at the end).
     float local_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const MatrixCoord at = mma_c_coord(lane, i);
-        const int entry = 32 * half + 8 * j + at.col;
-        s[j][i] = tile_valid[entry] ? s[j][i] * score_scale : -INFINITY;
-        local_max[i / 2] = fmaxf(local_max[i / 2], s[j][i]);
-      }
+    for (int i = 0; i < kScoreRegisters; ++i) {
+      s[i] = tile_valid[wgmma_d_coord(thread, i).col] ? s[i] * score_scale : -INFINITY;
+      local_max[(i / 2) % 2] = fmaxf(local_max[(i / 2) % 2], s[i]);
     }
+    float base[2], alpha[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
 #pragma unroll
       for (int mask = 1; mask <= 2; mask *= 2)
         local_max[r] = fmaxf(local_max[r], __shfl_xor_sync(kFullMask, local_max[r], mask));
-      if (lane % 4 == 0) tile_max[half * kHeads + 16 * head_tile + quad_row + 8 * r] = local_max[r];
-    }
-    __syncthreads();
-    float base[2], alpha[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = 16 * head_tile + quad_row + 8 * r;
-      const float new_max = fmaxf(row_max[r], fmaxf(tile_max[row], tile_max[kHeads + row]));
+      const float new_max = fmaxf(row_max[r], local_max[r]);
       base[r] = new_max == -INFINITY ? 0.0f : new_max;
       alpha[r] = exp2f(row_max[r] - base[r]);
       row_max[r] = new_max;
@@ -529,45 +495,35 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Once the maxima settle, whole warps keep theirs: no rescale then.
     if (__any_sync(kFullMask, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        o[j][0] *= alpha[0], o[j][1] *= alpha[0];
-        o[j][2] *= alpha[1], o[j][3] *= alpha[1];
+      for (int i = 0; i < 128; ++i)
+        o[i] *= alpha[(i / 2) % 2];
+    }
+    // P as the A fragments of O = P E: accumulators 8 k .. 8 k + 7 are k-step k's fragment.
+    constexpr int kSteps = kTile / 16;
+    uint32_t weights[kSteps][4];
+#pragma unroll
+    for (int k = 0; k < kSteps; ++k) {
+#pragma unroll
+      for (int reg = 0; reg < 4; ++reg) {
+        const int i = 8 * k + 2 * reg;
+        const float w0 = exp2f(s[i] - base[reg % 2]), w1 = exp2f(s[i + 1] - base[reg % 2]);
+        row_sum[reg % 2] += w0;
+        row_sum[reg % 2] += w1;
+        weights[k][reg] = pack_bf16x2(w0, w1);
       }
     }
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      float w[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        w[i] = exp2f(s[j][i] - base[i / 2]);
-        row_sum[i / 2] += w[i];
-      }
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const MatrixCoord at = mma_c_coord(lane, 2 * r);
-        const int row = 16 * head_tile + at.row, col = 32 * half + 8 * j + at.col;
-        uint8_t* chunk = tile_address(p_tile, MatrixCoord{row, col / 8}, kTile / 8);
-        *reinterpret_cast<uint32_t*>(chunk + 2 * (col % 8)) = pack_bf16x2(w[2 * r], w[2 * r + 1]);
-      }
-    }
-    __syncthreads();  // P is complete
 
-    // O += P E for heads 16 head_tile.., columns 256 half.. : 32 n-tiles of 8 columns.
+    // O += P E over this warpgroup's 256 columns; waited for before E is next rewritten.
+    wgmma_fence();
 #pragma unroll
-    for (int k_step = 0; k_step < kTile / 16; ++k_step) {
-      uint32_t a[4];
-      ldmatrix_x4(a, p_rows + a_chunk[k_step]);
-#pragma unroll
-      for (int pair = 0; pair < 16; ++pair) {
-        uint32_t b[4];
-        ldmatrix_x4_trans(b,
-                          o_rows + k_step * 16 * kRowBytes + 128 * (pair / 4) + a_chunk[pair % 4]);
-        mma_16816(o[2 * pair], a, b[0], b[1]);
-        mma_16816(o[2 * pair + 1], a, b[2], b[3]);
-      }
+    for (int k = 0; k < kSteps; ++k) {
+      wgmma_m64n256k16_a_registers(o, weights[k],
+                                   wgmma_descriptor(e_tile, outputs_operand(half, k, kTile)));
     }
+    wgmma_commit();
   }
-  cp_async_wait_all();
+  wgmma_wait<0>();
+  cp_async_wait<0>();
   if (q_async && !queries_finite(smem, tid)) *bad = 1;
 
   // ---- this CTA's partial result: (row max, row sum, unnormalized O) per head ---------------
@@ -577,38 +533,30 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int mask = 1; mask <= 2; mask *= 2)
       row_sum[r] += __shfl_xor_sync(kFullMask, row_sum[r], mask);
-    if (lane % 4 == 0) tile_sum[half * kHeads + 16 * head_tile + quad_row + 8 * r] = row_sum[r];
     nan = nan || isnan(row_sum[r]);
   }
 #pragma unroll
-  for (int j = 0; j < 32; ++j) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      nan = nan || isnan(o[j][i]);
-  }
+  for (int i = 0; i < 128; ++i)
+    nan = nan || isnan(o[i]);
   if (tid < kHeads && p.sink != nullptr && head0 + tid < p.num_heads) {
     const float sink = p.sink[(head0 + tid) * p.sink_stride];
     nan = nan || isnan(sink) || sink == INFINITY;  // the CPU's NaN results for such a sink
   }
   if (nan) *bad = 1;
-  __syncthreads();  // Q, E and the raw tile are free for the staging; tile_sum is complete
+  __syncthreads();  // Q, E and the raw tile are free for the staging
   float* stage = reinterpret_cast<float*>(smem + kStageOffset);
 #pragma unroll
-  for (int j = 0; j < 32; ++j) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const MatrixCoord at = mma_c_coord(lane, 2 * r);
-      const int row = 16 * head_tile + at.row, col = 256 * half + 8 * j + at.col;
-      *reinterpret_cast<float2*>(stage + row * kStageStride + col) =
-          make_float2(o[j][2 * r], o[j][2 * r + 1]);
-    }
+  for (int i = 0; i < 128; i += 2) {
+    const MatrixCoord at = wgmma_d_coord(thread, i);
+    *reinterpret_cast<float2*>(stage + at.row * kStageStride + 256 * half + at.col) =
+        make_float2(o[i], o[i + 1]);
   }
   if (half == 0 && lane % 4 == 0) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = 16 * head_tile + quad_row + 8 * r;
       stat_m[row] = row_max[r];
-      stat_l[row] = tile_sum[row] + tile_sum[kHeads + row];
+      stat_l[row] = row_sum[r];
     }
   }
   cluster.sync();  // every CTA's partials and flag are visible cluster-wide

@@ -1,8 +1,8 @@
 // The index math of sparse_decode's tensor-core kernel (sparse_decode_cuda.cu), kept apart from
 // the kernel so the CPU tests (tests/dsv4/sparse_decode_layout_test.cpp) can check it without a
-// GPU: which lane of a warp holds which element of an mma.sync m16n8k16 fragment (the PTX ISA's
-// tables), which shared-memory row and 16-byte chunk each lane hands ldmatrix, the swizzle of
-// the bf16 tiles, and the launch plan (head groups x list splits per query row).
+// GPU: which thread of a warpgroup holds which element of a wgmma fragment (the PTX ISA's
+// figures), where each element of the swizzled bf16 operand tiles lies and the descriptors the
+// kernel hands wgmma for them, and the launch plan (head groups x list splits per query row).
 #pragma once
 
 #include <cstdint>
@@ -14,65 +14,77 @@ namespace hdk {
 namespace dsv4 {
 namespace detail {
 
-// ---- mma.sync.m16n8k16 (bf16 in, fp32 accumulators): who holds what ----------------------
-// A lane's group is lane / 4 and its thread-in-group lane % 4 (the PTX ISA's groupID and
-// threadID_in_group).
+// ---- wgmma m64nNk16 (bf16 in, fp32 accumulators): who holds what -----------------------------
+// `thread` is the thread's index in its warpgroup (0..127): warp thread / 32 owns rows
+// 16 (thread / 32) .. + 15 of the 64-row tile (PTX ISA, "Register Fragments", m64nNk16).
 struct MatrixCoord {
   int row = 0;
   int col = 0;
 };
 
-// A (16 x 16, row-major): register `reg` (0..3) of a lane holds two bf16, `half` 0 (low 16 bits)
-// and 1; a0: rows 0-7, cols 0-7; a1: rows 8-15, cols 0-7; a2: rows 0-7, cols 8-15; a3: rows 8-15,
-// cols 8-15.
-HDK_HOST_DEVICE MatrixCoord mma_a_coord(int lane, int reg, int half) {
-  return MatrixCoord{lane / 4 + 8 * (reg % 2), 2 * (lane % 4) + half + 8 * (reg / 2)};
+// Accumulator register `index` (0 .. N / 2 - 1): pairs of columns in 8-column steps, the upper
+// pair of each step 8 rows down.
+HDK_HOST_DEVICE MatrixCoord wgmma_d_coord(int thread, int index) {
+  const int lane = thread % 32;
+  return MatrixCoord{16 * (thread / 32) + lane / 4 + 8 * ((index / 2) % 2),
+                     8 * (index / 4) + 2 * (lane % 4) + index % 2};
 }
 
-// B (16 x 8, k x n): b0 holds k 0-7, b1 k 8-15; `row` is k, `col` is n.
-HDK_HOST_DEVICE MatrixCoord mma_b_coord(int lane, int reg, int half) {
-  return MatrixCoord{2 * (lane % 4) + half + 8 * reg, lane / 4};
+// A fragment in registers (64 x 16): register `reg` (0..3) holds two bf16, `half` 0 (low 16
+// bits) and 1. The accumulators 8 k .. 8 k + 7 of an m64nN product, packed in pairs, are the A
+// fragment of its columns 16 k .. + 15: the kernel's softmax weights go from the score product
+// to the output product without leaving the registers.
+HDK_HOST_DEVICE MatrixCoord wgmma_a_coord(int thread, int reg, int half) {
+  const int lane = thread % 32;
+  return MatrixCoord{16 * (thread / 32) + lane / 4 + 8 * (reg % 2),
+                     2 * (lane % 4) + half + 8 * (reg / 2)};
 }
 
-// C/D (16 x 8, fp32): c0, c1 in row lane / 4, c2, c3 in row lane / 4 + 8.
-HDK_HOST_DEVICE MatrixCoord mma_c_coord(int lane, int index) {
-  return MatrixCoord{lane / 4 + 8 * (index / 2), 2 * (lane % 4) + index % 2};
+// ---- Shared-memory operands ------------------------------------------------------------------
+// Q (64 heads x 512) and E (a tile of entries x 512) are bf16 tiles stored as 8 column blocks
+// of 64 values: block b holds columns 64 b .. + 63 of every row, 128 bytes per row, and 16-byte
+// chunk c of row r sits at chunk c ^ (r % 8) of its row. That is the 128-byte swizzle atom
+// wgmma reads (8 rows x 128 bytes, aligned to 1024 bytes) both as a K-major operand (rows = heads
+// or entries, for S = Q E^T) and as an N-major one (rows = the k of O = P E).
+constexpr int kSwizzleAtomBytes = 1024;  // 8 rows of 128 bytes
+
+// Bytes of one 64-column block, and of the whole 512-column tile, for `rows` rows (a multiple
+// of 8).
+HDK_HOST_DEVICE constexpr int operand_block_bytes(int rows) {
+  return rows * 128;
+}
+HDK_HOST_DEVICE constexpr int operand_bytes(int rows) {
+  return 8 * operand_block_bytes(rows);
 }
 
-// ---- ldmatrix.x4 (.b16): what a lane receives ------------------------------------------------
-// Lanes 8m .. 8m + 7 name the eight 16-byte rows of matrix m; register m of every lane receives
-// from matrix m the pair at row lane / 4, columns 2 (lane % 4) and + 1 — or, with .trans, the pair
-// at rows 2 (lane % 4) and + 1 of column lane / 4 (the element `half` of the pair).
-HDK_HOST_DEVICE MatrixCoord ldmatrix_received(int lane, int half, bool trans) {
-  return trans ? MatrixCoord{2 * (lane % 4) + half, lane / 4}
-               : MatrixCoord{lane / 4, 2 * (lane % 4) + half};
+// Byte offset of 16-byte chunk `chunk` (columns 8 chunk .. + 7) of row `row` of a tile of
+// `rows` rows.
+HDK_HOST_DEVICE int operand_chunk_offset(int row, int chunk, int rows) {
+  return (chunk / 8) * operand_block_bytes(rows) + row * 128 + ((chunk % 8) ^ (row % 8)) * 16;
 }
 
-// ---- Shared-memory tiles --------------------------------------------------------------------
-// Every bf16 tile is row-major in 16-byte chunks of 8 values; chunk c of row r is stored at chunk
-// c ^ (r % 8), so the eight rows one ldmatrix matrix reads hit eight different bank quads. The
-// XOR only permutes chunks within aligned groups of eight, so rows need a multiple of 8 chunks.
-HDK_HOST_DEVICE int swizzled_chunk(int row, int chunk) {
-  return chunk ^ (row & 7);
+// A wgmma operand relative to its tile: start, leading and stride byte offsets of its descriptor.
+struct WgmmaOperand {
+  int start = 0;
+  int leading = 0;
+  int stride = 0;
+};
+
+// S = Q E^T, k-step `k_step` (columns 16 k_step .. + 15 of 512) of a K-major tile of `rows`
+// rows (Q as A, E as B): 8-row groups 1024 bytes apart, the k-step 32 bytes into its block's
+// rows (the hardware swizzles the address it forms, so the offset stays inside the atom). The
+// leading offset is unused for swizzled K-major operands (the ISA assumes 1).
+HDK_HOST_DEVICE WgmmaOperand scores_operand(int k_step, int rows) {
+  return WgmmaOperand{(k_step / 4) * operand_block_bytes(rows) + (k_step % 4) * 32, 16,
+                      kSwizzleAtomBytes};
 }
 
-// The row and (logical) chunk a lane names for ldmatrix.x4 of an A fragment (16 x 16 at rows
-// row0.., columns 16 k_step..) of a row-major tile: matrices a0..a3 in mma_a_coord's order.
-HDK_HOST_DEVICE MatrixCoord ldmatrix_a_address(int lane, int row0, int k_step) {
-  return MatrixCoord{row0 + lane % 8 + 8 * ((lane / 8) % 2), 2 * k_step + lane / 16};
-}
-
-// B fragments of two neighbouring n-tiles (n0.., n0 + 8..) at k 16 k_step.., from a tile stored
-// n-major (row = n, contiguous k; the entries for S = Q E^T): registers b0, b1 of tile n0, then b0,
-// b1 of tile n0 + 8. Without .trans.
-HDK_HOST_DEVICE MatrixCoord ldmatrix_b_address(int lane, int n0, int k_step) {
-  return MatrixCoord{n0 + lane % 8 + 8 * (lane / 16), 2 * k_step + (lane / 8) % 2};
-}
-
-// The same two n-tiles' B fragments from a tile stored k-major (row = k, contiguous n; the
-// entries for O = P E), read with .trans: rows k0.., chunk of column n0.. .
-HDK_HOST_DEVICE MatrixCoord ldmatrix_bt_address(int lane, int k0, int n0) {
-  return MatrixCoord{k0 + lane % 8 + 8 * ((lane / 8) % 2), n0 / 8 + lane / 16};
+// O = P E for output columns 256 half .. + 255, k-step `k_step` (entries 16 k_step .. + 15) of
+// an E tile of `rows` entries, as an N-major B: its 64-column blocks are a block apart (leading
+// offset), its 8-entry groups 1024 bytes (stride offset).
+HDK_HOST_DEVICE WgmmaOperand outputs_operand(int half, int k_step, int rows) {
+  return WgmmaOperand{4 * half * operand_block_bytes(rows) + k_step * 16 * 128,
+                      operand_block_bytes(rows), kSwizzleAtomBytes};
 }
 
 // ---- Launch plan ----------------------------------------------------------------------------
