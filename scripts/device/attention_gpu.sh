@@ -10,8 +10,9 @@
 # earlier one fails; the exit status is non-zero when any failed.
 #
 # Knobs: HDK_BUILD_DIR (default build-cuda), HDK_SKIP_BUILD=1, HDK_SKIP_PYTHON=1,
-# ATTENTION_CUDA_CASES (gtest filter of the CUDA cases for the sanitizers), BENCH_ARGS (extra
-# hdk-bench attention options), TORCH_ITERATIONS (default 100).
+# ATTENTION_CUDA_CASES (gtest filter of the CUDA cases for memcheck), ATTENTION_RACECHECK_CASES
+# (the same for racecheck; see step 3), BENCH_ARGS (extra hdk-bench attention options),
+# TORCH_ITERATIONS (default 100).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 export PYTHONUNBUFFERED=1
@@ -24,6 +25,7 @@ bench="$build/bench/hdk-bench"
 python=${PYTHON:-python3}
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 cuda_cases=${ATTENTION_CUDA_CASES:-'*Cuda*:*cuda*:*CUDA*'}
+racecheck_cases=${ATTENTION_RACECHECK_CASES:-'Backends/SparseDecode.*/cuda_tensor_core:SparseDecodeCuda*'}
 failed=()
 
 source scripts/device/step.sh  # after the cd to the repository root
@@ -76,8 +78,11 @@ step memcheck 150 "$sanitizer" --tool memcheck --leak-check no --error-exitcode 
 if grep -q "\] 0 tests from" "$out/memcheck.log"; then
   failed+=("memcheck (no CUDA case matched '$cuda_cases': set ATTENTION_CUDA_CASES)")
 fi
-step racecheck 120 "$sanitizer" --tool racecheck --racecheck-report hazard --error-exitcode 3 \
-  "$tests" --gtest_brief=1 --gtest_filter="$cuda_cases"
+#    racecheck is slow: over every CUDA case it did not finish in 280 s on an H100 (2026-11-23),
+#    so by default it covers sparse_decode's tensor-core cases (83-90 s there); set
+#    ATTENTION_RACECHECK_CASES for others, in a call of their own.
+step racecheck 150 "$sanitizer" --tool racecheck --racecheck-report hazard --error-exitcode 3 \
+  "$tests" --gtest_brief=1 --gtest_filter="$racecheck_cases"
 
 # 4. The benchmark: the issue grid, CUDA-graph replays with a flushed L2, the points within the
 #    verify budget checked against the float64 reference.
