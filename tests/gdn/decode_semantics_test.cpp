@@ -280,15 +280,21 @@ TEST_P(GdnDecodeSemantics, MatchesReference) {
       OneTokenKernel one_token;
       MultiTokenVariant variant;
       bool wide_offsets;
+      int warps;  // per CTA, 0 = the dispatcher's
     };
     const Forced forced_runs[] = {
-        {"one-token kernel forced", OneTokenKernel::kOneToken, MultiTokenVariant::kClassic, false},
+        {"one-token kernel forced", OneTokenKernel::kOneToken, MultiTokenVariant::kClassic, false,
+         0},
         {"classic multi-token kernel forced", OneTokenKernel::kMultiToken,
-         MultiTokenVariant::kClassic, false},
+         MultiTokenVariant::kClassic, false, 0},
         {"lean multi-token kernel forced", OneTokenKernel::kMultiToken, MultiTokenVariant::kLean,
-         false},
+         false, 0},
         {"lean multi-token kernel forced, 64-bit token offsets", OneTokenKernel::kMultiToken,
-         MultiTokenVariant::kLean, true},
+         MultiTokenVariant::kLean, true, 0},
+        {"lean multi-token kernel forced, 1-warp CTAs", OneTokenKernel::kMultiToken,
+         MultiTokenVariant::kLean, false, 1},
+        {"lean multi-token kernel forced, 3-warp CTAs (a partial last CTA per head)",
+         OneTokenKernel::kMultiToken, MultiTokenVariant::kLean, false, 3},
     };
     for (const Forced& run : forced_runs) {
       // Restored however the call ends: a throwing backend must not leave later tests on a
@@ -299,6 +305,7 @@ TEST_P(GdnDecodeSemantics, MatchesReference) {
           forced.one_token_kernel = run.one_token;
           forced.multi_token_variant = run.variant;
           forced.wide_offsets = run.wide_offsets;
+          forced.warps = run.warps;
           gdn::detail::set_launch_override(forced);
         }
         ~ForcedKernel() { gdn::detail::set_launch_override(LaunchOverride()); }

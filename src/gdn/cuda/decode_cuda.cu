@@ -176,17 +176,17 @@ LaunchPlan plan_launch(const DecodeProblem& p, int sm_count) {
     plan.ctas = heads * plan.tiles_per_head;
     return plan;
   }
-  // One token per request. The lean multi-token kernel (lean_one_token) where it measured
-  // faster than the one-token kernel on an H100 (Qwen3.5-397B, hdk-bench gdn --T 1, same binary):
-  // fp32 state at every batch (B = 2: 12.0 vs 13.9 us, B = 16: 52.5 vs 55.1, B = 256: 735 vs
-  // 742); bf16 state up to kLeanOneTokenMaxHeads heads (B = 2: 9.4 vs 10.5 us, B = 16: 33.6 vs
-  // 34.5), above which the one-token kernel's raw bf16 fragments keep it level or ahead (B = 256:
-  // 439 vs 438 us). Forcing either kernel (LaunchOverride) overrides this.
+  // One token per request. The lean multi-token kernel serves every one-token call by default:
+  // on an H100 (Qwen3.5-397B, hdk-bench gdn --T 1, same binary) it is faster than the one-token
+  // kernel for fp32 state at every batch (B = 2: 12.0 vs 13.9 us, B = 16: 52.5 vs 55.1, B = 256:
+  // 735 vs 742) and for bf16 state up to B x HV = 1024 with 4-warp CTAs (B = 2: 9.4 vs 10.5 us,
+  // B = 16: 33.6 vs 34.5); above that, launched as 1-warp CTAs (25 warps per SM at 80
+  // registers instead of 24), 1.6-2.7% faster than the one-token kernel (B = 64: 112.7 vs 115.6
+  // us, B = 256: 431.4 vs 438.3, B = 512: 857.6 vs 872.2), where with 4-warp CTAs it was level.
+  // Forcing either kernel (LaunchOverride) overrides this.
   const bool one_token = p.token_capacity == 1 || p.tokens_per_request == 1;
   const OneTokenKernel forced_kernel = one_token_override.load();
-  const bool lean_one_token = p.state_dtype == DType::kFloat32 || heads <= kLeanOneTokenMaxHeads;
-  const bool single = one_token && (forced_kernel == OneTokenKernel::kOneToken ||
-                                    (forced_kernel == OneTokenKernel::kAuto && !lean_one_token));
+  const bool single = one_token && forced_kernel == OneTokenKernel::kOneToken;
   const int state_bytes = static_cast<int>(dtype_size(p.state_dtype));
   const int full_lanes = full_lanes_per_row(state_bytes, p.head_k);
   const int forced_rows = rows_override.load();
@@ -195,23 +195,44 @@ LaunchPlan plan_launch(const DecodeProblem& p, int sm_count) {
     // Multi-token kernel: independent warps (docs/gdn-cuda-dispatch.md for the measured
     // choice of rows and lanes). The lean variant serves bf16 state with T > 1: on an H100
     // (Qwen3.5-397B, B >= 8) it is 1.12-1.25x the classic kernel (T = 2, B = 256: 593 vs 739 us,
-    // 92% of copy); with fp32 state the two are within 1-4% of each other, so the classic one
-    // (measured longer) stays. It holds one token per lane: longer requests stay classic.
+    // 92% of copy). With fp32 state it serves (H100, same binary): calls that update the pool
+    // without a verify cache, 1.23-1.86x the classic kernel (T = 4, B = 256: 976 vs 1365 us;
+    // T = 8: 1204 vs 2230); calls of up to two tokens per request, 0.4-11% faster (T = 2,
+    // B = 2: 13.8 vs 15.4 us, B = 256: 1104.5 vs 1111.9); and up to 128 heads (B x HV), where
+    // it is 7-24% faster (T = 8, B = 1: 20.9 vs 25.9 us). The verify pass with more tokens and
+    // more heads stays classic, ahead by up to 1.4% (T = 8, B = 256: 3427 vs 3475 us). Lean
+    // holds one token per lane: longer requests stay classic, and so do calls whose grid would
+    // exceed its (tile, head, request) limits.
     const MultiTokenVariant variant = variant_override.load();
-    const bool lean_by_default = one_token || p.state_dtype == DType::kBFloat16;
+    const int64_t most_tokens = most_tokens_per_request(p);
+    const bool verify_cache = p.intermediate_states != nullptr;
+    const bool lean_by_default = one_token || p.state_dtype == DType::kBFloat16 ||
+                                 most_tokens <= 2 || !verify_cache ||
+                                 heads <= kLeanFp32VerifyMaxHeads;
     const bool lean = variant == MultiTokenVariant::kLean ||
                       (variant == MultiTokenVariant::kAuto && lean_by_default);
-    plan.kernel = DecodeKernel::kVK;
-    if (lean && most_tokens_per_request(p) <= kLeanMaxTokens) {
-      plan.kernel = DecodeKernel::kVKLean;
-      plan.narrow_offsets = !wide_offsets_override.load() && token_offsets_fit_32_bits(p);
-    }
-    plan.warps_per_cta = kMultiTokenWarpsPerCta;
     plan.lanes_per_row = forced_lanes > 0 ? forced_lanes : full_lanes;
     plan.rows_per_thread =
         forced_rows > 0 ? forced_rows : multi_token_default_rows(state_bytes, p.head_k);
     const int rows_per_warp = vk_rows_per_warp(plan.lanes_per_row, plan.rows_per_thread);
     plan.tiles_per_head = ceil_div(p.head_v, rows_per_warp);
+    plan.kernel = DecodeKernel::kVK;
+    plan.warps_per_cta = kMultiTokenWarpsPerCta;
+    const bool lean_grid_fits = p.num_requests <= kMaxGridYZ && p.num_v_heads <= kMaxGridYZ &&
+                                plan.tiles_per_head <= kMaxGridX;
+    if (lean && most_tokens <= kLeanMaxTokens && lean_grid_fits) {
+      plan.kernel = DecodeKernel::kVKLean;
+      plan.narrow_offsets = !wide_offsets_override.load() && token_offsets_fit_32_bits(p);
+      if (one_token && p.state_dtype == DType::kBFloat16 && heads > kLeanOneTokenMaxHeads) {
+        plan.warps_per_cta = 1;
+      }
+      const int forced_warps = warps_override.load();
+      if (forced_warps >= 1 && forced_warps <= kMultiTokenWarpsPerCta) {
+        plan.warps_per_cta = forced_warps;
+      }
+      plan.ctas = heads * ceil_div(plan.tiles_per_head, plan.warps_per_cta);
+      return plan;
+    }
     plan.ctas = ceil_div(heads * plan.tiles_per_head, plan.warps_per_cta);
     return plan;
   }
@@ -245,7 +266,7 @@ void decode_cuda(const DecodeProblem& problem, const DecodeParams& params, CudaS
   if (problem.num_requests == 0 || no_tokens) return;
 
   const LaunchPlan plan = plan_launch(problem, multiprocessor_count(params.q.device.index));
-  if (plan.ctas > 0x7fffffff) {
+  if (plan.kernel != DecodeKernel::kVKLean && plan.ctas > kMaxGridX) {
     throw Error("hdk::gdn::decode: " + std::to_string(plan.ctas) +
                 " CTAs exceed the CUDA grid limit; split the batch");
   }
@@ -260,11 +281,13 @@ void decode_cuda(const DecodeProblem& problem, const DecodeParams& params, CudaS
     }
   } else if (plan.kernel == DecodeKernel::kVKLean) {
     if (fp32) {
-      launch_decode_vk_lean<float>(problem, plan.lanes_per_row, plan.rows_per_thread,
-                                   plan.tiles_per_head, plan.narrow_offsets, cuda_stream);
+      launch_decode_vk_lean<float>(problem, plan.warps_per_cta, plan.lanes_per_row,
+                                   plan.rows_per_thread, plan.tiles_per_head, plan.narrow_offsets,
+                                   cuda_stream);
     } else {
-      launch_decode_vk_lean<__nv_bfloat16>(problem, plan.lanes_per_row, plan.rows_per_thread,
-                                           plan.tiles_per_head, plan.narrow_offsets, cuda_stream);
+      launch_decode_vk_lean<__nv_bfloat16>(problem, plan.warps_per_cta, plan.lanes_per_row,
+                                           plan.rows_per_thread, plan.tiles_per_head,
+                                           plan.narrow_offsets, cuda_stream);
     }
   } else if (plan.kernel == DecodeKernel::kVK) {
     if (fp32) {

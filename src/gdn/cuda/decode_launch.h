@@ -40,9 +40,20 @@ constexpr int multi_token_default_rows(int state_bytes, int64_t head_k) {
 // sets the scheduling granule.
 constexpr int kMultiTokenWarpsPerCta = 4;
 
-// One-token calls with bf16 state and at most this many (request, value head) pairs run the
-// lean multi-token kernel rather than the one-token kernel (plan_launch has the measurements).
+// One-token calls with bf16 state and more than this many (request, value head) pairs run the
+// lean multi-token kernel as 1-warp CTAs (plan_launch has the measurements).
 constexpr int64_t kLeanOneTokenMaxHeads = 1024;
+
+// Verify calls with fp32 state and more than two tokens per request run the lean kernel up to
+// this many (request, value head) pairs, the classic one above (plan_launch has the
+// measurements).
+constexpr int64_t kLeanFp32VerifyMaxHeads = 128;
+
+// CUDA grid limits: x, then y and z. The lean kernel's grid is (CTA of row tiles, value head,
+// request), so it takes at most 65535 requests (larger batches run the classic kernel); the
+// other kernels' grids are one-dimensional.
+constexpr int64_t kMaxGridX = 0x7fffffff;
+constexpr int64_t kMaxGridYZ = 65535;
 
 // The multi-token kernel: every warp owns rows_per_thread x (32 / lanes_per_row) rows of one
 // head; tiles_per_head counts warps.
@@ -54,8 +65,9 @@ void launch_decode_vk(const DecodeProblem& problem, int lanes_per_row, int rows_
 // calls whose requests have at most kLeanMaxTokens tokens. narrow_offsets: the call's token
 // offsets fit in 32 bits (token_offsets_fit_32_bits).
 template <typename StateT>
-void launch_decode_vk_lean(const DecodeProblem& problem, int lanes_per_row, int rows_per_thread,
-                           int64_t tiles_per_head, bool narrow_offsets, cudaStream_t stream);
+void launch_decode_vk_lean(const DecodeProblem& problem, int warps_per_cta, int lanes_per_row,
+                           int rows_per_thread, int64_t tiles_per_head, bool narrow_offsets,
+                           cudaStream_t stream);
 
 // Throws unless tiles_per_head tiles of warps_per_cta x rows_per_warp rows cover a head's V
 // rows: the host's launch plan must agree with the compile-time shape of the kernel it picked,

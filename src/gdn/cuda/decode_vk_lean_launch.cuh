@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 #include <type_traits>
 
 #include "gdn/cuda/decode_kernel_vk.cuh"
@@ -24,13 +25,20 @@ namespace gdn {
 namespace detail {
 
 template <typename StateT, int K, int kRows, int kLanes>
-void launch_vk_lean_shape(const DecodeProblem& problem, bool narrow_offsets, int64_t tiles_per_head,
-                          cudaStream_t stream) {
+void launch_vk_lean_shape(const DecodeProblem& problem, int warps_per_cta, bool narrow_offsets,
+                          int64_t tiles_per_head, cudaStream_t stream) {
   using Shape = VKShape<StateT, K, kRows, kLanes>;
   check_row_coverage(problem, 1, Shape::kRowsPerWarp, tiles_per_head);
-  const int64_t warps = problem.num_requests * problem.num_v_heads * tiles_per_head;
-  const int64_t ctas = (warps + kMultiTokenWarpsPerCta - 1) / kMultiTokenWarpsPerCta;
-  const dim3 grid(static_cast<unsigned>(ctas)), block(kMultiTokenWarpsPerCta * 32);
+  if (warps_per_cta < 1 || warps_per_cta > kMultiTokenWarpsPerCta) {
+    throw Error("hdk::gdn::decode: internal launch plan error: the lean kernel takes 1 to " +
+                std::to_string(kMultiTokenWarpsPerCta) + " warps per CTA, not " +
+                std::to_string(warps_per_cta));
+  }
+  // Grid (CTA of the head's row tiles, value head, request): plan_launch checked the limits.
+  const dim3 grid(static_cast<unsigned>((tiles_per_head + warps_per_cta - 1) / warps_per_cta),
+                  static_cast<unsigned>(problem.num_v_heads),
+                  static_cast<unsigned>(problem.num_requests));
+  const dim3 block(warps_per_cta * 32);
   auto launch = [&](auto input, auto narrow, auto token_slots) {
     using InputT = typename decltype(input)::type;
     constexpr bool kNarrow = decltype(narrow)::value;
@@ -38,7 +46,7 @@ void launch_vk_lean_shape(const DecodeProblem& problem, bool narrow_offsets, int
     gdn_decode_vk_lean_kernel<
         StateT, InputT, K, kRows, kLanes, kNarrow, kSlots,
         lean_multi_token_registers<StateT, InputT, K, kRows, kLanes, kNarrow, kSlots>()>
-        <<<grid, block, 0, stream>>>(problem, tiles_per_head);
+        <<<grid, block, 0, stream>>>(problem, static_cast<int>(tiles_per_head));
   };
   auto with_flags = [&](auto input) {
     const bool slots = writes_token_slots(problem);
@@ -62,15 +70,16 @@ void launch_vk_lean_shape(const DecodeProblem& problem, bool narrow_offsets, int
 // The lean multi-token kernel, for the shapes of launch_decode_vk. The caller has checked that
 // no request has more than kLeanMaxTokens tokens; narrow_offsets: token_offsets_fit_32_bits.
 template <typename StateT>
-void launch_decode_vk_lean(const DecodeProblem& problem, int lanes_per_row, int rows_per_thread,
-                           int64_t tiles_per_head, bool narrow_offsets, cudaStream_t stream) {
+void launch_decode_vk_lean(const DecodeProblem& problem, int warps_per_cta, int lanes_per_row,
+                           int rows_per_thread, int64_t tiles_per_head, bool narrow_offsets,
+                           cudaStream_t stream) {
   HDK_DISPATCH_HEAD_K(problem.head_k, [&] {
     constexpr int kFull = full_lanes_per_row<StateT, kHeadK>();
     constexpr int kDefaultRows = multi_token_default_rows<StateT, kHeadK>();
     auto launch = [&](auto rows, auto lanes) {
       constexpr int kRows = decltype(rows)::value, kLanes = decltype(lanes)::value;
-      launch_vk_lean_shape<StateT, kHeadK, kRows, kLanes>(problem, narrow_offsets, tiles_per_head,
-                                                          stream);
+      launch_vk_lean_shape<StateT, kHeadK, kRows, kLanes>(problem, warps_per_cta, narrow_offsets,
+                                                          tiles_per_head, stream);
     };
     using Two = std::integral_constant<int, 2>;
     using Four = std::integral_constant<int, 4>;

@@ -43,6 +43,18 @@ __device__ __forceinline__ void store_element(void* base, DType dtype, int64_t o
   }
 }
 
+// One 16-byte global store, written out: from a plain uint4 or float4 store the compiler made
+// four 4-byte stores in some places (the multi-token kernels' final state store), four times
+// the store instructions and L2 write requests for the same bytes. The lean kernel's final store
+// uses it; elsewhere the plain store stays (Fragment::store): inside the token loops it already
+// compiles to one instruction, and the asm, which pins the four words into one register quad,
+// made instances of both multi-token kernels spill.
+__device__ __forceinline__ void store_16_bytes(void* target, uint32_t w0, uint32_t w1, uint32_t w2,
+                                               uint32_t w3) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(__cvta_generic_to_global(target)),
+               "r"(w0), "r"(w1), "r"(w2), "r"(w3));
+}
+
 // A 16-byte piece of a state row: 4 fp32 or 8 bf16 values, converted to fp32 registers.
 template <typename StateT>
 struct Fragment;
@@ -60,6 +72,11 @@ struct Fragment<float> {
   __device__ __forceinline__ static void store(float* target, const float* values) {
     *reinterpret_cast<float4*>(target) = make_float4(values[0], values[1], values[2], values[3]);
   }
+  // The same as one 16-byte store instruction whatever the compiler would make of it.
+  __device__ __forceinline__ static void store_vector(float* target, const float* values) {
+    store_16_bytes(target, __float_as_uint(values[0]), __float_as_uint(values[1]),
+                   __float_as_uint(values[2]), __float_as_uint(values[3]));
+  }
 };
 
 template <>
@@ -75,14 +92,23 @@ struct Fragment<__nv_bfloat16> {
       values[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
     }
   }
-  __device__ __forceinline__ static void store(__nv_bfloat16* target, const float* values) {
-    uint32_t words[4];
+  __device__ __forceinline__ static void pack(const float* values, uint32_t* words) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const __nv_bfloat162 pair = __floats2bfloat162_rn(values[2 * i], values[2 * i + 1]);
       words[i] = *reinterpret_cast<const uint32_t*>(&pair);
     }
+  }
+  __device__ __forceinline__ static void store(__nv_bfloat16* target, const float* values) {
+    uint32_t words[4];
+    pack(values, words);
     *reinterpret_cast<uint4*>(target) = make_uint4(words[0], words[1], words[2], words[3]);
+  }
+  // The same as one 16-byte store instruction whatever the compiler would make of it.
+  __device__ __forceinline__ static void store_vector(__nv_bfloat16* target, const float* values) {
+    uint32_t words[4];
+    pack(values, words);
+    store_16_bytes(target, words[0], words[1], words[2], words[3]);
   }
 };
 
