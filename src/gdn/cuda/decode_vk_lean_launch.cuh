@@ -19,6 +19,7 @@
 #include "gdn/cuda/dispatch.h"
 #include "gdn/lean_kernel_fit.h"
 #include "hdk/dtype.h"
+#include "hdk/error.h"
 
 namespace hdk {
 namespace gdn {
