@@ -1,16 +1,23 @@
 // The host-side checks that pick a build of the CUDA lean multi-token kernel: 32-bit token
-// offsets only where every offset fits, and the most tokens a request can run. Plain C++, so
-// these run on the CPU.
+// offsets only where every offset fits, and the most tokens a request can run; with the CUDA
+// backend built, the dispatcher's choice of kernel and warps per CTA (plan_launch). Plain C++,
+// so these run on the CPU.
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <limits>
+#include <tuple>
 #include <vector>
 
 #include "gdn/decode_problem.h"
 #include "gdn/decode_validation.h"
 #include "gdn/lean_kernel_fit.h"
+#include "hdk/dtype.h"
 #include "support/gdn_case.h"
+
+#ifdef HDK_WITH_CUDA
+#include "gdn/cuda/decode_cuda.h"
+#endif
 
 namespace hdk {
 namespace testing {
@@ -136,6 +143,90 @@ TEST(GdnLeanKernelFit, ValidatedCallsOfTheTestGrid) {
   EXPECT_GT(gdn::detail::most_tokens_per_request(q), gdn::detail::kLeanMaxTokens);
   EXPECT_FALSE(gdn::detail::writes_token_slots(q));
 }
+
+#ifdef HDK_WITH_CUDA
+using gdn::detail::DecodeKernel;
+using gdn::detail::LaunchPlan;
+
+// The Qwen3.5-397B shape (H = 16, HV = 64, K = V = 128) with B requests of T tokens and the
+// given state dtype; verify: an intermediate-state cache and no pool update.
+DecodeProblem qwen_problem(int64_t B, int64_t T, DType state, bool verify) {
+  static char cache = 0;
+  DecodeProblem p = contiguous_problem(B, T, 16, 64, 128, 128);
+  p.state_dtype = state;
+  p.head_pitch = 128 * 128;
+  p.slot_pitch = 64 * p.head_pitch;
+  p.update_state = !verify;
+  p.intermediate_states = verify ? &cache : nullptr;
+  return p;
+}
+
+LaunchPlan plan(const DecodeProblem& p, const gdn::detail::LaunchOverride& forced = {}) {
+  // Restored however the test ends, so later tests see the dispatcher's own choices.
+  struct Forced {
+    explicit Forced(const gdn::detail::LaunchOverride& forced) {
+      gdn::detail::set_launch_override(forced);
+    }
+    ~Forced() { gdn::detail::set_launch_override(gdn::detail::LaunchOverride()); }
+  } scope(forced);
+  return gdn::detail::plan_launch(p, 132);
+}
+
+TEST(GdnLaunchPlan, OneTokenCallsRunTheLeanKernel) {
+  // bf16 state: 4-warp CTAs up to 1024 heads, 1-warp CTAs above (the H100 measurements in
+  // plan_launch); fp32 state: 4-warp CTAs at every batch.
+  for (const auto& [B, state, warps] :
+       {std::tuple{16, DType::kBFloat16, 4}, std::tuple{17, DType::kBFloat16, 1},
+        std::tuple{512, DType::kBFloat16, 1}, std::tuple{1, DType::kFloat32, 4},
+        std::tuple{512, DType::kFloat32, 4}}) {
+    const LaunchPlan chosen = plan(qwen_problem(B, 1, state, false));
+    SCOPED_TRACE(::testing::Message() << "B = " << B << ", " << dtype_name(state));
+    EXPECT_EQ(chosen.kernel, DecodeKernel::kVKLean);
+    EXPECT_EQ(chosen.warps_per_cta, warps);
+    // CTAs of the (row-tile CTA, head, request) grid: 16 tiles of 8 rows per head.
+    EXPECT_EQ(chosen.tiles_per_head, 16);
+    EXPECT_EQ(chosen.ctas, B * 64 * (16 / warps));
+  }
+}
+
+TEST(GdnLaunchPlan, Fp32MultiTokenCallsRunTheKernelThatMeasuredFaster) {
+  struct Expectation {
+    int64_t B, T;
+    bool verify;
+    DecodeKernel kernel;
+  };
+  for (const Expectation& e : {Expectation{256, 2, true, DecodeKernel::kVKLean},
+                               Expectation{2, 8, true, DecodeKernel::kVKLean},  // 128 heads
+                               Expectation{3, 8, true, DecodeKernel::kVK},      // 192 heads
+                               Expectation{256, 4, true, DecodeKernel::kVK},
+                               Expectation{256, 8, false, DecodeKernel::kVKLean}}) {  // no cache
+    SCOPED_TRACE(::testing::Message()
+                 << "B = " << e.B << ", T = " << e.T << ", verify " << e.verify);
+    EXPECT_EQ(plan(qwen_problem(e.B, e.T, DType::kFloat32, e.verify)).kernel, e.kernel);
+  }
+  // bf16 state: the lean kernel for every multi-token call it can hold.
+  EXPECT_EQ(plan(qwen_problem(256, 8, DType::kBFloat16, true)).kernel, DecodeKernel::kVKLean);
+}
+
+TEST(GdnLaunchPlan, CallsTheLeanKernelCannotHoldRunTheClassicOne) {
+  // More tokens per request than a lane of the lean kernel holds.
+  EXPECT_EQ(plan(qwen_problem(4, gdn::detail::kLeanMaxTokens + 1, DType::kBFloat16, true)).kernel,
+            DecodeKernel::kVK);
+  // More requests than the lean kernel's grid takes in its z dimension, also when forced.
+  EXPECT_EQ(plan(qwen_problem(65535, 1, DType::kBFloat16, false)).kernel, DecodeKernel::kVKLean);
+  EXPECT_EQ(plan(qwen_problem(65536, 1, DType::kBFloat16, false)).kernel, DecodeKernel::kVK);
+  gdn::detail::LaunchOverride lean;
+  lean.one_token_kernel = gdn::detail::OneTokenKernel::kMultiToken;
+  lean.multi_token_variant = gdn::detail::MultiTokenVariant::kLean;
+  EXPECT_EQ(plan(qwen_problem(65536, 1, DType::kFloat32, false), lean).kernel, DecodeKernel::kVK);
+  // Forced warps per CTA reach the lean kernel's plan; the last CTA of a head is partial.
+  lean.warps = 3;
+  const LaunchPlan three = plan(qwen_problem(2, 1, DType::kBFloat16, false), lean);
+  EXPECT_EQ(three.kernel, DecodeKernel::kVKLean);
+  EXPECT_EQ(three.warps_per_cta, 3);
+  EXPECT_EQ(three.ctas, 2 * 64 * 6);
+}
+#endif  // HDK_WITH_CUDA
 
 }  // namespace
 }  // namespace testing

@@ -48,10 +48,10 @@ enum class OneTokenKernel { kAuto, kOneToken, kMultiToken };
 // ones run the classic kernel whatever is forced).
 enum class MultiTokenVariant { kAuto, kClassic, kLean };
 
-// Tuning and test aid, affecting every later call in the process: forces the VK kernels' warps
-// per CTA (one-token kernel), rows per thread and lanes per row (0 = the
-// dispatcher's choice), the kernel of one-token calls and the multi-token variant (the tests
-// run each), and 64-bit token offsets in the lean variant where 32 bits would do (so tests
+// Tuning and test aid, affecting every later call in the process: forces the warps per CTA
+// (one-token kernel 1-8, lean kernel 1-4), rows per thread and lanes per row of the VK kernels
+// (0 = the dispatcher's choice), the kernel of one-token calls and the multi-token variant (the
+// tests run each), and 64-bit token offsets in the lean variant where 32 bits would do (so tests
 // cover both of its builds). A combination no kernel was built for is an error at launch.
 struct LaunchOverride {
   int warps = 0;

@@ -35,7 +35,15 @@ void launch_vk_lean_shape(const DecodeProblem& problem, int warps_per_cta, bool 
                 std::to_string(kMultiTokenWarpsPerCta) + " warps per CTA, not " +
                 std::to_string(warps_per_cta));
   }
-  // Grid (CTA of the head's row tiles, value head, request): plan_launch checked the limits.
+  // Grid (CTA of the head's row tiles, value head, request): plan_launch sends calls beyond its
+  // limits to the classic kernel; a plan that did not must fail here, not wrap around.
+  if (problem.num_requests > kMaxGridYZ || problem.num_v_heads > kMaxGridYZ ||
+      tiles_per_head > kMaxGridX) {
+    throw Error(
+        "hdk::gdn::decode: internal launch plan error: " + std::to_string(problem.num_requests) +
+        " requests x " + std::to_string(problem.num_v_heads) + " heads x " +
+        std::to_string(tiles_per_head) + " row tiles exceed the lean kernel's grid");
+  }
   const dim3 grid(static_cast<unsigned>((tiles_per_head + warps_per_cta - 1) / warps_per_cta),
                   static_cast<unsigned>(problem.num_v_heads),
                   static_cast<unsigned>(problem.num_requests));
