@@ -310,7 +310,7 @@ void print_usage() {
       "  --json FILE           also write results as JSON\n"
       "  --cpu                 run on the CPU even when a GPU is present\n"
       "  --warps N             force warps per CTA (tuning sweeps): one-token kernel 1-8,\n"
-      "                        lean multi-token kernel 1, 2 or 4\n"
+      "                        lean multi-token kernel 1-4\n"
       "  --rows-per-thread N   force the VK kernels' rows per thread (tuning): one-token\n"
       "                        kernel 4, 8 or 16; multi-token kernel 2, 4 or 8\n"
       "  --lanes-per-row N     force the multi-token kernel's lanes per state row (tuning,\n"
@@ -319,8 +319,11 @@ void print_usage() {
       "  --one-token-kernel    use the one-token kernel for T = 1 (tuning)\n"
       "  --multi-token-variant classic|lean\n"
       "                        which build of the multi-token kernel runs (default: the\n"
-      "                        dispatcher's, classic); lean takes up to 32 tokens per request\n"
-      "  --wide-offsets        lean variant: 64-bit token offsets even where 32 bits fit\n");
+      "                        dispatcher's); lean takes up to 32 tokens per request\n"
+      "  --wide-offsets        lean variant: 64-bit token offsets even where 32 bits fit\n"
+      "  --lean-build token-loop|one-token\n"
+      "                        lean variant, T = 1 with bf16 state: the build with or without\n"
+      "                        the token loop (default: the dispatcher's, by the heads)\n");
 }
 
 }  // namespace
@@ -359,6 +362,10 @@ int gdn_command(Options& options) {
   }
   const std::string variant = options.text("multi-token-variant", "");
   const bool wide_offsets = options.flag("wide-offsets");
+  const std::string lean_build = options.text("lean-build", "");
+  if (!lean_build.empty() && lean_build != "token-loop" && lean_build != "one-token") {
+    throw std::runtime_error("--lean-build token-loop|one-token");
+  }
   if (!variant.empty() && variant != "classic" && variant != "lean") {
     throw std::runtime_error("--multi-token-variant classic|lean");
   }
@@ -373,10 +380,12 @@ int gdn_command(Options& options) {
   if (variant == "classic") forced.multi_token_variant = gdn::detail::MultiTokenVariant::kClassic;
   if (variant == "lean") forced.multi_token_variant = gdn::detail::MultiTokenVariant::kLean;
   forced.wide_offsets = wide_offsets;
+  if (lean_build == "token-loop") forced.lean_build = gdn::detail::LeanBuild::kTokenLoop;
+  if (lean_build == "one-token") forced.lean_build = gdn::detail::LeanBuild::kOneToken;
   gdn::detail::set_launch_override(forced);
 #else
   if (forced_warps != 0 || forced_rows != 0 || forced_lanes != 0 || multi_token_always ||
-      one_token_always || !variant.empty() || wide_offsets) {
+      one_token_always || !variant.empty() || wide_offsets || !lean_build.empty()) {
     throw std::runtime_error("the kernel tuning options need the CUDA backend");
   }
 #endif

@@ -281,6 +281,7 @@ TEST_P(GdnDecodeSemantics, MatchesReference) {
       MultiTokenVariant variant;
       bool wide_offsets;
       int warps;  // per CTA, 0 = the dispatcher's
+      gdn::detail::LeanBuild lean_build = gdn::detail::LeanBuild::kAuto;
     };
     const Forced forced_runs[] = {
         {"one-token kernel forced", OneTokenKernel::kOneToken, MultiTokenVariant::kClassic, false,
@@ -295,6 +296,15 @@ TEST_P(GdnDecodeSemantics, MatchesReference) {
          MultiTokenVariant::kLean, false, 1},
         {"lean multi-token kernel forced, 3-warp CTAs (a partial last CTA per head)",
          OneTokenKernel::kMultiToken, MultiTokenVariant::kLean, false, 3},
+        {"lean multi-token kernel forced, its token-loop build for one-token calls",
+         OneTokenKernel::kMultiToken, MultiTokenVariant::kLean, false, 0,
+         gdn::detail::LeanBuild::kTokenLoop},
+        {"lean multi-token kernel forced, its one-token build for one-token calls (bf16 state)",
+         OneTokenKernel::kMultiToken, MultiTokenVariant::kLean, false, 0,
+         gdn::detail::LeanBuild::kOneToken},
+        {"lean multi-token kernel forced, its one-token build, 64-bit token offsets",
+         OneTokenKernel::kMultiToken, MultiTokenVariant::kLean, true, 0,
+         gdn::detail::LeanBuild::kOneToken},
     };
     for (const Forced& run : forced_runs) {
       // Restored however the call ends: a throwing backend must not leave later tests on a
@@ -306,6 +316,7 @@ TEST_P(GdnDecodeSemantics, MatchesReference) {
           forced.multi_token_variant = run.variant;
           forced.wide_offsets = run.wide_offsets;
           forced.warps = run.warps;
+          forced.lean_build = run.lean_build;
           gdn::detail::set_launch_override(forced);
         }
         ~ForcedKernel() { gdn::detail::set_launch_override(LaunchOverride()); }

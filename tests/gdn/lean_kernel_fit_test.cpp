@@ -226,6 +226,33 @@ TEST(GdnLaunchPlan, CallsTheLeanKernelCannotHoldRunTheClassicOne) {
   EXPECT_EQ(three.warps_per_cta, 3);
   EXPECT_EQ(three.ctas, 2 * 64 * 6);
 }
+TEST(GdnLaunchPlan, OneTokenCallsAbove192Bf16HeadsRunTheBuildWithoutATokenLoop) {
+  const DType bf16 = DType::kBFloat16;
+  EXPECT_FALSE(plan(qwen_problem(3, 1, bf16, false)).one_token_build);  // 192 heads
+  EXPECT_TRUE(plan(qwen_problem(4, 1, bf16, false)).one_token_build);
+  EXPECT_TRUE(plan(qwen_problem(512, 1, bf16, false)).one_token_build);
+  EXPECT_TRUE(plan(qwen_problem(4, 1, bf16, true)).one_token_build);  // T = 1 verify
+  EXPECT_FALSE(plan(qwen_problem(4, 2, bf16, false)).one_token_build);
+  // fp32 state has no one-token build, forced or not.
+  gdn::detail::LaunchOverride one_token;
+  one_token.lean_build = gdn::detail::LeanBuild::kOneToken;
+  EXPECT_FALSE(plan(qwen_problem(4, 1, DType::kFloat32, false)).one_token_build);
+  EXPECT_FALSE(plan(qwen_problem(4, 1, DType::kFloat32, false), one_token).one_token_build);
+  // With cu_seqlens, only a capacity of one token per request proves it.
+  DecodeProblem ragged = qwen_problem(4, 1, bf16, false);
+  ragged.variable_length = true;
+  ragged.token_capacity = 1;
+  ragged.tokens_per_request = 1;
+  EXPECT_TRUE(plan(ragged).one_token_build);
+  ragged.token_capacity = 2;
+  ragged.tokens_per_request = 2;
+  EXPECT_FALSE(plan(ragged).one_token_build);
+  // Forced either way.
+  EXPECT_TRUE(plan(qwen_problem(1, 1, bf16, false), one_token).one_token_build);
+  gdn::detail::LaunchOverride token_loop;
+  token_loop.lean_build = gdn::detail::LeanBuild::kTokenLoop;
+  EXPECT_FALSE(plan(qwen_problem(4, 1, bf16, false), token_loop).one_token_build);
+}
 #endif  // HDK_WITH_CUDA
 
 }  // namespace

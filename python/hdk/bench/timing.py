@@ -6,6 +6,14 @@ import time
 import torch
 
 
+# Busy replays before each timed loop. After seconds of host-only work (building and checking
+# the previous point's inputs) the GPU's clocks are down, and 3 replays did not bring them up:
+# on an H100 the first implementation timed at a point (hdk) read 18.5 us where it takes 7.5,
+# and 70.5 us where it takes 9-10, in 4 of 152 cells of one run (2026-11-23); a second run
+# with the same binaries had other such cells.
+WARMUP_MS = 20.0
+
+
 def median_us(samples):
     return statistics.median(samples)
 
@@ -31,16 +39,22 @@ class CudaTimer:
         torch.cuda.synchronize(self.device)
         return graph
 
-    def time_graph(self, graph, iters, warmup=3, flush=True):
+    def time_graph(self, graph, iters, warmup=3, flush=True, warmup_ms=WARMUP_MS):
         """Median microseconds of `iters` replays, each after an L2 flush. flush=False times hot
         replays; it also lets the GPU catch up with the host, so a replay shorter than its
-        submission then measures the host's launch cost too (use flush=True for launch floors)."""
+        submission then measures the host's launch cost too (use flush=True for launch floors).
+        Before timing, replays (and flushes) keep the GPU busy for at least `warmup_ms`."""
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-        for _ in range(warmup):
+        begin = time.perf_counter()
+        done = 0
+        while done < warmup or (time.perf_counter() - begin) * 1e3 < warmup_ms:
             if flush:
                 self._flush.zero_()
             graph.replay()
+            done += 1
+            if done % 8 == 0:
+                torch.cuda.synchronize(self.device)  # wall time must follow the GPU's
         for start, end in zip(starts, ends):
             if flush:
                 # The host waits for the previous replay, then queues the flush (tens of us of GPU
@@ -69,7 +83,7 @@ class CudaTimer:
 
     def estimate_us(self, graph):
         """One replay's time, to size the timed loop."""
-        return self.time_graph(graph, iters=1, warmup=1)
+        return self.time_graph(graph, iters=1, warmup=1, warmup_ms=0.0)
 
     def copy_bandwidth(self, nbytes=2**30, iters=10):
         """Bytes read + written per second by a large device-to-device copy."""

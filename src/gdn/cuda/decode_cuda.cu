@@ -32,6 +32,7 @@ std::atomic<int> lanes_override{0};
 std::atomic<OneTokenKernel> one_token_override{OneTokenKernel::kAuto};
 std::atomic<MultiTokenVariant> variant_override{MultiTokenVariant::kAuto};
 std::atomic<bool> wide_offsets_override{false};
+std::atomic<LeanBuild> lean_build_override{LeanBuild::kAuto};
 
 void check_cuda(cudaError_t status, const char* what) {
   if (status != cudaSuccess) {
@@ -146,6 +147,7 @@ void set_launch_override(const LaunchOverride& forced) {
   one_token_override.store(forced.one_token_kernel);
   variant_override.store(forced.multi_token_variant);
   wide_offsets_override.store(forced.wide_offsets);
+  lean_build_override.store(forced.lean_build);
 }
 
 const char* decode_kernel_name(DecodeKernel kernel) {
@@ -223,6 +225,18 @@ LaunchPlan plan_launch(const DecodeProblem& p, int sm_count) {
     if (lean && most_tokens <= kLeanMaxTokens && lean_grid_fits) {
       plan.kernel = DecodeKernel::kVKLean;
       plan.narrow_offsets = !wide_offsets_override.load() && token_offsets_fit_32_bits(p);
+      // The build without a token loop, for one-token calls with bf16 state above 192 heads. On
+      // an H100 (Qwen3.5-397B, T = 1, same device call) it runs at 64 registers instead of 80
+      // (32 warps per SM instead of 24) and is 4-5% faster from B = 4 (256 heads; B = 4: 12.18
+      // vs 12.84 us, B = 256: 390.4 vs 409.6), but 3-5% slower at B = 1, 2 and 3 (B = 1: 8.10 vs
+      // 7.72 us, B = 3: 10.92 vs 10.48), at any of its register caps; with fp32 state it was
+      // 0-3% slower at every batch, so it is not built.
+      const LeanBuild forced_build = lean_build_override.load();
+      const bool one_token_build_fits = one_token && p.state_dtype == DType::kBFloat16;
+      plan.one_token_build =
+          one_token_build_fits &&
+          (forced_build == LeanBuild::kOneToken ||
+           (forced_build == LeanBuild::kAuto && heads > kLeanTokenLoopOneTokenMaxHeads));
       if (one_token && p.state_dtype == DType::kBFloat16 && heads > kLeanOneTokenMaxHeads) {
         plan.warps_per_cta = 1;
       }
@@ -280,14 +294,17 @@ void decode_cuda(const DecodeProblem& problem, const DecodeParams& params, CudaS
                                              plan.tiles_per_head, cuda_stream);
     }
   } else if (plan.kernel == DecodeKernel::kVKLean) {
+    LeanLaunch lean;
+    lean.warps_per_cta = plan.warps_per_cta;
+    lean.lanes_per_row = plan.lanes_per_row;
+    lean.rows_per_thread = plan.rows_per_thread;
+    lean.tiles_per_head = plan.tiles_per_head;
+    lean.narrow_offsets = plan.narrow_offsets;
+    lean.one_token = plan.one_token_build;
     if (fp32) {
-      launch_decode_vk_lean<float>(problem, plan.warps_per_cta, plan.lanes_per_row,
-                                   plan.rows_per_thread, plan.tiles_per_head, plan.narrow_offsets,
-                                   cuda_stream);
+      launch_decode_vk_lean<float>(problem, lean, cuda_stream);
     } else {
-      launch_decode_vk_lean<__nv_bfloat16>(problem, plan.warps_per_cta, plan.lanes_per_row,
-                                           plan.rows_per_thread, plan.tiles_per_head,
-                                           plan.narrow_offsets, cuda_stream);
+      launch_decode_vk_lean<__nv_bfloat16>(problem, lean, cuda_stream);
     }
   } else if (plan.kernel == DecodeKernel::kVK) {
     if (fp32) {

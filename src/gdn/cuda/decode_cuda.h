@@ -35,13 +35,18 @@ struct LaunchPlan {
   int lanes_per_row = 0;       // lanes sharing one state row (kVK kernels)
   int64_t tiles_per_head = 0;  // row tiles of one head: CTAs (vk1, kv) or warps (vk, vkl)
   int64_t ctas = 0;
-  bool narrow_offsets = false;  // vkl: 32-bit token offsets (token_offsets_fit_32_bits)
+  bool narrow_offsets = false;   // vkl: 32-bit token offsets (token_offsets_fit_32_bits)
+  bool one_token_build = false;  // vkl: the build without a token loop (at most one token each)
 };
 
 LaunchPlan plan_launch(const DecodeProblem& problem, int sm_count);
 
 // Which kernel serves one-token calls: the dispatcher's choice, or one of the two forced.
 enum class OneTokenKernel { kAuto, kOneToken, kMultiToken };
+
+// Which build of the lean kernel runs a one-token call with bf16 state: the dispatcher's choice,
+// the build with the token loop, or the one without (fp32 state always runs the former).
+enum class LeanBuild { kAuto, kTokenLoop, kOneToken };
 
 // Which build of the multi-token kernel runs: the dispatcher's choice (today the classic one),
 // the classic kernel, or the lean variant (for calls of at most 32 tokens per request; longer
@@ -52,7 +57,8 @@ enum class MultiTokenVariant { kAuto, kClassic, kLean };
 // (one-token kernel 1-8, lean kernel 1-4), rows per thread and lanes per row of the VK kernels
 // (0 = the dispatcher's choice), the kernel of one-token calls and the multi-token variant (the
 // tests run each), and 64-bit token offsets in the lean variant where 32 bits would do (so tests
-// cover both of its builds). A combination no kernel was built for is an error at launch.
+// cover both of its builds), and which build of the lean kernel runs one-token calls with bf16
+// state (so tests cover both). A combination no kernel was built for is an error at launch.
 struct LaunchOverride {
   int warps = 0;
   int rows_per_thread = 0;
@@ -60,6 +66,7 @@ struct LaunchOverride {
   OneTokenKernel one_token_kernel = OneTokenKernel::kAuto;
   MultiTokenVariant multi_token_variant = MultiTokenVariant::kAuto;
   bool wide_offsets = false;
+  LeanBuild lean_build = LeanBuild::kAuto;
 };
 void set_launch_override(const LaunchOverride& forced);
 

@@ -20,7 +20,12 @@
 //   only once this token's q is consumed (the load addresses depend on this token's k norm, so
 //   the instruction scheduler cannot move the loads up next to both vectors of the token);
 // - request and head indices are hidden from loop-invariant hoisting, so per-token offsets are
-//   recomputed (a few integer instructions) instead of held in registers across the tokens.
+//   recomputed (a few integer instructions) instead of held in registers across the tokens;
+// - one-token calls with bf16 state above 192 heads run a build without the token loop
+//   (kOneToken): every lane loads the token's gates itself (one broadcast load) instead of
+//   receiving them by shuffle, nothing is loaded ahead, and with fewer values live it fits a
+//   lower register cap (64 instead of 80 at K = 128: 32 warps per SM instead of 24), which is
+//   where its speed comes from (docs/gdn-cuda-dispatch.md).
 // Register counts of every instance: docs/gdn-cuda-dispatch.md.
 #pragma once
 
@@ -107,17 +112,17 @@ __device__ __forceinline__ void hide_from_hoisting(T& value) {
 
 // Register cap of each lean instance (decode_vk_lean_registers.h).
 template <typename StateT, typename InputT, int K, int kRowsPerThread, int kLanes,
-          bool kNarrowOffsets, bool kTokenSlots>
+          bool kNarrowOffsets, bool kTokenSlots, bool kOneToken>
 constexpr int lean_multi_token_registers() {
   constexpr LeanInput kInput = std::is_same_v<InputT, float>    ? LeanInput::kFp32
                                : std::is_same_v<InputT, __half> ? LeanInput::kFp16
                                                                 : LeanInput::kBf16;
   return lean_register_cap(static_cast<int>(sizeof(StateT)), kInput, K, kRowsPerThread, kLanes,
-                           kNarrowOffsets, kTokenSlots);
+                           kNarrowOffsets, kTokenSlots, kOneToken);
 }
 
 template <typename StateT, typename InputT, int K, int kRowsPerThread, int kLanes,
-          bool kNarrowOffsets, bool kTokenSlots, int kMaxRegisters>
+          bool kNarrowOffsets, bool kTokenSlots, bool kOneToken, int kMaxRegisters>
 __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxRegisters)
     gdn_decode_vk_lean_kernel(const DecodeProblem p, int tiles_per_head) {
   using Shape = VKShape<StateT, K, kRowsPerThread, kLanes>;
@@ -206,7 +211,9 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
   uint32_t gate_a_bits = 0, gate_b_bits = 0;
   Offset lane_slot = -1;
   auto load_token_scalars = [&](Offset origin, Offset count) {
-    const Offset t = lane;
+    // One-token build: every lane loads token 0's scalars (one broadcast load), so no shuffle
+    // hands them out later.
+    const Offset t = kOneToken ? 0 : lane;
     if (t < count) {
       const Offset token = origin + t;
       gate_a_bits = p.fused_gating
@@ -290,11 +297,18 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
   float lane_decay, lane_beta;
   finish_gates(A_log, dt_bias, lane_decay, lane_beta);
 
-  for (Offset t = 0; t < num_tokens; ++t) {
-    hide_from_hoisting(n);
-    hide_from_hoisting(hv);
-    hide_from_hoisting(h);
+  // Token t of the request; t + 1 < num_tokens says whether a next token's inputs are due.
+  auto run_token = [&](Offset t) {
+    if constexpr (!kOneToken) {
+      hide_from_hoisting(n);
+      hide_from_hoisting(hv);
+      hide_from_hoisting(h);
+    }
     const int token_lane = static_cast<int>(t);  // t < kLeanMaxTokens
+    // Token t's scalars: in lane t, or in every lane in the one-token build.
+    auto token_scalar = [&](auto value) {
+      return kOneToken ? value : __shfl_sync(0xffffffffu, value, token_lane);
+    };
     const TokenQK current = next;
     const uint32_t current_v = next_v;
 
@@ -322,7 +336,7 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
     // for the update): they arrive during the reductions, the update and the stores, and are
     // never held next to both of this token's vectors.
     kk = group_sum<kLanes>(kk);
-    if (t + 1 < num_tokens) {
+    if (!kOneToken && t + 1 < num_tokens) {
       const Offset after = origin + t + 1 + (kk < 0.0f ? 1 : 0);
       load_qk(after, next);
       next_v = load_v(after);
@@ -333,8 +347,8 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
 
     const float q_factor = p.use_qk_l2norm ? p.scale * rsqrtf(qq + p.l2norm_eps) : p.scale;
     const float k_factor = p.use_qk_l2norm ? rsqrtf(kk + p.l2norm_eps) : 1.0f;
-    const float decay = __shfl_sync(0xffffffffu, lane_decay, token_lane);
-    const float beta = __shfl_sync(0xffffffffu, lane_beta, token_lane);
+    const float decay = token_scalar(lane_decay);
+    const float beta = token_scalar(lane_beta);
 
     const float owned_dot_q = __shfl_sync(0xffffffffu, dots[0], dot_q_lane);
     const float u = beta * (Input::scalar(current_v) - decay * dots[0] * k_factor);
@@ -362,7 +376,7 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
       targets[0] = static_cast<StateT*>(p.intermediate_states) + cache_offset(p, n, t, hv);
     }
     if constexpr (kTokenSlots) {
-      const Offset slot = __shfl_sync(0xffffffffu, lane_slot, token_lane);
+      const Offset slot = token_scalar(lane_slot);
       if (slot >= 0) targets[1] = pool + slot_offset(p, slot, hv);
     }
 #pragma unroll
@@ -378,6 +392,13 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
         }
       }
     }
+  };
+  if constexpr (kOneToken) {
+    // The launcher picks this build only when no request can have more than one token.
+    if (num_tokens > 0) run_token(0);
+  } else {
+    for (Offset t = 0; t < num_tokens; ++t)
+      run_token(t);
   }
 
   if (final_slot >= 0) {

@@ -44,6 +44,11 @@ constexpr int kMultiTokenWarpsPerCta = 4;
 // lean multi-token kernel as 1-warp CTAs (plan_launch has the measurements).
 constexpr int64_t kLeanOneTokenMaxHeads = 1024;
 
+// One-token calls with bf16 state and at most this many (request, value head) pairs run the lean
+// kernel's build with the token loop, more run its one-token build (plan_launch has the
+// measurements).
+constexpr int64_t kLeanTokenLoopOneTokenMaxHeads = 192;
+
 // Verify calls with fp32 state and more than two tokens per request run the lean kernel up to
 // this many (request, value head) pairs, the classic one above (plan_launch has the
 // measurements).
@@ -61,12 +66,23 @@ template <typename StateT>
 void launch_decode_vk(const DecodeProblem& problem, int lanes_per_row, int rows_per_thread,
                       int64_t tiles_per_head, cudaStream_t stream);
 
+// How the lean variant of the multi-token kernel is launched: its shape (the multi-token
+// kernel's), its grid, and which of its builds runs.
+struct LeanLaunch {
+  int warps_per_cta = 0;
+  int lanes_per_row = 0;
+  int rows_per_thread = 0;
+  int64_t tiles_per_head = 0;
+  bool narrow_offsets =
+      false;  // the call's token offsets fit in 32 bits (token_offsets_fit_32_bits)
+  // No request has more than one token and the state is bf16: the build without a token loop.
+  bool one_token = false;
+};
+
 // The lean variant of the multi-token kernel (decode_kernel_vk_lean.cuh), same shapes; only for
-// calls whose requests have at most kLeanMaxTokens tokens. narrow_offsets: the call's token
-// offsets fit in 32 bits (token_offsets_fit_32_bits).
+// calls whose requests have at most kLeanMaxTokens tokens.
 template <typename StateT>
-void launch_decode_vk_lean(const DecodeProblem& problem, int warps_per_cta, int lanes_per_row,
-                           int rows_per_thread, int64_t tiles_per_head, bool narrow_offsets,
+void launch_decode_vk_lean(const DecodeProblem& problem, const LeanLaunch& launch,
                            cudaStream_t stream);
 
 // Throws unless tiles_per_head tiles of warps_per_cta x rows_per_warp rows cover a head's V

@@ -5,10 +5,8 @@ namespace hdk {
 namespace gdn {
 namespace detail {
 
-template void launch_decode_vk_lean<__nv_bfloat16>(const DecodeProblem& problem, int warps_per_cta,
-                                                   int lanes_per_row, int rows_per_thread,
-                                                   int64_t tiles_per_head, bool narrow_offsets,
-                                                   cudaStream_t stream);
+template void launch_decode_vk_lean<__nv_bfloat16>(const DecodeProblem& problem,
+                                                   const LeanLaunch& launch, cudaStream_t stream);
 
 }  // namespace detail
 }  // namespace gdn

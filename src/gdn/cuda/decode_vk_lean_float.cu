@@ -5,9 +5,7 @@ namespace hdk {
 namespace gdn {
 namespace detail {
 
-template void launch_decode_vk_lean<float>(const DecodeProblem& problem, int warps_per_cta,
-                                           int lanes_per_row, int rows_per_thread,
-                                           int64_t tiles_per_head, bool narrow_offsets,
+template void launch_decode_vk_lean<float>(const DecodeProblem& problem, const LeanLaunch& launch,
                                            cudaStream_t stream);
 
 }  // namespace detail

@@ -26,9 +26,11 @@ namespace gdn {
 namespace detail {
 
 template <typename StateT, int K, int kRows, int kLanes>
-void launch_vk_lean_shape(const DecodeProblem& problem, int warps_per_cta, bool narrow_offsets,
-                          int64_t tiles_per_head, cudaStream_t stream) {
+void launch_vk_lean_shape(const DecodeProblem& problem, const LeanLaunch& plan,
+                          cudaStream_t stream) {
   using Shape = VKShape<StateT, K, kRows, kLanes>;
+  const int warps_per_cta = plan.warps_per_cta;
+  const int64_t tiles_per_head = plan.tiles_per_head;
   check_row_coverage(problem, 1, Shape::kRowsPerWarp, tiles_per_head);
   if (warps_per_cta < 1 || warps_per_cta > kMultiTokenWarpsPerCta) {
     throw Error("hdk::gdn::decode: internal launch plan error: the lean kernel takes 1 to " +
@@ -48,23 +50,35 @@ void launch_vk_lean_shape(const DecodeProblem& problem, int warps_per_cta, bool 
                   static_cast<unsigned>(problem.num_v_heads),
                   static_cast<unsigned>(problem.num_requests));
   const dim3 block(warps_per_cta * 32);
-  auto launch = [&](auto input, auto narrow, auto token_slots) {
+  auto launch = [&](auto input, auto narrow, auto token_slots, auto one_token) {
     using InputT = typename decltype(input)::type;
     constexpr bool kNarrow = decltype(narrow)::value;
     constexpr bool kSlots = decltype(token_slots)::value;
+    constexpr bool kOneToken = decltype(one_token)::value;
     gdn_decode_vk_lean_kernel<
-        StateT, InputT, K, kRows, kLanes, kNarrow, kSlots,
-        lean_multi_token_registers<StateT, InputT, K, kRows, kLanes, kNarrow, kSlots>()>
+        StateT, InputT, K, kRows, kLanes, kNarrow, kSlots, kOneToken,
+        lean_multi_token_registers<StateT, InputT, K, kRows, kLanes, kNarrow, kSlots, kOneToken>()>
         <<<grid, block, 0, stream>>>(problem, static_cast<int>(tiles_per_head));
+  };
+  // The one-token build exists for bf16 state only (fp32 measured no faster with it).
+  auto with_one_token = [&](auto input, auto narrow, auto token_slots) {
+    if constexpr (sizeof(StateT) == 2) {
+      if (plan.one_token) return launch(input, narrow, token_slots, std::true_type());
+    } else if (plan.one_token) {
+      throw Error(
+          "hdk::gdn::decode: internal launch plan error: the lean kernel's one-token build "
+          "is built for bf16 state only");
+    }
+    return launch(input, narrow, token_slots, std::false_type());
   };
   auto with_flags = [&](auto input) {
     const bool slots = writes_token_slots(problem);
-    if (narrow_offsets) {
-      if (slots) return launch(input, std::true_type(), std::true_type());
-      return launch(input, std::true_type(), std::false_type());
+    if (plan.narrow_offsets) {
+      if (slots) return with_one_token(input, std::true_type(), std::true_type());
+      return with_one_token(input, std::true_type(), std::false_type());
     }
-    if (slots) return launch(input, std::false_type(), std::true_type());
-    return launch(input, std::false_type(), std::false_type());
+    if (slots) return with_one_token(input, std::false_type(), std::true_type());
+    return with_one_token(input, std::false_type(), std::false_type());
   };
   switch (problem.q.dtype) {
     case DType::kBFloat16:
@@ -77,18 +91,18 @@ void launch_vk_lean_shape(const DecodeProblem& problem, int warps_per_cta, bool 
 }
 
 // The lean multi-token kernel, for the shapes of launch_decode_vk. The caller has checked that
-// no request has more than kLeanMaxTokens tokens; narrow_offsets: token_offsets_fit_32_bits.
+// no request has more than kLeanMaxTokens tokens (or one, for the one-token build).
 template <typename StateT>
-void launch_decode_vk_lean(const DecodeProblem& problem, int warps_per_cta, int lanes_per_row,
-                           int rows_per_thread, int64_t tiles_per_head, bool narrow_offsets,
+void launch_decode_vk_lean(const DecodeProblem& problem, const LeanLaunch& plan,
                            cudaStream_t stream) {
+  const int lanes_per_row = plan.lanes_per_row;
+  const int rows_per_thread = plan.rows_per_thread;
   HDK_DISPATCH_HEAD_K(problem.head_k, [&] {
     constexpr int kFull = full_lanes_per_row<StateT, kHeadK>();
     constexpr int kDefaultRows = multi_token_default_rows<StateT, kHeadK>();
     auto launch = [&](auto rows, auto lanes) {
       constexpr int kRows = decltype(rows)::value, kLanes = decltype(lanes)::value;
-      launch_vk_lean_shape<StateT, kHeadK, kRows, kLanes>(problem, warps_per_cta, narrow_offsets,
-                                                          tiles_per_head, stream);
+      launch_vk_lean_shape<StateT, kHeadK, kRows, kLanes>(problem, plan, stream);
     };
     using Two = std::integral_constant<int, 2>;
     using Four = std::integral_constant<int, 4>;

@@ -7,6 +7,8 @@
 // spill inside the token loop, which measured slower than the lost warps (the classic kernel at
 // 80 and 96). Shapes whose lanes hold more than 32 state values (bf16 K = 128 with 8 rows per
 // thread or 8 lanes per row and 4 rows) are not listed: uncapped, they need 128-200.
+// The one-token build (no token loop; bf16 state only, 0 for fp32 state where it is not built)
+// has caps of its own, the lowest multiple of 8 from 56 with which it spilled nothing.
 // Another compiler version may need other caps: recheck with -Xptxas -v.
 #pragma once
 
@@ -20,56 +22,60 @@ struct LeanRegisterCap {
   int state_bytes;
   LeanInput input;
   int head_k, rows_per_thread, lanes_per_row;
-  // 32-bit token offsets without / with per-token slots, then 64-bit without / with.
+  // 32-bit token offsets without / with per-token slots, then 64-bit without / with; for the
+  // token-loop build, then for the one-token build.
   int caps[4];
+  int one_token_caps[4];
 };
 
 inline constexpr LeanRegisterCap kLeanRegisterCaps[] = {
-    {2, LeanInput::kBf16, 64, 4, 8, {80, 88, 96, 104}},
-    {2, LeanInput::kBf16, 128, 2, 16, {72, 72, 72, 72}},
-    {2, LeanInput::kBf16, 128, 4, 16, {80, 88, 96, 104}},
-    {2, LeanInput::kBf16, 128, 2, 8, {96, 104, 104, 112}},
-    {2, LeanInput::kBf16, 256, 4, 32, {96, 96, 96, 104}},
-    {2, LeanInput::kFp16, 64, 4, 8, {96, 96, 104, 104}},
-    {2, LeanInput::kFp16, 128, 2, 16, {72, 72, 72, 72}},
-    {2, LeanInput::kFp16, 128, 4, 16, {96, 96, 104, 104}},
-    {2, LeanInput::kFp16, 128, 2, 8, {104, 104, 104, 112}},
-    {2, LeanInput::kFp16, 256, 4, 32, {96, 96, 104, 112}},
-    {2, LeanInput::kFp32, 64, 4, 8, {96, 96, 104, 112}},
-    {2, LeanInput::kFp32, 128, 2, 16, {72, 80, 80, 88}},
-    {2, LeanInput::kFp32, 128, 4, 16, {96, 96, 104, 112}},
-    {2, LeanInput::kFp32, 128, 2, 8, {120, 128, 128, 160}},
-    {2, LeanInput::kFp32, 256, 4, 32, {96, 104, 104, 112}},
-    {4, LeanInput::kBf16, 64, 8, 16, {88, 96, 96, 96}},
-    {4, LeanInput::kBf16, 128, 2, 32, {72, 72, 72, 72}},
-    {4, LeanInput::kBf16, 128, 4, 32, {72, 72, 72, 72}},
-    {4, LeanInput::kBf16, 128, 8, 32, {96, 96, 96, 96}},
-    {4, LeanInput::kBf16, 128, 2, 16, {72, 72, 80, 88}},
-    {4, LeanInput::kBf16, 128, 4, 16, {88, 88, 104, 104}},
-    {4, LeanInput::kBf16, 256, 4, 32, {96, 96, 96, 104}},
-    {4, LeanInput::kFp16, 64, 8, 16, {88, 96, 96, 96}},
-    {4, LeanInput::kFp16, 128, 2, 32, {72, 72, 72, 72}},
-    {4, LeanInput::kFp16, 128, 4, 32, {72, 72, 72, 72}},
-    {4, LeanInput::kFp16, 128, 8, 32, {88, 96, 96, 96}},
-    {4, LeanInput::kFp16, 128, 2, 16, {72, 72, 80, 80}},
-    {4, LeanInput::kFp16, 128, 4, 16, {88, 88, 104, 104}},
-    {4, LeanInput::kFp16, 256, 4, 32, {88, 96, 96, 104}},
-    {4, LeanInput::kFp32, 64, 8, 16, {96, 96, 104, 104}},
-    {4, LeanInput::kFp32, 128, 2, 32, {72, 72, 72, 72}},
-    {4, LeanInput::kFp32, 128, 4, 32, {72, 72, 80, 80}},
-    {4, LeanInput::kFp32, 128, 8, 32, {96, 96, 104, 104}},
-    {4, LeanInput::kFp32, 128, 2, 16, {80, 80, 88, 88}},
-    {4, LeanInput::kFp32, 128, 4, 16, {96, 96, 104, 112}},
-    {4, LeanInput::kFp32, 256, 4, 32, {96, 96, 104, 112}},
+    {2, LeanInput::kBf16, 64, 4, 8, {80, 88, 96, 104}, {64, 64, 72, 64}},
+    {2, LeanInput::kBf16, 128, 2, 16, {72, 72, 72, 72}, {56, 56, 56, 56}},
+    {2, LeanInput::kBf16, 128, 4, 16, {80, 88, 96, 104}, {64, 64, 64, 64}},
+    {2, LeanInput::kBf16, 128, 2, 8, {96, 104, 104, 112}, {72, 64, 72, 64}},
+    {2, LeanInput::kBf16, 256, 4, 32, {96, 96, 96, 104}, {72, 64, 72, 64}},
+    {2, LeanInput::kFp16, 64, 4, 8, {96, 96, 104, 104}, {64, 64, 72, 64}},
+    {2, LeanInput::kFp16, 128, 2, 16, {72, 72, 72, 72}, {56, 56, 56, 56}},
+    {2, LeanInput::kFp16, 128, 4, 16, {96, 96, 104, 104}, {64, 64, 64, 64}},
+    {2, LeanInput::kFp16, 128, 2, 8, {104, 104, 104, 112}, {72, 64, 72, 64}},
+    {2, LeanInput::kFp16, 256, 4, 32, {96, 96, 104, 112}, {72, 64, 72, 64}},
+    {2, LeanInput::kFp32, 64, 4, 8, {96, 96, 104, 112}, {72, 72, 64, 72}},
+    {2, LeanInput::kFp32, 128, 2, 16, {72, 80, 80, 88}, {56, 64, 64, 64}},
+    {2, LeanInput::kFp32, 128, 4, 16, {96, 96, 104, 112}, {64, 64, 64, 72}},
+    {2, LeanInput::kFp32, 128, 2, 8, {120, 128, 128, 160}, {80, 88, 80, 80}},
+    {2, LeanInput::kFp32, 256, 4, 32, {96, 104, 104, 112}, {72, 64, 72, 64}},
+    {4, LeanInput::kBf16, 64, 8, 16, {88, 96, 96, 96}, {0, 0, 0, 0}},
+    {4, LeanInput::kBf16, 128, 2, 32, {72, 72, 72, 72}, {0, 0, 0, 0}},
+    {4, LeanInput::kBf16, 128, 4, 32, {72, 72, 72, 72}, {0, 0, 0, 0}},
+    {4, LeanInput::kBf16, 128, 8, 32, {96, 96, 96, 96}, {0, 0, 0, 0}},
+    {4, LeanInput::kBf16, 128, 2, 16, {72, 72, 80, 88}, {0, 0, 0, 0}},
+    {4, LeanInput::kBf16, 128, 4, 16, {88, 88, 104, 104}, {0, 0, 0, 0}},
+    {4, LeanInput::kBf16, 256, 4, 32, {96, 96, 96, 104}, {0, 0, 0, 0}},
+    {4, LeanInput::kFp16, 64, 8, 16, {88, 96, 96, 96}, {0, 0, 0, 0}},
+    {4, LeanInput::kFp16, 128, 2, 32, {72, 72, 72, 72}, {0, 0, 0, 0}},
+    {4, LeanInput::kFp16, 128, 4, 32, {72, 72, 72, 72}, {0, 0, 0, 0}},
+    {4, LeanInput::kFp16, 128, 8, 32, {88, 96, 96, 96}, {0, 0, 0, 0}},
+    {4, LeanInput::kFp16, 128, 2, 16, {72, 72, 80, 80}, {0, 0, 0, 0}},
+    {4, LeanInput::kFp16, 128, 4, 16, {88, 88, 104, 104}, {0, 0, 0, 0}},
+    {4, LeanInput::kFp16, 256, 4, 32, {88, 96, 96, 104}, {0, 0, 0, 0}},
+    {4, LeanInput::kFp32, 64, 8, 16, {96, 96, 104, 104}, {0, 0, 0, 0}},
+    {4, LeanInput::kFp32, 128, 2, 32, {72, 72, 72, 72}, {0, 0, 0, 0}},
+    {4, LeanInput::kFp32, 128, 4, 32, {72, 72, 80, 80}, {0, 0, 0, 0}},
+    {4, LeanInput::kFp32, 128, 8, 32, {96, 96, 104, 104}, {0, 0, 0, 0}},
+    {4, LeanInput::kFp32, 128, 2, 16, {80, 80, 88, 88}, {0, 0, 0, 0}},
+    {4, LeanInput::kFp32, 128, 4, 16, {96, 96, 104, 112}, {0, 0, 0, 0}},
+    {4, LeanInput::kFp32, 256, 4, 32, {96, 96, 104, 112}, {0, 0, 0, 0}},
 };
 
 // The cap of one instance; 255 (no cap) for a shape not in the table.
 constexpr int lean_register_cap(int state_bytes, LeanInput input, int head_k, int rows_per_thread,
-                                int lanes_per_row, bool narrow_offsets, bool token_slots) {
+                                int lanes_per_row, bool narrow_offsets, bool token_slots,
+                                bool one_token) {
   for (const LeanRegisterCap& entry : kLeanRegisterCaps) {
     if (entry.state_bytes == state_bytes && entry.input == input && entry.head_k == head_k &&
         entry.rows_per_thread == rows_per_thread && entry.lanes_per_row == lanes_per_row) {
-      return entry.caps[(narrow_offsets ? 0 : 2) + (token_slots ? 1 : 0)];
+      const int column = (narrow_offsets ? 0 : 2) + (token_slots ? 1 : 0);
+      return one_token ? entry.one_token_caps[column] : entry.caps[column];
     }
   }
   return 255;
