@@ -31,6 +31,10 @@
 #include "hdk/dsv4/attention.h"
 #include "hdk/dsv4/kv_cache.h"
 
+#ifdef HDK_WITH_CUDA
+#include "dsv4/cuda/sparse_decode_cuda.h"
+#endif
+
 namespace hdk {
 namespace bench {
 namespace {
@@ -475,6 +479,8 @@ void print_attention_usage() {
       "  --verify-budget X     largest N*Hq*L*512 (sparse) or N*entries*64*128 (index) checked\n"
       "                        (default 1073741824)\n"
       "  --json FILE           also write results as JSON\n"
+      "  --splits S            sparse_decode on tensor cores: S list splits per row (tuning;\n"
+      "                        rounded down to what the cluster and the list allow)\n"
       "  --cpu                 run on the CPU even when a GPU is present\n");
 }
 
@@ -510,7 +516,14 @@ int attention_command(Options& options) {
   timing.flush_cache = !options.flag("hot");
   timing.iterations = static_cast<int>(options.integer("iterations", gpu ? 100 : 3));
   const std::string json_path = options.text("json", "");
+  const int64_t forced_splits = options.integer("splits", 0);
   options.reject_unused();
+  if (forced_splits < 0) throw std::runtime_error("--splits must be at least 1");
+#ifdef HDK_WITH_CUDA
+  dsv4::detail::set_sparse_decode_splits_override(static_cast<int>(forced_splits));
+#else
+  if (forced_splits != 0) throw std::runtime_error("--splits needs the CUDA backend");
+#endif
   for (const std::string& op : ops) {
     if (op != "sparse" && op != "index") throw std::runtime_error("unknown op '" + op + "'");
   }

@@ -326,24 +326,42 @@ TEST(SparseDecodeLayout, NanCodesAreDetected) {
 
 // ---- launch plan -------------------------------------------------------------------------------
 
-TEST(SparseDecodeLayout, PlanFillsTheGpuWithinOneCluster) {
+TEST(SparseDecodeLayout, PlanTakesTheFewestTileSteps) {
   using dsv4::detail::plan_sparse_decode;
+  // What an H100 runs at once (cudaOccupancyMaxActiveClusters, 2026-11-23): clusters of 1, 2, 4
+  // and 8 CTAs.
+  dsv4::detail::ResidentClusters h100;
+  h100.by_size[1] = 132, h100.by_size[2] = 66, h100.by_size[4] = 31, h100.by_size[8] = 15;
   struct Case {
     int64_t rows, heads, length;
     int groups, splits;
   };
-  for (const Case& c :
-       {Case{32, 64, 640, 1, 4}, Case{32, 128, 1152, 2, 2}, Case{128, 64, 640, 1, 1},
-        Case{128, 128, 4224, 2, 1}, Case{1, 128, 4224, 2, 4}, Case{1, 64, 4224, 1, 8},
-        Case{1, 64, 100, 1, 2}, Case{4, 512, 4224, 8, 1}, Case{1, 16, 0, 1, 1}}) {
-    const dsv4::detail::SparsePlan plan = plan_sparse_decode(c.rows, c.heads, c.length, 132);
+  for (const Case& c : {
+           Case{32, 64, 640, 1, 2},     // Flash CSA: 4 splits would need 2 waves of 3 tiles
+           Case{32, 128, 1152, 2, 1},   // Pro CSA: 1 x (18 + 2) against 3 waves x (5 + 2)
+           Case{32, 128, 4224, 2, 4},   // Pro HCA: 3 x (17 + 2) against 1 x (66 + 2)
+           Case{32, 64, 4224, 1, 8},    // Flash HCA: 3 x (9 + 2) against 1 x (33 + 2)
+           Case{16, 64, 640, 1, 4},     // 8 splits: 2 waves of 2 tiles, 4: 1 of 3
+           Case{128, 64, 640, 1, 1},    // 2 splits: 2 waves of 5, a tie: fewer splits
+           Case{128, 128, 4224, 2, 1},  // Pro HCA: 2 waves of 66 against 5 of 33
+           Case{1, 128, 4224, 2, 4},    // the cluster limit: 2 groups x 4 splits
+           Case{1, 64, 4224, 1, 8},     //
+           Case{1, 64, 100, 1, 2},      // one tile per split
+           Case{4, 512, 4224, 8, 1},    // 8 head groups fill the cluster
+           Case{1, 16, 0, 1, 1},        // an empty list
+       }) {
+    const dsv4::detail::SparsePlan plan = plan_sparse_decode(c.rows, c.heads, c.length, h100);
     EXPECT_EQ(plan.groups, c.groups) << c.rows << " " << c.heads << " " << c.length;
     EXPECT_EQ(plan.splits, c.splits) << c.rows << " " << c.heads << " " << c.length;
   }
+  // A cluster size the device cannot run is never planned.
+  dsv4::detail::ResidentClusters small = h100;
+  small.by_size[8] = 0;
+  EXPECT_EQ(plan_sparse_decode(1, 64, 4224, small).splits, 4);
   for (int64_t rows : {1, 2, 7, 33, 200}) {
     for (int64_t heads : {16, 48, 64, 128, 320, 512}) {
       for (int64_t length : {0, 1, 64, 65, 700, 4224, 9000}) {
-        const dsv4::detail::SparsePlan plan = plan_sparse_decode(rows, heads, length, 132);
+        const dsv4::detail::SparsePlan plan = plan_sparse_decode(rows, heads, length, h100);
         EXPECT_LE(plan.cluster(), dsv4::detail::kSparseMaxCluster);
         EXPECT_EQ(plan.groups * 64 >= heads && (plan.groups - 1) * 64 < heads, true);
         EXPECT_EQ(plan.splits & (plan.splits - 1), 0);

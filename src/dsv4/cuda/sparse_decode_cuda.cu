@@ -50,6 +50,7 @@ constexpr int kChunksPerRow = static_cast<int>(kHeadDim / 8);  // 16-byte chunks
 constexpr int kStageStride = static_cast<int>(kHeadDim) + 8;   // floats per staged O row
 
 std::atomic<SparseDecodeKernel> kernel_override{SparseDecodeKernel::kAuto};
+std::atomic<int> splits_override{0};
 
 // ---- shared memory of the tensor-core kernel (byte offsets from a 1024-byte boundary) --------
 constexpr int kQBytes = operand_bytes(kHeads);             // 64 heads x 512 bf16
@@ -784,9 +785,6 @@ bool aligned_16(const void* pointer) {
 }
 
 void launch_mma(const SparseDecodeProblem& p, int device, cudaStream_t stream) {
-  const int sm_count =
-      hdk::detail::cached_device_attribute(cudaDevAttrMultiProcessorCount, device, kOperation);
-  SparsePlan plan = plan_sparse_decode(p.num_rows, p.num_heads, p.list_length(), sm_count);
   const bool wide = aligned_16(p.cache.data) && p.cache.page_stride % 16 == 0 &&
                     (p.num_extra_indices == 0 ||
                      (aligned_16(p.extra_cache.data) && p.extra_cache.page_stride % 16 == 0));
@@ -798,13 +796,16 @@ void launch_mma(const SparseDecodeProblem& p, int device, cudaStream_t stream) {
                           p.out_row_stride % 4 == 0 && p.out_head_stride % 4 == 0;
   auto kernel = wide ? sparse_decode_mma_kernel<true> : sparse_decode_mma_kernel<false>;
   hdk::detail::allow_dynamic_shared_memory(kernel, kSharedBytes, device, kOperation);
-  // A cluster needs its CTAs' SMs free in one GPC, so fewer clusters than SMs / size fit at
-  // once: more splits than leave every row's cluster resident would run a second wave (H100,
-  // Flash CSA N = 32: 4 splits took 117 us, more than N = 64 with 2 splits took, 95 us).
-  while (plan.splits > 1 && p.num_rows > hdk::detail::max_active_clusters(
-                                             kernel, static_cast<unsigned>(plan.cluster()),
-                                             kThreads, kSharedBytes, device, kOperation)) {
-    plan.splits /= 2;
+  ResidentClusters resident;
+  for (int size = sparse_head_groups(p.num_heads); size <= kSparseMaxCluster; size *= 2) {
+    resident.by_size[size] = hdk::detail::max_active_clusters(
+        kernel, static_cast<unsigned>(size), kThreads, kSharedBytes, device, kOperation);
+  }
+  SparsePlan plan = plan_sparse_decode(p.num_rows, p.num_heads, p.list_length(), resident);
+  if (const int forced = splits_override.load(); forced > 0) {
+    plan.splits = sparse_max_splits(plan.groups, sparse_tiles(p.list_length()));
+    while (plan.splits > forced)
+      plan.splits /= 2;
   }
   hdk::detail::check_launch(
       hdk::detail::launch_in_clusters(
@@ -817,6 +818,10 @@ void launch_mma(const SparseDecodeProblem& p, int device, cudaStream_t stream) {
 
 void set_sparse_decode_kernel_override(SparseDecodeKernel kernel) {
   kernel_override.store(kernel);
+}
+
+void set_sparse_decode_splits_override(int splits) {
+  splits_override.store(splits);
 }
 
 void sparse_decode_cuda(const SparseDecodeProblem& p, int device, CudaStream stream) {

@@ -21,6 +21,11 @@ void sparse_decode_cuda(const SparseDecodeProblem& problem, int device, CudaStre
 enum class SparseDecodeKernel { kAuto, kTensorCore, kCudaCore };
 void set_sparse_decode_kernel_override(SparseDecodeKernel kernel);
 
+// Tuning aid for the tensor-core kernel, affecting every later call in the process: the list
+// splits of each row's cluster (0 = the launch plan's), rounded down to a power of two within the
+// cluster limit and one tile per split.
+void set_sparse_decode_splits_override(int splits);
+
 }  // namespace detail
 }  // namespace dsv4
 }  // namespace hdk

@@ -106,17 +106,60 @@ HDK_HOST_DEVICE bool sparse_mma_supports(int64_t heads) {
          (heads + kSparseHeadsPerCta - 1) / kSparseHeadsPerCta <= kSparseMaxCluster;
 }
 
-// Splits the list (doubling, up to the cluster limit and one tile per split) until the grid
-// holds about a wave of CTAs: one resident CTA per SM, so a grid of at least 90% of the SMs
-// keeps them busy, and more splits only add combine work.
+// How many clusters of each size (1 .. kSparseMaxCluster CTAs) the device runs at once
+// (cudaOccupancyMaxActiveClusters): a cluster needs its SMs in one GPC, so this is often well
+// under SMs / size (H100: 132, 66, 31 and 15 for 1, 2, 4 and 8 CTAs).
+struct ResidentClusters {
+  int by_size[kSparseMaxCluster + 1] = {};
+};
+
+// Head groups of 64 for Hq heads, and tiles of a list.
+HDK_HOST_DEVICE int sparse_head_groups(int64_t heads) {
+  return static_cast<int>((heads + kSparseHeadsPerCta - 1) / kSparseHeadsPerCta);
+}
+HDK_HOST_DEVICE int64_t sparse_tiles(int64_t list_length) {
+  return (list_length + kSparseTile - 1) / kSparseTile;
+}
+
+// The most splits a row of `groups` head groups and `tiles` tiles can take: a power of two, the
+// cluster within the portable size, at least one tile per split.
+HDK_HOST_DEVICE int sparse_max_splits(int groups, int64_t tiles) {
+  int splits = 1;
+  while (groups * splits * 2 <= kSparseMaxCluster && splits * 2 <= tiles)
+    splits *= 2;
+  return splits;
+}
+
+// What a CTA costs besides its tiles (loading Q, the first tile's round trip, the combine across
+// the cluster), in tile times: fitted to an H100 sweep of 1, 2, 4 and 8 splits over Flash and Pro,
+// CSA and HCA lists, N = 8..64 (2026-11-23, bench/results/2026-11-23-h100-sparse-splits), where
+// every cell's fastest count has the fewest steps for a value between 1.5 and 3.
+constexpr int64_t kSparseCtaFixedTiles = 2;
+
+// Splits the list where the step takes the fewest tile times: the waves of row clusters (rows
+// over the clusters of that size the device runs at once, rounded up) times what a CTA walks
+// (its tiles plus kSparseCtaFixedTiles). Ties go to fewer splits. On an H100 this keeps a row's
+// cluster resident where more splits would start a second wave (Flash CSA N = 32: 2 splits, 47.3
+// us, against 4 in 2 waves, 65.3), and takes a third wave where the tiles per CTA fall far enough
+// (Pro HCA N = 32: 4 splits, 3 waves of 17 tiles, 346.7 us, against 1 split of 66, 411.6).
 HDK_HOST_DEVICE SparsePlan plan_sparse_decode(int64_t rows, int64_t heads, int64_t list_length,
-                                              int sm_count) {
+                                              const ResidentClusters& resident) {
   SparsePlan plan;
-  plan.groups = static_cast<int>((heads + kSparseHeadsPerCta - 1) / kSparseHeadsPerCta);
-  const int64_t tiles = (list_length + kSparseTile - 1) / kSparseTile;
-  while (rows * plan.groups * plan.splits * 10 < int64_t{sm_count} * 9 &&
-         plan.cluster() * 2 <= kSparseMaxCluster && plan.splits * 2 <= tiles) {
-    plan.splits *= 2;
+  plan.groups = sparse_head_groups(heads);
+  const int64_t tiles = sparse_tiles(list_length);
+  int64_t best = -1;
+  for (int splits = 1; splits <= sparse_max_splits(plan.groups, tiles); splits *= 2) {
+    int64_t at_once = resident.by_size[plan.groups * splits];
+    if (at_once <= 0) {
+      if (splits > 1) continue;  // a cluster of that size does not fit the device
+      at_once = 1;               // the launch itself will report it
+    }
+    const int64_t waves = (rows + at_once - 1) / at_once;
+    const int64_t steps = waves * ((tiles + splits - 1) / splits + kSparseCtaFixedTiles);
+    if (best < 0 || steps < best) {
+      best = steps;
+      plan.splits = splits;
+    }
   }
   return plan;
 }
