@@ -236,7 +236,7 @@ LaunchPlan plan_launch(const DecodeProblem& p, int sm_count) {
       plan.one_token_build =
           one_token_build_fits &&
           (forced_build == LeanBuild::kOneToken ||
-           (forced_build == LeanBuild::kAuto && heads > kLeanTokenLoopOneTokenMaxHeads));
+           (forced_build == LeanBuild::kAuto && heads > kLeanTokenLoopBuildMaxHeads));
       if (one_token && p.state_dtype == DType::kBFloat16 && heads > kLeanOneTokenMaxHeads) {
         plan.warps_per_cta = 1;
       }

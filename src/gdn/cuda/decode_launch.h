@@ -47,7 +47,7 @@ constexpr int64_t kLeanOneTokenMaxHeads = 1024;
 // One-token calls with bf16 state and at most this many (request, value head) pairs run the lean
 // kernel's build with the token loop, more run its one-token build (plan_launch has the
 // measurements).
-constexpr int64_t kLeanTokenLoopOneTokenMaxHeads = 192;
+constexpr int64_t kLeanTokenLoopBuildMaxHeads = 192;
 
 // Verify calls with fp32 state and more than two tokens per request run the lean kernel up to
 // this many (request, value head) pairs, the classic one above (plan_launch has the
@@ -73,8 +73,8 @@ struct LeanLaunch {
   int lanes_per_row = 0;
   int rows_per_thread = 0;
   int64_t tiles_per_head = 0;
-  bool narrow_offsets =
-      false;  // the call's token offsets fit in 32 bits (token_offsets_fit_32_bits)
+  // The call's token offsets fit in 32 bits (token_offsets_fit_32_bits).
+  bool narrow_offsets = false;
   // No request has more than one token and the state is bf16: the build without a token loop.
   bool one_token = false;
 };
