@@ -32,6 +32,7 @@
 #include "hdk/dsv4/kv_cache.h"
 
 #ifdef HDK_WITH_CUDA
+#include "dsv4/cuda/index_topk_cuda.h"
 #include "dsv4/cuda/sparse_decode_cuda.h"
 #endif
 
@@ -481,6 +482,8 @@ void print_attention_usage() {
       "  --json FILE           also write results as JSON\n"
       "  --splits S            sparse_decode on tensor cores: S list splits per row (tuning;\n"
       "                        rounded down to what the cluster and the list allow)\n"
+      "  --index-kernel K      index_topk on tensor cores: auto (warpgroups up to 64 heads) or\n"
+      "                        warp (the mma.sync kernel at any head count; comparison)\n"
       "  --cpu                 run on the CPU even when a GPU is present\n");
 }
 
@@ -517,12 +520,20 @@ int attention_command(Options& options) {
   timing.iterations = static_cast<int>(options.integer("iterations", gpu ? 100 : 3));
   const std::string json_path = options.text("json", "");
   const int64_t forced_splits = options.integer("splits", 0);
+  const std::string index_kernel = options.text("index-kernel", "auto");
   options.reject_unused();
   if (forced_splits < 0) throw std::runtime_error("--splits must be at least 1");
+  if (index_kernel != "auto" && index_kernel != "warp") {
+    throw std::runtime_error("--index-kernel must be auto or warp, got '" + index_kernel + "'");
+  }
 #ifdef HDK_WITH_CUDA
   dsv4::detail::set_sparse_decode_splits_override(static_cast<int>(forced_splits));
+  dsv4::detail::set_index_score_path(index_kernel == "warp"
+                                         ? dsv4::detail::IndexScorePath::kWarpMma
+                                         : dsv4::detail::IndexScorePath::kTensorCore);
 #else
   if (forced_splits != 0) throw std::runtime_error("--splits needs the CUDA backend");
+  if (index_kernel != "auto") throw std::runtime_error("--index-kernel needs the CUDA backend");
 #endif
   for (const std::string& op : ops) {
     if (op != "sparse" && op != "index") throw std::runtime_error("unknown op '" + op + "'");

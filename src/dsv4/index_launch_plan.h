@@ -10,6 +10,7 @@
 #include <string>
 
 #include "dsv4/index_mma_layout.h"
+#include "dsv4/index_wgmma_layout.h"
 #include "hdk/dsv4/kv_cache.h"
 #include "hdk/error.h"
 #include "topk/select_layout.h"
@@ -23,21 +24,37 @@ constexpr int64_t kIndexMaxChunk = 32768;      // scores a CTA holds at once: 12
 constexpr int64_t kIndexMinChunk = 1024;       // below this a CTA would rescore too often
 constexpr int64_t kIndexSpreadEntries = 1024;  // fewest entries per CTA when spreading rows
 
-// The kernel's shared memory (byte offsets from its start, multiples of 16) and sizes. Weights
-// (m_tiles * 16 fp32) and queries (tensor cores: fragment words, hi then lo for fp32 q; CUDA
-// cores: H x 128 fp32) sit in the select's space when `overlay` (every row's scores resident, so
-// scoring ends before the select starts), else after it.
+// The kernel's shared memory (byte offsets from its first 1024-byte boundary; queries on such a
+// boundary for wgmma's swizzle, the rest on 16 bytes) and sizes. Weights (staged_heads fp32) and
+// queries (tensor cores: staged_heads x 128 bf16, hi then lo for fp32 q, as the warp kernel's
+// fragment words or the warpgroup kernel's B tile; CUDA cores: H x 128 fp32) sit in the select's
+// space when `overlay` (every row's scores resident, so scoring ends before the select starts),
+// else after it.
 struct IndexLaunch {
-  int sort_capacity = 1;  // power of two >= the most winners a row can have
-  int64_t m_tiles = 0;    // ceil(H / 16): heads padded with zero weights and queries
-  int64_t chunk = 0;      // scores a CTA holds at once (a multiple of 32)
+  int sort_capacity = 1;     // power of two >= the most winners a row can have
+  int64_t m_tiles = 0;       // ceil(H / 16): the warp kernel's 16-head tiles
+  int64_t staged_heads = 0;  // heads staged, padded with zero weights and queries
+  int64_t chunk = 0;         // scores a CTA holds at once (a multiple of 32)
   bool overlay = false;
   size_t weights = 0;
   size_t q = 0;
   size_t q_lo = 0;
-  size_t scores = 0;  // chunk uint32 keys
-  size_t bytes = 0;   // dynamic shared memory
+  size_t pages = 0;           // page_capacity int32 block ids of the CTA's segment
+  int64_t page_capacity = 0;  // more pages than this are looked up in the block table
+  size_t scores = 0;          // chunk uint32 keys
+  size_t bytes = 0;           // dynamic shared memory, with the room to reach a 1024-byte boundary
 };
+
+// Up to 64 heads the tensor-core kernel scores a warpgroup's 64 entries per wgmma product
+// (cuda/index_topk_cuda.cu); above, the warp kernel's mma.sync tiles of 16 heads.
+inline bool warpgroup_scoring_fits(int64_t num_heads) {
+  return num_heads <= kWarpgroupHeads;
+}
+
+constexpr size_t kIndexSharedAlignment = 1024;  // wgmma's 128-byte swizzle atom
+// Block ids a CTA keeps in shared memory (4 KiB): a segment of 32768 entries in pages of 64 needs
+// 513; smaller pages fall back to the block table.
+constexpr int64_t kIndexCachedPages = 1024;
 
 // How many clusters of 2, 4 and 8 CTAs (one CTA per SM) the device runs at once: a cluster
 // needs its SMs in one GPC, so this is below SMs / size (0: unknown, no limit).
@@ -68,16 +85,27 @@ inline IndexLaunchPlan plan_index_launch(int64_t num_rows, int64_t num_heads, in
   while (launch.sort_capacity < std::min<int64_t>(top_k, std::max<int64_t>(capacity, 1)))
     launch.sort_capacity <<= 1;
   launch.m_tiles = ceil_div(num_heads, kMmaM);
-  const size_t fragment_bytes = static_cast<size_t>(launch.m_tiles) * kKeySteps * 32 * 16;
+  // Either tensor-core kernel can run the plan (tests force the warp kernel at any H).
+  launch.staged_heads =
+      tensor && warpgroup_scoring_fits(num_heads) ? kWarpgroupHeads : launch.m_tiles * kMmaM;
+  // bf16 staged_heads x 128: the warp kernel's m_tiles x 8 steps x 32 lanes x 16 bytes.
+  const size_t fragment_bytes = static_cast<size_t>(launch.staged_heads) * kIndexerKeyDim * 2;
   const size_t q_bytes =
       tensor ? fragment_bytes * (fp32_q ? 2 : 1)
              : static_cast<size_t>(num_heads) * static_cast<size_t>(kIndexerKeyDim) * 4;
-  const size_t weight_bytes = align16(static_cast<size_t>(launch.m_tiles) * kMmaM * 4);
+  const size_t weight_bytes = align16(static_cast<size_t>(launch.staged_heads) * 4);
   const size_t select_bytes = align16(hdk::detail::select_layout(launch.sort_capacity).bytes);
+  const int64_t usable = static_cast<int64_t>(shared_limit) - kIndexSharedAlignment;
   auto scores_room = [&](size_t scores_offset) {  // whole multiples of 32 scores
-    return (static_cast<int64_t>(shared_limit) - static_cast<int64_t>(scores_offset)) / 4 / 32 * 32;
+    return (usable - static_cast<int64_t>(scores_offset)) / 4 / 32 * 32;
   };
-  const size_t overlay_offset = std::max(select_bytes, weight_bytes + align16(q_bytes));
+  auto align_queries = [](size_t offset) {
+    return (offset + kIndexSharedAlignment - 1) / kIndexSharedAlignment * kIndexSharedAlignment;
+  };
+  const size_t page_bytes = static_cast<size_t>(kIndexCachedPages) * 4;
+  launch.page_capacity = kIndexCachedPages;
+  const size_t overlay_offset =
+      std::max(select_bytes, align16(q_bytes) + weight_bytes + page_bytes);
   const int64_t overlay_chunk = std::min(kIndexMaxChunk, scores_room(overlay_offset));
 
   // Enough CTAs to keep a row's scores in shared memory; then, for few rows, more to use the SMs
@@ -101,12 +129,14 @@ inline IndexLaunchPlan plan_index_launch(int64_t num_rows, int64_t num_heads, in
   int64_t chunk_limit = overlay_chunk;
   launch.overlay = per_cta <= overlay_chunk;
   if (launch.overlay) {
-    launch.weights = 0;
-    launch.q = weight_bytes;
+    launch.q = 0;
+    launch.weights = align16(q_bytes);
+    launch.pages = launch.weights + weight_bytes;
     launch.scores = overlay_offset;
   } else {
     launch.weights = select_bytes;
-    launch.q = select_bytes + weight_bytes;
+    launch.pages = select_bytes + weight_bytes;
+    launch.q = align_queries(launch.pages + page_bytes);
     launch.scores = launch.q + align16(q_bytes);
     chunk_limit = std::min(kIndexMaxChunk, scores_room(launch.scores));
     if (chunk_limit < kIndexMinChunk) {
@@ -117,7 +147,7 @@ inline IndexLaunchPlan plan_index_launch(int64_t num_rows, int64_t num_heads, in
   }
   launch.q_lo = launch.q + fragment_bytes;
   launch.chunk = std::min(chunk_limit, ceil_div(per_cta, 32) * 32);
-  launch.bytes = launch.scores + static_cast<size_t>(launch.chunk) * 4;
+  launch.bytes = launch.scores + static_cast<size_t>(launch.chunk) * 4 + kIndexSharedAlignment;
   return plan;
 }
 

@@ -1,4 +1,4 @@
-// TensorView, dtype names, float conversions and the thread pool.
+// TensorView, dtype names, float conversions, the fast divider and the thread pool.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "core/fast_divide.h"
 #include "core/float_convert.h"
 #include "core/thread_pool.h"
 #include "hdk/hdk.h"
@@ -116,6 +117,40 @@ TEST(ThreadPool, NestedCallsAndExceptions) {
   std::atomic<int64_t> after{0};
   detail::parallel_for(50, [&](int64_t begin, int64_t end) { after += end - begin; });
   EXPECT_EQ(after.load(), 50);
+}
+
+TEST(FastDivide, EqualsIntegerDivision) {
+  // Divisors: small ones, powers of two and their neighbours, block sizes, the largest; the
+  // numerators around multiples of the divisor and at the ends of the range (below 2^31).
+  std::vector<uint32_t> divisors;
+  for (uint32_t d = 1; d <= 300; ++d)
+    divisors.push_back(d);
+  for (int bit = 9; bit < 31; ++bit) {
+    for (int64_t delta : {-1, 0, 1})
+      divisors.push_back(static_cast<uint32_t>((int64_t{1} << bit) + delta));
+  }
+  divisors.push_back(1000003u);
+  divisors.push_back(0x7fffffffu);
+  uint64_t state = 0x9e3779b97f4a7c15ull;
+  auto next = [&]() {
+    state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+    return state;
+  };
+  for (uint32_t d : divisors) {
+    const detail::FastDivide divide(d);
+    std::vector<uint32_t> numerators = {0u, 1u, d - 1, d, d + 1, 0x7fffffffu, 0x7ffffffeu};
+    for (int i = 0; i < 2000; ++i) {
+      const uint32_t n = static_cast<uint32_t>(next() % 0x80000000ull);
+      numerators.push_back(n);
+      const uint32_t multiple = n / d * d;
+      numerators.push_back(multiple);
+      if (multiple > 0) numerators.push_back(multiple - 1);
+    }
+    for (uint32_t n : numerators) {
+      if (n > 0x7fffffffu) continue;
+      ASSERT_EQ(divide.quotient(n), n / d) << n << " / " << d;
+    }
+  }
 }
 
 }  // namespace

@@ -102,8 +102,11 @@ struct IndexCase {
   DType q_dtype = DType::kBFloat16;
   DType count_dtype = DType::kInt32;
   int64_t distinct_keys = 0;  // > 0: every key is one of this many (exact ties)
-  bool scores = true;         // pass topk_scores
-  bool slots = true;          // pass topk_slots
+  // Keys of entry e scaled by 2^(e % 17 - 8): stored scales from about 2^-10 to 2^6, both sides
+  // of the 2 where the warpgroup kernel's MXFP4 decode takes a second multiply.
+  bool spread_key_scales = false;
+  bool scores = true;  // pass topk_scores
+  bool slots = true;   // pass topk_slots
   uint64_t seed = 1;
 
   std::string describe() const {
@@ -179,6 +182,12 @@ IndexInputs make_index_inputs(const IndexCase& c) {
       const int64_t source = (e * 7) % c.distinct_keys;
       for (int64_t i = 0; i < dsv4::kIndexerKeyDim; ++i)
         keys[e * dsv4::kIndexerKeyDim + i] = keys[source * dsv4::kIndexerKeyDim + i];
+    }
+  }
+  if (c.spread_key_scales) {
+    for (int64_t e = 0; e < entries; ++e) {
+      for (int64_t i = 0; i < dsv4::kIndexerKeyDim; ++i)
+        keys[e * dsv4::kIndexerKeyDim + i] *= std::ldexp(1.0f, static_cast<int>(e % 17) - 8);
     }
   }
   in.cache.resize(static_cast<size_t>(in.num_blocks * bs * dsv4::key_bytes(c.format)));
@@ -270,8 +279,9 @@ void check_index_outputs(const IndexCase& c, const IndexInputs& in,
 }
 
 // Where index_topk runs: the CPU backend, or the CUDA kernel scoring on tensor cores (its
-// default) or on CUDA cores (its plain cross-check path).
-enum class IndexBackend { kCPU, kCudaTensorCore, kCudaCore };
+// default: warpgroups up to 64 heads, warps above), on the warp kernel at any head count, or on
+// CUDA cores (its plain cross-check path).
+enum class IndexBackend { kCPU, kCudaTensorCore, kCudaWarpMma, kCudaCore };
 
 const char* index_backend_name(IndexBackend backend) {
   switch (backend) {
@@ -279,6 +289,8 @@ const char* index_backend_name(IndexBackend backend) {
       return "cpu";
     case IndexBackend::kCudaTensorCore:
       return "cuda_tensor_core";
+    case IndexBackend::kCudaWarpMma:
+      return "cuda_warp_mma";
     case IndexBackend::kCudaCore:
       return "cuda_core";
   }
@@ -291,7 +303,9 @@ Backend memory_of(IndexBackend backend) {
 
 // The relative score tolerance of the file comment for a backend and query dtype.
 double index_tolerance(IndexBackend backend, DType q_dtype) {
-  return backend == IndexBackend::kCudaTensorCore && q_dtype == DType::kFloat32 ? 2.6e-5 : 1e-5;
+  const bool split_queries =
+      backend == IndexBackend::kCudaTensorCore || backend == IndexBackend::kCudaWarpMma;
+  return split_queries && q_dtype == DType::kFloat32 ? 2.6e-5 : 1e-5;
 }
 
 // Forces the CUDA kernel's scoring path for one scope and puts the default back, so a failing
@@ -300,9 +314,10 @@ class ScorePathScope {
  public:
   explicit ScorePathScope(IndexBackend backend) {
 #ifdef HDK_WITH_CUDA
-    dsv4::detail::set_index_score_path(backend == IndexBackend::kCudaCore
-                                           ? dsv4::detail::IndexScorePath::kCudaCore
-                                           : dsv4::detail::IndexScorePath::kTensorCore);
+    dsv4::detail::set_index_score_path(
+        backend == IndexBackend::kCudaCore      ? dsv4::detail::IndexScorePath::kCudaCore
+        : backend == IndexBackend::kCudaWarpMma ? dsv4::detail::IndexScorePath::kWarpMma
+                                                : dsv4::detail::IndexScorePath::kTensorCore);
 #else
     (void)backend;
 #endif
@@ -438,6 +453,23 @@ TEST_P(IndexTopk, OddHeadCounts) {
     c.q_dtype = H == 40 ? DType::kFloat32 : DType::kBFloat16;
     c.seed = seed++;
     run_index_case(c, backend());
+  }
+}
+
+// Key scales far apart within a tile (some warps of the warpgroup kernel take its two-multiply
+// MXFP4 decode, some not), both formats and query dtypes.
+TEST_P(IndexTopk, KeyScalesFarApart) {
+  uint64_t seed = 90;
+  for (KeyFormat format : {KeyFormat::kMXFP4, KeyFormat::kNVFP4}) {
+    for (DType q_dtype : {DType::kBFloat16, DType::kFloat32}) {
+      IndexCase c;
+      c.counts = std::vector<int64_t>{3000, 641};
+      c.format = format;
+      c.q_dtype = q_dtype;
+      c.spread_key_scales = true;
+      c.seed = seed++;
+      run_index_case(c, backend());
+    }
   }
 }
 
@@ -629,7 +661,7 @@ std::string index_param_name(const ::testing::TestParamInfo<IndexBackend>& param
 
 INSTANTIATE_TEST_SUITE_P(Backends, IndexTopk,
                          ::testing::Values(IndexBackend::kCPU, IndexBackend::kCudaTensorCore,
-                                           IndexBackend::kCudaCore),
+                                           IndexBackend::kCudaWarpMma, IndexBackend::kCudaCore),
                          index_param_name);
 
 TEST(IndexTopkValidation, NamesTheArgument) {

@@ -46,10 +46,13 @@ void check_plan(const Call& c) {
     while (sort_capacity < std::min<int64_t>(c.top_k, std::max<int64_t>(c.capacity, 1)))
       sort_capacity <<= 1;
     const int64_t m_tiles = (c.heads + kMmaM - 1) / kMmaM;
-    const int64_t q_bytes =
-        c.tensor ? m_tiles * kKeySteps * 32 * 16 * (c.fp32_q ? 2 : 1) : c.heads * 128 * 4;
-    const int64_t needed = static_cast<int64_t>(hdk::detail::select_layout(sort_capacity).bytes) +
-                           m_tiles * kMmaM * 4 + q_bytes + kIndexMinChunk * 4;
+    const int64_t staged = c.tensor && c.heads <= 64 ? 64 : m_tiles * kMmaM;
+    const int64_t q_bytes = c.tensor ? staged * 128 * 2 * (c.fp32_q ? 2 : 1) : c.heads * 128 * 4;
+    const int64_t select_bytes =
+        (static_cast<int64_t>(hdk::detail::select_layout(sort_capacity).bytes) + 15) / 16 * 16;
+    const int64_t q_offset =
+        (select_bytes + staged * 4 + kIndexCachedPages * 4 + 1023) / 1024 * 1024;
+    const int64_t needed = q_offset + q_bytes + kIndexMinChunk * 4 + 1024;
     ASSERT_GT(needed, c.shared) << "refused a call that fits";
     ASSERT_GT(c.capacity, kIndexMinChunk) << "refused a call whose scores fit";
     return;
@@ -62,19 +65,34 @@ void check_plan(const Call& c) {
   ASSERT_GE(l.sort_capacity, std::min<int64_t>(c.top_k, std::max<int64_t>(c.capacity, 1)));
   ASSERT_LE(l.sort_capacity, 2048);
   ASSERT_EQ(l.m_tiles * kMmaM >= c.heads && (l.m_tiles - 1) * kMmaM < c.heads, true);
+  // The warpgroup kernel's 64 heads wherever it may run, else the warp kernel's tiles.
+  ASSERT_EQ(l.staged_heads, c.tensor && c.heads <= 64 ? 64 : l.m_tiles * kMmaM);
   for (size_t offset : {l.weights, l.q, l.q_lo, l.scores})
     ASSERT_EQ(offset % 16, 0u);
+  if (c.tensor) {
+    ASSERT_EQ(l.q % 1024, 0u);  // wgmma's swizzle atoms
+  }
   ASSERT_GT(l.chunk, 0);
   ASSERT_EQ(l.chunk % 32, 0);
   ASSERT_LE(l.chunk, kIndexMaxChunk);
   ASSERT_LE(l.bytes, static_cast<size_t>(c.shared));
-  ASSERT_EQ(l.bytes, l.scores + static_cast<size_t>(l.chunk) * 4);
+  // Room to align the start to 1024 bytes.
+  ASSERT_EQ(l.bytes, l.scores + static_cast<size_t>(l.chunk) * 4 + 1024);
 
   const size_t select_end = hdk::detail::select_layout(l.sort_capacity).bytes;
-  const size_t fragment_bytes = static_cast<size_t>(l.m_tiles) * kKeySteps * 32 * 16;
+  const size_t fragment_bytes = static_cast<size_t>(l.staged_heads) * 128 * 2;
   const size_t q_end =
       l.q + (c.tensor ? fragment_bytes * (c.fp32_q ? 2 : 1) : c.heads * 128 * size_t{4});
-  ASSERT_LE(l.weights + l.m_tiles * kMmaM * 4, l.q);  // weights, then queries
+  const size_t weights_end = l.weights + static_cast<size_t>(l.staged_heads) * 4;
+  const size_t pages_end = l.pages + static_cast<size_t>(l.page_capacity) * 4;
+  ASSERT_EQ(l.page_capacity, kIndexCachedPages);
+  ASSERT_EQ(l.pages % 4, 0u);
+  // Weights, queries and the page cache apart, all before the scores (all live while scoring).
+  ASSERT_TRUE(weights_end <= l.q || q_end <= l.weights);
+  ASSERT_TRUE(pages_end <= l.q || q_end <= l.pages);
+  ASSERT_TRUE(pages_end <= l.weights || weights_end <= l.pages);
+  ASSERT_LE(weights_end, l.scores);
+  ASSERT_LE(pages_end, l.scores);
   ASSERT_EQ(l.q_lo, l.q + fragment_bytes);
   ASSERT_LE(q_end, l.scores);  // queries before scores (both live while scoring)
   const int64_t per_cta = (c.capacity + C - 1) / C;
@@ -83,8 +101,9 @@ void check_plan(const Call& c) {
     ASSERT_GE(l.chunk, per_cta);
     ASSERT_GE(l.scores, select_end);  // the scores outlive the weights and queries
   } else {
-    // Rescoring during the select: weights and queries must not share its space.
+    // Rescoring during the select: weights, queries and pages must not share its space.
     ASSERT_GE(l.weights, select_end);
+    ASSERT_GE(l.pages, select_end);
     ASSERT_EQ(C, kIndexMaxCluster);
     ASSERT_GE(l.chunk, kIndexMinChunk);
   }

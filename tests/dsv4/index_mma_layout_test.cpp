@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "dsv4/index_mma_layout.h"
+#include "dsv4/index_wgmma_layout.h"
 #include "dsv4/kv_cache_problem.h"
 #include "dsv4/kv_formats.h"
 #include "hdk/dsv4/kv_cache.h"
@@ -185,6 +186,64 @@ struct TileCase {
   bool fp32_q;
 };
 
+// The score of entry `entry` in float64 from the key decoded the CPU backend's way (dim d: nibble
+// d of its data), and the sum of the magnitudes of its terms (for the tolerance).
+double expected_score(const TileCase& tc, const std::vector<uint8_t>& data,
+                      const std::vector<uint8_t>& scales, int entry, const std::vector<float>& q,
+                      const std::vector<float>& w, double* magnitude) {
+  const int scale_bytes = static_cast<int>(key_scale_bytes(tc.format));
+  double key[kDim];
+  const int group_size = tc.format == KeyFormat::kMXFP4 ? 32 : 16;
+  for (int d = 0; d < kDim; ++d) {
+    const uint8_t byte = data[entry * kKeyDataBytes + d / 2];
+    const uint8_t* entry_scales = &scales[entry * scale_bytes];
+    const float scale = tc.format == KeyFormat::kMXFP4 ? decode_ue8m0(entry_scales[d / group_size])
+                                                       : decode_e4m3(entry_scales[d / group_size]);
+    key[d] = static_cast<double>(decode_e2m1((byte >> (d % 2 ? 4 : 0)) & 0xf)) * scale;
+  }
+  double expected = 0.0;
+  *magnitude = 0.0;
+  for (int h = 0; h < tc.heads; ++h) {
+    double dot = 0.0, dot_magnitude = 0.0;
+    for (int d = 0; d < kDim; ++d) {
+      dot += static_cast<double>(q[h * kDim + d]) * key[d];
+      dot_magnitude += std::fabs(static_cast<double>(q[h * kDim + d]) * key[d]);
+    }
+    expected += (dot < 0.0 ? 0.0 : dot) * w[h];
+    *magnitude += std::fabs(static_cast<double>(w[h])) * dot_magnitude;
+  }
+  return expected;
+}
+
+// Random stored keys (codes, finite scales; MXFP4 scale bytes from `lowest_scale_byte` to + 11),
+// queries (bf16 values unless fp32_q) and weights for a tile of `entries`.
+struct TileInputs {
+  std::vector<uint8_t> data, scales;
+  std::vector<float> q, w;
+};
+
+TileInputs make_tile_inputs(const TileCase& tc, std::mt19937_64& rng, int entries,
+                            int lowest_scale_byte) {
+  TileInputs in;
+  const int scale_bytes = static_cast<int>(key_scale_bytes(tc.format));
+  in.data.resize(static_cast<size_t>(entries) * kKeyDataBytes);
+  in.scales.resize(static_cast<size_t>(entries) * scale_bytes);
+  for (auto& byte : in.data)
+    byte = static_cast<uint8_t>(rng());
+  for (auto& byte : in.scales) {
+    byte = tc.format == KeyFormat::kMXFP4 ? static_cast<uint8_t>(lowest_scale_byte + rng() % 12)
+                                          : static_cast<uint8_t>(rng() % 0x7f);  // no NaN
+  }
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  in.q.resize(static_cast<size_t>(tc.heads) * kDim);
+  in.w.resize(static_cast<size_t>(tc.heads));
+  for (float& v : in.q)
+    v = tc.fp32_q ? normal(rng) : bf16_bits_value(bf16_rn_bits(normal(rng)));
+  for (float& v : in.w)
+    v = 0.1f * normal(rng);
+  return in;
+}
+
 // 8 keys as stored bytes (random codes, random finite scales), queries and weights; the warp's
 // scores as the kernel computes them, against float64.
 void check_tile(const TileCase& tc, uint64_t seed) {
@@ -194,19 +253,9 @@ void check_tile(const TileCase& tc, uint64_t seed) {
   std::mt19937_64 rng(seed);
   const int H = tc.heads;
   const int scale_bytes = static_cast<int>(key_scale_bytes(tc.format));
-  std::vector<uint8_t> data(kMmaN * kKeyDataBytes), scales(kMmaN * scale_bytes);
-  for (auto& byte : data)
-    byte = static_cast<uint8_t>(rng());
-  for (auto& byte : scales) {
-    byte = tc.format == KeyFormat::kMXFP4 ? static_cast<uint8_t>(120 + rng() % 12)
-                                          : static_cast<uint8_t>(rng() % 0x7f);  // no NaN
-  }
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> q(static_cast<size_t>(H) * kDim), w(static_cast<size_t>(H));
-  for (float& v : q)
-    v = tc.fp32_q ? normal(rng) : bf16_bits_value(bf16_rn_bits(normal(rng)));
-  for (float& v : w)
-    v = 0.1f * normal(rng);
+  const TileInputs in = make_tile_inputs(tc, rng, kMmaN, 120);
+  const std::vector<uint8_t>&data = in.data, &scales = in.scales;
+  const std::vector<float>&q = in.q, &w = in.w;
 
   // Staged queries, as stage_queries writes them: words[q_fragment_word][register].
   const int m_tiles = (H + kMmaM - 1) / kMmaM;
@@ -282,27 +331,8 @@ void check_tile(const TileCase& tc, uint64_t seed) {
         total += sum[4 * g + t][i];
       const int entry = mma_c_col(t, i);  // lane t of group 0
 
-      // float64 from the key decoded the CPU backend's way (dim d: nibble d of the data).
-      double key[kDim];
-      const int group_size = tc.format == KeyFormat::kMXFP4 ? 32 : 16;
-      for (int d = 0; d < kDim; ++d) {
-        const uint8_t byte = data[entry * kKeyDataBytes + d / 2];
-        const uint8_t* entry_scales = &scales[entry * scale_bytes];
-        const float scale = tc.format == KeyFormat::kMXFP4
-                                ? decode_ue8m0(entry_scales[d / group_size])
-                                : decode_e4m3(entry_scales[d / group_size]);
-        key[d] = static_cast<double>(decode_e2m1((byte >> (d % 2 ? 4 : 0)) & 0xf)) * scale;
-      }
-      double expected = 0.0, magnitude = 0.0;
-      for (int h = 0; h < H; ++h) {
-        double dot = 0.0, dot_magnitude = 0.0;
-        for (int d = 0; d < kDim; ++d) {
-          dot += static_cast<double>(q[h * kDim + d]) * key[d];
-          dot_magnitude += std::fabs(static_cast<double>(q[h * kDim + d]) * key[d]);
-        }
-        expected += (dot < 0.0 ? 0.0 : dot) * w[h];
-        magnitude += std::fabs(static_cast<double>(w[h])) * dot_magnitude;
-      }
+      double magnitude = 0.0;
+      const double expected = expected_score(tc, data, scales, entry, q, w, &magnitude);
       // fp32 accumulation (2^-24 per term, with slack), and 2^-16 per fp32 query value.
       const double tolerance = (1e-5 + (tc.fp32_q ? 1.6e-5 : 0.0)) * magnitude + 1e-30;
       EXPECT_NEAR(total, expected, tolerance) << "entry " << entry;
@@ -318,6 +348,215 @@ TEST(IndexMmaLayout, EmulatedWarpTileEqualsAPlainMatmul) {
     for (KeyFormat format : {KeyFormat::kMXFP4, KeyFormat::kNVFP4}) {
       for (bool fp32_q : {false, true})
         check_tile(TileCase{heads, format, fp32_q}, seed++);
+    }
+  }
+}
+
+// ---- A warpgroup's tile (score_warpgroup), emulated ------------------------------------------
+
+constexpr int kWarpgroupThreads = 128;
+
+TEST(IndexWgmmaLayout, KeyPermutationCoversEachDimOnceAndThreadsReadTheirOwnBytes) {
+  std::set<int> dims;
+  for (int step = 0; step < kWarpgroupSteps; ++step) {
+    for (int col = 0; col < 16; ++col)
+      ASSERT_TRUE(dims.insert(warpgroup_key_dim(step, col)).second) << step << " " << col;
+  }
+  EXPECT_EQ(dims.size(), 128u);
+  EXPECT_EQ(*dims.rbegin(), 127);
+  // Every A element of quad lane t is one of dims 32t .. 32t + 31, the lane's own 16 bytes, and
+  // its register and half are the pair and code that place_e2m1_word gives that dim.
+  for (int thread = 0; thread < kWarpgroupThreads; ++thread) {
+    const int t = thread % 4;
+    for (int step = 0; step < kWarpgroupSteps; ++step) {
+      for (int reg = 0; reg < 4; ++reg) {
+        for (int half = 0; half < 2; ++half) {
+          const int dim = warpgroup_key_dim(step, wgmma_a_coord(thread, reg, half).col);
+          ASSERT_EQ(dim / 32, t);
+          const int pair = 2 * step + reg / 2;  // step_fragment's register of the entry
+          ASSERT_EQ(dim % 32, 8 * (pair / 4) + pair % 4 + 4 * half);
+        }
+      }
+    }
+  }
+}
+
+TEST(IndexWgmmaLayout, PlacedCodesAreTheCodesTimesTwoToTheMinus126) {
+  std::mt19937_64 rng(11);
+  for (int position = 0; position < 8; ++position) {
+    for (uint32_t code = 0; code < 16; ++code) {
+      for (int trial = 0; trial < 16; ++trial) {
+        uint32_t word = static_cast<uint32_t>(rng());
+        word = (word & ~(0xfu << (4 * position))) | (code << (4 * position));
+        uint32_t pairs[4];
+        place_e2m1_word(word, pairs);
+        const uint32_t reg = pairs[position % 4];
+        const uint32_t bits = position < 4 ? reg & 0xffffu : reg >> 16;
+        const float got = bf16_bits_value(bits);
+        const float want = std::ldexp(decode_e2m1(static_cast<uint8_t>(code)), -126);
+        ASSERT_EQ(got, want) << std::hex << word << " position " << position;
+        ASSERT_EQ(std::signbit(got), std::signbit(want)) << std::hex << word;
+      }
+    }
+  }
+}
+
+// Every value of a piece against the CPU decoder: MXFP4 with each scale byte (one step where it
+// applies, two steps always, as a warp with a large scale does), NVFP4 with each pair of bytes'
+// two steps.
+void check_entry_fragments(const uint32_t (&words)[4], float scale_low, float scale_high,
+                           const uint32_t (&registers)[16], const std::string& what) {
+  for (int w = 0; w < 4; ++w) {
+    for (int i = 0; i < 4; ++i) {
+      for (int half = 0; half < 2; ++half) {
+        const int code_index = i + 4 * half;
+        const uint32_t reg = registers[4 * w + i];
+        const float got = bf16_bits_value(half ? reg >> 16 : reg & 0xffffu);
+        const float want = decode_e2m1(static_cast<uint8_t>((words[w] >> (4 * code_index)) & 0xf)) *
+                           (w < 2 ? scale_low : scale_high);
+        if (std::isnan(want)) {
+          ASSERT_TRUE(std::isnan(got)) << what;
+        } else {
+          ASSERT_EQ(got, want) << what << " word " << w << " code " << code_index;
+          ASSERT_EQ(std::signbit(got), std::signbit(want)) << what;
+        }
+      }
+    }
+  }
+}
+
+TEST(IndexWgmmaLayout, EntryFragmentsDecodeLikeTheCpu) {
+  std::mt19937_64 rng(12);
+  for (int byte = 0; byte < 256; ++byte) {
+    const float scale = decode_ue8m0(static_cast<uint8_t>(byte));
+    for (int trial = 0; trial < 32; ++trial) {
+      uint32_t words[4], registers[16];
+      for (uint32_t& word : words)
+        word = static_cast<uint32_t>(rng());
+      const std::string what = "ue8m0 byte " + std::to_string(byte);
+      if (!mxfp4_needs_two_steps(static_cast<uint32_t>(byte))) {
+        const uint32_t multiplier = mxfp4_placed_multiplier(static_cast<uint32_t>(byte));
+        entry_fragments<false>(words, multiplier, multiplier, registers);
+        check_entry_fragments(words, scale, scale, registers, what + " one step");
+      }
+      entry_fragments<true>(words, scale_pair(scale), scale_pair(scale), registers);
+      check_entry_fragments(words, scale, scale, registers, what + " two steps");
+    }
+  }
+  for (int low = 0; low < 256; ++low) {
+    const int high = static_cast<int>(rng() % 256);
+    const float scale_low = decode_e4m3(static_cast<uint8_t>(low));
+    const float scale_high = decode_e4m3(static_cast<uint8_t>(high));
+    uint32_t words[4], registers[16];
+    for (uint32_t& word : words)
+      word = static_cast<uint32_t>(rng());
+    entry_fragments<true>(words, scale_pair(scale_low), scale_pair(scale_high), registers);
+    check_entry_fragments(words, scale_low, scale_high, registers,
+                          "e4m3 bytes " + std::to_string(low) + ", " + std::to_string(high));
+  }
+}
+
+// 64 keys as stored bytes, queries and weights; the warpgroup's scores as score_warpgroup
+// computes them (the staged B tile read back through its offsets, the A fragments of every thread
+// placed by wgmma_a_coord, the epilogue over wgmma_d_coord's accumulators), against float64.
+void check_warpgroup_tile(const TileCase& tc, uint64_t seed) {
+  SCOPED_TRACE("H=" + std::to_string(tc.heads) +
+               (tc.format == KeyFormat::kMXFP4 ? " mxfp4" : " nvfp4") +
+               (tc.fp32_q ? " fp32 q" : " bf16 q") + " seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const int H = tc.heads;
+  const int scale_bytes = static_cast<int>(key_scale_bytes(tc.format));
+  // MXFP4: scale bytes on both sides of 128, so that some warps take the two-multiply path.
+  const TileInputs in = make_tile_inputs(tc, rng, kWarpgroupEntries, 118);
+  const std::vector<uint8_t>&data = in.data, &scales = in.scales;
+  const std::vector<float>&q = in.q, &w = in.w;
+
+  // The staged B tiles (hi, lo), as stage_queries writes them, read back as B[k][head].
+  std::vector<uint8_t> hi_tile(kWarpgroupHeads * kDim * 2, 0xee), lo_tile(hi_tile.size(), 0xee);
+  for (int head = 0; head < kWarpgroupHeads; ++head) {
+    for (int k = 0; k < kDim; ++k) {
+      const float value = head < H ? q[head * kDim + warpgroup_key_dim(k / 16, k % 16)] : 0.0f;
+      uint32_t h_bits = bf16_rn_bits(value), l_bits = 0;
+      if (tc.fp32_q) split_bf16(value, h_bits, l_bits);
+      const int offset = warpgroup_query_offset(head, k);
+      hi_tile[offset] = static_cast<uint8_t>(h_bits), hi_tile[offset + 1] = h_bits >> 8;
+      lo_tile[offset] = static_cast<uint8_t>(l_bits), lo_tile[offset + 1] = l_bits >> 8;
+    }
+  }
+  auto read_b = [](const std::vector<uint8_t>& tile, int k, int head) {
+    const int offset = warpgroup_query_offset(head, k);
+    return static_cast<double>(bf16_bits_value(tile[offset] | (tile[offset + 1] << 8)));
+  };
+
+  // A: each thread's two entries' fragments; the two-step choice is per warp.
+  std::vector<double> A(kWarpgroupEntries * kDim, std::nan(""));
+  for (int warp = 0; warp < 4; ++warp) {
+    bool two_steps = tc.format == KeyFormat::kNVFP4;
+    for (int lane = 0; lane < kLanes && tc.format == KeyFormat::kMXFP4; ++lane) {
+      const int thread = 32 * warp + lane, upper = wgmma_d_coord(thread, 0).row;
+      for (int row : {upper, upper + 8})
+        two_steps |= mxfp4_needs_two_steps(scales[row * scale_bytes + lane % 4]);
+    }
+    for (int lane = 0; lane < kLanes; ++lane) {
+      const int thread = 32 * warp + lane, t = lane % 4, upper = wgmma_d_coord(thread, 0).row;
+      uint32_t fragments[2][16];
+      for (int r = 0; r < 2; ++r) {
+        const int row = upper + 8 * r;
+        uint32_t words[4];
+        std::memcpy(words, &data[row * kKeyDataBytes + 16 * t], 16);
+        const uint8_t* entry_scales = &scales[row * scale_bytes];
+        if (tc.format == KeyFormat::kNVFP4) {
+          entry_fragments<true>(words, scale_pair(decode_e4m3(entry_scales[2 * t])),
+                                scale_pair(decode_e4m3(entry_scales[2 * t + 1])), fragments[r]);
+        } else if (two_steps) {
+          const uint32_t scale = scale_pair(decode_ue8m0(entry_scales[t]));
+          entry_fragments<true>(words, scale, scale, fragments[r]);
+        } else {
+          const uint32_t multiplier = mxfp4_placed_multiplier(entry_scales[t]);
+          entry_fragments<false>(words, multiplier, multiplier, fragments[r]);
+        }
+      }
+      for (int step = 0; step < kWarpgroupSteps; ++step) {
+        for (int reg = 0; reg < 4; ++reg) {
+          const uint32_t value = step_fragment(fragments[0], fragments[1], step, reg);
+          for (int half = 0; half < 2; ++half) {
+            const MatrixCoord at = wgmma_a_coord(thread, reg, half);
+            A[at.row * kDim + 16 * step + at.col] = half ? bf16_high(value) : bf16_low(value);
+          }
+        }
+      }
+    }
+  }
+
+  // D = A B (+ A B_lo), then each thread's relu x weight sums and the quad's shuffle sum.
+  std::vector<double> quad_sum(kWarpgroupEntries, 0.0);
+  for (int thread = 0; thread < kWarpgroupThreads; ++thread) {
+    for (int i = 0; i < 32; ++i) {
+      const MatrixCoord at = wgmma_d_coord(thread, i);
+      double d = 0.0;
+      for (int k = 0; k < kDim; ++k) {
+        d += A[at.row * kDim + k] * read_b(hi_tile, k, at.col);
+        if (tc.fp32_q) d += A[at.row * kDim + k] * read_b(lo_tile, k, at.col);
+      }
+      const float x = static_cast<float>(d);
+      quad_sum[at.row] += (x < 0.0f ? 0.0f : x) * (at.col < H ? w[at.col] : 0.0f);
+    }
+  }
+  for (int entry = 0; entry < kWarpgroupEntries; ++entry) {
+    double magnitude = 0.0;
+    const double expected = expected_score(tc, data, scales, entry, q, w, &magnitude);
+    const double tolerance = (1e-5 + (tc.fp32_q ? 1.6e-5 : 0.0)) * magnitude + 1e-30;
+    EXPECT_NEAR(quad_sum[entry], expected, tolerance) << "entry " << entry;
+    EXPECT_GT(magnitude, 0.0);
+  }
+}
+
+TEST(IndexWgmmaLayout, EmulatedWarpgroupTileEqualsAPlainMatmul) {
+  uint64_t seed = 200;
+  for (int heads : {64, 24, 1}) {
+    for (KeyFormat format : {KeyFormat::kMXFP4, KeyFormat::kNVFP4}) {
+      for (bool fp32_q : {false, true})
+        check_warpgroup_tile(TileCase{heads, format, fp32_q}, seed++);
     }
   }
 }

@@ -6,10 +6,12 @@
 //     cluster reads the same values and reaches the same verdict, so no cluster barrier is
 //     needed before an invalid row returns);
 //  2. scores its segment straight from the paged FP4 key cache into shared memory, as the
-//     order-preserving uint32 keys of topk_key.h: on tensor cores (a warp takes two 8-entry
-//     tiles at a time: a lane dequantizes 32 dims of one key per tile into bf16 B fragments,
-//     mma.sync m16n8k16 against the staged q for every 16 heads, then relu, weight and a
-//     shuffle sum over heads) or, as a test cross-check, on CUDA cores (one warp per entry,
+//     order-preserving uint32 keys of topk_key.h: on tensor cores, up to 64 heads by warpgroups
+//     (a warpgroup takes 64 entries at a time: each thread dequantizes 32 dims of two keys by
+//     bit placement into bf16 A fragments, wgmma m64n64k16 against the staged q, then relu,
+//     weight and a sum over heads within a quad; dsv4/index_wgmma_layout.h), above 64 heads by
+//     warps (two 8-entry tiles at a time: mma.sync m16n8k16 for every 16 heads;
+//     dsv4/index_mma_layout.h), or, as a test cross-check, on CUDA cores (one warp per entry,
 //     fp32 FMAs);
 //  3. runs hdk::topk's cluster radix select (topk/cuda/cluster_select.cuh) over those scores;
 //     the leader CTA writes the row's outputs.
@@ -30,10 +32,13 @@
 #include <string>
 
 #include "core/cuda_helpers.h"
+#include "core/fast_divide.h"
 #include "dsv4/cuda/count_invalid.cuh"
 #include "dsv4/cuda/gate_mma.cuh"
+#include "dsv4/cuda/wgmma.cuh"
 #include "dsv4/index_launch_plan.h"
 #include "dsv4/index_mma_layout.h"
+#include "dsv4/index_wgmma_layout.h"
 #include "dsv4/kv_cache_problem.h"
 #include "dsv4/kv_formats.h"
 #include "hdk/error.h"
@@ -48,6 +53,7 @@ namespace {
 namespace cg = cooperative_groups;
 using hdk::detail::cluster_select;
 using hdk::detail::column_of;
+using hdk::detail::FastDivide;
 using hdk::detail::ordered_key;
 using hdk::detail::select_layout;
 
@@ -57,6 +63,13 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kTilesPerWarp = 2;  // 8-entry tiles per warp per query fragment read
 constexpr unsigned kFullMask = 0xffffffffu;
+constexpr int kWarpgroups = kThreads / 128;
+// Tiles of raw key bytes a warpgroup thread holds in registers ahead of the one it converts:
+// with 3, an SM has about 26 KiB of key loads in flight (and the kernel 234-254 registers).
+constexpr int kWarpgroupStages = 3;
+
+// Which kernel scores: the warpgroup's wgmma (up to 64 heads), the warp's mma.sync, CUDA cores.
+enum class ScoreKernel { kWarpgroup, kWarp, kCudaCore };
 
 std::atomic<int> g_score_path{static_cast<int>(IndexScorePath::kTensorCore)};
 
@@ -67,6 +80,13 @@ __host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) {
 // relu that keeps NaN, as the CPU backend's: a key stored with NaN markers must score NaN.
 __device__ __forceinline__ float relu(float x) {
   return x < 0.0f ? 0.0f : x;
+}
+
+// The same in one instruction (max.NaN; -0 may come back as +0, which scores the same).
+__device__ __forceinline__ float relu_keep_nan(float x) {
+  float y;
+  asm("max.NaN.f32 %0, %1, 0f00000000;" : "=f"(y) : "f"(x));
+  return y;
 }
 
 // The score a ranked key stands for (ordered_key's inverse; -0 comes back as +0).
@@ -84,11 +104,37 @@ __device__ __forceinline__ float query_value(const IndexerProblem& p, int64_t ro
 }
 
 // Stages the row's queries; returns true when this thread saw a value that is not finite.
-template <bool kTensor, bool kFp32Q>
+template <ScoreKernel kScore, bool kFp32Q>
 __device__ bool stage_queries(const IndexerProblem& p, int64_t row, const IndexLaunch& launch,
                               uint8_t* shared) {
   bool bad = false;
-  if (kTensor) {
+  if (kScore == ScoreKernel::kWarpgroup) {
+    // The B tile, two k at a time (same swizzled 16-byte chunk); heads past H are zero.
+    constexpr int kPairs = kWarpgroupHeads * kIndexerKeyDim / 2;
+    for (int pair = threadIdx.x; pair < kPairs; pair += kThreads) {
+      const int head = pair / (kIndexerKeyDim / 2);
+      const int k = 2 * (pair % (kIndexerKeyDim / 2));
+      uint32_t hi_bits[2], lo_bits[2];
+      for (int e = 0; e < 2; ++e) {
+        const int dim = warpgroup_key_dim((k + e) / 16, (k + e) % 16);
+        const float value = head < p.num_heads ? query_value(p, row, head, dim) : 0.0f;
+        bad |= !is_finite(value);
+        if (kFp32Q) {
+          split_bf16(value, hi_bits[e], lo_bits[e]);
+        } else {
+          hi_bits[e] = bf16_rn_bits(value);  // exact: the value came from bf16
+        }
+      }
+      const int offset = warpgroup_query_offset(head, k);
+      *reinterpret_cast<uint32_t*>(shared + launch.q + offset) =
+          pack_bf16x2(hi_bits[0], hi_bits[1]);
+      if (kFp32Q) {
+        *reinterpret_cast<uint32_t*>(shared + launch.q_lo + offset) =
+            pack_bf16x2(lo_bits[0], lo_bits[1]);
+      }
+    }
+    fence_shared_for_wgmma();  // the caller's barrier then covers every thread's writes
+  } else if (kScore == ScoreKernel::kWarp) {
     uint32_t* hi = reinterpret_cast<uint32_t*>(shared + launch.q);
     uint32_t* lo = reinterpret_cast<uint32_t*>(shared + launch.q_lo);
     const int64_t registers = launch.m_tiles * kKeySteps * 32 * 4;
@@ -132,32 +178,44 @@ struct EntryPlace {
   int64_t offset;
 };
 
-__device__ __forceinline__ EntryPlace place_of(const IndexerProblem& p, int64_t row, int64_t s) {
-  const uint32_t entry = static_cast<uint32_t>(s);
-  const uint32_t block_size = static_cast<uint32_t>(p.keys.block_size);
-  const int64_t block = p.block_table.at(row, entry / block_size);
-  return EntryPlace{p.keys.data + block * p.keys.page_stride,
-                    static_cast<int64_t>(entry % block_size)};
-}
-
-// One lane's share of an 8-entry tile: 16 bytes of its key and their scales.
-struct KeyPiece {
-  uint32_t words[4];
-  uint32_t scale_lo, scale_hi;  // bf16x2 scales of dims 32t .. 32t + 15 and 32t + 16 .. 32t + 31
+// How a CTA finds its entries' pages: the division by the block size, and the block ids of its
+// segment's pages, copied to shared memory while the row is validated when they fit there
+// (launch.page_capacity). Read from global memory, a block id is a round trip that the key load
+// behind it has to wait for; from shared memory it is a few cycles, so the key loads in flight
+// are not held up by it.
+struct KeyPages {
+  FastDivide divide;
+  const int32_t* cached = nullptr;  // block ids of pages first_cached .., or nullptr
+  int64_t first_cached = 0;
 };
 
-// Loads the piece of entry `first + e` (e = tile * 8 + group) for quad lane t; entries past
-// `count` read entry `first` and get zero codes (their scores are dropped, and the columns of
-// an mma do not mix).
+__device__ __forceinline__ EntryPlace place_of(const IndexerProblem& p, int64_t row, int64_t s,
+                                               const KeyPages& pages) {
+  const uint32_t entry = static_cast<uint32_t>(s);
+  const uint32_t page = pages.divide.quotient(entry);
+  const int64_t block = pages.cached != nullptr ? pages.cached[page - pages.first_cached]
+                                                : p.block_table.at(row, page);
+  return EntryPlace{p.keys.data + block * p.keys.page_stride,
+                    static_cast<int64_t>(entry - page * pages.divide.divisor)};
+}
+
+// One lane's 16 bytes of an entry's key (dims 32t .. 32t + 31 for quad lane t) and their scale
+// bytes (MXFP4: byte t; NVFP4: bytes 2t and 2t + 1, the first in the low bits).
+struct RawPiece {
+  uint32_t words[4];
+  uint32_t scale_bytes;
+};
+
+// Loads entry s of the row for quad lane t; an entry that is not `valid` (the caller passes a
+// readable s, the segment's first) gets zero codes: its score is dropped, and the entries of an
+// mma do not mix.
 template <KeyFormat kFormat>
-__device__ __forceinline__ KeyPiece load_key_piece(const IndexerProblem& p, int64_t row,
-                                                   int64_t first, int64_t count, int64_t tile,
-                                                   int group, int t, bool wide) {
-  const int64_t e = tile * kMmaN + group;
-  const bool valid = e < count;
-  const EntryPlace place = place_of(p, row, first + (valid ? e : 0));
+__device__ __forceinline__ RawPiece load_raw_piece(const IndexerProblem& p, int64_t row, int64_t s,
+                                                   bool valid, int t, bool wide,
+                                                   const KeyPages& pages) {
+  const EntryPlace place = place_of(p, row, s, pages);
   const uint8_t* data = place.page + place.offset * kKeyDataBytes + 16 * t;
-  KeyPiece piece;
+  RawPiece piece;
   if (wide) {
     const uint4 v = __ldg(reinterpret_cast<const uint4*>(data));
     piece.words[0] = v.x, piece.words[1] = v.y, piece.words[2] = v.z, piece.words[3] = v.w;
@@ -168,16 +226,9 @@ __device__ __forceinline__ KeyPiece load_key_piece(const IndexerProblem& p, int6
   }
   const uint8_t* scales =
       place.page + p.keys.block_size * kKeyDataBytes + place.offset * key_scale_bytes(kFormat);
-  if (kFormat == KeyFormat::kMXFP4) {
-    const float scale = decode_ue8m0(__ldg(scales + t));
-    piece.scale_lo = piece.scale_hi = pack_floats_bf16x2(scale, scale);
-  } else {
-    const uint32_t two = __ldg(reinterpret_cast<const unsigned short*>(scales) + t);
-    const float lo = decode_e4m3(static_cast<uint8_t>(two & 0xffu));
-    const float hi = decode_e4m3(static_cast<uint8_t>(two >> 8));
-    piece.scale_lo = pack_floats_bf16x2(lo, lo);
-    piece.scale_hi = pack_floats_bf16x2(hi, hi);
-  }
+  piece.scale_bytes = kFormat == KeyFormat::kMXFP4
+                          ? __ldg(scales + t)
+                          : __ldg(reinterpret_cast<const unsigned short*>(scales) + t);
   if (!valid) {
 #pragma unroll
     for (int i = 0; i < 4; ++i)
@@ -186,14 +237,158 @@ __device__ __forceinline__ KeyPiece load_key_piece(const IndexerProblem& p, int6
   return piece;
 }
 
-// Tensor cores: scores entries first .. first + count - 1 of the row into out[0 .. count). A warp
+// One lane's share of an 8-entry tile of the warp kernel: 16 bytes of its key and their scales.
+struct KeyPiece {
+  uint32_t words[4];
+  uint32_t scale_lo, scale_hi;  // bf16x2 scales of dims 32t .. 32t + 15 and 32t + 16 .. 32t + 31
+};
+
+// The piece of entry `first + e` (e = tile * 8 + group) for quad lane t; entries past `count`
+// read entry `first` and get zero codes.
+template <KeyFormat kFormat>
+__device__ __forceinline__ KeyPiece load_key_piece(const IndexerProblem& p, int64_t row,
+                                                   int64_t first, int64_t count, int64_t tile,
+                                                   int group, int t, bool wide,
+                                                   const KeyPages& pages) {
+  const int64_t e = tile * kMmaN + group;
+  const bool valid = e < count;
+  const RawPiece raw =
+      load_raw_piece<kFormat>(p, row, first + (valid ? e : 0), valid, t, wide, pages);
+  KeyPiece piece;
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    piece.words[i] = raw.words[i];
+  if (kFormat == KeyFormat::kMXFP4) {
+    const float scale = decode_ue8m0(static_cast<uint8_t>(raw.scale_bytes));
+    piece.scale_lo = piece.scale_hi = pack_floats_bf16x2(scale, scale);
+  } else {
+    const float lo = decode_e4m3(static_cast<uint8_t>(raw.scale_bytes & 0xffu));
+    const float hi = decode_e4m3(static_cast<uint8_t>(raw.scale_bytes >> 8));
+    piece.scale_lo = pack_floats_bf16x2(lo, lo);
+    piece.scale_hi = pack_floats_bf16x2(hi, hi);
+  }
+  return piece;
+}
+
+// Tensor cores, up to 64 heads: scores entries first .. first + count - 1 of the row into
+// out[0 .. count). Warpgroup g takes the 64-entry tiles g, g + 2, ...; a thread converts rows r
+// and r + 8 of its warp's 16 (dsv4/index_wgmma_layout.h) into the A fragments of the tile's 8
+// k-steps, the warpgroup multiplies them by the staged q (twice for fp32 q: hi and lo), and the
+// 4 threads of a quad sum relu(D) x weight over their 16 heads each. The raw bytes of the next
+// kWarpgroupStages tiles are in flight meanwhile.
+template <bool kFp32Q, KeyFormat kFormat>
+__device__ void score_warpgroup(const IndexerProblem& p, int64_t row, int64_t first, int64_t count,
+                                const IndexLaunch& launch, const uint8_t* shared, uint32_t* out,
+                                bool wide, const KeyPages& pages) {
+  const int warpgroup = threadIdx.x / 128, thread = threadIdx.x % 128;
+  const int lane = threadIdx.x & 31, t = lane & 3;
+  const int upper = wgmma_d_coord(thread, 0).row;  // this thread's rows: upper and upper + 8
+  // This thread's accumulator columns are heads 8 j + 2t + (0, 1): their weights, for good.
+  const float* staged_weights = reinterpret_cast<const float*>(shared + launch.weights);
+  float weight[kWarpgroupHeads / 4];
+#pragma unroll
+  for (int i = 0; i < kWarpgroupHeads / 4; ++i)
+    weight[i] = staged_weights[wgmma_d_coord(thread, 4 * (i / 2) + i % 2).col];
+  // The B descriptors of k-step 0; the other steps' are fixed byte offsets from them.
+  const uint64_t q_hi =
+      wgmma_descriptor(shared_address(shared + launch.q), scores_operand(0, kWarpgroupHeads));
+  const uint64_t q_lo =
+      wgmma_descriptor(shared_address(shared + launch.q_lo), scores_operand(0, kWarpgroupHeads));
+  const int64_t tiles = ceil_div(count, kWarpgroupEntries);
+
+  auto load = [&](int64_t tile, RawPiece(&rows)[2]) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int64_t e = tile * kWarpgroupEntries + upper + 8 * r;
+      const bool valid = e < count;
+      rows[r] = load_raw_piece<kFormat>(p, row, first + (valid ? e : 0), valid, t, wide, pages);
+    }
+  };
+  RawPiece stage[kWarpgroupStages][2];
+#pragma unroll
+  for (int u = 0; u < kWarpgroupStages; ++u)
+    load(warpgroup + u * kWarpgroups, stage[u]);
+
+  constexpr int64_t kStride = int64_t{kWarpgroupStages} * kWarpgroups;
+  for (int64_t base = warpgroup; base < tiles; base += kStride) {
+#pragma unroll
+    for (int u = 0; u < kWarpgroupStages; ++u) {
+      const int64_t tile = base + u * kWarpgroups;
+      if (tile >= tiles) break;  // the same for the whole warpgroup
+      uint32_t a[2][16];
+      if (kFormat == KeyFormat::kMXFP4) {
+        // Scale bytes above 128 (scales above 2, NaN) take two multiplies; a warp that has one
+        // converts every piece that way (the same exact values).
+        const uint32_t s0 = stage[u][0].scale_bytes, s1 = stage[u][1].scale_bytes;
+        if (__any_sync(kFullMask, mxfp4_needs_two_steps(s0) || mxfp4_needs_two_steps(s1))) {
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const uint32_t scale =
+                scale_pair(decode_ue8m0(static_cast<uint8_t>(stage[u][r].scale_bytes)));
+            entry_fragments<true>(stage[u][r].words, scale, scale, a[r]);
+          }
+        } else {
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const uint32_t scale = mxfp4_placed_multiplier(stage[u][r].scale_bytes);
+            entry_fragments<false>(stage[u][r].words, scale, scale, a[r]);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const uint32_t bytes = stage[u][r].scale_bytes;
+          entry_fragments<true>(stage[u][r].words,
+                                scale_pair(decode_e4m3(static_cast<uint8_t>(bytes & 0xffu))),
+                                scale_pair(decode_e4m3(static_cast<uint8_t>(bytes >> 8))), a[r]);
+        }
+      }
+      load(tile + kStride, stage[u]);  // past the end: entry `first`, dropped
+
+      float d[32];
+      wgmma_fence();
+#pragma unroll
+      for (int step = 0; step < kWarpgroupSteps; ++step) {
+        const uint32_t fragment[4] = {
+            step_fragment(a[0], a[1], step, 0), step_fragment(a[0], a[1], step, 1),
+            step_fragment(a[0], a[1], step, 2), step_fragment(a[0], a[1], step, 3)};
+        const int offset = scores_operand(step, kWarpgroupHeads).start;
+        wgmma_m64n64k16_a_registers(d, fragment, wgmma_descriptor_advance(q_hi, offset), step > 0);
+        if (kFp32Q) {
+          wgmma_m64n64k16_a_registers(d, fragment, wgmma_descriptor_advance(q_lo, offset), true);
+        }
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_fence_accumulators(d);
+
+      // Accumulator i is row upper + 8 ((i / 2) % 2), head wgmma_d_coord(thread, i).col.
+      float sum[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int i = 0; i < 32; ++i)
+        sum[(i / 2) % 2] += relu_keep_nan(d[i]) * weight[2 * (i / 4) + i % 2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        sum[r] += __shfl_xor_sync(kFullMask, sum[r], 1);
+        sum[r] += __shfl_xor_sync(kFullMask, sum[r], 2);
+      }
+      if (t < 2) {  // lane t = 0 writes the upper row, t = 1 the lower one
+        const int64_t e = tile * kWarpgroupEntries + upper + 8 * t;
+        if (e < count) out[e] = ordered_key(t == 0 ? sum[0] : sum[1]);
+      }
+    }
+  }
+}
+
+// Tensor cores, any head count: scores entries first .. first + count - 1 of the row into
+// out[0 .. count). A warp
 // takes kTilesPerWarp consecutive 8-entry tiles at a time (warp w: tile groups w, w + 8, ...),
 // so each query fragment read from shared memory feeds kTilesPerWarp mma; the next group's key
 // bytes are loaded while the current group is computed.
 template <bool kFp32Q, KeyFormat kFormat>
-__device__ void score_tensor(const IndexerProblem& p, int64_t row, int64_t first, int64_t count,
-                             const IndexLaunch& launch, const uint8_t* shared, uint32_t* out,
-                             bool wide) {
+__device__ void score_warp(const IndexerProblem& p, int64_t row, int64_t first, int64_t count,
+                           const IndexLaunch& launch, const uint8_t* shared, uint32_t* out,
+                           bool wide, const KeyPages& pages) {
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int group = lane >> 2, t = lane & 3;
@@ -207,8 +402,8 @@ __device__ void score_tensor(const IndexerProblem& p, int64_t row, int64_t first
   KeyPiece next[kTilesPerWarp];
 #pragma unroll
   for (int u = 0; u < kTilesPerWarp; ++u) {
-    next[u] =
-        load_key_piece<kFormat>(p, row, first, count, warp * kTilesPerWarp + u, group, t, wide);
+    next[u] = load_key_piece<kFormat>(p, row, first, count, warp * kTilesPerWarp + u, group, t,
+                                      wide, pages);
   }
   for (int64_t tile_group = warp; tile_group < tile_groups; tile_group += kWarps) {
     uint32_t b[kTilesPerWarp][kKeySteps][2];
@@ -224,8 +419,8 @@ __device__ void score_tensor(const IndexerProblem& p, int64_t row, int64_t first
     const int64_t ahead = tile_group + kWarps < tile_groups ? tile_group + kWarps : tile_group;
 #pragma unroll
     for (int u = 0; u < kTilesPerWarp; ++u) {
-      next[u] =
-          load_key_piece<kFormat>(p, row, first, count, ahead * kTilesPerWarp + u, group, t, wide);
+      next[u] = load_key_piece<kFormat>(p, row, first, count, ahead * kTilesPerWarp + u, group, t,
+                                        wide, pages);
     }
 
     float sum[kTilesPerWarp][2] = {};  // entries 2t and 2t + 1 of each tile, this lane's heads
@@ -278,13 +473,14 @@ __device__ void score_tensor(const IndexerProblem& p, int64_t row, int64_t first
 // the CPU backend does), fp32 dot per head, heads summed in order.
 template <KeyFormat kFormat>
 __device__ void score_cuda_core(const IndexerProblem& p, int64_t row, int64_t first, int64_t count,
-                                const IndexLaunch& launch, const uint8_t* shared, uint32_t* out) {
+                                const IndexLaunch& launch, const uint8_t* shared, uint32_t* out,
+                                const KeyPages& pages) {
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const float* q = reinterpret_cast<const float*>(shared + launch.q);
   const float* weights = reinterpret_cast<const float*>(shared + launch.weights);
   for (int64_t e = warp; e < count; e += kWarps) {
-    const EntryPlace place = place_of(p, row, first + e);
+    const EntryPlace place = place_of(p, row, first + e, pages);
     const uint8_t* data = place.page + place.offset * kKeyDataBytes;
     const uint8_t* scales =
         place.page + p.keys.block_size * kKeyDataBytes + place.offset * key_scale_bytes(kFormat);
@@ -309,35 +505,55 @@ __device__ void score_cuda_core(const IndexerProblem& p, int64_t row, int64_t fi
   }
 }
 
-template <bool kTensor, bool kFp32Q, KeyFormat kFormat>
+template <ScoreKernel kScore, bool kFp32Q, KeyFormat kFormat>
 __global__ void __launch_bounds__(kThreads, 1)
-    index_topk_kernel(IndexerProblem p, IndexLaunch launch, bool wide) {
+    index_topk_kernel(IndexerProblem p, IndexLaunch launch, FastDivide page_divide, bool wide) {
   cg::cluster_group cluster = cg::this_cluster();
   const int cluster_size = static_cast<int>(cluster.num_blocks());
   const int rank = static_cast<int>(cluster.block_rank());
   const int64_t row = blockIdx.x / cluster_size;
   const int tid = threadIdx.x;
-  extern __shared__ __align__(16) uint8_t shared[];
+  extern __shared__ __align__(16) uint8_t shared_bytes[];
+  // wgmma swizzles by shared-address bits: offsets count from a 1024-byte boundary (the same in
+  // every CTA of the cluster, whose select addresses its peers' memory by these offsets).
+  uint8_t* shared = shared_bytes +
+                    (kIndexSharedAlignment - shared_address(shared_bytes) % kIndexSharedAlignment) %
+                        kIndexSharedAlignment;
   float* weights = reinterpret_cast<float*>(shared + launch.weights);
   uint32_t* scores = reinterpret_cast<uint32_t*>(shared + launch.scores);
 
   // 1. Weights and queries to shared memory; the row's validity.
   bool bad = false;
-  for (int64_t h = tid; h < launch.m_tiles * kMmaM; h += kThreads) {
+  for (int64_t h = tid; h < launch.staged_heads; h += kThreads) {
     const float w =
         h < p.num_heads ? p.weights[row * p.weights_row_stride + h * p.weights_head_stride] : 0.0f;
     bad |= !is_finite(w);
     weights[h] = w;
   }
-  bad |= stage_queries<kTensor, kFp32Q>(p, row, launch, shared);
+  bad |= stage_queries<kScore, kFp32Q>(p, row, launch, shared);
   int64_t length = p.num_entries.at(row);
   const int64_t block_size = p.keys.block_size;
+  // This CTA's segment of the row (recomputed below if the row turns out invalid) and its pages.
+  KeyPages pages;
+  pages.divide = page_divide;
   if (length < 0 || length > p.max_blocks * block_size) {
     bad = true;
   } else {
+    const int64_t segment = ceil_div(length, cluster_size);
+    const int64_t first = min(length, rank * segment);
+    const int64_t last = min(length, first + segment);  // exclusive
+    if (last > first) {
+      pages.first_cached = first / block_size;
+      if ((last - 1) / block_size - pages.first_cached < launch.page_capacity)
+        pages.cached = reinterpret_cast<const int32_t*>(shared + launch.pages);
+    }
+    int32_t* cache = reinterpret_cast<int32_t*>(shared + launch.pages);
     for (int64_t page = tid; page < ceil_div(length, block_size); page += kThreads) {
       const int64_t block = p.block_table.at(row, page);
       bad |= block < 0 || block >= p.keys.num_blocks;
+      const int64_t slot = page - pages.first_cached;
+      if (pages.cached != nullptr && slot >= 0 && slot < launch.page_capacity)
+        cache[slot] = static_cast<int32_t>(block);  // block_table is int32
     }
   }
   if (__syncthreads_or(bad ? 1 : 0) != 0) {  // also the barrier after staging
@@ -368,10 +584,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t size = min(length, begin + segment) - begin;
   const bool resident = size <= launch.chunk;
   auto score = [&](int64_t first, int64_t count) {
-    if (kTensor) {
-      score_tensor<kFp32Q, kFormat>(p, row, begin + first, count, launch, shared, scores, wide);
+    if (kScore == ScoreKernel::kWarpgroup) {
+      score_warpgroup<kFp32Q, kFormat>(p, row, begin + first, count, launch, shared, scores, wide,
+                                       pages);
+    } else if (kScore == ScoreKernel::kWarp) {
+      score_warp<kFp32Q, kFormat>(p, row, begin + first, count, launch, shared, scores, wide,
+                                  pages);
     } else {
-      score_cuda_core<kFormat>(p, row, begin + first, count, launch, shared, scores);
+      score_cuda_core<kFormat>(p, row, begin + first, count, launch, shared, scores, pages);
     }
   };
   if (resident && size > 0) score(0, size);
@@ -412,16 +632,28 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-using Kernel = void (*)(IndexerProblem, IndexLaunch, bool);
+using Kernel = void (*)(IndexerProblem, IndexLaunch, FastDivide, bool);
 
-template <bool kTensor>
+template <ScoreKernel kScore>
 Kernel pick_kernel(bool fp32_q, KeyFormat format) {
   if (fp32_q) {
-    return format == KeyFormat::kMXFP4 ? index_topk_kernel<kTensor, true, KeyFormat::kMXFP4>
-                                       : index_topk_kernel<kTensor, true, KeyFormat::kNVFP4>;
+    return format == KeyFormat::kMXFP4 ? index_topk_kernel<kScore, true, KeyFormat::kMXFP4>
+                                       : index_topk_kernel<kScore, true, KeyFormat::kNVFP4>;
   }
-  return format == KeyFormat::kMXFP4 ? index_topk_kernel<kTensor, false, KeyFormat::kMXFP4>
-                                     : index_topk_kernel<kTensor, false, KeyFormat::kNVFP4>;
+  return format == KeyFormat::kMXFP4 ? index_topk_kernel<kScore, false, KeyFormat::kMXFP4>
+                                     : index_topk_kernel<kScore, false, KeyFormat::kNVFP4>;
+}
+
+Kernel pick_kernel(ScoreKernel score, bool fp32_q, KeyFormat format) {
+  switch (score) {
+    case ScoreKernel::kWarpgroup:
+      return pick_kernel<ScoreKernel::kWarpgroup>(fp32_q, format);
+    case ScoreKernel::kWarp:
+      return pick_kernel<ScoreKernel::kWarp>(fp32_q, format);
+    case ScoreKernel::kCudaCore:
+      break;
+  }
+  return pick_kernel<ScoreKernel::kCudaCore>(fp32_q, format);
 }
 
 }  // namespace
@@ -454,7 +686,13 @@ void index_topk_cuda(const IndexerProblem& p, int device, CudaStream stream) {
                 std::to_string(alignment) + " bytes on CUDA");
   }
   const bool wide = base % 16 == 0 && p.keys.page_stride % 16 == 0;
-  const bool tensor = index_score_path() == IndexScorePath::kTensorCore;
+  const IndexScorePath path = index_score_path();
+  const bool tensor = path != IndexScorePath::kCudaCore;
+  const ScoreKernel score =
+      path == IndexScorePath::kCudaCore ? ScoreKernel::kCudaCore
+      : path == IndexScorePath::kTensorCore && warpgroup_scoring_fits(p.num_heads)
+          ? ScoreKernel::kWarpgroup
+          : ScoreKernel::kWarp;
   const bool fp32_q = p.q.dtype == DType::kFloat32;
 
   hdk::detail::CudaDeviceGuard guard(device, kOperation);
@@ -463,8 +701,7 @@ void index_topk_cuda(const IndexerProblem& p, int device, CudaStream stream) {
   const int shared_limit = hdk::detail::cached_device_attribute(
       cudaDevAttrMaxSharedMemoryPerBlockOptin, device, kOperation);
 
-  const Kernel kernel =
-      tensor ? pick_kernel<true>(fp32_q, p.format) : pick_kernel<false>(fp32_q, p.format);
+  const Kernel kernel = pick_kernel(score, fp32_q, p.format);
   // The kernel runs one CTA per SM (its registers), whatever shared memory it takes.
   hdk::detail::allow_dynamic_shared_memory(kernel, shared_limit, device, kOperation);
   ClusterCapacity clusters;
@@ -476,6 +713,9 @@ void index_topk_cuda(const IndexerProblem& p, int device, CudaStream stream) {
                                                  fp32_q, sm_count, shared_limit, clusters);
   const IndexLaunch& launch = plan.launch;
   const int cluster_size = plan.cluster_size;
+  // Entry ordinals are below capacity <= INT_MAX; a larger block size comes only with no pages
+  // (nothing is ever located then).
+  const FastDivide pages(static_cast<uint32_t>(std::min<int64_t>(block_size, INT_MAX)));
   if (p.num_rows > INT_MAX / cluster_size) {
     throw Error(std::string(kOperation) + ": the CUDA backend takes at most " +
                 std::to_string(INT_MAX / cluster_size) + " rows per call, got " +
@@ -484,7 +724,7 @@ void index_topk_cuda(const IndexerProblem& p, int device, CudaStream stream) {
   hdk::detail::check_launch(hdk::detail::launch_in_clusters(
                                 kernel, static_cast<unsigned>(p.num_rows * cluster_size), kThreads,
                                 launch.bytes, reinterpret_cast<cudaStream_t>(stream),
-                                static_cast<unsigned>(cluster_size), p, launch, wide),
+                                static_cast<unsigned>(cluster_size), p, launch, pages, wide),
                             kOperation, "launching index_topk_kernel");
 }
 

@@ -14,10 +14,11 @@ namespace detail {
 
 void index_topk_cuda(const IndexerProblem& problem, int device, CudaStream stream);
 
-// How the kernel computes q · K: tensor cores (the default) or plain fp32 FMAs on CUDA cores
-// (slow, kept as an independent cross-check). A test aid, affecting every later call in the
-// process; the tests restore the default with a scope guard.
-enum class IndexScorePath { kTensorCore, kCudaCore };
+// How the kernel computes q · K: tensor cores (the default: a warpgroup's wgmma per 64 entries
+// up to 64 heads, a warp's mma.sync per 8 entries above), the warp kernel at any head count, or
+// plain fp32 FMAs on CUDA cores (slow, kept as an independent cross-check). A test and tuning aid,
+// affecting every later call in the process; the tests restore the default with a scope guard.
+enum class IndexScorePath { kTensorCore, kWarpMma, kCudaCore };
 void set_index_score_path(IndexScorePath path);
 IndexScorePath index_score_path();
 

@@ -79,10 +79,6 @@ static_assert(kHeads == 64 && kTile == 64, "one warpgroup's M; the m64n64 score 
 
 // ---- PTX wrappers ---------------------------------------------------------------------------
 
-__device__ __forceinline__ uint32_t shared_address(const void* pointer) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
-}
-
 __device__ __forceinline__ void cp_async_16(void* target, const void* source) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_address(target)),
                "l"(source)

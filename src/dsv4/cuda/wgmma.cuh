@@ -27,6 +27,13 @@ __device__ __forceinline__ uint64_t wgmma_descriptor(uint32_t address, WgmmaOper
          uint64_t{1} << 62;  // 128-byte swizzle
 }
 
+// The descriptor of an operand `bytes` (a multiple of 16) past the one `descriptor` describes,
+// with the same offsets: one add where wgmma_descriptor takes about five instructions (valid while
+// the start stays in the 18-bit address field, which every shared-memory address does).
+__device__ __forceinline__ uint64_t wgmma_descriptor_advance(uint64_t descriptor, int bytes) {
+  return descriptor + static_cast<uint64_t>(bytes >> 4);
+}
+
 // Orders this thread's register writes (accumulators, A fragments) before the next wgmma.
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -46,6 +53,20 @@ __device__ __forceinline__ void wgmma_wait() {
 // proxy that wgmma reads shared memory through; a barrier after it covers the other threads.
 __device__ __forceinline__ void fence_shared_for_wgmma() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// The 32-bit shared-space address of a shared-memory pointer (what descriptors and PTX take).
+__device__ __forceinline__ uint32_t shared_address(const void* pointer) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
+}
+
+// Keeps the compiler from moving reads of accumulators above the wgmma_wait that makes them
+// valid (to the compiler they are ready when the wgmma statement that writes them ends).
+template <int kCount>
+__device__ __forceinline__ void wgmma_fence_accumulators(float (&d)[kCount]) {
+#pragma unroll
+  for (int i = 0; i < kCount; ++i)
+    asm volatile("" : "+f"(d[i])::"memory");
 }
 
 #define HDK_WGMMA_ACC8(d, i)                                                                  \
@@ -98,6 +119,22 @@ __device__ __forceinline__ void wgmma_m64n256k16_a_registers(float (&d)[128],
         HDK_WGMMA_ACC8(d, 96), HDK_WGMMA_ACC8(d, 104), HDK_WGMMA_ACC8(d, 112),
         HDK_WGMMA_ACC8(d, 120)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
+
+// d (64 x 64) = a b (+ d when `accumulate`): A 64 x 16 bf16 in registers (wgmma_a_coord), B
+// 16 x 64 K-major in shared memory.
+__device__ __forceinline__ void wgmma_m64n64k16_a_registers(float (&d)[32], const uint32_t (&a)[4],
+                                                            uint64_t b, bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, "
+      "%8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, "
+      "%24, %25, %26, %27, %28, %29, %30, %31"
+      "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+      : HDK_WGMMA_ACC8(d, 0), HDK_WGMMA_ACC8(d, 8), HDK_WGMMA_ACC8(d, 16), HDK_WGMMA_ACC8(d, 24)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int>(accumulate)));
 }
 
 #undef HDK_WGMMA_ACC8

@@ -1,0 +1,41 @@
+// Division by a divisor fixed for a whole launch (a page's block size) with a multiply-high, an
+// add and a shift instead of the ~20 instructions of a 32-bit integer division: Granlund and
+// Montgomery's round-up method ("Division by Invariant Integers using Multiplication", 1994).
+// Exact for every numerator below 2^31 and every divisor from 1 to 2^31 - 1, which is what the
+// kernels divide (entry ordinals of int32 lists); tests/core/core_test.cpp checks it against `/`.
+#pragma once
+
+#include <cstdint>
+
+#include "core/host_device.h"
+
+namespace hdk {
+namespace detail {
+
+struct FastDivide {
+  uint32_t divisor = 1;
+  uint32_t multiplier = 0;  // floor(2^32 (2^shift - divisor) / divisor) + 1
+  uint32_t shift = 0;       // ceil(log2(divisor))
+
+  FastDivide() = default;
+  // `divisor` in 1 .. 2^31 - 1 (the caller checks).
+  explicit FastDivide(uint32_t d) : divisor(d) {
+    while ((uint64_t{1} << shift) < d)
+      ++shift;
+    multiplier =
+        static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << shift) - d)) / d + 1);
+  }
+
+  // n / divisor for n < 2^31: the sum below stays under 2^32 because the high product is < n.
+  HDK_HOST_DEVICE uint32_t quotient(uint32_t n) const {
+#if defined(__CUDA_ARCH__)
+    const uint32_t high = __umulhi(n, multiplier);
+#else
+    const uint32_t high = static_cast<uint32_t>((uint64_t{n} * multiplier) >> 32);
+#endif
+    return (high + n) >> shift;
+  }
+};
+
+}  // namespace detail
+}  // namespace hdk
