@@ -184,6 +184,11 @@ struct TileCase {
   int heads;
   KeyFormat format;
   bool fp32_q;
+
+  std::string describe(uint64_t seed) const {
+    return "H=" + std::to_string(heads) + (format == KeyFormat::kMXFP4 ? " mxfp4" : " nvfp4") +
+           (fp32_q ? " fp32 q" : " bf16 q") + " seed " + std::to_string(seed);
+  }
 };
 
 // The score of entry `entry` in float64 from the key decoded the CPU backend's way (dim d: nibble
@@ -247,9 +252,7 @@ TileInputs make_tile_inputs(const TileCase& tc, std::mt19937_64& rng, int entrie
 // 8 keys as stored bytes (random codes, random finite scales), queries and weights; the warp's
 // scores as the kernel computes them, against float64.
 void check_tile(const TileCase& tc, uint64_t seed) {
-  SCOPED_TRACE("H=" + std::to_string(tc.heads) +
-               (tc.format == KeyFormat::kMXFP4 ? " mxfp4" : " nvfp4") +
-               (tc.fp32_q ? " fp32 q" : " bf16 q") + " seed " + std::to_string(seed));
+  SCOPED_TRACE(tc.describe(seed));
   std::mt19937_64 rng(seed);
   const int H = tc.heads;
   const int scale_bytes = static_cast<int>(key_scale_bytes(tc.format));
@@ -460,9 +463,7 @@ TEST(IndexWgmmaLayout, EntryFragmentsDecodeLikeTheCpu) {
 // computes them (the staged B tile read back through its offsets, the A fragments of every thread
 // placed by wgmma_a_coord, the epilogue over wgmma_d_coord's accumulators), against float64.
 void check_warpgroup_tile(const TileCase& tc, uint64_t seed) {
-  SCOPED_TRACE("H=" + std::to_string(tc.heads) +
-               (tc.format == KeyFormat::kMXFP4 ? " mxfp4" : " nvfp4") +
-               (tc.fp32_q ? " fp32 q" : " bf16 q") + " seed " + std::to_string(seed));
+  SCOPED_TRACE(tc.describe(seed));
   std::mt19937_64 rng(seed);
   const int H = tc.heads;
   const int scale_bytes = static_cast<int>(key_scale_bytes(tc.format));
