@@ -124,7 +124,9 @@ constexpr int lean_multi_token_registers() {
 template <typename StateT, typename InputT, int K, int kRowsPerThread, int kLanes,
           bool kNarrowOffsets, bool kTokenSlots, bool kOneToken, int kMaxRegisters>
 __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxRegisters)
-    gdn_decode_vk_lean_kernel(const DecodeProblem p, int tiles_per_head) {
+    gdn_decode_vk_lean_kernel(int tiles_per_head, const DecodeProblem p) {
+  // tiles_per_head comes first: it then shares the parameters' first constant-cache line with
+  // the head of `p` (DecodeProblem's field order) instead of taking a line of its own.
   using Shape = VKShape<StateT, K, kRowsPerThread, kLanes>;
   using Input = PackedInput<InputT>;
   // Token offsets: 32-bit only where the launcher proved they fit.
@@ -206,8 +208,16 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
   // Per-token scalars, token j of the request in lane j (at most kLeanMaxTokens tokens): the
   // gate inputs (raw bits), turned into decay and beta once they arrived, and with per-token
   // slots the slot the state after the token goes to.
-  const DType gate_a_dtype = p.fused_gating ? p.a.dtype : p.g.dtype;
-  const DType gate_b_dtype = p.fused_gating ? p.b.dtype : p.beta.dtype;
+  // Each dtype read on its mode's path only: a select would read g and beta, whose constant-cache
+  // line a fused step never needs.
+  DType gate_a_dtype, gate_b_dtype;
+  if (p.fused_gating) {
+    gate_a_dtype = p.a.dtype;
+    gate_b_dtype = p.b.dtype;
+  } else {
+    gate_a_dtype = p.g.dtype;
+    gate_b_dtype = p.beta.dtype;
+  }
   uint32_t gate_a_bits = 0, gate_b_bits = 0;
   Offset lane_slot = -1;
   auto load_token_scalars = [&](Offset origin, Offset count) {

@@ -58,7 +58,7 @@ void launch_vk_lean_shape(const DecodeProblem& problem, const LeanLaunch& plan,
     gdn_decode_vk_lean_kernel<
         StateT, InputT, K, kRows, kLanes, kNarrow, kSlots, kOneToken,
         lean_multi_token_registers<StateT, InputT, K, kRows, kLanes, kNarrow, kSlots, kOneToken>()>
-        <<<grid, block, 0, stream>>>(problem, static_cast<int>(tiles_per_head));
+        <<<grid, block, 0, stream>>>(static_cast<int>(tiles_per_head), problem);
   };
   // The one-token build exists for bf16 state only (fp32 measured no faster with it).
   auto with_one_token = [&](auto input, auto narrow, auto token_slots) {
