@@ -482,6 +482,9 @@ void print_attention_usage() {
       "  --json FILE           also write results as JSON\n"
       "  --splits S            sparse_decode on tensor cores: S list splits per row (tuning;\n"
       "                        rounded down to what the cluster and the list allow)\n"
+      "  --sparse-kernel K     sparse_decode on tensor cores: auto (the dispatcher's: mma today),\n"
+      "                        mma (without warp specialization) or pipelined (warp-specialized\n"
+      "                        where a CTA walks 3+ tiles, mma elsewhere)\n"
       "  --index-kernel K      index_topk on tensor cores: auto (warpgroups up to 64 heads) or\n"
       "                        warp (the mma.sync kernel at any head count; comparison)\n"
       "  --cpu                 run on the CPU even when a GPU is present\n");
@@ -521,19 +524,29 @@ int attention_command(Options& options) {
   const std::string json_path = options.text("json", "");
   const int64_t forced_splits = options.integer("splits", 0);
   const std::string index_kernel = options.text("index-kernel", "auto");
+  const std::string sparse_kernel = options.text("sparse-kernel", "auto");
   options.reject_unused();
   if (forced_splits < 0) throw std::runtime_error("--splits must be at least 1");
   if (index_kernel != "auto" && index_kernel != "warp") {
     throw std::runtime_error("--index-kernel must be auto or warp, got '" + index_kernel + "'");
+  }
+  if (sparse_kernel != "auto" && sparse_kernel != "mma" && sparse_kernel != "pipelined") {
+    throw std::runtime_error("--sparse-kernel must be auto, mma or pipelined, got '" +
+                             sparse_kernel + "'");
   }
 #ifdef HDK_WITH_CUDA
   dsv4::detail::set_sparse_decode_splits_override(static_cast<int>(forced_splits));
   dsv4::detail::set_index_score_path(index_kernel == "warp"
                                          ? dsv4::detail::IndexScorePath::kWarpMma
                                          : dsv4::detail::IndexScorePath::kTensorCore);
+  dsv4::detail::set_sparse_decode_kernel_override(
+      sparse_kernel == "mma"         ? dsv4::detail::SparseDecodeKernel::kTensorCore
+      : sparse_kernel == "pipelined" ? dsv4::detail::SparseDecodeKernel::kTensorCorePipelined
+                                     : dsv4::detail::SparseDecodeKernel::kAuto);
 #else
   if (forced_splits != 0) throw std::runtime_error("--splits needs the CUDA backend");
   if (index_kernel != "auto") throw std::runtime_error("--index-kernel needs the CUDA backend");
+  if (sparse_kernel != "auto") throw std::runtime_error("--sparse-kernel needs the CUDA backend");
 #endif
   for (const std::string& op : ops) {
     if (op != "sparse" && op != "index") throw std::runtime_error("unknown op '" + op + "'");

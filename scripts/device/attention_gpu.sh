@@ -80,7 +80,9 @@ if grep -q "\] 0 tests from" "$out/memcheck.log"; then
 fi
 #    racecheck is slow: over every CUDA case it did not finish in 280 s on an H100 (2026-11-23),
 #    so by default it covers sparse_decode's tensor-core cases (83-90 s there); set
-#    ATTENTION_RACECHECK_CASES for others, in a call of their own.
+#    ATTENTION_RACECHECK_CASES for others, in a call of their own. The pipelined kernel's cases
+#    (`.../cuda_tensor_core_pipelined`) are not in the default: racecheck reports hazards on them
+#    that are not yet explained (docs/dsv4-attention.md, "The pipelined tensor-core kernel").
 step racecheck 150 "$sanitizer" --tool racecheck --racecheck-report hazard --error-exitcode 3 \
   "$tests" --gtest_brief=1 --gtest_filter="$racecheck_cases"
 

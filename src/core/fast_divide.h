@@ -18,8 +18,9 @@ struct FastDivide {
   uint32_t shift = 0;       // ceil(log2(divisor))
 
   FastDivide() = default;
-  // `divisor` in 1 .. 2^31 - 1 (the caller checks).
-  explicit FastDivide(uint32_t d) : divisor(d) {
+  // `divisor` in 1 .. 2^31 - 1 (the caller checks). Also on the device, where a kernel builds
+  // it once per thread for a divisor it reads from its parameters.
+  HDK_HOST_DEVICE explicit FastDivide(uint32_t d) : divisor(d) {
     while ((uint64_t{1} << shift) < d)
       ++shift;
     multiplier =

@@ -1,5 +1,5 @@
-// index_topk (the CPU backend) and sparse_decode (the CPU backend and both CUDA kernels, each
-// forced in turn; CUDA cases skip only without a GPU) against the float64 reference, on random
+// index_topk (the CPU backend) and sparse_decode (the CPU backend and the three CUDA kernels,
+// each forced in turn; CUDA cases skip only without a GPU) against the float64 reference, on random
 // keys and entries written by the write side's store_indexer_keys / store_entries into shuffled
 // pages, with poisoned outputs and counters that start at 3.
 //
@@ -23,7 +23,8 @@
 //   most 2^-9 x max |E|: the weights are a convex combination, each off by 2^-9 relative) and fp32
 //   queries to bf16 (scores move by at most 2^-9 x S); its bounds add 2^-8 x max |E| to the
 //   absolute term and, for fp32 queries, 2^-8 x S to the score term. The CUDA-core kernel keeps
-//   the CPU's fp32 arithmetic and its bounds.
+//   the CPU's fp32 arithmetic and its bounds. Both tensor-core kernels (pipelined and not) round
+//   the same way and share these bounds.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -756,6 +757,9 @@ struct SparseCase {
   bool lse_includes_sink = true;
   float scale = 0.0f;
   float q_scale = 1.0f;
+  // Each entry's values times 2^e, e drawn from 0 .. entry_exponent_spread: scale bytes beyond
+  // 2^7 take the CUDA kernels' second dequantization path.
+  int entry_exponent_spread = 0;
   std::vector<int64_t> empty_rows;  // rows whose list is all negative
   uint64_t seed = 1;
   // The optional second list (extra_L > 0): extra_L slots per row over a second cache of
@@ -775,6 +779,8 @@ struct SparseCase {
            " bs=" + std::to_string(block_size) + " blocks=" + std::to_string(num_blocks) + " " +
            dtype_name(q_dtype) + "->" + dtype_name(out_dtype) + (sink ? " sink" : "") +
            (misaligned ? " misaligned" : "") + " scale=" + std::to_string(scale) +
+           (entry_exponent_spread > 0 ? " entries x 2^0.." + std::to_string(entry_exponent_spread)
+                                      : "") +
            " seed=" + std::to_string(seed) +
            (extra_L > 0
                 ? " extra L2=" + std::to_string(extra_L) + " bs=" + std::to_string(extra_block_size)
@@ -846,7 +852,16 @@ void make_list(std::mt19937_64& rng, const SparseCase& c, int64_t num_blocks, in
   cache.resize(static_cast<size_t>(num_blocks * block_size * dsv4::kEntryBytes));
   std::vector<int64_t> all(static_cast<size_t>(slots));
   std::iota(all.begin(), all.end(), int64_t{0});
-  store_rows(cache, num_blocks, block_size, normal_values(rng, slots * dsv4::kHeadDim, 1.0f), all);
+  std::vector<float> values = normal_values(rng, slots * dsv4::kHeadDim, 1.0f);
+  if (c.entry_exponent_spread > 0) {
+    for (int64_t slot = 0; slot < slots; ++slot) {
+      const float factor = std::ldexp(
+          1.0f, static_cast<int>(rng() % static_cast<uint64_t>(c.entry_exponent_spread + 1)));
+      for (int64_t i = 0; i < dsv4::kHeadDim; ++i)
+        values[static_cast<size_t>(slot * dsv4::kHeadDim + i)] *= factor;
+    }
+  }
+  store_rows(cache, num_blocks, block_size, std::move(values), all);
   list.resize(static_cast<size_t>(c.N * L));
   for (int64_t n = 0; n < c.N; ++n) {
     const bool empty = std::find(c.empty_rows.begin(), c.empty_rows.end(), n) != c.empty_rows.end();
@@ -882,8 +897,14 @@ SparseInputs make_sparse_inputs(const SparseCase& c) {
   return in;
 }
 
-// Where a sparse_decode case runs: the CPU, or CUDA with one of its two kernels forced.
-enum class SparseKernel { kCpu, kTensorCore, kCudaCore };
+// Where a sparse_decode case runs: the CPU, or CUDA with one of its kernels forced.
+enum class SparseKernel { kCpu, kTensorCore, kTensorCorePipelined, kCudaCore };
+
+// Whether `kernel` runs on tensor cores (bf16 operands: the wider bounds of
+// check_sparse_outputs, and head counts limited to multiples of 16).
+bool on_tensor_cores(SparseKernel kernel) {
+  return kernel == SparseKernel::kTensorCore || kernel == SparseKernel::kTensorCorePipelined;
+}
 
 struct SparseRun {
   Backend backend = Backend::kCPU;
@@ -894,6 +915,8 @@ const char* kernel_name(SparseKernel kernel) {
   switch (kernel) {
     case SparseKernel::kTensorCore:
       return "cuda_tensor_core";
+    case SparseKernel::kTensorCorePipelined:
+      return "cuda_tensor_core_pipelined";
     case SparseKernel::kCudaCore:
       return "cuda_cuda_core";
     case SparseKernel::kCpu:
@@ -916,6 +939,8 @@ class ForcedSparseKernel {
     using dsv4::detail::SparseDecodeKernel;
     dsv4::detail::set_sparse_decode_kernel_override(
         run.kernel == SparseKernel::kTensorCore ? SparseDecodeKernel::kTensorCore
+        : run.kernel == SparseKernel::kTensorCorePipelined
+            ? SparseDecodeKernel::kTensorCorePipelinedEveryCall
         : run.kernel == SparseKernel::kCudaCore ? SparseDecodeKernel::kCudaCore
                                                 : SparseDecodeKernel::kAuto);
 #else
@@ -989,7 +1014,7 @@ void check_sparse_outputs(const SparseCase& c, const SparseInputs& in,
                           const dsv4::SparseDecodeReference& ref,
                           SparseKernel kernel = SparseKernel::kCpu) {
   const int64_t D = dsv4::kHeadDim;
-  const bool tensor_core = kernel == SparseKernel::kTensorCore;
+  const bool tensor_core = on_tensor_cores(kernel);
   const double relative = c.out_dtype == DType::kBFloat16 ? std::ldexp(1.0, -8) : 1e-6;
   // The element before a misaligned out is not out's: it keeps its poison.
   const auto pad_bytes = static_cast<size_t>(c.out_pad()) * dtype_size(c.out_dtype);
@@ -1044,7 +1069,7 @@ dsv4::SparseDecodeReference sparse_reference(const SparseCase& c, SparseInputs& 
 
 // A forced tensor-core kernel refuses head counts it cannot serve, before writing anything.
 bool refused_by_tensor_core(const SparseCase& c, SparseInputs& in, const SparseRun& run) {
-  if (run.kernel != SparseKernel::kTensorCore || tensor_core_serves(c.heads)) return false;
+  if (!on_tensor_cores(run.kernel) || tensor_core_serves(c.heads)) return false;
   const std::vector<uint8_t> poisoned = in.out;
   expect_error([&] { run_sparse_backend(c, in, run); }, "the tensor-core kernel was forced");
   EXPECT_EQ(in.out, poisoned);
@@ -1169,6 +1194,17 @@ TEST_P(SparseDecode, SplitListEqualsTheWholeList) {
 }
 
 // FlashMLA's convention: the sink scales o but is left out of lse (-inf for an empty list).
+// Entries up to 2^24 times larger than the others: scale bytes up to about 144, above the
+// one-multiply dequantization's 134, in the same tiles as small ones.
+TEST_P(SparseDecode, LargeEntryScales) {
+  SparseCase c;
+  c.N = 3;
+  c.L = 300;
+  c.entry_exponent_spread = 24;
+  c.q_scale = std::ldexp(1.0f, -22);
+  run_sparse_case(c, GetParam());
+}
+
 TEST_P(SparseDecode, LseWithoutTheSink) {
   SparseCase c;
   c.N = 3;
@@ -1450,6 +1486,8 @@ std::string sparse_run_name(const ::testing::TestParamInfo<SparseRun>& info) {
 INSTANTIATE_TEST_SUITE_P(Backends, SparseDecode,
                          ::testing::Values(SparseRun{Backend::kCPU, SparseKernel::kCpu},
                                            SparseRun{Backend::kCUDA, SparseKernel::kTensorCore},
+                                           SparseRun{Backend::kCUDA,
+                                                     SparseKernel::kTensorCorePipelined},
                                            SparseRun{Backend::kCUDA, SparseKernel::kCudaCore}),
                          sparse_run_name);
 

@@ -243,6 +243,94 @@ TEST(SparseDecodeLayout, WarpgroupProductsMatchPlainMatmuls) {
   }
 }
 
+// The pipelined kernel's hand-over of P: warpgroup 0 stores each bf16 pair of its A fragments
+// (k-step k's register reg at wgmma_a_coord + 16 k columns) into a 64 x 64 operand tile with
+// operand_chunk_offset; warpgroup 1 reads it as the K-major A operand of k-step k through
+// scores_operand(k, 64). Every element is written once and read back as P.
+TEST(SparseDecodeLayout, ProbabilitiesInSharedMemoryAreTheAOperand) {
+  using dsv4::detail::wgmma_a_coord;
+  constexpr int kTile = dsv4::detail::kSparseTile;
+  OperandTile tile(64);
+  std::vector<int> writes(64 * kTile, 0);
+  auto value = [](int row, int col) { return static_cast<float>(row * kTile + col); };
+  for (int thread = 0; thread < 128; ++thread) {
+    for (int k_step = 0; k_step < kTile / 16; ++k_step) {
+      for (int reg = 0; reg < 4; ++reg) {
+        const MatrixCoord at = wgmma_a_coord(thread, reg, 0);
+        const int col = at.col + 16 * k_step;
+        ASSERT_EQ(col % 2, 0);  // the pair is one 4-byte store
+        for (int h = 0; h < 2; ++h) {
+          tile.set(at.row, col + h, value(at.row, col + h));
+          ++writes[at.row * kTile + col + h];
+        }
+        ASSERT_EQ(dsv4::detail::operand_chunk_offset(at.row, col / 8, 64) / 8192, 0)
+            << "P lies in the tile's first 64-column block";
+      }
+    }
+  }
+  for (int w : writes)
+    ASSERT_EQ(w, 1);
+  for (int k_step = 0; k_step < kTile / 16; ++k_step) {
+    const dsv4::detail::WgmmaOperand op = dsv4::detail::scores_operand(k_step, 64);
+    for (int row = 0; row < 64; ++row) {
+      for (int k = 0; k < 16; ++k) {
+        ASSERT_EQ(tile.at_byte(k_major_byte(op, row, k)), value(row, 16 * k_step + k))
+            << "k-step " << k_step << " row " << row << " k " << k;
+      }
+    }
+  }
+}
+
+// The pipelined kernel's producer: lane l of a warp converts chunks producer_chunk(l / 8, j),
+// j < 16, of entry base + l % 8, at producer_chunk_offset, which must be the operand tile's place
+// for the chunk. The 16 x 4 chunks of an entry are its 64, FP8 chunk j's scale group is j / 2 and
+// a 16-byte load of chunks 2 k, 2 k + 1 holds 16 consecutive stored bytes; each store
+// instruction's 8 lanes of one quarter cover 8 different bank groups.
+TEST(SparseDecodeLayout, ProducerStoresAreConflictFree) {
+  using dsv4::detail::producer_chunk;
+  constexpr int kTile = dsv4::detail::kSparseTile;
+  for (int row = 0; row < kTile; ++row) {
+    for (int j = 0; j < 16; ++j) {
+      for (int quarter = 0; quarter < 4; ++quarter) {
+        ASSERT_EQ(dsv4::detail::producer_chunk_offset(row, quarter, j, kTile),
+                  dsv4::detail::operand_chunk_offset(row, producer_chunk(quarter, j), kTile))
+            << "row " << row << " quarter " << quarter << " j " << j;
+      }
+    }
+  }
+  std::set<int> chunks;
+  for (int quarter = 0; quarter < 4; ++quarter) {
+    for (int j = 0; j < 16; ++j) {
+      chunks.insert(producer_chunk(quarter, j));
+      if (j < 14) {
+        EXPECT_EQ(producer_chunk(quarter, j) / 8, j / 2) << "scale group";
+      } else {
+        EXPECT_GE(producer_chunk(quarter, j), 56) << "RoPE";
+      }
+      if (j % 2 == 1) {  // one 16-byte load: stored bytes 16 (quarter + 4 (j / 2)) .. + 15
+        EXPECT_EQ(producer_chunk(quarter, j), producer_chunk(quarter, j - 1) + 1);
+        if (j < 14) {
+          EXPECT_EQ(8 * producer_chunk(quarter, j - 1), 16 * (quarter + 4 * (j / 2)));
+        }
+      }
+    }
+  }
+  EXPECT_EQ(chunks.size(), 64u);
+  EXPECT_EQ(*chunks.rbegin(), 63);
+  for (int base = 0; base < kTile; base += 8) {
+    for (int j = 0; j < 16; ++j) {
+      for (int quarter = 0; quarter < 4; ++quarter) {
+        std::set<int> groups;
+        for (int e = base; e < base + 8; ++e) {
+          groups.insert(dsv4::detail::operand_chunk_offset(e, producer_chunk(quarter, j), kTile) /
+                        16 % 8);
+        }
+        EXPECT_EQ(groups.size(), 8u) << "entries " << base << ".. j " << j;
+      }
+    }
+  }
+}
+
 // ---- FP8 to bf16 -------------------------------------------------------------------------------
 
 float bf16_bits_value(uint32_t bits16) {

@@ -10,7 +10,12 @@
 // same softmax) and owns O's columns 256 h .. + 255, with P passed from the score accumulators
 // to the output product in registers. The splits' partial results meet in shared memory across
 // the cluster (no global workspace), where the sink is added once and the row's validity agreed
-// on.
+// on (finish_row).
+//
+// Pipelined tensor-core kernel: the same clusters, tiles and finish_row, with the work split by
+// role (warp specialization): a producer warpgroup converts tile t + 1 into the second of two E
+// stages while the other two multiply tile t (docs/dsv4-attention.md, "The pipelined
+// tensor-core kernel"). Not the dispatcher's choice yet (kPipelinedByDefault).
 //
 // CUDA-core kernel: one CTA per query row, one warp per head at a time, lane l holding entry
 // values 16 l .. 16 l + 15 in fp32; the CPU backend's arithmetic, step for step.
@@ -24,6 +29,7 @@
 #include <tuple>
 
 #include "core/cuda_helpers.h"
+#include "core/fast_divide.h"
 #include "dsv4/cuda/count_invalid.cuh"
 #include "dsv4/cuda/sparse_decode_cuda.h"
 #include "dsv4/cuda/sparse_decode_layout.h"
@@ -160,18 +166,19 @@ struct EntrySource {
 
 constexpr int kEntriesPerWarp = kTile / kWarps;
 
-// Lane l of warp w resolves entry w + 8 (l % 8) of tile `tile` of row n's list (indices over
-// cache, then extra_indices over extra_cache); lanes 8.. repeat lanes 0..7, so the warp's eight
-// slots cost one round trip. Called a tile ahead of issue_tile, so that round trip overlaps the
-// current tile's wait and dequantization.
-__device__ __forceinline__ EntrySource resolve_entry(const SparseDecodeProblem& p, int64_t n,
-                                                     int64_t tile, int* bad, int warp, int lane) {
-  const int64_t j = tile * kTile + warp + kWarps * (lane % kEntriesPerWarp);
+// Slot of list entry j of row n (indices over cache, then extra_indices over extra_cache); -1
+// past the list.
+__device__ __forceinline__ int64_t listed_slot(const SparseDecodeProblem& p, int64_t n, int64_t j) {
+  return j < p.list_length() ? p.list_slot(n, j) : -1;
+}
+
+// Where list entry j's stored bytes are, for its slot (listed_slot): nothing for a skipped entry
+// and for a slot beyond its cache, which also marks the CTA bad.
+__device__ __forceinline__ EntrySource locate_entry(const SparseDecodeProblem& p, int64_t j,
+                                                    int64_t slot, int* bad) {
   EntrySource source;
-  if (j >= p.list_length()) return source;
-  const int64_t slot = p.list_slot(n, j);
-  const PagedPool& pool = p.list_pool(j);
   if (slot < 0) return source;
+  const PagedPool& pool = p.list_pool(j);
   if (slot >= pool.num_slots()) {
     *bad = 1;
     return source;
@@ -180,6 +187,15 @@ __device__ __forceinline__ EntrySource resolve_entry(const SparseDecodeProblem& 
   source.data = page + offset * kEntryDataBytes;
   source.scales = page + pool.block_size * kEntryDataBytes + offset * kEntryScaleBytes;
   return source;
+}
+
+// Lane l of warp w resolves entry w + 8 (l % 8) of tile `tile` of row n's list; lanes 8.. repeat
+// lanes 0..7, so the warp's eight slots cost one round trip. Called a tile ahead of issue_tile,
+// so that round trip overlaps the current tile's wait and dequantization.
+__device__ __forceinline__ EntrySource resolve_entry(const SparseDecodeProblem& p, int64_t n,
+                                                     int64_t tile, int* bad, int warp, int lane) {
+  const int64_t j = tile * kTile + warp + kWarps * (lane % kEntriesPerWarp);
+  return locate_entry(p, j, listed_slot(p, n, j), bad);
 }
 
 __device__ __forceinline__ const uint8_t* shuffle_pointer(const uint8_t* pointer, int lane) {
@@ -231,6 +247,23 @@ __device__ __forceinline__ uint4 dequantize_8(uint2 codes, uint32_t scale_byte) 
   const uint32_t scale = ue8m0_as_bf16(scale_byte) * 0x10001u;
   auto convert = [&](uint32_t spread) {
     return mul_bf16x2(mul_bf16x2(e4m3_spread_pair_as_scaled_bf16(spread), up), scale);
+  };
+  return make_uint4(
+      convert(__byte_perm(codes.x, 0, 0x4140)), convert(__byte_perm(codes.x, 0, 0x4342)),
+      convert(__byte_perm(codes.y, 0, 0x4140)), convert(__byte_perm(codes.y, 0, 0x4342)));
+}
+
+// dequantize_8 with one multiply: the placed pair (value x 2^-120) times 2^(scale - 7) is the
+// same exact product, and 2^(scale - 7) is a bf16 number for scale bytes up to
+// kOneMultiplyMaxScale (UE8M0 2^7; the writer's scales of values up to 448 x 2^7). `factor`:
+// one_multiply_factor(scale byte), or 0 for an entry that is not real (its row comes out zero).
+constexpr uint32_t kOneMultiplyMaxScale = 134;
+__device__ __forceinline__ uint32_t one_multiply_factor(uint32_t scale_byte) {
+  return ((scale_byte + 120u) << 7) * 0x10001u;
+}
+__device__ __forceinline__ uint4 dequantize_8_by(uint2 codes, uint32_t factor) {
+  auto convert = [&](uint32_t spread) {
+    return mul_bf16x2(e4m3_spread_pair_as_scaled_bf16(spread), factor);
   };
   return make_uint4(
       convert(__byte_perm(codes.x, 0, 0x4140)), convert(__byte_perm(codes.x, 0, 0x4342)),
@@ -377,6 +410,220 @@ __device__ bool queries_finite(const uint8_t* smem, int tid) {
   return finite;
 }
 
+// Where a tensor-core kernel keeps what finish_row reads and writes in its shared memory.
+struct CtaSpace {
+  float* stage;    // [64][kStageStride] fp32: the CTA's unnormalized O, over its operand tiles
+  float* stat_m;   // [64] row maxima (log2 units)
+  float* stat_l;   // [64] row sums
+  int* bad;        // the CTA's invalid-row flag
+  float* factors;  // [splits][64] each split's weight in the combined row
+};
+
+// The end of a CTA's slice: its partial result (row maxima and sums, unnormalized O) staged in
+// its shared memory, then, across the row's cluster, the row's validity agreed on, the sink added
+// once, lse written and this CTA's column slice of its group's heads finished from every split's
+// partial. `o_half`: which 256 columns of O this thread's accumulators hold (-1: none);
+// `holds_stats`: whether its row_max / row_sum are the CTA's softmax statistics. Every thread of
+// the CTA calls it (it holds CTA and cluster barriers).
+template <int kCtaThreads>
+__device__ void finish_row(const SparseDecodeProblem& p, const SparsePlan& plan,
+                           const CtaSpace& space, int64_t n, int tid, int o_half, bool holds_stats,
+                           const float (&o)[128], const float (&row_max)[2], float (&row_sum)[2],
+                           bool out_vector) {
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int group = rank % plan.groups, split = rank / plan.groups;
+  const int64_t head0 = int64_t{group} * kHeads;
+  const int lane = tid % 32;
+  const int thread = tid % 128;          // in the warpgroup (wgmma_d_coord)
+  const int head_tile = (tid / 32) % 4;  // heads 16 head_tile .. + 15 of the warpgroup's products
+  const int quad_row = lane / 4;         // rows quad_row and quad_row + 8 of the head tile
+  float* stage = space.stage;
+  float* stat_m = space.stat_m;
+  float* stat_l = space.stat_l;
+  int* bad = space.bad;
+  float* factors = space.factors;
+
+  // ---- this CTA's partial result: (row max, row sum, unnormalized O) per head ---------------
+  bool nan = false;
+  if (holds_stats) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+#pragma unroll
+      for (int mask = 1; mask <= 2; mask *= 2)
+        row_sum[r] += __shfl_xor_sync(kFullMask, row_sum[r], mask);
+      nan = nan || isnan(row_sum[r]);
+    }
+  }
+  if (o_half >= 0) {
+#pragma unroll
+    for (int i = 0; i < 128; ++i)
+      nan = nan || isnan(o[i]);
+  }
+  if (tid < kHeads && p.sink != nullptr && head0 + tid < p.num_heads) {
+    const float sink = p.sink[(head0 + tid) * p.sink_stride];
+    nan = nan || isnan(sink) || sink == INFINITY;  // the CPU's NaN results for such a sink
+  }
+  if (nan) *bad = 1;
+  __syncthreads();  // the operand tiles are free for the staging
+  if (o_half >= 0) {
+#pragma unroll
+    for (int i = 0; i < 128; i += 2) {
+      const MatrixCoord at = wgmma_d_coord(thread, i);
+      *reinterpret_cast<float2*>(stage + at.row * kStageStride + 256 * o_half + at.col) =
+          make_float2(o[i], o[i + 1]);
+    }
+  }
+  if (holds_stats && lane % 4 == 0) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = 16 * head_tile + quad_row + 8 * r;
+      stat_m[row] = row_max[r];
+      stat_l[row] = row_sum[r];
+    }
+  }
+  cluster.sync();  // every CTA's partials and flag are visible cluster-wide
+
+  // ---- combine: the row's validity, then this CTA's column slice of its group's heads -------
+  int row_bad = 0;
+  for (int r = 0; r < plan.cluster(); ++r)
+    row_bad |= *cluster.map_shared_rank(bad, r);
+  if (tid < kHeads) {
+    const int h = tid;
+    float top = -INFINITY;
+    for (int s = 0; s < plan.splits; ++s)
+      top = fmaxf(top, cluster.map_shared_rank(stat_m, s * plan.groups + group)[h]);
+    const bool has_head = head0 + h < p.num_heads;
+    const float sink =
+        p.sink != nullptr && has_head ? p.sink[(head0 + h) * p.sink_stride] * kLog2e : -INFINITY;
+    const float list_top = top;
+    top = fmaxf(top, sink);
+    float lse = -INFINITY;
+    if (top == -INFINITY) {  // empty list and no sink: o = 0, lse = -inf
+      for (int s = 0; s < plan.splits; ++s)
+        factors[s * kHeads + h] = 0.0f;
+    } else {
+      float denominator = exp2f(sink - top);
+      for (int s = 0; s < plan.splits; ++s) {
+        const int peer = s * plan.groups + group;
+        const float weight = exp2f(cluster.map_shared_rank(stat_m, peer)[h] - top);
+        denominator += cluster.map_shared_rank(stat_l, peer)[h] * weight;
+        factors[s * kHeads + h] = weight;
+      }
+      for (int s = 0; s < plan.splits; ++s)
+        factors[s * kHeads + h] /= denominator;
+      // An empty list leaves the sink alone in the denominator: lse is the sink itself, not
+      // its round trip through log2 units.
+      lse = list_top == -INFINITY ? p.sink[(head0 + h) * p.sink_stride]
+                                  : (top + log2f(denominator)) * kLn2;
+    }
+    if (!p.lse_includes_sink) {  // log of the list's own sum (FlashMLA's lse)
+      float list_sum = 0.0f;
+      for (int s = 0; s < plan.splits; ++s) {
+        const int peer = s * plan.groups + group;
+        list_sum += cluster.map_shared_rank(stat_l, peer)[h] *
+                    exp2f(cluster.map_shared_rank(stat_m, peer)[h] - list_top);
+      }
+      lse = list_top == -INFINITY ? -INFINITY : (list_top + log2f(list_sum)) * kLn2;
+    }
+    if (split == 0 && has_head && p.lse != nullptr) {
+      p.lse[n * p.lse_row_stride + (head0 + h) * p.lse_head_stride] = row_bad ? NAN : lse;
+    }
+  }
+  __syncthreads();  // factors are complete
+
+  // Each thread sums four columns of one head over the splits: every split's partial is loaded
+  // (distributed shared memory) before any is used, then four values are stored at once.
+  const int columns = static_cast<int>(kHeadDim) / plan.splits;
+  const int column0 = split * columns;
+  const float* peer_stage[kSparseMaxCluster];
+#pragma unroll
+  for (int s = 0; s < kSparseMaxCluster; ++s) {
+    peer_stage[s] =
+        s < plan.splits ? cluster.map_shared_rank(stage, s * plan.groups + group) : stage;
+  }
+  const int quads_log2 = 7 - (__ffs(plan.splits) - 1);  // columns / 4 = 2^quads_log2
+  for (int job = tid; job < kHeads << quads_log2; job += kCtaThreads) {
+    const int h = job >> quads_log2;
+    const int col = column0 + 4 * (job & ((1 << quads_log2) - 1));
+    const int64_t head = head0 + h;
+    if (head >= p.num_heads) continue;
+    float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (!row_bad && plan.splits == 1) {  // the CTA's own partial alone
+      const float f = factors[h];
+      const float4 v = *reinterpret_cast<const float4*>(stage + h * kStageStride + col);
+      sum = make_float4(f * v.x, f * v.y, f * v.z, f * v.w);
+    } else if (!row_bad) {
+      float4 partial[kSparseMaxCluster];
+#pragma unroll
+      for (int s = 0; s < kSparseMaxCluster; ++s) {
+        if (s < plan.splits) {
+          partial[s] = *reinterpret_cast<const float4*>(peer_stage[s] + h * kStageStride + col);
+        }
+      }
+#pragma unroll
+      for (int s = 0; s < kSparseMaxCluster; ++s) {
+        if (s < plan.splits) {
+          const float f = factors[s * kHeads + h];
+          sum.x += f * partial[s].x, sum.y += f * partial[s].y;
+          sum.z += f * partial[s].z, sum.w += f * partial[s].w;
+        }
+      }
+    }
+    const int64_t offset = n * p.out_row_stride + head * p.out_head_stride + col;
+    store_output4(p, offset, sum, out_vector);
+  }
+  if (rank == 0 && tid == 0 && row_bad) count_invalid(p.invalid_count, 1);
+  cluster.sync();  // no CTA leaves while a peer may still read its shared memory
+}
+
+// Online softmax over one tile's scores (log2 units), shared by both tensor-core kernels. A head's
+// row lies in the four threads of a quad. Entries that are not real score -inf; fmaxf skips NaN
+// scores, whose weights turn the sums NaN (caught at the end). Updates the running maxima and
+// sums, rescales O by each row's `alpha` where a maximum moved, and packs the weights as the A
+// fragments of O = P E: accumulators 8 k .. 8 k + 7 are k-step k's fragment.
+__device__ __forceinline__ void softmax_tile(float (&s)[kScoreRegisters], const int* tile_valid,
+                                             int thread, float score_scale, float (&row_max)[2],
+                                             float (&row_sum)[2], float (&o)[128],
+                                             float (&alpha)[2],
+                                             uint32_t (&weights)[kTile / 16][4]) {
+  float local_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int i = 0; i < kScoreRegisters; ++i) {
+    s[i] = tile_valid[wgmma_d_coord(thread, i).col] ? s[i] * score_scale : -INFINITY;
+    local_max[(i / 2) % 2] = fmaxf(local_max[(i / 2) % 2], s[i]);
+  }
+  float base[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+#pragma unroll
+    for (int mask = 1; mask <= 2; mask *= 2)
+      local_max[r] = fmaxf(local_max[r], __shfl_xor_sync(kFullMask, local_max[r], mask));
+    const float new_max = fmaxf(row_max[r], local_max[r]);
+    base[r] = new_max == -INFINITY ? 0.0f : new_max;
+    alpha[r] = exp2f(row_max[r] - base[r]);
+    row_max[r] = new_max;
+    row_sum[r] *= alpha[r];
+  }
+  // Once the maxima settle, whole warps keep theirs: no rescale then.
+  if (__any_sync(kFullMask, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+    for (int i = 0; i < 128; ++i)
+      o[i] *= alpha[(i / 2) % 2];
+  }
+#pragma unroll
+  for (int k = 0; k < kTile / 16; ++k) {
+#pragma unroll
+    for (int reg = 0; reg < 4; ++reg) {
+      const int i = 8 * k + 2 * reg;
+      const float w0 = exp2f(s[i] - base[reg % 2]), w1 = exp2f(s[i + 1] - base[reg % 2]);
+      row_sum[reg % 2] += w0;
+      row_sum[reg % 2] += w1;
+      weights[k][reg] = pack_bf16x2(w0, w1);
+    }
+  }
+}
+
 // ---- tensor-core kernel -----------------------------------------------------------------------
 
 template <bool kWide>
@@ -394,10 +641,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int group = rank % plan.groups, split = rank / plan.groups;
   const int64_t head0 = int64_t{group} * kHeads;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int half = warp / 4;       // the warpgroup: its half of S's dims and of O's columns
-  const int thread = tid % 128;    // in the warpgroup (wgmma_d_coord)
-  const int head_tile = warp % 4;  // heads 16 head_tile .. + 15 of the warpgroup's products
-  const int quad_row = lane / 4;   // rows quad_row and quad_row + 8 of the head tile
+  const int half = warp / 4;     // the warpgroup: its half of S's dims and of O's columns
+  const int thread = tid % 128;  // in the warpgroup (wgmma_d_coord)
 
   int* valid = reinterpret_cast<int*>(smem + kValidOffset);
   float* stat_m = reinterpret_cast<float*>(smem + kStatOffset);
@@ -468,47 +713,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < kScoreRegisters; ++i)
       s[i] += exchange[((1 - half) * kScoreRegisters + i) * 128 + thread];
 
-    // Online softmax over the tile. A head's row lies in the four threads of a quad. Entries
-    // that are not real score -inf; fmaxf skips NaN scores, whose weights turn the sums NaN
-    // (caught at the end).
-    float local_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int i = 0; i < kScoreRegisters; ++i) {
-      s[i] = tile_valid[wgmma_d_coord(thread, i).col] ? s[i] * score_scale : -INFINITY;
-      local_max[(i / 2) % 2] = fmaxf(local_max[(i / 2) % 2], s[i]);
-    }
-    float base[2], alpha[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-#pragma unroll
-      for (int mask = 1; mask <= 2; mask *= 2)
-        local_max[r] = fmaxf(local_max[r], __shfl_xor_sync(kFullMask, local_max[r], mask));
-      const float new_max = fmaxf(row_max[r], local_max[r]);
-      base[r] = new_max == -INFINITY ? 0.0f : new_max;
-      alpha[r] = exp2f(row_max[r] - base[r]);
-      row_max[r] = new_max;
-      row_sum[r] *= alpha[r];
-    }
-    // Once the maxima settle, whole warps keep theirs: no rescale then.
-    if (__any_sync(kFullMask, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
-#pragma unroll
-      for (int i = 0; i < 128; ++i)
-        o[i] *= alpha[(i / 2) % 2];
-    }
-    // P as the A fragments of O = P E: accumulators 8 k .. 8 k + 7 are k-step k's fragment.
+    float alpha[2];
+    uint32_t weights[kTile / 16][4];
+    softmax_tile(s, tile_valid, thread, score_scale, row_max, row_sum, o, alpha, weights);
     constexpr int kSteps = kTile / 16;
-    uint32_t weights[kSteps][4];
-#pragma unroll
-    for (int k = 0; k < kSteps; ++k) {
-#pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        const int i = 8 * k + 2 * reg;
-        const float w0 = exp2f(s[i] - base[reg % 2]), w1 = exp2f(s[i + 1] - base[reg % 2]);
-        row_sum[reg % 2] += w0;
-        row_sum[reg % 2] += w1;
-        weights[k][reg] = pack_bf16x2(w0, w1);
-      }
-    }
 
     // O += P E over this warpgroup's 256 columns; waited for before E is next rewritten.
     wgmma_fence();
@@ -522,133 +730,500 @@ __global__ void __launch_bounds__(kThreads, 1)
   wgmma_wait<0>();
   cp_async_wait<0>();
   if (q_async && !queries_finite(smem, tid)) *bad = 1;
+  const CtaSpace space{reinterpret_cast<float*>(smem + kStageOffset), stat_m, stat_l, bad, factors};
+  finish_row<kThreads>(p, plan, space, n, tid, half, half == 0, o, row_max, row_sum, out_vector);
+}
 
-  // ---- this CTA's partial result: (row max, row sum, unnormalized O) per head ---------------
-  bool nan = false;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-#pragma unroll
-    for (int mask = 1; mask <= 2; mask *= 2)
-      row_sum[r] += __shfl_xor_sync(kFullMask, row_sum[r], mask);
-    nan = nan || isnan(row_sum[r]);
+// ---- warp-specialized tensor-core kernel --------------------------------------------------------
+// Three warpgroups and two E stages, so the dequantization of one tile runs while the tensor cores
+// multiply the one before it (the mma kernel above runs them one after the other on 8 warps):
+// - warpgroup 2, the producer, loads each tile's stored bytes straight into registers (no raw
+//   buffer in shared memory), dequantizes them into E stage t % 2 and signals it full; the next
+//   tile's bytes are loaded while this one is converted;
+// - warpgroup 0 computes the whole S = Q E^T (64 heads x 64 entries over all 512 dims, so no
+//   partial S is exchanged), runs the online softmax, hands P (bf16) and the rows' rescale
+//   factors to warpgroup 1 through shared memory and computes O's columns 0..255 with P from its
+//   registers;
+// - warpgroup 1 rescales and computes O's columns 256..511 with P read from shared memory.
+// Handshakes are named barriers (bar.sync / bar.arrive), each used the same number of times by
+// both sides: stage full (producer arrives, both consumers wait), stage empty (both consumers
+// arrive, the producer waits before refilling it), P ready and P free between the consumers.
+constexpr int kPipelinedThreads = 384;
+constexpr int kPipelinedStages = 2;
+constexpr int kProducerThread0 = 256;  // warpgroup 2
+
+// Shared memory (byte offsets from a 1024-byte boundary).
+constexpr int kPipeQOffset = kQOffset;                // where load_queries puts Q
+constexpr int kPipeEOffset = kPipeQOffset + kQBytes;  // [2 stages] E tiles
+constexpr int kPipePOffset = kPipeEOffset + kPipelinedStages * kEBytes;  // P, 64 x 64 bf16
+constexpr int kPipePBytes = operand_block_bytes(kHeads);
+constexpr int kPipeAlphaOffset = kPipePOffset + kPipePBytes;     // [64] rescale factors
+constexpr int kPipeValidOffset = kPipeAlphaOffset + kHeads * 4;  // [2 stages][64] int
+constexpr int kPipeStatOffset = kPipeValidOffset + kPipelinedStages * kTile * 4;  // m, l
+constexpr int kPipeBadOffset = kPipeStatOffset + 2 * kHeads * 4;
+constexpr int kPipeFactorOffset = kPipeBadOffset + 16;
+constexpr int kPipeUsedBytes = kPipeFactorOffset + kSparseMaxCluster * kHeads * 4;
+constexpr int kPipelinedSharedBytes = kPipeUsedBytes + kSwizzleAtomBytes;
+static_assert(kHeads * kStageStride * 4 <= kPipePOffset, "O staging overlaps");
+static_assert(kPipelinedSharedBytes <= 227 * 1024, "shared memory beyond an SM's");
+static_assert(kPipePOffset % kSwizzleAtomBytes == 0, "P is a swizzled operand tile");
+
+// Registers per thread of each warpgroup after setmaxnreg: the launch gives every thread 168
+// (65536 / 384, rounded down to 8) and the three counts may not add up to more than 3 x 168.
+constexpr int kLaunchRegisters = 168;
+constexpr int kScoreRegistersCap = 208;  // S (32) + O (128) + P fragments (16)
+constexpr int kOutputRegistersCap = 160;
+constexpr int kProducerRegistersCap = 136;
+static_assert(kScoreRegistersCap + kOutputRegistersCap + kProducerRegistersCap <=
+                  3 * kLaunchRegisters,
+              "the warpgroups' registers exceed what the launch gave the CTA");
+
+// Named barriers (0 is __syncthreads).
+constexpr int kBarrierFull = 1;   // + stage
+constexpr int kBarrierEmpty = 3;  // + stage
+constexpr int kBarrierPReady = 5;
+constexpr int kBarrierPFree = 6;
+constexpr int kBarrierConsumers = 7;
+constexpr int kBarrierRegistersBack = 8;  // warpgroup 0 gave its extra registers back
+
+// Named barriers with their ids and thread counts as immediates.
+template <int kId, int kThreadCount>
+__device__ __forceinline__ void barrier_wait() {
+  asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "n"(kThreadCount) : "memory");
+}
+template <int kId, int kThreadCount>
+__device__ __forceinline__ void barrier_arrive() {
+  asm volatile("bar.arrive %0, %1;\n" ::"n"(kId), "n"(kThreadCount) : "memory");
+}
+// The stage's full / empty barrier.
+template <int kFirstId>
+__device__ __forceinline__ void stage_barrier_wait(int stage) {
+  if (stage == 0) {
+    barrier_wait<kFirstId, kPipelinedThreads>();
+  } else {
+    barrier_wait<kFirstId + 1, kPipelinedThreads>();
   }
-#pragma unroll
-  for (int i = 0; i < 128; ++i)
-    nan = nan || isnan(o[i]);
-  if (tid < kHeads && p.sink != nullptr && head0 + tid < p.num_heads) {
-    const float sink = p.sink[(head0 + tid) * p.sink_stride];
-    nan = nan || isnan(sink) || sink == INFINITY;  // the CPU's NaN results for such a sink
+}
+template <int kFirstId>
+__device__ __forceinline__ void stage_barrier_arrive(int stage) {
+  if (stage == 0) {
+    barrier_arrive<kFirstId, kPipelinedThreads>();
+  } else {
+    barrier_arrive<kFirstId + 1, kPipelinedThreads>();
   }
-  if (nan) *bad = 1;
-  __syncthreads();  // Q, E and the raw tile are free for the staging
-  float* stage = reinterpret_cast<float*>(smem + kStageOffset);
-#pragma unroll
-  for (int i = 0; i < 128; i += 2) {
-    const MatrixCoord at = wgmma_d_coord(thread, i);
-    *reinterpret_cast<float2*>(stage + at.row * kStageStride + 256 * half + at.col) =
-        make_float2(o[i], o[i + 1]);
+}
+template <int kRegisters>
+__device__ __forceinline__ void raise_registers() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
+template <int kRegisters>
+__device__ __forceinline__ void lower_registers() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
+
+// One producer thread's share of one entry: output chunks producer_chunk(quarter, j), j < 16, of
+// E's row (sparse_decode_layout.h; j < 14: FP8 chunks, 8 codes each, two per 16 stored bytes;
+// j = 14, 15: RoPE chunks), as stored. Quarters 0..3 of an entry are lanes l, l + 8, l + 16,
+// l + 24 of a warp, so a 16-byte load instruction reads 64 contiguous bytes of each of 8 entries.
+constexpr int kProducerFp8Chunks = static_cast<int>(kNopeDim / 8) / 4;  // 14
+struct EntryShare {
+  uint4 codes[kProducerFp8Chunks / 2];  // chunks 2 k and 2 k + 1 of the thread's share
+  uint4 rope[2];
+  uint2 scales;  // the entry's 8 scale bytes
+};
+
+// Global loads the compiler keeps where they are written (volatile asm keeps its order with the
+// shared-memory stores, also volatile asm): the next tile's bytes and slots are requested while
+// this tile is converted instead of being sunk to the loop's end, where their latency would
+// stall the next tile's conversion.
+__device__ __forceinline__ uint2 load_now_8(const uint8_t* source) {
+  uint2 v;
+  asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(source));
+  return v;
+}
+__device__ __forceinline__ uint4 load_now_16(const uint8_t* source) {
+  uint4 v;
+  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(source));
+  return v;
+}
+
+// listed_slot, loaded where it is written (load_now_8) and kept as loaded: converting an int32
+// slot to int64 right after the load would wait for it there. slot_value converts it at its use.
+struct LoadedSlot {
+  uint32_t low = 0xffffffffu, high = 0xffffffffu;  // -1: past the list
+  bool wide = true;                                // an int64 slot (else int32 in `low`)
+};
+__device__ __forceinline__ LoadedSlot load_slot_now(const SparseDecodeProblem& p, int64_t n,
+                                                    int64_t j) {
+  LoadedSlot loaded;
+  if (j >= p.list_length()) return loaded;
+  const bool first_list = j < p.num_indices;
+  const IndexView& view = first_list ? p.indices : p.extra_indices;
+  const int64_t offset =
+      n * view.row_stride + (first_list ? j : j - p.num_indices) * view.column_stride;
+  loaded.wide = view.dtype == DType::kInt64;
+  if (loaded.wide) {
+    asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];\n"
+                 : "=r"(loaded.low), "=r"(loaded.high)
+                 : "l"(static_cast<const int64_t*>(view.data) + offset));
+  } else {
+    asm volatile("ld.global.nc.u32 %0, [%1];\n"
+                 : "=r"(loaded.low)
+                 : "l"(static_cast<const int32_t*>(view.data) + offset));
   }
-  if (half == 0 && lane % 4 == 0) {
+  return loaded;
+}
+__device__ __forceinline__ int64_t slot_value(const LoadedSlot& loaded) {
+  return loaded.wide ? static_cast<int64_t>((uint64_t{loaded.high} << 32) | loaded.low)
+                     : static_cast<int64_t>(static_cast<int32_t>(loaded.low));
+}
+
+// Where a producer thread's entry is: its data and scale bytes, and whether it is real. An entry
+// that is not real (skipped, past the list, beyond its cache) points at bytes that exist (the
+// first entry of a pool with slots), which are loaded and discarded: the loads need no branch.
+struct ProducerEntry {
+  const uint8_t* data;
+  const uint8_t* scales;
+  bool real;
+};
+
+template <bool kWide>
+__device__ __forceinline__ void load_share(const ProducerEntry& entry, int quarter,
+                                           EntryShare& share) {
+  // 16 bytes at 16 (quarter + 4 k) of the FP8 codes: chunks producer_chunk(quarter, 2 k) and
+  // producer_chunk(quarter, 2 k + 1); 32 bytes at 32 quarter of the RoPE values.
+  auto load_16 = [&](const uint8_t* source) {
+    if (kWide) return load_now_16(source);
+    const uint2 lo = load_now_8(source);
+    const uint2 hi = load_now_8(source + 8);
+    return make_uint4(lo.x, lo.y, hi.x, hi.y);
+  };
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = 16 * head_tile + quad_row + 8 * r;
-      stat_m[row] = row_max[r];
-      stat_l[row] = row_sum[r];
+  for (int k = 0; k < kProducerFp8Chunks / 2; ++k)
+    share.codes[k] = load_16(entry.data + 16 * (quarter + 4 * k));
+#pragma unroll
+  for (int k = 0; k < 2; ++k)
+    share.rope[k] = load_16(entry.data + kNopeDim + 32 * quarter + 16 * k);
+  share.scales = load_now_8(entry.scales);
+}
+
+// The producer's locate_entry, without a branch: the page division by a multiply-high (`pages`:
+// by the block sizes of cache and extra_cache; the launcher runs this kernel only for pools of
+// fewer than 2^31 slots), `dummy` for an entry that is not real.
+__device__ __forceinline__ ProducerEntry producer_entry(const SparseDecodeProblem& p, int64_t j,
+                                                        int64_t slot,
+                                                        const hdk::detail::FastDivide (&pages)[2],
+                                                        const ProducerEntry& dummy, int* bad) {
+  const bool first_list = j < p.num_indices;
+  const PagedPool& pool = first_list ? p.cache : p.extra_cache;
+  const bool real = slot >= 0 && slot < pool.num_slots();
+  if (slot >= pool.num_slots()) *bad = 1;
+  const uint32_t narrow = real ? static_cast<uint32_t>(slot) : 0u;
+  // The divider picked field by field: indexing `pages` by a run-time value would put the
+  // array in local memory.
+  hdk::detail::FastDivide divide;
+  divide.divisor = first_list ? pages[0].divisor : pages[1].divisor;
+  divide.multiplier = first_list ? pages[0].multiplier : pages[1].multiplier;
+  divide.shift = first_list ? pages[0].shift : pages[1].shift;
+  const uint32_t block = divide.quotient(narrow);
+  const uint32_t offset = narrow - block * static_cast<uint32_t>(pool.block_size);
+  const uint8_t* page = pool.data + static_cast<int64_t>(block) * pool.page_stride;
+  const ProducerEntry entry{
+      page + int64_t{offset} * kEntryDataBytes,
+      page + pool.block_size * kEntryDataBytes + int64_t{offset} * kEntryScaleBytes, true};
+  return real ? entry : dummy;
+}
+
+// The share's chunks as bf16 into row `entry` of the E stage at shared address `stage` (zeros
+// for an entry that is not real); returns, for a real entry, nonzero where a code is an FP8 NaN
+// or a scale byte the NaN scale (what fp8_nan_bits finds, accumulated with fewer instructions).
+__device__ __forceinline__ uint32_t store_share(const EntryShare& share, bool real, uint32_t stage,
+                                                int entry, int quarter) {
+  const uint32_t row = stage + static_cast<uint32_t>(entry) * 128;
+  // Chunk producer_chunk(quarter, j) lies at chunk (2 quarter + j % 2) ^ (entry % 8) of block
+  // j / 2 (producer_chunk_offset): two swizzled positions serve all sixteen.
+  const uint32_t swizzled[2] = {static_cast<uint32_t>(((2 * quarter) ^ (entry % 8)) * 16),
+                                static_cast<uint32_t>(((2 * quarter + 1) ^ (entry % 8)) * 16)};
+  auto store = [&](int j, uint4 value) {
+    const uint32_t target = row + (j / 2) * operand_block_bytes(kTile) + swizzled[j % 2];
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(target), "r"(value.x),
+                 "r"(value.y), "r"(value.z), "r"(value.w)
+                 : "memory");
+  };
+  auto scale_of = [&](int j) {  // chunk producer_chunk(quarter, j)'s scale group is j / 2
+    const int group = j / 2;
+    return ((group < 4 ? share.scales.x : share.scales.y) >> (8 * (group % 4))) & 0xffu;
+  };
+  // Bit 7 of a byte ends up set where (code & 0x7f) + 1 carries into it, that is for the codes
+  // 0x7f and 0xff (e4m3_nan_flags); the other bits collect garbage and are masked at the end.
+  auto codes_of = [&](int j) {
+    const uint4 pair = share.codes[j / 2];
+    return j % 2 == 0 ? make_uint2(pair.x, pair.y) : make_uint2(pair.z, pair.w);
+  };
+  uint32_t nan_sum = 0;
+  auto add_nan_flags = [&](uint2 codes) {
+    nan_sum |= ((codes.x & 0x7f7f7f7fu) + 0x01010101u) | ((codes.y & 0x7f7f7f7fu) + 0x01010101u);
+  };
+  // The 7 scale bytes (the 8th is padding) decide, for the whole warp, whether one multiply a
+  // pair is exact; the other path is for scales above 2^7.
+  uint32_t top = __vmaxu4(share.scales.x, share.scales.y & 0x00ffffffu);
+  top = __vmaxu4(top, top >> 16);
+  top = __vmaxu4(top, top >> 8) & 0xffu;
+  if (__all_sync(kFullMask, !real || top <= kOneMultiplyMaxScale)) {
+#pragma unroll
+    for (int j = 0; j < kProducerFp8Chunks; ++j) {
+      add_nan_flags(codes_of(j));
+      store(j, dequantize_8_by(codes_of(j), real ? one_multiply_factor(scale_of(j)) : 0u));
+    }
+  } else {
+    const uint32_t up = kBf16TwoTo120 * 0x10001u;
+#pragma unroll
+    for (int j = 0; j < kProducerFp8Chunks; ++j) {
+      add_nan_flags(codes_of(j));
+      const uint4 placed = dequantize_8_by(codes_of(j), up);  // the values, exact
+      const uint32_t scale = real ? ue8m0_as_bf16(scale_of(j)) * 0x10001u : 0u;
+      store(j, make_uint4(mul_bf16x2(placed.x, scale), mul_bf16x2(placed.y, scale),
+                          mul_bf16x2(placed.z, scale), mul_bf16x2(placed.w, scale)));
     }
   }
-  cluster.sync();  // every CTA's partials and flag are visible cluster-wide
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {  // RoPE chunks 56 + 2 quarter + k, copied
+    const uint4 value = share.rope[k];
+    store(kProducerFp8Chunks + k, real ? value : make_uint4(0, 0, 0, 0));
+  }
+  // A scale byte 0xff is a zero byte of its complement (the padding byte's complement is 0xff).
+  auto has_zero_byte = [](uint32_t v) { return (v - 0x01010101u) & ~v & 0x80808080u; };
+  const uint32_t nan_scales =
+      has_zero_byte(~share.scales.x) | has_zero_byte(~(share.scales.y & 0x00ffffffu));
+  return real ? (nan_sum & 0x80808080u) | nan_scales : 0u;
+}
 
-  // ---- combine: the row's validity, then this CTA's column slice of its group's heads -------
-  int row_bad = 0;
-  for (int r = 0; r < plan.cluster(); ++r)
-    row_bad |= *cluster.map_shared_rank(bad, r);
-  if (tid < kHeads) {
-    const int h = tid;
-    float top = -INFINITY;
-    for (int s = 0; s < plan.splits; ++s)
-      top = fmaxf(top, cluster.map_shared_rank(stat_m, s * plan.groups + group)[h]);
-    const bool has_head = head0 + h < p.num_heads;
-    const float sink =
-        p.sink != nullptr && has_head ? p.sink[(head0 + h) * p.sink_stride] * kLog2e : -INFINITY;
-    const float list_top = top;
-    top = fmaxf(top, sink);
-    float lse = -INFINITY;
-    if (top == -INFINITY) {  // empty list and no sink: o = 0, lse = -inf
-      for (int s = 0; s < plan.splits; ++s)
-        factors[s * kHeads + h] = 0.0f;
+template <bool kWide>
+__global__ void __launch_bounds__(kPipelinedThreads, 1)
+    sparse_decode_pipelined_kernel(SparseDecodeProblem p, SparsePlan plan, bool q_vector,
+                                   bool out_vector) {
+  extern __shared__ __align__(128) uint8_t shared_bytes[];
+  uint8_t* smem =
+      shared_bytes +
+      (kSwizzleAtomBytes - shared_address(shared_bytes) % kSwizzleAtomBytes) % kSwizzleAtomBytes;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int64_t n = blockIdx.x / plan.cluster();
+  const int group = rank % plan.groups, split = rank / plan.groups;
+  const int64_t head0 = int64_t{group} * kHeads;
+  const int tid = threadIdx.x, lane = tid % 32;
+  const int warpgroup = tid / 128;
+  const int thread = tid % 128;  // in the warpgroup
+
+  int* valid = reinterpret_cast<int*>(smem + kPipeValidOffset);
+  float* alpha_shared = reinterpret_cast<float*>(smem + kPipeAlphaOffset);
+  int* bad = reinterpret_cast<int*>(smem + kPipeBadOffset);
+  const CtaSpace space{reinterpret_cast<float*>(smem + kStageOffset),
+                       reinterpret_cast<float*>(smem + kPipeStatOffset),
+                       reinterpret_cast<float*>(smem + kPipeStatOffset) + kHeads, bad,
+                       reinterpret_cast<float*>(smem + kPipeFactorOffset)};
+  if (tid == 0) *bad = 0;
+  __syncthreads();
+
+  const int64_t tiles = (p.list_length() + kTile - 1) / kTile;
+  const int64_t first = split_first_tile(tiles, split, plan.splits);
+  const int64_t count = split_first_tile(tiles, split + 1, plan.splits) - first;
+  const uint32_t e_tiles = shared_address(smem + kPipeEOffset);
+  auto stage_address = [&](int64_t i) { return e_tiles + static_cast<uint32_t>(i & 1) * kEBytes; };
+  float o[128];
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.0f, 0.0f};
+  const bool q_async = q_vector && p.q.dtype != DType::kFloat32;
+
+  if (warpgroup == 2) {
+    // ---- producer -----------------------------------------------------------------------------
+    lower_registers<kProducerRegistersCap>();
+    const int producer_warp = (tid - kProducerThread0) / 32;
+    const int quarter = lane / 8;
+    // Entries pass * 32 + entry_in_pass of each tile.
+    const int entry_in_pass = producer_warp * 8 + lane % 8;
+    auto entry_index = [&](int64_t i, int pass) {
+      return (first + i) * kTile + pass * 32 + entry_in_pass;
+    };
+    const hdk::detail::FastDivide pages[2] = {
+        hdk::detail::FastDivide(static_cast<uint32_t>(p.cache.block_size)),
+        hdk::detail::FastDivide(
+            static_cast<uint32_t>(p.extra_cache.block_size > 0 ? p.extra_cache.block_size : 1))};
+    // The launcher runs this kernel only where one of the pools has a slot (and none has 2^31).
+    const PagedPool& dummy_pool = p.cache.num_slots() > 0 ? p.cache : p.extra_cache;
+    const ProducerEntry dummy{dummy_pool.data,
+                              dummy_pool.data + dummy_pool.block_size * kEntryDataBytes, false};
+    EntryShare share[2];
+    bool real[2];
+    LoadedSlot slot_ahead[2];  // the slots of tile i + 1, loaded a tile early
+    uint32_t nan_bits = 0;
+    if (count > 0) {
+      // The first two tiles' slots in one round trip, then the first tile's bytes.
+      LoadedSlot first_slots[2];
+#pragma unroll
+      for (int pass = 0; pass < 2; ++pass) {
+        first_slots[pass] = load_slot_now(p, n, entry_index(0, pass));
+        slot_ahead[pass] = load_slot_now(p, n, entry_index(1, pass));
+      }
+#pragma unroll
+      for (int pass = 0; pass < 2; ++pass) {
+        const ProducerEntry entry = producer_entry(
+            p, entry_index(0, pass), slot_value(first_slots[pass]), pages, dummy, bad);
+        real[pass] = entry.real;
+        load_share<kWide>(entry, quarter, share[pass]);
+      }
+    }
+    for (int64_t i = 0; i < count; ++i) {
+      const int stage = static_cast<int>(i & 1);
+      // Tile i + 1's entries and tile i + 2's slots without a branch: past the slice they are
+      // the next slice's (or past the list) and go unused; a slot of the row beyond its cache
+      // marks the row bad in whichever CTA of its cluster finds it.
+      ProducerEntry next[2];
+#pragma unroll
+      for (int pass = 0; pass < 2; ++pass) {
+        next[pass] = producer_entry(p, entry_index(i + 1, pass), slot_value(slot_ahead[pass]),
+                                    pages, dummy, bad);
+        slot_ahead[pass] = load_slot_now(p, n, entry_index(i + 2, pass));
+      }
+      if (i >= kPipelinedStages) stage_barrier_wait<kBarrierEmpty>(stage);
+      // The next tile's bytes are loaded into each pass's registers once they are converted:
+      // pass 0's while pass 1 converts, pass 1's after the stage is signalled full, so that the
+      // fence and the signal do not wait behind loads just issued (on an H100, loading pass 1
+      // before the signal was 4-5% slower on the long lists).
+      auto convert = [&](int pass) {
+        const int entry = pass * 32 + entry_in_pass;
+        nan_bits |= store_share(share[pass], real[pass], stage_address(i), entry, quarter);
+        if (quarter == 0) valid[stage * kTile + entry] = real[pass] ? 1 : 0;
+      };
+      auto load_next = [&](int pass) {
+        if (i + 1 < count) {
+          real[pass] = next[pass].real;
+          load_share<kWide>(next[pass], quarter, share[pass]);
+        }
+      };
+      convert(0);
+      load_next(0);
+      convert(1);
+      fence_shared_for_wgmma();
+      stage_barrier_arrive<kBarrierFull>(stage);
+      load_next(1);
+    }
+    if (nan_bits != 0) *bad = 1;
+    // Taking registers back before warpgroup 0 has raised its own could leave it waiting for
+    // them while the consumers wait for it: only once it has given them back.
+    barrier_wait<kBarrierRegistersBack, kPipelinedThreads>();
+    raise_registers<kLaunchRegisters>();
+  } else {
+    // ---- consumers: the queries first ---------------------------------------------------------
+    load_queries(p, n, head0, q_async, q_vector, smem, bad, tid);
+    cp_async_commit();
+    cp_async_wait<0>();
+    // Checked now, not after the list: the last reads of Q by the threads are then far from the
+    // O staging that overwrites it.
+    if (q_async && !queries_finite(smem, tid)) *bad = 1;
+    fence_shared_for_wgmma();
+    barrier_wait<kBarrierConsumers, 2 * 128>();
+#pragma unroll
+    for (int i = 0; i < 128; ++i)
+      o[i] = 0.0f;
+    const uint32_t p_tile = shared_address(smem + kPipePOffset);
+    const int warp_rows = 16 * ((tid / 32) % 4) + lane / 4;  // rows warp_rows and + 8
+    if (warpgroup == 0) {
+      raise_registers<kScoreRegistersCap>();
+      const uint32_t q_tile = shared_address(smem + kPipeQOffset);
+      const float score_scale = p.scale * kLog2e;
+      for (int64_t i = 0; i < count; ++i) {
+        const int stage = static_cast<int>(i & 1);
+        const uint32_t e_tile = stage_address(i);
+        const int* tile_valid = valid + stage * kTile;
+        stage_barrier_wait<kBarrierFull>(stage);
+        float s[kScoreRegisters];
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < 32; ++k) {
+          wgmma_m64n64k16(s, wgmma_descriptor(q_tile, scores_operand(k, kHeads)),
+                          wgmma_descriptor(e_tile, scores_operand(k, kTile)), k > 0);
+        }
+        wgmma_commit();
+        if (i > 0) {
+          wgmma_wait<1>();  // the last tile's O product: its stage is free on this side
+          if (i + 1 < count) stage_barrier_arrive<kBarrierEmpty>(stage ^ 1);
+        }
+        wgmma_wait<0>();
+        wgmma_fence_accumulators(s);
+        wgmma_fence_accumulators(o);
+
+        float alpha[2];
+        constexpr int kSteps = kTile / 16;
+        uint32_t weights[kSteps][4];
+        softmax_tile(s, tile_valid, thread, score_scale, row_max, row_sum, o, alpha, weights);
+        // P and the rescale factors for warpgroup 1, once it is done with the last tile's.
+        if (i > 0) barrier_wait<kBarrierPFree, 2 * 128>();
+#pragma unroll
+        for (int k = 0; k < kSteps; ++k) {
+#pragma unroll
+          for (int reg = 0; reg < 4; ++reg) {
+            const MatrixCoord at = wgmma_a_coord(thread, reg, 0);
+            const int col = at.col + 16 * k;
+            const uint32_t target =
+                p_tile + operand_chunk_offset(at.row, col / 8, kHeads) + (col % 8) * 2;
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(target), "r"(weights[k][reg])
+                         : "memory");
+          }
+        }
+        if (lane % 4 == 0) {
+          alpha_shared[warp_rows] = alpha[0];
+          alpha_shared[warp_rows + 8] = alpha[1];
+        }
+        fence_shared_for_wgmma();
+        barrier_arrive<kBarrierPReady, 2 * 128>();
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < kSteps; ++k) {
+          wgmma_m64n256k16_a_registers(o, weights[k],
+                                       wgmma_descriptor(e_tile, outputs_operand(0, k, kTile)));
+        }
+        wgmma_commit();
+      }
+      wgmma_wait<0>();
+      wgmma_fence_accumulators(o);
+      lower_registers<kLaunchRegisters>();
+      barrier_arrive<kBarrierRegistersBack, kPipelinedThreads>();
     } else {
-      float denominator = exp2f(sink - top);
-      for (int s = 0; s < plan.splits; ++s) {
-        const int peer = s * plan.groups + group;
-        const float weight = exp2f(cluster.map_shared_rank(stat_m, peer)[h] - top);
-        denominator += cluster.map_shared_rank(stat_l, peer)[h] * weight;
-        factors[s * kHeads + h] = weight;
-      }
-      for (int s = 0; s < plan.splits; ++s)
-        factors[s * kHeads + h] /= denominator;
-      // An empty list leaves the sink alone in the denominator: lse is the sink itself, not
-      // its round trip through log2 units.
-      lse = list_top == -INFINITY ? p.sink[(head0 + h) * p.sink_stride]
-                                  : (top + log2f(denominator)) * kLn2;
-    }
-    if (!p.lse_includes_sink) {  // log of the list's own sum (FlashMLA's lse)
-      float list_sum = 0.0f;
-      for (int s = 0; s < plan.splits; ++s) {
-        const int peer = s * plan.groups + group;
-        list_sum += cluster.map_shared_rank(stat_l, peer)[h] *
-                    exp2f(cluster.map_shared_rank(stat_m, peer)[h] - list_top);
-      }
-      lse = list_top == -INFINITY ? -INFINITY : (list_top + log2f(list_sum)) * kLn2;
-    }
-    if (split == 0 && has_head && p.lse != nullptr) {
-      p.lse[n * p.lse_row_stride + (head0 + h) * p.lse_head_stride] = row_bad ? NAN : lse;
-    }
-  }
-  __syncthreads();  // factors are complete
-
-  // Each thread sums four columns of one head over the splits: every split's partial is loaded
-  // (distributed shared memory) before any is used, then four values are stored at once.
-  const int columns = static_cast<int>(kHeadDim) / plan.splits;
-  const int column0 = split * columns;
-  const float* peer_stage[kSparseMaxCluster];
+      lower_registers<kOutputRegistersCap>();
+      for (int64_t i = 0; i < count; ++i) {
+        const int stage = static_cast<int>(i & 1);
+        const uint32_t e_tile = stage_address(i);
+        stage_barrier_wait<kBarrierFull>(stage);
+        barrier_wait<kBarrierPReady, 2 * 128>();
+        const float alpha[2] = {alpha_shared[warp_rows], alpha_shared[warp_rows + 8]};
+        if (__any_sync(kFullMask, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
-  for (int s = 0; s < kSparseMaxCluster; ++s) {
-    peer_stage[s] =
-        s < plan.splits ? cluster.map_shared_rank(stage, s * plan.groups + group) : stage;
-  }
-  const int quads_log2 = 7 - (__ffs(plan.splits) - 1);  // columns / 4 = 2^quads_log2
-  for (int job = tid; job < kHeads << quads_log2; job += kThreads) {
-    const int h = job >> quads_log2;
-    const int col = column0 + 4 * (job & ((1 << quads_log2) - 1));
-    const int64_t head = head0 + h;
-    if (head >= p.num_heads) continue;
-    float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (!row_bad && plan.splits == 1) {  // the CTA's own partial alone
-      const float f = factors[h];
-      const float4 v = *reinterpret_cast<const float4*>(stage + h * kStageStride + col);
-      sum = make_float4(f * v.x, f * v.y, f * v.z, f * v.w);
-    } else if (!row_bad) {
-      float4 partial[kSparseMaxCluster];
-#pragma unroll
-      for (int s = 0; s < kSparseMaxCluster; ++s) {
-        if (s < plan.splits) {
-          partial[s] = *reinterpret_cast<const float4*>(peer_stage[s] + h * kStageStride + col);
+          for (int r = 0; r < 128; ++r)
+            o[r] *= alpha[(r / 2) % 2];
         }
-      }
+        wgmma_fence();
 #pragma unroll
-      for (int s = 0; s < kSparseMaxCluster; ++s) {
-        if (s < plan.splits) {
-          const float f = factors[s * kHeads + h];
-          sum.x += f * partial[s].x, sum.y += f * partial[s].y;
-          sum.z += f * partial[s].z, sum.w += f * partial[s].w;
+        for (int k = 0; k < kTile / 16; ++k) {
+          wgmma_m64n256k16(o, wgmma_descriptor(p_tile, scores_operand(k, kHeads)),
+                           wgmma_descriptor(e_tile, outputs_operand(1, k, kTile)));
         }
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_fence_accumulators(o);
+        if (i + 1 < count) barrier_arrive<kBarrierPFree, 2 * 128>();
+        if (i + 2 < count) stage_barrier_arrive<kBarrierEmpty>(stage);
       }
+      barrier_wait<kBarrierRegistersBack, kPipelinedThreads>();
+      raise_registers<kLaunchRegisters>();
     }
-    const int64_t offset = n * p.out_row_stride + head * p.out_head_stride + col;
-    store_output4(p, offset, sum, out_vector);
   }
-  if (rank == 0 && tid == 0 && row_bad) count_invalid(p.invalid_count, 1);
-  cluster.sync();  // no CTA leaves while a peer may still read its shared memory
+  // Every warpgroup is back at the launch's register count, so the three finish in one place
+  // (one set of CTA and cluster barriers, reached by every thread from the same code).
+  finish_row<kPipelinedThreads>(p, plan, space, n, tid, warpgroup < 2 ? warpgroup : -1,
+                                warpgroup == 0, o, row_max, row_sum, out_vector);
 }
 
 // ---- CUDA-core kernel -------------------------------------------------------------------------
@@ -780,7 +1355,25 @@ bool aligned_16(const void* pointer) {
   return reinterpret_cast<uintptr_t>(pointer) % 16 == 0;
 }
 
-void launch_mma(const SparseDecodeProblem& p, int device, cudaStream_t stream) {
+// Whether the dispatcher (SparseDecodeKernel::kAuto) runs the pipelined kernel. Not yet: on an
+// H100 it is 1.2-1.7x the other from 3 tiles a CTA and passes every test and memcheck, but
+// compute-sanitizer's racecheck reports hazards on it (between shared-memory accesses that a
+// CTA-wide barrier orders in its SASS; docs/dsv4-attention.md), and a kernel goes in front of
+// users only once that is resolved. kTensorCorePipelined selects it meanwhile.
+constexpr bool kPipelinedByDefault = false;
+
+// The pipelined kernel's speed comes from its steady state; on a slice of one or two tiles the
+// first tile's latency dominates, and there the other tensor-core kernel, whose 8 warps all
+// convert that tile, measured 1-3% faster (H100, Flash CSA lists at N <= 8: 2 tiles a CTA;
+// bench/results/2026-11-26-h100-sparse-pipelined). From 3 tiles on, the pipelined one is ahead.
+constexpr int64_t kPipelinedMinTiles = 3;
+
+// One of the two tensor-core kernels over the row clusters of plan_sparse_decode: `pipelined`
+// false forces the other; true runs the pipelined one where the call allows it (the caller
+// checked the pools) and, unless `forced`, where its slices are at least kPipelinedMinTiles
+// long.
+void launch_tensor_core(const SparseDecodeProblem& p, bool pipelined, bool forced, int device,
+                        cudaStream_t stream) {
   const bool wide = aligned_16(p.cache.data) && p.cache.page_stride % 16 == 0 &&
                     (p.num_extra_indices == 0 ||
                      (aligned_16(p.extra_cache.data) && p.extra_cache.page_stride % 16 == 0));
@@ -790,24 +1383,45 @@ void launch_mma(const SparseDecodeProblem& p, int device, cudaStream_t stream) {
   const int64_t out_element = p.out_dtype == DType::kFloat32 ? 4 : 2;
   const bool out_vector = reinterpret_cast<uintptr_t>(p.out) % (4 * out_element) == 0 &&
                           p.out_row_stride % 4 == 0 && p.out_head_stride % 4 == 0;
-  auto kernel = wide ? sparse_decode_mma_kernel<true> : sparse_decode_mma_kernel<false>;
-  hdk::detail::allow_dynamic_shared_memory(kernel, kSharedBytes, device, kOperation);
-  ResidentClusters resident;
-  for (int size = sparse_head_groups(p.num_heads); size <= kSparseMaxCluster; size *= 2) {
-    resident.by_size[size] = hdk::detail::max_active_clusters(
-        kernel, static_cast<unsigned>(size), kThreads, kSharedBytes, device, kOperation);
+  auto kernel_of = [&](bool use_pipelined) {
+    return use_pipelined
+               ? (wide ? sparse_decode_pipelined_kernel<true>
+                       : sparse_decode_pipelined_kernel<false>)
+               : (wide ? sparse_decode_mma_kernel<true> : sparse_decode_mma_kernel<false>);
+  };
+  auto plan_of = [&](bool use_pipelined) {
+    const unsigned threads = use_pipelined ? kPipelinedThreads : kThreads;
+    const int shared_bytes = use_pipelined ? kPipelinedSharedBytes : kSharedBytes;
+    hdk::detail::allow_dynamic_shared_memory(kernel_of(use_pipelined), shared_bytes, device,
+                                             kOperation);
+    ResidentClusters resident;
+    for (int size = sparse_head_groups(p.num_heads); size <= kSparseMaxCluster; size *= 2) {
+      resident.by_size[size] =
+          hdk::detail::max_active_clusters(kernel_of(use_pipelined), static_cast<unsigned>(size),
+                                           threads, shared_bytes, device, kOperation);
+    }
+    SparsePlan plan = plan_sparse_decode(p.num_rows, p.num_heads, p.list_length(), resident);
+    if (const int forced_splits = splits_override.load(); forced_splits > 0) {
+      plan.splits = sparse_max_splits(plan.groups, sparse_tiles(p.list_length()));
+      while (plan.splits > forced_splits)
+        plan.splits /= 2;
+    }
+    return plan;
+  };
+  SparsePlan plan = plan_of(pipelined);
+  const int64_t tiles_per_cta = (sparse_tiles(p.list_length()) + plan.splits - 1) / plan.splits;
+  if (pipelined && !forced && tiles_per_cta < kPipelinedMinTiles) {
+    pipelined = false;
+    plan = plan_of(false);
   }
-  SparsePlan plan = plan_sparse_decode(p.num_rows, p.num_heads, p.list_length(), resident);
-  if (const int forced = splits_override.load(); forced > 0) {
-    plan.splits = sparse_max_splits(plan.groups, sparse_tiles(p.list_length()));
-    while (plan.splits > forced)
-      plan.splits /= 2;
-  }
+  const unsigned threads = pipelined ? kPipelinedThreads : kThreads;
+  const int shared_bytes = pipelined ? kPipelinedSharedBytes : kSharedBytes;
   hdk::detail::check_launch(
-      hdk::detail::launch_in_clusters(
-          kernel, static_cast<unsigned>(p.num_rows * plan.cluster()), kThreads, kSharedBytes,
-          stream, static_cast<unsigned>(plan.cluster()), p, plan, q_vector, out_vector),
-      kOperation, "sparse_decode_mma_kernel");
+      hdk::detail::launch_in_clusters(kernel_of(pipelined),
+                                      static_cast<unsigned>(p.num_rows * plan.cluster()), threads,
+                                      shared_bytes, stream, static_cast<unsigned>(plan.cluster()),
+                                      p, plan, q_vector, out_vector),
+      kOperation, pipelined ? "sparse_decode_pipelined_kernel" : "sparse_decode_mma_kernel");
 }
 
 }  // namespace
@@ -833,17 +1447,28 @@ void sparse_decode_cuda(const SparseDecodeProblem& p, int device, CudaStream str
   }
   const SparseDecodeKernel forced = kernel_override.load();
   const bool mma_fits = sparse_mma_supports(p.num_heads);
-  if (forced == SparseDecodeKernel::kTensorCore && !mma_fits) {
+  const bool pipelined_asked = forced == SparseDecodeKernel::kTensorCorePipelined ||
+                               forced == SparseDecodeKernel::kTensorCorePipelinedEveryCall ||
+                               (forced == SparseDecodeKernel::kAuto && kPipelinedByDefault);
+  const bool forced_tensor_core = forced == SparseDecodeKernel::kTensorCore || pipelined_asked;
+  if (forced != SparseDecodeKernel::kAuto && forced_tensor_core && !mma_fits) {
     throw Error(std::string(kOperation) +
                 ": the tensor-core kernel was forced, but it serves only "
                 "head counts that are multiples of 16 up to 512, got Hq = " +
                 std::to_string(p.num_heads));
   }
-  const bool use_mma =
-      forced == SparseDecodeKernel::kAuto ? mma_fits : forced == SparseDecodeKernel::kTensorCore;
   hdk::detail::CudaDeviceGuard guard(device, kOperation);
-  if (use_mma) {
-    launch_mma(p, device, stream);
+  if (forced == SparseDecodeKernel::kAuto ? mma_fits : forced_tensor_core) {
+    // The pipelined kernel points the loads of entries that are not real at a pool's first
+    // entry and divides slots in 32 bits: without a slot in any pool (nothing to attend to), or
+    // with a pool of 2^31 slots or more (over a terabyte of entries), the other one runs.
+    const bool extra_used = p.num_extra_indices > 0;
+    const bool pool_with_slots =
+        p.cache.num_slots() > 0 || (extra_used && p.extra_cache.num_slots() > 0);
+    const bool narrow_slots =
+        p.cache.num_slots() <= INT32_MAX && (!extra_used || p.extra_cache.num_slots() <= INT32_MAX);
+    launch_tensor_core(p, pipelined_asked && pool_with_slots && narrow_slots,
+                       forced == SparseDecodeKernel::kTensorCorePipelinedEveryCall, device, stream);
     return;
   }
   sparse_decode_simple_kernel<<<static_cast<unsigned>(p.num_rows), kThreads, 0, stream>>>(p);

@@ -14,11 +14,21 @@ namespace detail {
 
 void sparse_decode_cuda(const SparseDecodeProblem& problem, int device, CudaStream stream);
 
-// Which kernel serves a call: the dispatcher's choice (the tensor-core kernel for Hq a multiple
-// of 16 up to 512, else the CUDA-core one), or one of them forced. A test aid affecting every
-// later call in the process; forcing the tensor-core kernel for a head count it cannot serve is
-// an hdk::Error at the call.
-enum class SparseDecodeKernel { kAuto, kTensorCore, kCudaCore };
+// Which kernel serves a call: the dispatcher's choice (kAuto: the tensor-core kernel for Hq a
+// multiple of 16 up to 512, else the CUDA-core one), or one forced. kTensorCore: the tensor-core
+// kernel without warp specialization (today's default); kTensorCorePipelined: the warp-specialized
+// one where a CTA's slice of the list is long enough, the other elsewhere (what kAuto is to pick
+// once racecheck is clean on it: docs/dsv4-attention.md); kTensorCorePipelinedEveryCall: the
+// warp-specialized one on every call it can serve (the tests). A test and benchmark aid
+// affecting every later call in the process; forcing a tensor-core kernel for a head count it
+// cannot serve is an hdk::Error at the call.
+enum class SparseDecodeKernel {
+  kAuto,
+  kTensorCore,
+  kTensorCorePipelined,
+  kTensorCorePipelinedEveryCall,
+  kCudaCore
+};
 void set_sparse_decode_kernel_override(SparseDecodeKernel kernel);
 
 // Tuning aid for the tensor-core kernel, affecting every later call in the process: the list

@@ -63,6 +63,18 @@ HDK_HOST_DEVICE int operand_chunk_offset(int row, int chunk, int rows) {
   return (chunk / 8) * operand_block_bytes(rows) + row * 128 + ((chunk % 8) ^ (row % 8)) * 16;
 }
 
+// The pipelined kernel's producer: lane l of a warp converts chunks producer_chunk(l / 8, j),
+// j < 16, of an entry (j < 14: FP8 chunks, two per 16 stored bytes; 14, 15: RoPE chunks), and
+// stores chunk j at producer_chunk_offset, the form the kernel computes (equal to
+// operand_chunk_offset(row, producer_chunk(quarter, j), rows)): the swizzled position within the
+// row takes one of two values, (2 quarter + j % 2) ^ (row % 8).
+HDK_HOST_DEVICE int producer_chunk(int quarter, int j) {
+  return 8 * (j / 2) + 2 * quarter + j % 2;
+}
+HDK_HOST_DEVICE int producer_chunk_offset(int row, int quarter, int j, int rows) {
+  return (j / 2) * operand_block_bytes(rows) + row * 128 + ((2 * quarter + j % 2) ^ (row % 8)) * 16;
+}
+
 // A wgmma operand relative to its tile: start, leading and stride byte offsets of its descriptor.
 struct WgmmaOperand {
   int start = 0;
