@@ -1193,7 +1193,6 @@ TEST_P(SparseDecode, SplitListEqualsTheWholeList) {
   }
 }
 
-// FlashMLA's convention: the sink scales o but is left out of lse (-inf for an empty list).
 // Entries up to 2^24 times larger than the others: scale bytes up to about 144, above the
 // one-multiply dequantization's 134, in the same tiles as small ones.
 TEST_P(SparseDecode, LargeEntryScales) {
@@ -1205,6 +1204,7 @@ TEST_P(SparseDecode, LargeEntryScales) {
   run_sparse_case(c, GetParam());
 }
 
+// FlashMLA's convention: the sink scales o but is left out of lse (-inf for an empty list).
 TEST_P(SparseDecode, LseWithoutTheSink) {
   SparseCase c;
   c.N = 3;
