@@ -482,9 +482,9 @@ void print_attention_usage() {
       "  --json FILE           also write results as JSON\n"
       "  --splits S            sparse_decode on tensor cores: S list splits per row (tuning;\n"
       "                        rounded down to what the cluster and the list allow)\n"
-      "  --sparse-kernel K     sparse_decode on tensor cores: auto (the dispatcher's: mma today),\n"
-      "                        mma (without warp specialization) or pipelined (warp-specialized\n"
-      "                        where a CTA walks 3+ tiles, mma elsewhere)\n"
+      "  --sparse-kernel K     sparse_decode on tensor cores: auto (the dispatcher's, the same as\n"
+      "                        pipelined), mma (without warp specialization) or pipelined\n"
+      "                        (warp-specialized where a CTA walks 3+ tiles, mma elsewhere)\n"
       "  --index-kernel K      index_topk on tensor cores: auto (warpgroups up to 64 heads) or\n"
       "                        warp (the mma.sync kernel at any head count; comparison)\n"
       "  --cpu                 run on the CPU even when a GPU is present\n");

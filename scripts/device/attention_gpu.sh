@@ -9,8 +9,10 @@
 # $OUT/attention-gpu/ and are packed into $OUT/attention-gpu.tar.gz. Every step runs even when an
 # earlier one fails; the exit status is non-zero when any failed.
 #
-# Knobs: HDK_BUILD_DIR (default build-cuda), HDK_SKIP_BUILD=1, HDK_SKIP_PYTHON=1,
-# ATTENTION_CUDA_CASES (gtest filter of the CUDA cases for memcheck), ATTENTION_RACECHECK_CASES
+# Knobs: HDK_BUILD_DIR (default build-cuda), HDK_SKIP_BUILD=1, HDK_SKIP_PYTHON=1 (the same as
+# leaving python out of ATTENTION_PARTS), ATTENTION_PARTS (default checks,bench,python: the tests
+# and sanitizers, the benchmark, the Python package; all three can exceed one 10-minute call, so
+# a call may run some), ATTENTION_CUDA_CASES (gtest filter of the CUDA cases for memcheck), ATTENTION_RACECHECK_CASES
 # (the same for racecheck; see step 3), BENCH_ARGS (extra hdk-bench attention options),
 # TORCH_ITERATIONS (default 100).
 set -uo pipefail
@@ -25,8 +27,11 @@ bench="$build/bench/hdk-bench"
 python=${PYTHON:-python3}
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 cuda_cases=${ATTENTION_CUDA_CASES:-'*Cuda*:*cuda*:*CUDA*'}
-racecheck_cases=${ATTENTION_RACECHECK_CASES:-'Backends/SparseDecode.*/cuda_tensor_core:SparseDecodeCuda*'}
+racecheck_cases=${ATTENTION_RACECHECK_CASES:-'Backends/SparseDecode.*/cuda_tensor_core*:SparseDecodeCuda*:DecodeStepCudaGraph*'}
 failed=()
+parts=${ATTENTION_PARTS:-checks,bench,python}
+[[ -n ${HDK_SKIP_PYTHON:-} ]] && parts=${parts//python/}
+wants() { [[ ,$parts, == *,$1,* ]]; }
 
 source scripts/device/step.sh  # after the cd to the repository root
 after_step() {  # a run cut short still leaves its logs
@@ -64,38 +69,41 @@ for binary in "$tests" "$bench"; do
   fi
 done
 
-# 1. Every attention test (the CUDA cases must run here, not skip).
-step tests 120 "$tests"
-if grep -q "cuda backend skipped\|no CUDA device" "$out/tests.log"; then
-  failed+=("tests (CUDA cases skipped: no usable GPU?)")
-fi
+# 1. Every attention test (the CUDA cases must run here, not skip; 118 s on an H100, 2026-11-27).
+if wants checks; then
+  step tests 200 "$tests"
+  if grep -q "cuda backend skipped\|no CUDA device" "$out/tests.log"; then
+    failed+=("tests (CUDA cases skipped: no usable GPU?)")
+  fi
 
-# 2. memcheck over the CUDA cases (bounds of the paged reads, the -1 / negative slots, the
-#    second list, the counters), 3. racecheck over them (shared-memory staging of the entries,
-#    the softmax merge, the top-k).
-step memcheck 150 "$sanitizer" --tool memcheck --leak-check no --error-exitcode 3 \
-  "$tests" --gtest_brief=1 --gtest_filter="$cuda_cases"
-if grep -q "\] 0 tests from" "$out/memcheck.log"; then
-  failed+=("memcheck (no CUDA case matched '$cuda_cases': set ATTENTION_CUDA_CASES)")
+  # 2. memcheck over the CUDA cases (bounds of the paged reads, the -1 / negative slots, the
+  #    second list, the counters), 3. racecheck over them (shared-memory staging of the entries,
+  #    the softmax merge, the top-k).
+  step memcheck 150 "$sanitizer" --tool memcheck --leak-check no --error-exitcode 3 \
+    "$tests" --gtest_brief=1 --gtest_filter="$cuda_cases"
+  if grep -q "\] 0 tests from" "$out/memcheck.log"; then
+    failed+=("memcheck (no CUDA case matched '$cuda_cases': set ATTENTION_CUDA_CASES)")
+  fi
+  #    racecheck is slow: over every CUDA case it did not finish in 280 s on an H100 (2026-11-23),
+  #    so by default it covers sparse_decode's two tensor-core kernels and the graph tests (the
+  #    pipelined kernel's cases and the graph tests took 51 s there, 2026-11-27); set
+  #    ATTENTION_RACECHECK_CASES for others, in a call of their own.
+  step racecheck 240 "$sanitizer" --tool racecheck --racecheck-report hazard --error-exitcode 3 \
+    "$tests" --gtest_brief=1 --gtest_filter="$racecheck_cases"
 fi
-#    racecheck is slow: over every CUDA case it did not finish in 280 s on an H100 (2026-11-23),
-#    so by default it covers sparse_decode's tensor-core cases (83-90 s there); set
-#    ATTENTION_RACECHECK_CASES for others, in a call of their own. The pipelined kernel's cases
-#    (`.../cuda_tensor_core_pipelined`) are not in the default: racecheck reports hazards on them
-#    that are not yet explained (docs/dsv4-attention.md, "The pipelined tensor-core kernel").
-step racecheck 150 "$sanitizer" --tool racecheck --racecheck-report hazard --error-exitcode 3 \
-  "$tests" --gtest_brief=1 --gtest_filter="$racecheck_cases"
 
 # 4. The benchmark: the issue grid, CUDA-graph replays with a flushed L2, the points within the
 #    verify budget checked against the float64 reference.
-# shellcheck disable=SC2086  # BENCH_ARGS is a list of options
-step bench-attention 240 "$bench" attention --verify --json "$out/attention.json" \
-  ${BENCH_ARGS:-}
-step bench-attention-hot 90 "$bench" attention --hot --ops sparse --N 32,128 --iterations 50 \
-  --json "$out/attention_hot.json"
+if wants bench; then
+  # shellcheck disable=SC2086  # BENCH_ARGS is a list of options
+  step bench-attention 240 "$bench" attention --verify --json "$out/attention.json" \
+    ${BENCH_ARGS:-}
+  step bench-attention-hot 90 "$bench" attention --hot --ops sparse --N 32,128 --iterations 50 \
+    --json "$out/attention_hot.json"
+fi
 
 # 5. The Python package against the PyTorch chains (prebuilt mode: only python/csrc compiles).
-if [[ -z ${HDK_SKIP_PYTHON:-} ]]; then
+if wants python; then
   site=$(mktemp -d)/site
   library=$(realpath "$build/src/libhdk.so")
   # pip when it works, setuptools directly otherwise (as scripts/device/python_gpu.sh does).

@@ -442,6 +442,20 @@ TEST(SparseDecodeLayout, PlanTakesTheFewestTileSteps) {
     EXPECT_EQ(plan.groups, c.groups) << c.rows << " " << c.heads << " " << c.length;
     EXPECT_EQ(plan.splits, c.splits) << c.rows << " " << c.heads << " " << c.length;
   }
+  // The pipelined kernel's costs: a fixed 4 tiles a CTA and no split below 3 tiles.
+  for (const Case& c : {
+           Case{8, 64, 640, 1, 4},     // Flash CSA: 8 splits would leave 2 tiles a CTA
+           Case{32, 64, 4224, 1, 2},   // Flash HCA: 1 x (33 + 4) against 3 waves x (9 + 4)
+           Case{32, 128, 4224, 2, 4},  // Pro HCA: 3 x (17 + 4) against 1 x (66 + 4)
+           Case{32, 128, 1152, 2, 1},  // Pro CSA
+           Case{1, 64, 100, 1, 1},     // 2 tiles: no split leaves 3
+           Case{1, 64, 4224, 1, 8},    // 9 tiles a CTA
+       }) {
+    const dsv4::detail::SparsePlan plan =
+        plan_sparse_decode(c.rows, c.heads, c.length, h100, dsv4::detail::kSparsePipelinedCosts);
+    EXPECT_EQ(plan.groups, c.groups) << c.rows << " " << c.heads << " " << c.length;
+    EXPECT_EQ(plan.splits, c.splits) << c.rows << " " << c.heads << " " << c.length;
+  }
   // A cluster size the device cannot run is never planned.
   dsv4::detail::ResidentClusters small = h100;
   small.by_size[8] = 0;

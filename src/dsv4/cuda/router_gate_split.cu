@@ -19,6 +19,7 @@
 
 #include "core/cuda_helpers.h"
 #include "dsv4/cuda/gate_mma.cuh"
+#include "dsv4/cuda/mbarrier.cuh"
 #include "dsv4/cuda/router_launch.h"
 
 namespace hdk {
@@ -51,14 +52,6 @@ __device__ __forceinline__ uint32_t shared_address(const void* pointer) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
 }
 
-__device__ __forceinline__ void barrier_init(uint64_t* barrier, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(barrier)),
-               "r"(count)
-               : "memory");
-  // Makes the initialized barrier visible to the bulk-copy (async) proxy.
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-
 // Arrives on the barrier announcing `bytes` of copies, then starts one bulk copy of them.
 __device__ __forceinline__ void copy_row(void* destination, const void* source, uint32_t bytes,
                                          uint64_t* barrier) {
@@ -84,19 +77,6 @@ __device__ __forceinline__ void arrive_when_copied(uint64_t* barrier) {
   asm volatile(
       "cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(shared_address(barrier))
       : "memory");
-}
-
-__device__ __forceinline__ void barrier_wait(uint64_t* barrier, uint32_t parity) {
-  const uint32_t bar = shared_address(barrier);
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        " selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  }
 }
 
 // One CTA: kExpertTiles m16 tiles of experts by kTokenTiles n8 tiles of rows, over one slice of
@@ -137,7 +117,7 @@ __global__ void __launch_bounds__(kExpertTiles* kDWarps * 32, 1) gate_split_kern
   const int expert_tile = warp % kExpertTiles;
   const int d_warp = warp / kExpertTiles;
 
-  if (threadIdx.x == 0) barrier_init(&rows_arrived, kLaneCopies ? kThreads : valid_rows);
+  if (threadIdx.x == 0) mbarrier_init(&rows_arrived, kLaneCopies ? kThreads : valid_rows);
   __syncthreads();
 
   // This thread's A rows: experts group and group + 8 of its tile, clamped (an expert past E
@@ -201,7 +181,7 @@ __global__ void __launch_bounds__(kExpertTiles* kDWarps * 32, 1) gate_split_kern
           a[i][h] = __ldg(reinterpret_cast<const uint4*>(weight_rows[h] + column));
       }
       if (!waited) {
-        barrier_wait(&rows_arrived, parity);
+        mbarrier_wait(&rows_arrived, parity);
         waited = true;
       }
 #pragma unroll
@@ -219,7 +199,7 @@ __global__ void __launch_bounds__(kExpertTiles* kDWarps * 32, 1) gate_split_kern
         }
       }
     }
-    if (!waited) barrier_wait(&rows_arrived, parity);  // keeps every thread's phase in step
+    if (!waited) mbarrier_wait(&rows_arrived, parity);  // keeps every thread's phase in step
     // Every warp is done with this pass's rows before the next pass (or the sums) reuses them.
     __syncthreads();
   }

@@ -15,7 +15,7 @@
 // Pipelined tensor-core kernel: the same clusters, tiles and finish_row, with the work split by
 // role (warp specialization): a producer warpgroup converts tile t + 1 into the second of two E
 // stages while the other two multiply tile t (docs/dsv4-attention.md, "The pipelined
-// tensor-core kernel"). Not the dispatcher's choice yet (kPipelinedByDefault).
+// tensor-core kernel"). The dispatcher's choice from 3 tiles a CTA (kPipelinedMinTiles).
 //
 // CUDA-core kernel: one CTA per query row, one warp per head at a time, lane l holding entry
 // values 16 l .. 16 l + 15 in fp32; the CPU backend's arithmetic, step for step.
@@ -31,6 +31,7 @@
 #include "core/cuda_helpers.h"
 #include "core/fast_divide.h"
 #include "dsv4/cuda/count_invalid.cuh"
+#include "dsv4/cuda/mbarrier.cuh"
 #include "dsv4/cuda/sparse_decode_cuda.h"
 #include "dsv4/cuda/sparse_decode_layout.h"
 #include "dsv4/cuda/wgmma.cuh"
@@ -745,9 +746,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 //   factors to warpgroup 1 through shared memory and computes O's columns 0..255 with P from its
 //   registers;
 // - warpgroup 1 rescales and computes O's columns 256..511 with P read from shared memory.
-// Handshakes are named barriers (bar.sync / bar.arrive), each used the same number of times by
-// both sides: stage full (producer arrives, both consumers wait), stage empty (both consumers
-// arrive, the producer waits before refilling it), P ready and P free between the consumers.
+// Handshakes are shared-memory barriers (mbarrier.cuh), every thread of the signalling side
+// arriving: stage full (the producer arrives, both consumers wait), stage empty (both consumers
+// arrive, the producer waits before refilling it), P ready and P free between the consumers, Q
+// ready for warpgroup 0, and warpgroup 0's registers given back (before the others take theirs
+// back).
 constexpr int kPipelinedThreads = 384;
 constexpr int kPipelinedStages = 2;
 constexpr int kProducerThread0 = 256;  // warpgroup 2
@@ -762,11 +765,14 @@ constexpr int kPipeValidOffset = kPipeAlphaOffset + kHeads * 4;  // [2 stages][6
 constexpr int kPipeStatOffset = kPipeValidOffset + kPipelinedStages * kTile * 4;  // m, l
 constexpr int kPipeBadOffset = kPipeStatOffset + 2 * kHeads * 4;
 constexpr int kPipeFactorOffset = kPipeBadOffset + 16;
-constexpr int kPipeUsedBytes = kPipeFactorOffset + kSparseMaxCluster * kHeads * 4;
+constexpr int kPipeBarrierOffset = kPipeFactorOffset + kSparseMaxCluster * kHeads * 4;
+constexpr int kPipeBarriers = 2 * kPipelinedStages + 4;  // PipelineBarriers
+constexpr int kPipeUsedBytes = kPipeBarrierOffset + kPipeBarriers * 8;
 constexpr int kPipelinedSharedBytes = kPipeUsedBytes + kSwizzleAtomBytes;
 static_assert(kHeads * kStageStride * 4 <= kPipePOffset, "O staging overlaps");
 static_assert(kPipelinedSharedBytes <= 227 * 1024, "shared memory beyond an SM's");
 static_assert(kPipePOffset % kSwizzleAtomBytes == 0, "P is a swizzled operand tile");
+static_assert(kPipeBarrierOffset % 8 == 0, "an mbarrier is 8-byte aligned");
 
 // Registers per thread of each warpgroup after setmaxnreg: the launch gives every thread 168
 // (65536 / 384, rounded down to 8) and the three counts may not add up to more than 3 x 168.
@@ -778,39 +784,30 @@ static_assert(kScoreRegistersCap + kOutputRegistersCap + kProducerRegistersCap <
                   3 * kLaunchRegisters,
               "the warpgroups' registers exceed what the launch gave the CTA");
 
-// Named barriers (0 is __syncthreads).
-constexpr int kBarrierFull = 1;   // + stage
-constexpr int kBarrierEmpty = 3;  // + stage
-constexpr int kBarrierPReady = 5;
-constexpr int kBarrierPFree = 6;
-constexpr int kBarrierConsumers = 7;
-constexpr int kBarrierRegistersBack = 8;  // warpgroup 0 gave its extra registers back
-
-// Named barriers with their ids and thread counts as immediates.
-template <int kId, int kThreadCount>
-__device__ __forceinline__ void barrier_wait() {
-  asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "n"(kThreadCount) : "memory");
+// The handshakes' barriers (kPipeBarrierOffset) and who arrives on each, every thread once per
+// phase.
+struct PipelineBarriers {
+  uint64_t* full;            // [stage] the producer
+  uint64_t* empty;           // [stage] both consumers
+  uint64_t* p_ready;         // warpgroup 0
+  uint64_t* p_free;          // warpgroup 1
+  uint64_t* queries_ready;   // both consumers: Q loaded, checked, fenced
+  uint64_t* registers_back;  // warpgroup 0, back at the launch's register count
+};
+__device__ __forceinline__ PipelineBarriers pipeline_barriers(uint8_t* smem) {
+  uint64_t* base = reinterpret_cast<uint64_t*>(smem + kPipeBarrierOffset);
+  uint64_t* single = base + 2 * kPipelinedStages;  // the barriers without a stage
+  return {base, base + kPipelinedStages, single, single + 1, single + 2, single + 3};
 }
-template <int kId, int kThreadCount>
-__device__ __forceinline__ void barrier_arrive() {
-  asm volatile("bar.arrive %0, %1;\n" ::"n"(kId), "n"(kThreadCount) : "memory");
-}
-// The stage's full / empty barrier.
-template <int kFirstId>
-__device__ __forceinline__ void stage_barrier_wait(int stage) {
-  if (stage == 0) {
-    barrier_wait<kFirstId, kPipelinedThreads>();
-  } else {
-    barrier_wait<kFirstId + 1, kPipelinedThreads>();
+__device__ __forceinline__ void init_pipeline_barriers(const PipelineBarriers& barriers) {
+  for (int stage = 0; stage < kPipelinedStages; ++stage) {
+    mbarrier_init(barriers.full + stage, 128);
+    mbarrier_init(barriers.empty + stage, 2 * 128);
   }
-}
-template <int kFirstId>
-__device__ __forceinline__ void stage_barrier_arrive(int stage) {
-  if (stage == 0) {
-    barrier_arrive<kFirstId, kPipelinedThreads>();
-  } else {
-    barrier_arrive<kFirstId + 1, kPipelinedThreads>();
-  }
+  mbarrier_init(barriers.p_ready, 128);
+  mbarrier_init(barriers.p_free, 128);
+  mbarrier_init(barriers.queries_ready, 2 * 128);
+  mbarrier_init(barriers.registers_back, 128);
 }
 template <int kRegisters>
 __device__ __forceinline__ void raise_registers() {
@@ -1024,13 +1021,21 @@ __global__ void __launch_bounds__(kPipelinedThreads, 1)
                        reinterpret_cast<float*>(smem + kPipeStatOffset),
                        reinterpret_cast<float*>(smem + kPipeStatOffset) + kHeads, bad,
                        reinterpret_cast<float*>(smem + kPipeFactorOffset)};
-  if (tid == 0) *bad = 0;
+  const PipelineBarriers barriers = pipeline_barriers(smem);
+  if (tid == 0) {
+    *bad = 0;
+    init_pipeline_barriers(barriers);
+  }
   __syncthreads();
 
   const int64_t tiles = (p.list_length() + kTile - 1) / kTile;
   const int64_t first = split_first_tile(tiles, split, plan.splits);
   const int64_t count = split_first_tile(tiles, split + 1, plan.splits) - first;
   const uint32_t e_tiles = shared_address(smem + kPipeEOffset);
+  // Tile i's phase of its stage's barriers: full completes once per tile of the stage; empty
+  // once per tile that a later tile of the stage follows (tile i waits for tile i - 2's).
+  auto full_parity = [](int64_t i) { return static_cast<uint32_t>((i >> 1) & 1); };
+  auto empty_parity = [](int64_t i) { return static_cast<uint32_t>(((i >> 1) + 1) & 1); };
   auto stage_address = [&](int64_t i) { return e_tiles + static_cast<uint32_t>(i & 1) * kEBytes; };
   float o[128];
   float row_max[2] = {-INFINITY, -INFINITY};
@@ -1087,7 +1092,7 @@ __global__ void __launch_bounds__(kPipelinedThreads, 1)
                                     pages, dummy, bad);
         slot_ahead[pass] = load_slot_now(p, n, entry_index(i + 2, pass));
       }
-      if (i >= kPipelinedStages) stage_barrier_wait<kBarrierEmpty>(stage);
+      if (i >= kPipelinedStages) mbarrier_wait(barriers.empty + stage, empty_parity(i));
       // The next tile's bytes are loaded into each pass's registers once they are converted:
       // pass 0's while pass 1 converts, pass 1's after the stage is signalled full, so that the
       // fence and the signal do not wait behind loads just issued (on an H100, loading pass 1
@@ -1107,13 +1112,13 @@ __global__ void __launch_bounds__(kPipelinedThreads, 1)
       load_next(0);
       convert(1);
       fence_shared_for_wgmma();
-      stage_barrier_arrive<kBarrierFull>(stage);
+      mbarrier_arrive(barriers.full + stage);
       load_next(1);
     }
     if (nan_bits != 0) *bad = 1;
     // Taking registers back before warpgroup 0 has raised its own could leave it waiting for
     // them while the consumers wait for it: only once it has given them back.
-    barrier_wait<kBarrierRegistersBack, kPipelinedThreads>();
+    mbarrier_wait(barriers.registers_back, 0);
     raise_registers<kLaunchRegisters>();
   } else {
     // ---- consumers: the queries first ---------------------------------------------------------
@@ -1124,7 +1129,7 @@ __global__ void __launch_bounds__(kPipelinedThreads, 1)
     // O staging that overwrites it.
     if (q_async && !queries_finite(smem, tid)) *bad = 1;
     fence_shared_for_wgmma();
-    barrier_wait<kBarrierConsumers, 2 * 128>();
+    mbarrier_arrive(barriers.queries_ready);  // warpgroup 0 waits for it; warpgroup 1 never reads Q
 #pragma unroll
     for (int i = 0; i < 128; ++i)
       o[i] = 0.0f;
@@ -1132,13 +1137,14 @@ __global__ void __launch_bounds__(kPipelinedThreads, 1)
     const int warp_rows = 16 * ((tid / 32) % 4) + lane / 4;  // rows warp_rows and + 8
     if (warpgroup == 0) {
       raise_registers<kScoreRegistersCap>();
+      mbarrier_wait(barriers.queries_ready, 0);
       const uint32_t q_tile = shared_address(smem + kPipeQOffset);
       const float score_scale = p.scale * kLog2e;
       for (int64_t i = 0; i < count; ++i) {
         const int stage = static_cast<int>(i & 1);
         const uint32_t e_tile = stage_address(i);
         const int* tile_valid = valid + stage * kTile;
-        stage_barrier_wait<kBarrierFull>(stage);
+        mbarrier_wait(barriers.full + stage, full_parity(i));
         float s[kScoreRegisters];
         wgmma_fence();
 #pragma unroll
@@ -1149,7 +1155,7 @@ __global__ void __launch_bounds__(kPipelinedThreads, 1)
         wgmma_commit();
         if (i > 0) {
           wgmma_wait<1>();  // the last tile's O product: its stage is free on this side
-          if (i + 1 < count) stage_barrier_arrive<kBarrierEmpty>(stage ^ 1);
+          if (i + 1 < count) mbarrier_arrive(barriers.empty + (stage ^ 1));
         }
         wgmma_wait<0>();
         wgmma_fence_accumulators(s);
@@ -1160,7 +1166,7 @@ __global__ void __launch_bounds__(kPipelinedThreads, 1)
         uint32_t weights[kSteps][4];
         softmax_tile(s, tile_valid, thread, score_scale, row_max, row_sum, o, alpha, weights);
         // P and the rescale factors for warpgroup 1, once it is done with the last tile's.
-        if (i > 0) barrier_wait<kBarrierPFree, 2 * 128>();
+        if (i > 0) mbarrier_wait(barriers.p_free, static_cast<uint32_t>((i - 1) & 1));
 #pragma unroll
         for (int k = 0; k < kSteps; ++k) {
 #pragma unroll
@@ -1178,7 +1184,7 @@ __global__ void __launch_bounds__(kPipelinedThreads, 1)
           alpha_shared[warp_rows + 8] = alpha[1];
         }
         fence_shared_for_wgmma();
-        barrier_arrive<kBarrierPReady, 2 * 128>();
+        mbarrier_arrive(barriers.p_ready);
         wgmma_fence();
 #pragma unroll
         for (int k = 0; k < kSteps; ++k) {
@@ -1190,14 +1196,14 @@ __global__ void __launch_bounds__(kPipelinedThreads, 1)
       wgmma_wait<0>();
       wgmma_fence_accumulators(o);
       lower_registers<kLaunchRegisters>();
-      barrier_arrive<kBarrierRegistersBack, kPipelinedThreads>();
+      mbarrier_arrive(barriers.registers_back);
     } else {
       lower_registers<kOutputRegistersCap>();
       for (int64_t i = 0; i < count; ++i) {
         const int stage = static_cast<int>(i & 1);
         const uint32_t e_tile = stage_address(i);
-        stage_barrier_wait<kBarrierFull>(stage);
-        barrier_wait<kBarrierPReady, 2 * 128>();
+        mbarrier_wait(barriers.full + stage, full_parity(i));
+        mbarrier_wait(barriers.p_ready, static_cast<uint32_t>(i & 1));
         const float alpha[2] = {alpha_shared[warp_rows], alpha_shared[warp_rows + 8]};
         if (__any_sync(kFullMask, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
@@ -1213,10 +1219,10 @@ __global__ void __launch_bounds__(kPipelinedThreads, 1)
         wgmma_commit();
         wgmma_wait<0>();
         wgmma_fence_accumulators(o);
-        if (i + 1 < count) barrier_arrive<kBarrierPFree, 2 * 128>();
-        if (i + 2 < count) stage_barrier_arrive<kBarrierEmpty>(stage);
+        if (i + 1 < count) mbarrier_arrive(barriers.p_free);
+        if (i + 2 < count) mbarrier_arrive(barriers.empty + stage);
       }
-      barrier_wait<kBarrierRegistersBack, kPipelinedThreads>();
+      mbarrier_wait(barriers.registers_back, 0);
       raise_registers<kLaunchRegisters>();
     }
   }
@@ -1355,18 +1361,19 @@ bool aligned_16(const void* pointer) {
   return reinterpret_cast<uintptr_t>(pointer) % 16 == 0;
 }
 
-// Whether the dispatcher (SparseDecodeKernel::kAuto) runs the pipelined kernel. Not yet: on an
-// H100 it is 1.2-1.7x the other from 3 tiles a CTA and passes every test and memcheck, but
-// compute-sanitizer's racecheck reports hazards on it (between shared-memory accesses that a
-// CTA-wide barrier orders in its SASS; docs/dsv4-attention.md), and a kernel goes in front of
-// users only once that is resolved. kTensorCorePipelined selects it meanwhile.
-constexpr bool kPipelinedByDefault = false;
+// Whether the dispatcher (SparseDecodeKernel::kAuto) runs the pipelined kernel where it applies:
+// on an H100 it is 1.2-1.7x the other from 3 tiles a CTA (bench/results/
+// 2026-11-26-h100-sparse-pipelined), and since its handshakes moved to mbarriers it is
+// racecheck-clean (docs/dsv4-attention.md, "The pipelined tensor-core kernel").
+constexpr bool kPipelinedByDefault = true;
 
 // The pipelined kernel's speed comes from its steady state; on a slice of one or two tiles the
 // first tile's latency dominates, and there the other tensor-core kernel, whose 8 warps all
 // convert that tile, measured 1-3% faster (H100, Flash CSA lists at N <= 8: 2 tiles a CTA;
-// bench/results/2026-11-26-h100-sparse-pipelined). From 3 tiles on, the pipelined one is ahead.
-constexpr int64_t kPipelinedMinTiles = 3;
+// bench/results/2026-11-26-h100-sparse-pipelined). From 3 tiles on, the pipelined one is ahead;
+// its plan splits no further (kSparsePipelinedCosts), so only lists shorter than 3 tiles, or a
+// forced split count, leave it fewer.
+constexpr int64_t kPipelinedMinTiles = kSparsePipelinedCosts.min_tiles_per_split;
 
 // One of the two tensor-core kernels over the row clusters of plan_sparse_decode: `pipelined`
 // false forces the other; true runs the pipelined one where the call allows it (the caller
@@ -1400,7 +1407,8 @@ void launch_tensor_core(const SparseDecodeProblem& p, bool pipelined, bool force
           hdk::detail::max_active_clusters(kernel_of(use_pipelined), static_cast<unsigned>(size),
                                            threads, shared_bytes, device, kOperation);
     }
-    SparsePlan plan = plan_sparse_decode(p.num_rows, p.num_heads, p.list_length(), resident);
+    SparsePlan plan = plan_sparse_decode(p.num_rows, p.num_heads, p.list_length(), resident,
+                                         use_pipelined ? kSparsePipelinedCosts : kSparseMmaCosts);
     if (const int forced_splits = splits_override.load(); forced_splits > 0) {
       plan.splits = sparse_max_splits(plan.groups, sparse_tiles(p.list_length()));
       while (plan.splits > forced_splits)

@@ -14,14 +14,13 @@ namespace detail {
 
 void sparse_decode_cuda(const SparseDecodeProblem& problem, int device, CudaStream stream);
 
-// Which kernel serves a call: the dispatcher's choice (kAuto: the tensor-core kernel for Hq a
-// multiple of 16 up to 512, else the CUDA-core one), or one forced. kTensorCore: the tensor-core
-// kernel without warp specialization (today's default); kTensorCorePipelined: the warp-specialized
-// one where a CTA's slice of the list is long enough, the other elsewhere (what kAuto is to pick
-// once racecheck is clean on it: docs/dsv4-attention.md); kTensorCorePipelinedEveryCall: the
-// warp-specialized one on every call it can serve (the tests). A test and benchmark aid
-// affecting every later call in the process; forcing a tensor-core kernel for a head count it
-// cannot serve is an hdk::Error at the call.
+// Which kernel serves a call: the dispatcher's choice (kAuto: for Hq a multiple of 16 up to 512
+// what kTensorCorePipelined picks, else the CUDA-core kernel), or one forced. kTensorCore: the
+// tensor-core kernel without warp specialization; kTensorCorePipelined: the warp-specialized one
+// where a CTA's slice of the list is long enough (and the pools allow it), the other elsewhere;
+// kTensorCorePipelinedEveryCall: the warp-specialized one on every call it can serve (the tests). A
+// test and benchmark aid affecting every later call in the process; forcing a tensor-core kernel
+// for a head count it cannot serve is an hdk::Error at the call.
 enum class SparseDecodeKernel {
   kAuto,
   kTensorCore,

@@ -142,32 +142,50 @@ HDK_HOST_DEVICE int sparse_max_splits(int groups, int64_t tiles) {
   return splits;
 }
 
-// What a CTA costs besides its tiles (loading Q, the first tile's round trip, the combine across
-// the cluster), in tile times: fitted to an H100 sweep of 1, 2, 4 and 8 splits over Flash and Pro,
+// What a tensor-core kernel's CTA costs the plan besides its tiles, in tile times (loading Q, the
+// first tile's round trip, the combine across the cluster), and the fewest tiles a CTA should
+// walk when the list is split.
+struct SparseKernelCosts {
+  int64_t cta_fixed_tiles;
+  int64_t min_tiles_per_split;
+};
+// The tensor-core kernel: fitted to an H100 sweep of 1, 2, 4 and 8 splits over Flash and Pro,
 // CSA and HCA lists, N = 8..64 (2026-11-23, bench/results/2026-11-23-h100-sparse-splits), where
-// every cell's fastest count has the fewest steps for a value between 1.5 and 3.
-constexpr int64_t kSparseCtaFixedTiles = 2;
+// every cell's fastest count has the fewest steps for a fixed cost between 1.5 and 3.
+constexpr SparseKernelCosts kSparseMmaCosts{2, 1};
+// The pipelined kernel: its speed comes from the steady state, and on slices of 1 or 2 tiles the
+// other kernel is as fast (sparse_decode_cuda.cu runs that one there), so splits stop at 3 tiles
+// a CTA; its fixed cost is larger in tile times since its tiles are shorter. An H100 sweep of 1,
+// 2, 4 and 8 splits over the four lists at N = 8..128 (2026-11-27,
+// bench/results/2026-11-27-h100-sparse-mbarrier) has every cell's fastest count (within 1%) as
+// the fewest steps for a fixed cost between 3 and 6; without the 3-tile floor Flash CSA N = 8
+// took 8 splits of 2 tiles on the other kernel, 1.08x the time of 4 splits of 3 here.
+constexpr SparseKernelCosts kSparsePipelinedCosts{4, 3};
 
 // Splits the list where the step takes the fewest tile times: the waves of row clusters (rows
 // over the clusters of that size the device runs at once, rounded up) times what a CTA walks
-// (its tiles plus kSparseCtaFixedTiles). Ties go to fewer splits. On an H100 this keeps a row's
+// (its tiles plus the kernel's fixed cost); a split count that leaves a CTA fewer than
+// `min_tiles_per_split` tiles is not taken. Ties go to fewer splits. On an H100 this keeps a row's
 // cluster resident where more splits would start a second wave (Flash CSA N = 32: 2 splits, 47.3
 // us, against 4 in 2 waves, 65.3), and takes a third wave where the tiles per CTA fall far enough
 // (Pro HCA N = 32: 4 splits, 3 waves of 17 tiles, 346.7 us, against 1 split of 66, 411.6).
 HDK_HOST_DEVICE SparsePlan plan_sparse_decode(int64_t rows, int64_t heads, int64_t list_length,
-                                              const ResidentClusters& resident) {
+                                              const ResidentClusters& resident,
+                                              SparseKernelCosts costs = kSparseMmaCosts) {
   SparsePlan plan;
   plan.groups = sparse_head_groups(heads);
   const int64_t tiles = sparse_tiles(list_length);
   int64_t best = -1;
   for (int splits = 1; splits <= sparse_max_splits(plan.groups, tiles); splits *= 2) {
+    const int64_t tiles_per_cta = (tiles + splits - 1) / splits;
+    if (splits > 1 && tiles_per_cta < costs.min_tiles_per_split) break;
     int64_t at_once = resident.by_size[plan.groups * splits];
     if (at_once <= 0) {
       if (splits > 1) continue;  // a cluster of that size does not fit the device
       at_once = 1;               // the launch itself will report it
     }
     const int64_t waves = (rows + at_once - 1) / at_once;
-    const int64_t steps = waves * ((tiles + splits - 1) / splits + kSparseCtaFixedTiles);
+    const int64_t steps = waves * (tiles_per_cta + costs.cta_fixed_tiles);
     if (best < 0 || steps < best) {
       best = steps;
       plan.splits = splits;
