@@ -117,6 +117,10 @@ cudaError_t launch_in_clusters(void (*kernel)(KernelArgs...), unsigned grid, uns
 // How many clusters of `cluster_size` CTAs of `kernel` the device runs at once (a cluster needs
 // its CTAs' SMs in one GPC, so this can be well under SMs / cluster_size). Asked once per
 // (kernel, device, cluster size, block, shared bytes); host-only, allowed during graph capture.
+// Above the portable 8 (Hopper runs clusters of up to 16 CTAs of a kernel that opts in to
+// non-portable sizes, which this does on first use) a refusal by the device or the driver is
+// the answer 0, not an error.
+constexpr unsigned kPortableClusterSize = 8;
 template <typename... KernelArgs>
 int max_active_clusters(void (*kernel)(KernelArgs...), unsigned cluster_size, unsigned block,
                         size_t shared_bytes, int device, const char* operation) {
@@ -129,8 +133,17 @@ int max_active_clusters(void (*kernel)(KernelArgs...), unsigned cluster_size, un
   if (found != known.end()) return found->second;
   ClusterLaunch launch(dim3(cluster_size, 1, 1), block, shared_bytes, nullptr, cluster_size);
   int clusters = 0;
-  check_cuda(cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config), operation,
-             "cudaOccupancyMaxActiveClusters");
+  if (cluster_size <= kPortableClusterSize) {
+    check_cuda(cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config), operation,
+               "cudaOccupancyMaxActiveClusters");
+  } else {
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
+            cudaSuccess ||
+        cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config) != cudaSuccess) {
+      clusters = 0;
+    }
+    (void)cudaGetLastError();  // a refusal must not surface at the next launch
+  }
   known[key] = clusters;
   return clusters;
 }

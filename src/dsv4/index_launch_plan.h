@@ -20,6 +20,7 @@ namespace dsv4 {
 namespace detail {
 
 constexpr int kIndexMaxCluster = 8;            // portable cluster size
+constexpr int kIndexMaxSpreadCluster = 16;     // non-portable, where the device runs it
 constexpr int64_t kIndexMaxChunk = 32768;      // scores a CTA holds at once: 128 KiB
 constexpr int64_t kIndexMinChunk = 1024;       // below this a CTA would rescore too often
 constexpr int64_t kIndexSpreadEntries = 1024;  // fewest entries per CTA when spreading rows
@@ -56,16 +57,20 @@ constexpr size_t kIndexSharedAlignment = 1024;  // wgmma's 128-byte swizzle atom
 // 513; smaller pages fall back to the block table.
 constexpr int64_t kIndexCachedPages = 1024;
 
-// How many clusters of 2, 4 and 8 CTAs (one CTA per SM) the device runs at once: a cluster
-// needs its SMs in one GPC, so this is below SMs / size (0: unknown, no limit).
+// How many clusters of 2, 4, 8 and 16 CTAs (one CTA per SM) the device runs at once: a cluster
+// needs its SMs in one GPC, so this is below SMs / size (sizes 2-8, 0: unknown, no limit; 16, a
+// non-portable size: 0 where the device does not run it, and then no row takes 16).
 struct ClusterCapacity {
-  int of_size[3] = {0, 0, 0};
-  int at(int size) const { return size <= 1 ? 0 : of_size[size == 2 ? 0 : size == 4 ? 1 : 2]; }
+  int of_size[4] = {0, 0, 0, 0};
+  int at(int size) const {
+    return size <= 1 ? 0 : of_size[size == 2 ? 0 : size == 4 ? 1 : size == 8 ? 2 : 3];
+  }
+  int largest() const { return of_size[3] > 0 ? kIndexMaxSpreadCluster : kIndexMaxCluster; }
 };
 
 struct IndexLaunchPlan {
   IndexLaunch launch;
-  int cluster_size = 1;  // CTAs per row: 1, 2, 4 or 8
+  int cluster_size = 1;  // CTAs per row: 1, 2, 4, 8 or 16
 };
 
 inline size_t align16(size_t bytes) {
@@ -115,12 +120,12 @@ inline IndexLaunchPlan plan_index_launch(int64_t num_rows, int64_t num_heads, in
     cluster_size *= 2;
   // Spreading stops where the rows' clusters would not all run at once (a second wave costs
   // more than the wider clusters save: H100, 16 rows x 65536 in clusters of 8 took 315 us, 4
-  // rows 163 us).
+  // rows 163 us). It may go to the non-portable 16 where the device runs such clusters.
   auto all_at_once = [&](int size) {
     const int limit = clusters.at(size);
     return limit == 0 || num_rows <= limit;
   };
-  while (cluster_size < kIndexMaxCluster && num_rows * cluster_size * 2 <= sm_count &&
+  while (cluster_size < clusters.largest() && num_rows * cluster_size * 2 <= sm_count &&
          ceil_div(capacity, 2 * cluster_size) >= kIndexSpreadEntries &&
          all_at_once(2 * cluster_size))
     cluster_size *= 2;

@@ -509,14 +509,19 @@ TEST_P(IndexTopk, LongRows) {
   run_index_case(c, backend());
 }
 
-// Beyond what the CUDA kernel's cluster holds: it then scores each chunk again on every pass of
-// the select (slow, still exact).
+// Beyond what a cluster of 8 CTAs holds: with 9 rows (too many to spread over clusters of 16 on
+// an H100) the CUDA kernel scores each chunk again on every pass of the select (slow, still
+// exact); with 2 rows it spreads them over clusters of 16 where the device runs those, which
+// hold them.
 TEST_P(IndexTopk, RowsBeyondTheClusterCapacity) {
   IndexCase c;
-  c.counts = std::vector<int64_t>{300007, 12};
+  c.counts = std::vector<int64_t>{300007, 12, 0, 1, 5, 64, 100, 7, 3};
   c.top_k = 1024;
   c.block_size = 128;
   c.seed = 80;
+  run_index_case(c, backend());
+  c.counts = std::vector<int64_t>{300007, 12};
+  c.seed = 81;
   run_index_case(c, backend());
 }
 

@@ -59,7 +59,7 @@ void check_plan(const Call& c) {
   }
   const IndexLaunch& l = plan.launch;
   const int C = plan.cluster_size;
-  ASSERT_TRUE(C == 1 || C == 2 || C == 4 || C == 8);
+  ASSERT_TRUE(C == 1 || C == 2 || C == 4 || C == 8);  // no clusters of 16 without capacity
   // The select needs room for every winner a row can have.
   ASSERT_EQ(l.sort_capacity & (l.sort_capacity - 1), 0);
   ASSERT_GE(l.sort_capacity, std::min<int64_t>(c.top_k, std::max<int64_t>(c.capacity, 1)));
@@ -163,6 +163,30 @@ TEST(IndexLaunchPlan, ContractShapesStayResident) {
   // Beyond 8 x 32768 the plan rescored chunks.
   EXPECT_FALSE(
       plan_index_launch(64, 64, 300000, 512, true, false, kH100Sms, kH100Shared).launch.overlay);
+}
+
+// Where the device runs clusters of 16 (a non-portable size), few long rows spread over 16 SMs
+// each, as long as every row's cluster runs at once and a CTA keeps 1024+ entries; such a
+// cluster holds rows beyond 8 x 32768 entries without rescoring.
+TEST(IndexLaunchPlan, WideClustersSpreadFewRows) {
+  ClusterCapacity wide;  // a device that runs 7 clusters of 16 at once
+  wide.of_size[0] = 64, wide.of_size[1] = 30, wide.of_size[2] = 14, wide.of_size[3] = 7;
+  auto plan = [&](int64_t rows, int64_t capacity) {
+    return plan_index_launch(rows, 64, capacity, 512, true, false, kH100Sms, kH100Shared, wide);
+  };
+  EXPECT_EQ(plan(1, 65536).cluster_size, 16);
+  EXPECT_EQ(plan(4, 65536).cluster_size, 16);
+  EXPECT_EQ(plan(8, 65536).cluster_size, 8);   // 8 clusters of 16 would not run at once
+  EXPECT_EQ(plan(1, 16384).cluster_size, 16);  // 1024 entries a CTA
+  EXPECT_EQ(plan(1, 8192).cluster_size, 8);
+  EXPECT_EQ(plan(2, 300007).cluster_size, 16);
+  EXPECT_TRUE(plan(2, 300007).launch.overlay);
+  EXPECT_GE(plan(2, 300007).launch.chunk * 16, 300007);
+  EXPECT_EQ(plan(9, 300007).cluster_size, 8);  // 9 x 8 x 2 CTAs exceed the SMs
+  EXPECT_FALSE(plan(9, 300007).launch.overlay);
+  // Without clusters of 16 nothing changes.
+  wide.of_size[3] = 0;
+  EXPECT_EQ(plan(1, 65536).cluster_size, 8);
 }
 
 TEST(IndexLaunchPlan, TooManyHeadsIsAnError) {

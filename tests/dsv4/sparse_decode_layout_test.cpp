@@ -456,6 +456,27 @@ TEST(SparseDecodeLayout, PlanTakesTheFewestTileSteps) {
     EXPECT_EQ(plan.groups, c.groups) << c.rows << " " << c.heads << " " << c.length;
     EXPECT_EQ(plan.splits, c.splits) << c.rows << " " << c.heads << " " << c.length;
   }
+  // Where the device runs clusters of 16 (a non-portable size; 7 at once here), a row may take
+  // 16 CTAs; without them, never more than 8.
+  dsv4::detail::ResidentClusters wide = h100;
+  wide.by_size[16] = 7;
+  for (const Case& c : {
+           Case{1, 64, 4224, 1, 16},  // Flash HCA: 1 x (5 + 4) against 1 x (9 + 4)
+           Case{4, 64, 4224, 1, 16},  // 4 clusters of 16 at once
+           Case{8, 64, 4224, 1, 8},   // 8 of 16 need 2 waves: 2 x (5 + 4) against 13
+           Case{1, 128, 1152, 2, 8},  // Pro CSA: 2 groups x 8 splits of 3 tiles
+           Case{1, 128, 4224, 2, 8},  // Pro HCA: 9 + 4 against 17 + 4
+           Case{1, 64, 640, 1, 4},    // Flash CSA: 8 splits would leave 2 tiles a CTA
+       }) {
+    const dsv4::detail::SparsePlan plan =
+        plan_sparse_decode(c.rows, c.heads, c.length, wide, dsv4::detail::kSparsePipelinedCosts);
+    EXPECT_EQ(plan.groups, c.groups) << c.rows << " " << c.heads << " " << c.length;
+    EXPECT_EQ(plan.splits, c.splits) << c.rows << " " << c.heads << " " << c.length;
+    EXPECT_EQ(
+        plan_sparse_decode(c.rows, c.heads, c.length, h100, dsv4::detail::kSparsePipelinedCosts)
+                .cluster() <= dsv4::detail::kSparseMaxCluster,
+        true);
+  }
   // A cluster size the device cannot run is never planned.
   dsv4::detail::ResidentClusters small = h100;
   small.by_size[8] = 0;

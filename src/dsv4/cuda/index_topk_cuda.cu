@@ -705,7 +705,7 @@ void index_topk_cuda(const IndexerProblem& p, int device, CudaStream stream) {
   // The kernel runs one CTA per SM (its registers), whatever shared memory it takes.
   hdk::detail::allow_dynamic_shared_memory(kernel, shared_limit, device, kOperation);
   ClusterCapacity clusters;
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < 4; ++i) {  // 2, 4, 8 and the non-portable 16 (0 where not run)
     clusters.of_size[i] = hdk::detail::max_active_clusters(
         kernel, 2u << i, kThreads, static_cast<size_t>(shared_limit), device, kOperation);
   }

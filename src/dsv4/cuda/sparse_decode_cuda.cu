@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <string>
 #include <tuple>
+#include <type_traits>
 
 #include "core/cuda_helpers.h"
 #include "core/fast_divide.h"
@@ -73,7 +74,7 @@ constexpr int kValidOffset = kExchangeOffset + 2 * kExchangeBytes;        // [2 
 constexpr int kStatOffset = kValidOffset + 2 * kTile * 4;                 // m[64], l[64] fp32
 constexpr int kBadOffset = kStatOffset + 2 * kHeads * 4;                  // int (+ pad)
 constexpr int kFactorOffset = kBadOffset + 16;                            // [8 splits][64] fp32
-constexpr int kUsedBytes = kFactorOffset + kSparseMaxCluster * kHeads * 4;
+constexpr int kUsedBytes = kFactorOffset + kSparseMaxWideCluster * kHeads * 4;
 // The dynamic shared memory is aligned up to the swizzle atom inside the kernel.
 constexpr int kSharedBytes = kUsedBytes + kSwizzleAtomBytes;
 // After the list, the CTA's unnormalized O ([64][kStageStride] fp32) overlays Q, E and the raw
@@ -537,42 +538,52 @@ __device__ void finish_row(const SparseDecodeProblem& p, const SparsePlan& plan,
   // (distributed shared memory) before any is used, then four values are stored at once.
   const int columns = static_cast<int>(kHeadDim) / plan.splits;
   const int column0 = split * columns;
-  const float* peer_stage[kSparseMaxCluster];
+  // The arrays below are unrolled over the most splits the plan allows: 8 unless the row's
+  // cluster is one of the non-portable 16, whose longer loops cost the others 1-4% on an H100.
+  auto combine = [&](auto max_splits) {
+    constexpr int kMaxSplits = decltype(max_splits)::value;
+    const float* peer_stage[kMaxSplits];
 #pragma unroll
-  for (int s = 0; s < kSparseMaxCluster; ++s) {
-    peer_stage[s] =
-        s < plan.splits ? cluster.map_shared_rank(stage, s * plan.groups + group) : stage;
-  }
-  const int quads_log2 = 7 - (__ffs(plan.splits) - 1);  // columns / 4 = 2^quads_log2
-  for (int job = tid; job < kHeads << quads_log2; job += kCtaThreads) {
-    const int h = job >> quads_log2;
-    const int col = column0 + 4 * (job & ((1 << quads_log2) - 1));
-    const int64_t head = head0 + h;
-    if (head >= p.num_heads) continue;
-    float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (!row_bad && plan.splits == 1) {  // the CTA's own partial alone
-      const float f = factors[h];
-      const float4 v = *reinterpret_cast<const float4*>(stage + h * kStageStride + col);
-      sum = make_float4(f * v.x, f * v.y, f * v.z, f * v.w);
-    } else if (!row_bad) {
-      float4 partial[kSparseMaxCluster];
-#pragma unroll
-      for (int s = 0; s < kSparseMaxCluster; ++s) {
-        if (s < plan.splits) {
-          partial[s] = *reinterpret_cast<const float4*>(peer_stage[s] + h * kStageStride + col);
-        }
-      }
-#pragma unroll
-      for (int s = 0; s < kSparseMaxCluster; ++s) {
-        if (s < plan.splits) {
-          const float f = factors[s * kHeads + h];
-          sum.x += f * partial[s].x, sum.y += f * partial[s].y;
-          sum.z += f * partial[s].z, sum.w += f * partial[s].w;
-        }
-      }
+    for (int s = 0; s < kMaxSplits; ++s) {
+      peer_stage[s] =
+          s < plan.splits ? cluster.map_shared_rank(stage, s * plan.groups + group) : stage;
     }
-    const int64_t offset = n * p.out_row_stride + head * p.out_head_stride + col;
-    store_output4(p, offset, sum, out_vector);
+    const int quads_log2 = 7 - (__ffs(plan.splits) - 1);  // columns / 4 = 2^quads_log2
+    for (int job = tid; job < kHeads << quads_log2; job += kCtaThreads) {
+      const int h = job >> quads_log2;
+      const int col = column0 + 4 * (job & ((1 << quads_log2) - 1));
+      const int64_t head = head0 + h;
+      if (head >= p.num_heads) continue;
+      float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (!row_bad && plan.splits == 1) {  // the CTA's own partial alone
+        const float f = factors[h];
+        const float4 v = *reinterpret_cast<const float4*>(stage + h * kStageStride + col);
+        sum = make_float4(f * v.x, f * v.y, f * v.z, f * v.w);
+      } else if (!row_bad) {
+        float4 partial[kMaxSplits];
+#pragma unroll
+        for (int s = 0; s < kMaxSplits; ++s) {
+          if (s < plan.splits) {
+            partial[s] = *reinterpret_cast<const float4*>(peer_stage[s] + h * kStageStride + col);
+          }
+        }
+#pragma unroll
+        for (int s = 0; s < kMaxSplits; ++s) {
+          if (s < plan.splits) {
+            const float f = factors[s * kHeads + h];
+            sum.x += f * partial[s].x, sum.y += f * partial[s].y;
+            sum.z += f * partial[s].z, sum.w += f * partial[s].w;
+          }
+        }
+      }
+      const int64_t offset = n * p.out_row_stride + head * p.out_head_stride + col;
+      store_output4(p, offset, sum, out_vector);
+    }
+  };
+  if (plan.splits <= kSparseMaxCluster) {
+    combine(std::integral_constant<int, kSparseMaxCluster>());
+  } else {
+    combine(std::integral_constant<int, kSparseMaxWideCluster>());
   }
   if (rank == 0 && tid == 0 && row_bad) count_invalid(p.invalid_count, 1);
   cluster.sync();  // no CTA leaves while a peer may still read its shared memory
@@ -765,7 +776,7 @@ constexpr int kPipeValidOffset = kPipeAlphaOffset + kHeads * 4;  // [2 stages][6
 constexpr int kPipeStatOffset = kPipeValidOffset + kPipelinedStages * kTile * 4;  // m, l
 constexpr int kPipeBadOffset = kPipeStatOffset + 2 * kHeads * 4;
 constexpr int kPipeFactorOffset = kPipeBadOffset + 16;
-constexpr int kPipeBarrierOffset = kPipeFactorOffset + kSparseMaxCluster * kHeads * 4;
+constexpr int kPipeBarrierOffset = kPipeFactorOffset + kSparseMaxWideCluster * kHeads * 4;
 constexpr int kPipeBarriers = 2 * kPipelinedStages + 4;  // PipelineBarriers
 constexpr int kPipeUsedBytes = kPipeBarrierOffset + kPipeBarriers * 8;
 constexpr int kPipelinedSharedBytes = kPipeUsedBytes + kSwizzleAtomBytes;
@@ -1402,7 +1413,8 @@ void launch_tensor_core(const SparseDecodeProblem& p, bool pipelined, bool force
     hdk::detail::allow_dynamic_shared_memory(kernel_of(use_pipelined), shared_bytes, device,
                                              kOperation);
     ResidentClusters resident;
-    for (int size = sparse_head_groups(p.num_heads); size <= kSparseMaxCluster; size *= 2) {
+    for (int size = sparse_head_groups(p.num_heads); size <= kSparseMaxWideCluster; size *= 2) {
+      // Above 8 CTAs: 0 where the device does not run clusters of that size.
       resident.by_size[size] =
           hdk::detail::max_active_clusters(kernel_of(use_pipelined), static_cast<unsigned>(size),
                                            threads, shared_bytes, device, kOperation);
@@ -1410,7 +1422,8 @@ void launch_tensor_core(const SparseDecodeProblem& p, bool pipelined, bool force
     SparsePlan plan = plan_sparse_decode(p.num_rows, p.num_heads, p.list_length(), resident,
                                          use_pipelined ? kSparsePipelinedCosts : kSparseMmaCosts);
     if (const int forced_splits = splits_override.load(); forced_splits > 0) {
-      plan.splits = sparse_max_splits(plan.groups, sparse_tiles(p.list_length()));
+      plan.splits =
+          sparse_max_splits(plan.groups, sparse_tiles(p.list_length()), resident.largest());
       while (plan.splits > forced_splits)
         plan.splits /= 2;
     }

@@ -100,9 +100,10 @@ HDK_HOST_DEVICE WgmmaOperand outputs_operand(int half, int k_step, int rows) {
 }
 
 // ---- Launch plan ----------------------------------------------------------------------------
-constexpr int kSparseHeadsPerCta = 64;  // 4 head tiles of 16
-constexpr int kSparseTile = 64;         // entries per step of the list
-constexpr int kSparseMaxCluster = 8;    // the portable cluster size
+constexpr int kSparseHeadsPerCta = 64;     // 4 head tiles of 16
+constexpr int kSparseTile = 64;            // entries per step of the list
+constexpr int kSparseMaxCluster = 8;       // the portable cluster size
+constexpr int kSparseMaxWideCluster = 16;  // non-portable, where the device runs it
 
 // One cluster per query row: `groups` CTAs own 64 heads each, `splits` CTAs share the list.
 struct SparsePlan {
@@ -118,11 +119,15 @@ HDK_HOST_DEVICE bool sparse_mma_supports(int64_t heads) {
          (heads + kSparseHeadsPerCta - 1) / kSparseHeadsPerCta <= kSparseMaxCluster;
 }
 
-// How many clusters of each size (1 .. kSparseMaxCluster CTAs) the device runs at once
+// How many clusters of each size (1 .. kSparseMaxWideCluster CTAs) the device runs at once
 // (cudaOccupancyMaxActiveClusters): a cluster needs its SMs in one GPC, so this is often well
-// under SMs / size (H100: 132, 66, 31 and 15 for 1, 2, 4 and 8 CTAs).
+// under SMs / size (H100: 132, 66, 31 and 15 for 1, 2, 4 and 8 CTAs). Clusters above the portable
+// 8 are planned only where the device runs clusters of 16.
 struct ResidentClusters {
-  int by_size[kSparseMaxCluster + 1] = {};
+  int by_size[kSparseMaxWideCluster + 1] = {};
+  HDK_HOST_DEVICE int largest() const {
+    return by_size[kSparseMaxWideCluster] > 0 ? kSparseMaxWideCluster : kSparseMaxCluster;
+  }
 };
 
 // Head groups of 64 for Hq heads, and tiles of a list.
@@ -134,10 +139,10 @@ HDK_HOST_DEVICE int64_t sparse_tiles(int64_t list_length) {
 }
 
 // The most splits a row of `groups` head groups and `tiles` tiles can take: a power of two, the
-// cluster within the portable size, at least one tile per split.
-HDK_HOST_DEVICE int sparse_max_splits(int groups, int64_t tiles) {
+// cluster within `max_cluster` CTAs, at least one tile per split.
+HDK_HOST_DEVICE int sparse_max_splits(int groups, int64_t tiles, int max_cluster) {
   int splits = 1;
-  while (groups * splits * 2 <= kSparseMaxCluster && splits * 2 <= tiles)
+  while (groups * splits * 2 <= max_cluster && splits * 2 <= tiles)
     splits *= 2;
   return splits;
 }
@@ -176,7 +181,8 @@ HDK_HOST_DEVICE SparsePlan plan_sparse_decode(int64_t rows, int64_t heads, int64
   plan.groups = sparse_head_groups(heads);
   const int64_t tiles = sparse_tiles(list_length);
   int64_t best = -1;
-  for (int splits = 1; splits <= sparse_max_splits(plan.groups, tiles); splits *= 2) {
+  const int max_splits = sparse_max_splits(plan.groups, tiles, resident.largest());
+  for (int splits = 1; splits <= max_splits; splits *= 2) {
     const int64_t tiles_per_cta = (tiles + splits - 1) / splits;
     if (splits > 1 && tiles_per_cta < costs.min_tiles_per_split) break;
     int64_t at_once = resident.by_size[plan.groups * splits];
