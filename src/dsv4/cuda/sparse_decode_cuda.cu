@@ -796,7 +796,8 @@ static_assert(kScoreRegistersCap + kOutputRegistersCap + kProducerRegistersCap <
               "the warpgroups' registers exceed what the launch gave the CTA");
 
 // The handshakes' barriers (kPipeBarrierOffset) and who arrives on each, every thread once per
-// phase.
+// phase: one arrival a warp after __syncwarp would order the same accesses, but racecheck credits
+// an arrival with its own thread's accesses only and then reports the stage's real-entry flags.
 struct PipelineBarriers {
   uint64_t* full;            // [stage] the producer
   uint64_t* empty;           // [stage] both consumers
