@@ -115,7 +115,7 @@ struct Measurement {
 };
 
 // "vk w4 r4 l16 x2 2048" = kernel, warps per CTA, rows per thread, lanes per row, tiles per
-// head, CTAs.
+// head, CTAs; " common" where the lean kernel takes the common form's parameter block.
 std::string describe_launch(const gdn::DecodeParams& params, const Device& device) {
 #ifdef HDK_WITH_CUDA
   if (!device.is_cuda()) return "-";
@@ -126,7 +126,7 @@ std::string describe_launch(const gdn::DecodeParams& params, const Device& devic
   return std::string(gdn::detail::decode_kernel_name(plan.kernel)) + " w" +
          std::to_string(plan.warps_per_cta) + " r" + std::to_string(plan.rows_per_thread) + " l" +
          std::to_string(plan.lanes_per_row) + " x" + std::to_string(plan.tiles_per_head) + " " +
-         std::to_string(plan.ctas);
+         std::to_string(plan.ctas) + (plan.common_form ? " common" : "");
 #else
   (void)params;
   (void)device;
@@ -322,8 +322,11 @@ void print_usage() {
       "                        dispatcher's); lean takes up to 32 tokens per request\n"
       "  --wide-offsets        lean variant: 64-bit token offsets even where 32 bits fit\n"
       "  --lean-build token-loop|one-token\n"
-      "                        lean variant, T = 1 with bf16 state: the build with or without\n"
-      "                        the token loop (default: the dispatcher's, by the heads)\n");
+      "                        lean variant, T = 1: the build with or without the token loop\n"
+      "                        (without: bf16 state, or fp32 in the common form; default: the\n"
+      "                        dispatcher's, by the heads)\n"
+      "  --full-problem        lean variant: the full parameter block even for calls of the\n"
+      "                        common form (A/B of the compact block)\n");
 }
 
 }  // namespace
@@ -363,6 +366,7 @@ int gdn_command(Options& options) {
   const std::string variant = options.text("multi-token-variant", "");
   const bool wide_offsets = options.flag("wide-offsets");
   const std::string lean_build = options.text("lean-build", "");
+  const bool full_problem = options.flag("full-problem");
   if (!lean_build.empty() && lean_build != "token-loop" && lean_build != "one-token") {
     throw std::runtime_error("--lean-build token-loop|one-token");
   }
@@ -382,10 +386,11 @@ int gdn_command(Options& options) {
   forced.wide_offsets = wide_offsets;
   if (lean_build == "token-loop") forced.lean_build = gdn::detail::LeanBuild::kTokenLoop;
   if (lean_build == "one-token") forced.lean_build = gdn::detail::LeanBuild::kOneToken;
+  forced.full_problem = full_problem;
   gdn::detail::set_launch_override(forced);
 #else
   if (forced_warps != 0 || forced_rows != 0 || forced_lanes != 0 || multi_token_always ||
-      one_token_always || !variant.empty() || wide_offsets || !lean_build.empty()) {
+      one_token_always || !variant.empty() || wide_offsets || !lean_build.empty() || full_problem) {
     throw std::runtime_error("the kernel tuning options need the CUDA backend");
   }
 #endif

@@ -120,6 +120,22 @@ struct RequestPlan {
   bool invalid = false;     // an index could not be honoured: run as padding and count it
 };
 
+// The slot a per-request plan stores its final state to: an index past the pool makes the request
+// invalid, a negative one means no store.
+HDK_HOST_DEVICE void set_final_slot(RequestPlan& plan, int64_t slot, int64_t pool_size) {
+  plan.final_slot = slot;
+  if (plan.final_slot >= pool_size) plan.invalid = true;
+  if (plan.final_slot < 0) plan.final_slot = -1;
+}
+
+// An invalid request runs as padding: no slot read, none written.
+HDK_HOST_DEVICE void drop_if_invalid(RequestPlan& plan) {
+  if (plan.invalid) {
+    plan.read_slot = -1;
+    plan.final_slot = -1;
+  }
+}
+
 HDK_HOST_DEVICE RequestPlan plan_request(const DecodeProblem& p, int64_t n) {
   RequestPlan plan;
   if (p.variable_length) {
@@ -169,15 +185,11 @@ HDK_HOST_DEVICE RequestPlan plan_request(const DecodeProblem& p, int64_t n) {
       if (p.state_indices.at(n, t) >= p.pool_size) plan.invalid = true;
     }
   } else if (writes) {
-    plan.final_slot =
-        p.output_state_indices.given() ? p.output_state_indices.at(n) : plan.read_slot;
-    if (plan.final_slot >= p.pool_size) plan.invalid = true;
-    if (plan.final_slot < 0) plan.final_slot = -1;
+    set_final_slot(plan,
+                   p.output_state_indices.given() ? p.output_state_indices.at(n) : plan.read_slot,
+                   p.pool_size);
   }
-  if (plan.invalid) {
-    plan.read_slot = -1;
-    plan.final_slot = -1;
-  }
+  drop_if_invalid(plan);
   return plan;
 }
 

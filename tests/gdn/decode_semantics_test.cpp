@@ -136,106 +136,112 @@ std::vector<GdnCaseConfig> semantic_cases() {
     add(c);
   }
 
-  // Pool semantics.
+  // Pool semantics. At K = 128 with layout kVK, the calls of the common form
+  // (common_decode_problem.h: fixed length, fused gating, bf16 q/k/v, per-request int32 indices
+  // or none) run on the lean kernel's compact parameter block; the forced runs below repeat them
+  // on the full block.
   for (StateLayout layout : {StateLayout::kVK, StateLayout::kKV}) {
-    for (DType state : {DType::kFloat32, DType::kBFloat16}) {
-      GdnCaseConfig base;
-      base.B = 8, base.T = 1, base.H = 2, base.HV = 4, base.K = 64, base.V = 32;
-      base.layout = layout;
-      base.state_dtype = state;
+    for (int64_t K : {64, 128}) {
+      if (layout == StateLayout::kKV && K == 128) continue;
+      for (DType state : {DType::kFloat32, DType::kBFloat16}) {
+        GdnCaseConfig base;
+        base.B = 8, base.T = 1, base.H = 2, base.HV = 4, base.K = K, base.V = 32;
+        base.layout = layout;
+        base.state_dtype = state;
 
-      GdnCaseConfig c = base;  // no indices: request n uses slot n
-      c.indices = IndexKind::kNone;
-      add(c);
-      c = base;  // int64 indices, slots in random order, padding and invalid rows
-      c.index_dtype = DType::kInt64;
-      c.padding_fraction = 0.25;
-      c.invalid_rows = 2;
-      add(c);
-      c = base;  // split pool with some rows not writing, T = 2
-      c.T = 2;
-      c.split_pool = true;
-      c.no_write_fraction = 0.25;
-      c.padding_fraction = 0.125;
-      add(c);
-      c = base;  // split pool without state_indices; an invalid write index
-      c.indices = IndexKind::kNone;
-      c.split_pool = true;
-      c.invalid_rows = 1;
-      add(c);
-      c = base;  // padded slot pitch and packed (strided) q/k/v/a/b
-      c.slot_padding_rows = 3;
-      c.packed_inputs = true;
-      c.padding_fraction = 0.25;
-      add(c);
-      c = base;  // verify pass: cache on, pool untouched
-      c.T = 3;
-      c.intermediate = true;
-      c.update_state = false;
-      c.padding_fraction = 0.25;
-      c.invalid_rows = 1;
-      add(c);
-      c = base;  // cache with capacity larger than T
-      c.T = 2;
-      c.intermediate = true;
-      c.capacity = 4;
-      add(c);
-      c = base;  // vLLM speculative decoding: 2-D indices with num_accepted_tokens
-      c.T = 4;
-      c.indices = IndexKind::kPerToken;
-      c.num_accepted_tokens = true;
-      c.padding_fraction = 0.25;
-      c.invalid_rows = 1;
-      c.intermediate = true;
-      add(c);
-      c = base;  // 2-D indices without num_accepted_tokens (read column 0), int64
-      c.T = 3;
-      c.indices = IndexKind::kPerToken;
-      c.index_dtype = DType::kInt64;
-      add(c);
-      c = base;  // 2-D indices, verify only
-      c.T = 3;
-      c.indices = IndexKind::kPerToken;
-      c.num_accepted_tokens = true;
-      c.update_state = false;
-      add(c);
-      c = base;  // variable-length batch, with a zero-length request
-      c.varlen_lengths = {1, 3, 0, 2, 1, 4};
-      c.intermediate = true;
-      c.padding_fraction = 0.2;
-      add(c);
-      c = base;  // variable-length + 2-D indices + accepted tokens (vLLM's call form)
-      c.varlen_lengths = {2, 2, 1, 3};
-      c.indices = IndexKind::kPerToken;
-      c.num_accepted_tokens = true;
-      c.invalid_rows = 1;
-      add(c);
-      c = base;  // SGLang's decode form: [1, B] tokens with cu_seqlens = arange(B + 1)
-      c.varlen_lengths = {1, 1, 1, 1, 1, 1, 1};
-      c.padding_fraction = 0.3;
-      c.packed_inputs = true;
-      c.max_tokens_per_request = 1;
-      add(c);
-      c = base;  // a request longer than max_tokens_per_request is invalid and counted
-      c.varlen_lengths = {1, 2, 1, 1, 0, 1};
-      c.max_tokens_per_request = 1;
-      c.invalid_rows = 1;
-      add(c);
-      c = base;  // one token with the verify cache, 2-D indices and accepted tokens
-      c.indices = IndexKind::kPerToken;
-      c.num_accepted_tokens = true;
-      c.capacity = 3;
-      c.intermediate = true;
-      c.padding_fraction = 0.25;
-      add(c);
-      c = base;  // no qk l2norm, explicit scale
-      c.use_qk_l2norm = false;
-      c.scale = 0.3f;
-      c.T = 2;
-      add(c);
-      c = base;  // no l2norm, default scale
-      c.use_qk_l2norm = false;
-      add(c);
+        GdnCaseConfig c = base;  // no indices: request n uses slot n
+        c.indices = IndexKind::kNone;
+        add(c);
+        c = base;  // int64 indices, slots in random order, padding and invalid rows
+        c.index_dtype = DType::kInt64;
+        c.padding_fraction = 0.25;
+        c.invalid_rows = 2;
+        add(c);
+        c = base;  // split pool with some rows not writing, T = 2
+        c.T = 2;
+        c.split_pool = true;
+        c.no_write_fraction = 0.25;
+        c.padding_fraction = 0.125;
+        add(c);
+        c = base;  // split pool without state_indices; an invalid write index
+        c.indices = IndexKind::kNone;
+        c.split_pool = true;
+        c.invalid_rows = 1;
+        add(c);
+        c = base;  // padded slot pitch and packed (strided) q/k/v/a/b
+        c.slot_padding_rows = 3;
+        c.packed_inputs = true;
+        c.padding_fraction = 0.25;
+        add(c);
+        c = base;  // verify pass: cache on, pool untouched
+        c.T = 3;
+        c.intermediate = true;
+        c.update_state = false;
+        c.padding_fraction = 0.25;
+        c.invalid_rows = 1;
+        add(c);
+        c = base;  // cache with capacity larger than T
+        c.T = 2;
+        c.intermediate = true;
+        c.capacity = 4;
+        add(c);
+        c = base;  // vLLM speculative decoding: 2-D indices with num_accepted_tokens
+        c.T = 4;
+        c.indices = IndexKind::kPerToken;
+        c.num_accepted_tokens = true;
+        c.padding_fraction = 0.25;
+        c.invalid_rows = 1;
+        c.intermediate = true;
+        add(c);
+        c = base;  // 2-D indices without num_accepted_tokens (read column 0), int64
+        c.T = 3;
+        c.indices = IndexKind::kPerToken;
+        c.index_dtype = DType::kInt64;
+        add(c);
+        c = base;  // 2-D indices, verify only
+        c.T = 3;
+        c.indices = IndexKind::kPerToken;
+        c.num_accepted_tokens = true;
+        c.update_state = false;
+        add(c);
+        c = base;  // variable-length batch, with a zero-length request
+        c.varlen_lengths = {1, 3, 0, 2, 1, 4};
+        c.intermediate = true;
+        c.padding_fraction = 0.2;
+        add(c);
+        c = base;  // variable-length + 2-D indices + accepted tokens (vLLM's call form)
+        c.varlen_lengths = {2, 2, 1, 3};
+        c.indices = IndexKind::kPerToken;
+        c.num_accepted_tokens = true;
+        c.invalid_rows = 1;
+        add(c);
+        c = base;  // SGLang's decode form: [1, B] tokens with cu_seqlens = arange(B + 1)
+        c.varlen_lengths = {1, 1, 1, 1, 1, 1, 1};
+        c.padding_fraction = 0.3;
+        c.packed_inputs = true;
+        c.max_tokens_per_request = 1;
+        add(c);
+        c = base;  // a request longer than max_tokens_per_request is invalid and counted
+        c.varlen_lengths = {1, 2, 1, 1, 0, 1};
+        c.max_tokens_per_request = 1;
+        c.invalid_rows = 1;
+        add(c);
+        c = base;  // one token with the verify cache, 2-D indices and accepted tokens
+        c.indices = IndexKind::kPerToken;
+        c.num_accepted_tokens = true;
+        c.capacity = 3;
+        c.intermediate = true;
+        c.padding_fraction = 0.25;
+        add(c);
+        c = base;  // no qk l2norm, explicit scale
+        c.use_qk_l2norm = false;
+        c.scale = 0.3f;
+        c.T = 2;
+        add(c);
+        c = base;  // no l2norm, default scale
+        c.use_qk_l2norm = false;
+        add(c);
+      }
     }
   }
   return cases;
@@ -270,7 +276,8 @@ TEST_P(GdnDecodeSemantics, MatchesReference) {
 #ifdef HDK_WITH_CUDA
   // The dispatcher sends one-token calls to either of two kernels depending on the batch, and
   // multi-token calls to the classic multi-token kernel or its lean variant (32- or 64-bit token
-  // offsets): each must honour every semantic of the grid, whichever the grid's sizes select.
+  // offsets, the compact or the full parameter block): each must honour every semantic of the
+  // grid, whichever the grid's sizes select.
   if (backend == Backend::kCUDA) {
     using gdn::detail::LaunchOverride;
     using gdn::detail::MultiTokenVariant;
@@ -282,6 +289,7 @@ TEST_P(GdnDecodeSemantics, MatchesReference) {
       bool wide_offsets;
       int warps;  // per CTA, 0 = the dispatcher's
       gdn::detail::LeanBuild lean_build = gdn::detail::LeanBuild::kAuto;
+      bool full_problem = false;  // the lean kernel's full parameter block for the common form
     };
     const Forced forced_runs[] = {
         {"one-token kernel forced", OneTokenKernel::kOneToken, MultiTokenVariant::kClassic, false,
@@ -305,6 +313,11 @@ TEST_P(GdnDecodeSemantics, MatchesReference) {
         {"lean multi-token kernel forced, its one-token build, 64-bit token offsets",
          OneTokenKernel::kMultiToken, MultiTokenVariant::kLean, true, 0,
          gdn::detail::LeanBuild::kOneToken},
+        {"lean multi-token kernel forced, on the full parameter block", OneTokenKernel::kMultiToken,
+         MultiTokenVariant::kLean, false, 0, gdn::detail::LeanBuild::kAuto, true},
+        {"lean multi-token kernel forced, its one-token build on the full parameter block",
+         OneTokenKernel::kMultiToken, MultiTokenVariant::kLean, false, 0,
+         gdn::detail::LeanBuild::kOneToken, true},
     };
     for (const Forced& run : forced_runs) {
       // Restored however the call ends: a throwing backend must not leave later tests on a
@@ -317,6 +330,7 @@ TEST_P(GdnDecodeSemantics, MatchesReference) {
           forced.wide_offsets = run.wide_offsets;
           forced.warps = run.warps;
           forced.lean_build = run.lean_build;
+          forced.full_problem = run.full_problem;
           gdn::detail::set_launch_override(forced);
         }
         ~ForcedKernel() { gdn::detail::set_launch_override(LaunchOverride()); }

@@ -233,7 +233,8 @@ TEST(GdnLaunchPlan, OneTokenCallsAbove192Bf16HeadsRunTheBuildWithoutATokenLoop) 
   EXPECT_TRUE(plan(qwen_problem(512, 1, bf16, false)).one_token_build);
   EXPECT_TRUE(plan(qwen_problem(4, 1, bf16, true)).one_token_build);  // T = 1 verify
   EXPECT_FALSE(plan(qwen_problem(4, 2, bf16, false)).one_token_build);
-  // fp32 state has no one-token build, forced or not.
+  // On the full problem (these calls' fp32 inputs are not the common form) fp32 state has no
+  // one-token build, forced or not.
   gdn::detail::LaunchOverride one_token;
   one_token.lean_build = gdn::detail::LeanBuild::kOneToken;
   EXPECT_FALSE(plan(qwen_problem(4, 1, DType::kFloat32, false)).one_token_build);

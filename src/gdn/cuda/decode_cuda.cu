@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/argument_checks.h"
+#include "gdn/common_decode_problem.h"
 #include "gdn/cuda/decode_launch.h"
 #include "gdn/decode_validation.h"
 #include "gdn/lean_kernel_fit.h"
@@ -33,6 +34,7 @@ std::atomic<OneTokenKernel> one_token_override{OneTokenKernel::kAuto};
 std::atomic<MultiTokenVariant> variant_override{MultiTokenVariant::kAuto};
 std::atomic<bool> wide_offsets_override{false};
 std::atomic<LeanBuild> lean_build_override{LeanBuild::kAuto};
+std::atomic<bool> full_problem_override{false};
 
 void check_cuda(cudaError_t status, const char* what) {
   if (status != cudaSuccess) {
@@ -148,6 +150,7 @@ void set_launch_override(const LaunchOverride& forced) {
   variant_override.store(forced.multi_token_variant);
   wide_offsets_override.store(forced.wide_offsets);
   lean_build_override.store(forced.lean_build);
+  full_problem_override.store(forced.full_problem);
 }
 
 const char* decode_kernel_name(DecodeKernel kernel) {
@@ -225,19 +228,33 @@ LaunchPlan plan_launch(const DecodeProblem& p, int sm_count) {
     if (lean && most_tokens <= kLeanMaxTokens && lean_grid_fits) {
       plan.kernel = DecodeKernel::kVKLean;
       plan.narrow_offsets = !wide_offsets_override.load() && token_offsets_fit_32_bits(p);
-      // The build without a token loop, for one-token calls with bf16 state above 192 heads. On
-      // an H100 (Qwen3.5-397B, T = 1, same device call) it runs at 64 registers instead of 80
-      // (32 warps per SM instead of 24) and is 4-5% faster from B = 4 (256 heads; B = 4: 12.18
-      // vs 12.84 us, B = 256: 390.4 vs 409.6), but 3-5% slower at B = 1, 2 and 3 (B = 1: 8.10 vs
-      // 7.72 us, B = 3: 10.92 vs 10.48), at any of its register caps; with fp32 state it was
-      // 0-3% slower at every batch, so it is not built.
+      // Calls of the common form take the compact parameter block where an instance for it is
+      // built. On an H100 (both Qwen presets, same device call) it is 4-8% faster at bf16 T = 1
+      // at every batch (B = 1: 7.78 -> 7.38 us, B = 256: 392.9 -> 375.9) and 1-3% at bf16 verify
+      // up to B = 16; fp32 within 1% either way from B = 2 (docs/gdn-cuda-dispatch.md).
+      const bool bf16_input = p.q.dtype == DType::kBFloat16;
+      plan.common_form = !full_problem_override.load() && plan.narrow_offsets &&
+                         common_form_built(state_bytes, p.head_k, plan.lanes_per_row,
+                                           plan.rows_per_thread, bf16_input) &&
+                         common_form_fits(p, lean_input_piece_bytes(state_bytes, 2));
+      // The build without a token loop (one-token calls). On the full parameter block it exists
+      // for bf16 state only and runs above 192 heads: at 64 registers instead of 80 it is 4-5%
+      // faster from 256 heads (B = 4: 12.18 vs 12.84 us, B = 256: 390.4 vs 409.6), 3-5% slower
+      // at B = 1..3; with fp32 state it was 0-3% slower at every batch. On the common form's
+      // block it is faster at every batch that differs (same device call, Qwen3.5-397B /
+      // Qwen3-Next): bf16 B = 1..3 5-6% (B = 1: 7.25 -> 6.87 us), level from 256 heads; fp32 up
+      // to 256 heads 5.5-14% (B = 2: 11.72 -> 10.74 us), level at 512 heads and 0.3% slower at
+      // 16384 (B = 256: 732.9 vs 730.6), so fp32 state takes it up to 256 heads.
       const LeanBuild forced_build = lean_build_override.load();
-      const bool one_token_build_fits = one_token && p.state_dtype == DType::kBFloat16;
+      const bool bf16_state = p.state_dtype == DType::kBFloat16;
+      const bool one_token_build_exists = one_token && (bf16_state || plan.common_form);
+      const bool one_token_build_pays =
+          plan.common_form ? (bf16_state || heads <= kLeanFp32OneTokenBuildMaxHeads)
+                           : heads > kLeanTokenLoopBuildMaxHeads;
       plan.one_token_build =
-          one_token_build_fits &&
-          (forced_build == LeanBuild::kOneToken ||
-           (forced_build == LeanBuild::kAuto && heads > kLeanTokenLoopBuildMaxHeads));
-      if (one_token && p.state_dtype == DType::kBFloat16 && heads > kLeanOneTokenMaxHeads) {
+          one_token_build_exists && (forced_build == LeanBuild::kOneToken ||
+                                     (forced_build == LeanBuild::kAuto && one_token_build_pays));
+      if (one_token && bf16_state && heads > kLeanOneTokenMaxHeads) {
         plan.warps_per_cta = 1;
       }
       const int forced_warps = warps_override.load();
@@ -301,6 +318,7 @@ void decode_cuda(const DecodeProblem& problem, const DecodeParams& params, CudaS
     lean.tiles_per_head = plan.tiles_per_head;
     lean.narrow_offsets = plan.narrow_offsets;
     lean.one_token = plan.one_token_build;
+    lean.common_form = plan.common_form;
     if (fp32) {
       launch_decode_vk_lean<float>(problem, lean, cuda_stream);
     } else {

@@ -37,6 +37,7 @@ struct LaunchPlan {
   int64_t ctas = 0;
   bool narrow_offsets = false;   // vkl: 32-bit token offsets (token_offsets_fit_32_bits)
   bool one_token_build = false;  // vkl: the build without a token loop (at most one token each)
+  bool common_form = false;      // vkl: parameters as CommonDecodeProblem (the call's form fits)
 };
 
 LaunchPlan plan_launch(const DecodeProblem& problem, int sm_count);
@@ -44,8 +45,9 @@ LaunchPlan plan_launch(const DecodeProblem& problem, int sm_count);
 // Which kernel serves one-token calls: the dispatcher's choice, or one of the two forced.
 enum class OneTokenKernel { kAuto, kOneToken, kMultiToken };
 
-// Which build of the lean kernel runs a one-token call with bf16 state: the dispatcher's choice,
-// the build with the token loop, or the one without (fp32 state always runs the former).
+// Which build of the lean kernel runs a one-token call: the dispatcher's choice, the build with
+// the token loop, or the one without (which exists for bf16 state, and for fp32 state in the
+// common form only; elsewhere the former runs).
 enum class LeanBuild { kAuto, kTokenLoop, kOneToken };
 
 // Which build of the multi-token kernel runs: the dispatcher's choice (today the classic one),
@@ -58,7 +60,8 @@ enum class MultiTokenVariant { kAuto, kClassic, kLean };
 // (0 = the dispatcher's choice), the kernel of one-token calls and the multi-token variant (the
 // tests run each), and 64-bit token offsets in the lean variant where 32 bits would do (so tests
 // cover both of its builds), and which build of the lean kernel runs one-token calls with bf16
-// state (so tests cover both). A combination no kernel was built for is an error at launch.
+// state (so tests cover both), and whether calls of the common form run on the full problem (so
+// tests cover both). A combination no kernel was built for is an error at launch.
 struct LaunchOverride {
   int warps = 0;
   int rows_per_thread = 0;
@@ -67,6 +70,8 @@ struct LaunchOverride {
   MultiTokenVariant multi_token_variant = MultiTokenVariant::kAuto;
   bool wide_offsets = false;
   LeanBuild lean_build = LeanBuild::kAuto;
+  // The lean kernel on the full DecodeProblem even where the common form fits.
+  bool full_problem = false;
 };
 void set_launch_override(const LaunchOverride& forced);
 

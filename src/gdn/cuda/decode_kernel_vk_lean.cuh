@@ -21,11 +21,16 @@
 //   the instruction scheduler cannot move the loads up next to both vectors of the token);
 // - request and head indices are hidden from loop-invariant hoisting, so per-token offsets are
 //   recomputed (a few integer instructions) instead of held in registers across the tokens;
-// - one-token calls with bf16 state above 192 heads run a build without the token loop
-//   (kOneToken): every lane loads the token's gates itself (one broadcast load) instead of
-//   receiving them by shuffle, nothing is loaded ahead, and with fewer values live it fits a
-//   lower register cap (64 instead of 80 at K = 128: 32 warps per SM instead of 24), which is
-//   where its speed comes from (docs/gdn-cuda-dispatch.md).
+// - one-token calls run a build without the token loop (kOneToken; bf16 state above 192 heads on
+//   the full problem, and in the common form bf16 state always and fp32 up to 256 heads): every
+//   lane loads the token's gates itself (one broadcast load) instead of receiving them by
+//   shuffle, nothing is loaded ahead, and with fewer values live it fits a lower register cap
+//   (bf16, K = 128: 64 instead of 80 on the full problem, 32 warps per SM instead of 24;
+//   docs/gdn-cuda-dispatch.md);
+// - calls of the common form (common_decode_problem.h: fixed length, fused gating, one input
+//   dtype, aligned q and k, per-request int32 indices) take their parameters as a
+//   CommonDecodeProblem: fewer constant-cache lines on a small batch's critical path, and no
+//   dtype, alignment or mode cases in the instruction stream.
 // Register counts of every instance: docs/gdn-cuda-dispatch.md.
 #pragma once
 
@@ -35,6 +40,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "gdn/common_decode_problem.h"
 #include "gdn/cuda/decode_kernel_vk.cuh"
 #include "gdn/cuda/decode_launch.h"
 #include "gdn/cuda/decode_vk_lean_registers.h"
@@ -97,6 +103,18 @@ __device__ __forceinline__ uint32_t load_input_bits(const void* base, int64_t of
   }
 }
 
+// One element of a q/k/v-typed tensor stored from fp32 (round to nearest even).
+template <typename InputT>
+__device__ __forceinline__ void store_input_element(void* base, int64_t offset, float value) {
+  if constexpr (std::is_same_v<InputT, __nv_bfloat16>) {
+    static_cast<__nv_bfloat16*>(base)[offset] = __float2bfloat16_rn(value);
+  } else if constexpr (std::is_same_v<InputT, __half>) {
+    static_cast<__half*>(base)[offset] = __float2half_rn(value);
+  } else {
+    static_cast<float*>(base)[offset] = value;
+  }
+}
+
 // Makes `value` look changed to the optimizer, at no cost: what the token loop computes from it
 // (token offsets, pointers) is then computed where it is used instead of being hoisted out of
 // the loop into registers held across all tokens, which would cost more warps per SM than the
@@ -121,12 +139,23 @@ constexpr int lean_multi_token_registers() {
                            kNarrowOffsets, kTokenSlots, kOneToken);
 }
 
-template <typename StateT, typename InputT, int K, int kRowsPerThread, int kLanes,
+// The value heads that share one q/k head.
+__device__ __forceinline__ int v_heads_per_qk_head(const DecodeProblem& p) {
+  return static_cast<int>(p.num_v_heads / p.num_qk_heads);
+}
+__device__ __forceinline__ int v_heads_per_qk_head(const CommonDecodeProblem& p) {
+  return p.v_heads_per_qk_head;
+}
+
+// Problem: DecodeProblem (any call), or CommonDecodeProblem for a call of the common form.
+template <typename Problem, typename StateT, typename InputT, int K, int kRowsPerThread, int kLanes,
           bool kNarrowOffsets, bool kTokenSlots, bool kOneToken, int kMaxRegisters>
 __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxRegisters)
-    gdn_decode_vk_lean_kernel(int tiles_per_head, const DecodeProblem p) {
+    gdn_decode_vk_lean_kernel(int tiles_per_head, const Problem p) {
   // tiles_per_head comes first: it then shares the parameters' first constant-cache line with
-  // the head of `p` (DecodeProblem's field order) instead of taking a line of its own.
+  // the head of `p` (both problem types' field order) instead of taking a line of its own.
+  constexpr bool kCommonForm = std::is_same_v<Problem, CommonDecodeProblem>;
+  static_assert(!(kCommonForm && kTokenSlots), "the common form has no per-token slots");
   using Shape = VKShape<StateT, K, kRowsPerThread, kLanes>;
   using Input = PackedInput<InputT>;
   // Token offsets: 32-bit only where the launcher proved they fit.
@@ -151,8 +180,7 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
   // const: the token loop hides them from the optimizer (hide_from_hoisting).
   Offset n = static_cast<Offset>(blockIdx.z);
   Offset hv = static_cast<Offset>(blockIdx.y);
-  Offset h = static_cast<Offset>(static_cast<int>(blockIdx.y) /
-                                 static_cast<int>(p.num_v_heads / p.num_qk_heads));
+  Offset h = static_cast<Offset>(static_cast<int>(blockIdx.y) / v_heads_per_qk_head(p));
   const int lane_in_row = lane % kLanes;
   const int group_base = lane - lane_in_row;
   // Offsets inside one head fit in 32 bits (V * K <= 65536).
@@ -172,7 +200,7 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
   const int dot_q_lane = group_base + scattered_lane<kDots, kLanes>(owned | 1);
 
   // Element offset of (token, head) in a per-token tensor of this request.
-  auto token_at = [&](const TokenTensor& x, Offset token, Offset head) -> Offset {
+  auto token_at = [&](const auto& x, Offset token, Offset head) -> Offset {
     const Offset request_row = p.variable_length ? 0 : n;
     return request_row * static_cast<Offset>(x.stride_request) +
            token * static_cast<Offset>(x.stride_token) + head * static_cast<Offset>(x.stride_head);
@@ -189,8 +217,13 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
     for (int f = 0; f < kFragments; ++f) {
       // One fragment's columns are contiguous; a lane's fragments are kLanes x kVec apart.
       RawVector<kVec, sizeof(InputT)> piece_q, piece_k;
-      piece_q.load(p.q.data, q_base + column_of(f));
-      piece_k.load(p.k.data, k_base + column_of(f));
+      if constexpr (kCommonForm) {
+        piece_q.load_aligned(p.q.data, q_base + column_of(f));
+        piece_k.load_aligned(p.k.data, k_base + column_of(f));
+      } else {
+        piece_q.load(p.q.data, q_base + column_of(f));
+        piece_k.load(p.k.data, k_base + column_of(f));
+      }
 #pragma unroll
       for (int w = 0; w < kFragmentWords; ++w) {
         x.q[f * kFragmentWords + w] = piece_q.words[w];
@@ -209,14 +242,16 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
   // gate inputs (raw bits), turned into decay and beta once they arrived, and with per-token
   // slots the slot the state after the token goes to.
   // Each dtype read on its mode's path only: a select would read g and beta, whose constant-cache
-  // line a fused step never needs.
-  DType gate_a_dtype, gate_b_dtype;
-  if (p.fused_gating) {
-    gate_a_dtype = p.a.dtype;
-    gate_b_dtype = p.b.dtype;
-  } else {
-    gate_a_dtype = p.g.dtype;
-    gate_b_dtype = p.beta.dtype;
+  // line a fused step never needs. The common form's gates are of the input type.
+  DType gate_a_dtype = DType::kFloat32, gate_b_dtype = DType::kFloat32;
+  if constexpr (!kCommonForm) {
+    if (p.fused_gating) {
+      gate_a_dtype = p.a.dtype;
+      gate_b_dtype = p.b.dtype;
+    } else {
+      gate_a_dtype = p.g.dtype;
+      gate_b_dtype = p.beta.dtype;
+    }
   }
   uint32_t gate_a_bits = 0, gate_b_bits = 0;
   Offset lane_slot = -1;
@@ -226,12 +261,18 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
     const Offset t = kOneToken ? 0 : lane;
     if (t < count) {
       const Offset token = origin + t;
-      gate_a_bits = p.fused_gating
-                        ? load_raw_element(p.a.data, p.a.dtype, token_at(p.a, token, hv))
-                        : load_raw_element(p.g.data, p.g.dtype, token_at(p.g, token, hv));
-      gate_b_bits = p.fused_gating
-                        ? load_raw_element(p.b.data, p.b.dtype, token_at(p.b, token, hv))
-                        : load_raw_element(p.beta.data, p.beta.dtype, token_at(p.beta, token, hv));
+      if constexpr (kCommonForm) {
+        gate_a_bits = load_input_bits<InputT>(p.a.data, token_at(p.a, token, hv));
+        gate_b_bits = load_input_bits<InputT>(p.b.data, token_at(p.b, token, hv));
+      } else {
+        gate_a_bits = p.fused_gating
+                          ? load_raw_element(p.a.data, p.a.dtype, token_at(p.a, token, hv))
+                          : load_raw_element(p.g.data, p.g.dtype, token_at(p.g, token, hv));
+        gate_b_bits =
+            p.fused_gating
+                ? load_raw_element(p.b.data, p.b.dtype, token_at(p.b, token, hv))
+                : load_raw_element(p.beta.data, p.beta.dtype, token_at(p.beta, token, hv));
+      }
       // A request longer than the index columns is invalid and runs no token: its columns
       // past C are not read (they would lie outside the index tensor).
       if constexpr (kTokenSlots) {
@@ -240,13 +281,24 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
     }
   };
   auto finish_gates = [&](float A_log, float dt_bias, float& decay, float& beta) {
-    const float gate_a = raw_to_float(gate_a_bits, gate_a_dtype);
-    const float gate_b = raw_to_float(gate_b_bits, gate_b_dtype);
+    const float gate_a =
+        kCommonForm ? Input::scalar(gate_a_bits) : raw_to_float(gate_a_bits, gate_a_dtype);
+    const float gate_b =
+        kCommonForm ? Input::scalar(gate_b_bits) : raw_to_float(gate_b_bits, gate_b_dtype);
     const float g = p.fused_gating ? fused_log_decay(A_log, gate_a, dt_bias, p.softplus_beta,
                                                      p.softplus_threshold)
                                    : gate_a;
     decay = expf(g);
     beta = p.fused_gating ? sigmoid(gate_b) : gate_b;
+  };
+
+  // One output element; the common form's output is of the input type.
+  auto store_out = [&](Offset offset, float value) {
+    if constexpr (kCommonForm) {
+      store_input_element<InputT>(p.out.data, offset, value);
+    } else {
+      store_element(p.out.data, p.out.dtype, offset, value);
+    }
   };
 
   // The first token's inputs and every token's gates, then the pool index, then the
@@ -278,10 +330,7 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
   if (plan.read_slot < 0) {
     // Padding (or invalid) request: zero output, no slot touched.
     for (Offset t = 0; t < num_tokens; ++t) {
-      if (finishes_row) {
-        store_element(p.out.data, p.out.dtype, token_at(p.out, origin + t, hv) + row_of(owned_row),
-                      0.0f);
-      }
+      if (finishes_row) store_out(token_at(p.out, origin + t, hv) + row_of(owned_row), 0.0f);
     }
     return;
   }
@@ -363,8 +412,8 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
     const float owned_dot_q = __shfl_sync(0xffffffffu, dots[0], dot_q_lane);
     const float u = beta * (Input::scalar(current_v) - decay * dots[0] * k_factor);
     if (finishes_row) {
-      store_element(p.out.data, p.out.dtype, token_at(p.out, origin + t, hv) + row_of(owned_row),
-                    decay * owned_dot_q * q_factor + u * (qk * q_factor * k_factor));
+      store_out(token_at(p.out, origin + t, hv) + row_of(owned_row),
+                decay * owned_dot_q * q_factor + u * (qk * q_factor * k_factor));
     }
     float row_u[kRows];
 #pragma unroll

@@ -45,9 +45,14 @@ constexpr int kMultiTokenWarpsPerCta = 4;
 constexpr int64_t kLeanOneTokenMaxHeads = 1024;
 
 // One-token calls with bf16 state and at most this many (request, value head) pairs run the lean
-// kernel's build with the token loop, more run its one-token build (plan_launch has the
+// kernel's build with the token loop, more run its one-token build, on the full parameter block;
+// calls of the common form run the one-token build at every size (plan_launch has the
 // measurements).
 constexpr int64_t kLeanTokenLoopBuildMaxHeads = 192;
+
+// One-token calls of the common form with fp32 state and at most this many (request, value head)
+// pairs run the lean kernel's one-token build (plan_launch has the measurements).
+constexpr int64_t kLeanFp32OneTokenBuildMaxHeads = 256;
 
 // Verify calls with fp32 state and more than two tokens per request run the lean kernel up to
 // this many (request, value head) pairs, the classic one above (plan_launch has the
@@ -59,6 +64,21 @@ constexpr int64_t kLeanFp32VerifyMaxHeads = 128;
 // other kernels' grids are one-dimensional.
 constexpr int64_t kMaxGridX = 0x7fffffff;
 constexpr int64_t kMaxGridYZ = 65535;
+
+// The lean kernel's instances built for calls of the common form (common_decode_problem.h): bf16
+// q/k/v, K = 128, the dispatcher's default shape for the state dtype (lanes per row, rows per
+// thread). Other shapes and input types run on the full DecodeProblem.
+constexpr bool common_form_built(int state_bytes, int64_t head_k, int lanes_per_row,
+                                 int rows_per_thread, bool bf16_input) {
+  return bf16_input && head_k == 128 && lanes_per_row == full_lanes_per_row(state_bytes, head_k) &&
+         rows_per_thread == multi_token_default_rows(state_bytes, head_k);
+}
+
+// Bytes of q (and k) one lane of the lean kernel loads as one piece: a state fragment's columns
+// (16 bytes of state) in the input type.
+constexpr int64_t lean_input_piece_bytes(int state_bytes, int input_bytes) {
+  return (16 / state_bytes) * input_bytes;
+}
 
 // The multi-token kernel: every warp owns rows_per_thread x (32 / lanes_per_row) rows of one
 // head; tiles_per_head counts warps.
@@ -75,8 +95,12 @@ struct LeanLaunch {
   int64_t tiles_per_head = 0;
   // The call's token offsets fit in 32 bits (token_offsets_fit_32_bits).
   bool narrow_offsets = false;
-  // No request has more than one token and the state is bf16: the build without a token loop.
+  // No request has more than one token: the build without a token loop (bf16 state, or the
+  // common form).
   bool one_token = false;
+  // The call has the common form and an instance for it is built (common_form_built): the
+  // parameters go as a CommonDecodeProblem.
+  bool common_form = false;
 };
 
 // The lean variant of the multi-token kernel (decode_kernel_vk_lean.cuh), same shapes; only for

@@ -12,10 +12,12 @@
 #include <string>
 #include <type_traits>
 
+#include "gdn/common_decode_problem.h"
 #include "gdn/cuda/decode_kernel_vk.cuh"
 #include "gdn/cuda/decode_kernel_vk_lean.cuh"
 #include "gdn/cuda/decode_launch.h"
 #include "gdn/cuda/decode_vk_launch.cuh"
+#include "gdn/cuda/decode_vk_lean_registers.h"
 #include "gdn/cuda/dispatch.h"
 #include "gdn/lean_kernel_fit.h"
 #include "hdk/dtype.h"
@@ -55,20 +57,40 @@ void launch_vk_lean_shape(const DecodeProblem& problem, const LeanLaunch& plan,
     constexpr bool kNarrow = decltype(narrow)::value;
     constexpr bool kSlots = decltype(token_slots)::value;
     constexpr bool kOneToken = decltype(one_token)::value;
-    gdn_decode_vk_lean_kernel<
-        StateT, InputT, K, kRows, kLanes, kNarrow, kSlots, kOneToken,
-        lean_multi_token_registers<StateT, InputT, K, kRows, kLanes, kNarrow, kSlots, kOneToken>()>
-        <<<grid, block, 0, stream>>>(static_cast<int>(tiles_per_head), problem);
-  };
-  // The one-token build exists for bf16 state only (fp32 measured no faster with it).
-  auto with_one_token = [&](auto input, auto narrow, auto token_slots) {
-    if constexpr (sizeof(StateT) == 2) {
-      if (plan.one_token) return launch(input, narrow, token_slots, std::true_type());
-    } else if (plan.one_token) {
+    constexpr int kRegisters =
+        lean_multi_token_registers<StateT, InputT, K, kRows, kLanes, kNarrow, kSlots, kOneToken>();
+    const int tiles = static_cast<int>(tiles_per_head);
+    if (plan.common_form) {
+      // The common form's instances: 32-bit token offsets and no per-token slots by its
+      // definition, the shapes of common_form_built.
+      constexpr bool kBuilt = kNarrow && !kSlots &&
+                              common_form_built(sizeof(StateT), K, kLanes, kRows,
+                                                std::is_same_v<InputT, __nv_bfloat16>);
+      if constexpr (kBuilt) {
+        constexpr int kCommonRegisters = lean_common_form_register_cap(sizeof(StateT), kOneToken);
+        gdn_decode_vk_lean_kernel<CommonDecodeProblem, StateT, InputT, K, kRows, kLanes, kNarrow,
+                                  kSlots, kOneToken, kCommonRegisters>
+            <<<grid, block, 0, stream>>>(tiles, to_common_form(problem));
+        return;
+      } else {
+        throw Error(
+            "hdk::gdn::decode: internal launch plan error: no lean kernel instance of the "
+            "common form for this shape");
+      }
+    }
+    // On the full problem the one-token build exists for bf16 state only (fp32 measured no
+    // faster with it there).
+    if constexpr (sizeof(StateT) == 2 || !kOneToken) {
+      gdn_decode_vk_lean_kernel<DecodeProblem, StateT, InputT, K, kRows, kLanes, kNarrow, kSlots,
+                                kOneToken, kRegisters><<<grid, block, 0, stream>>>(tiles, problem);
+    } else {
       throw Error(
           "hdk::gdn::decode: internal launch plan error: the lean kernel's one-token build "
-          "is built for bf16 state only");
+          "with fp32 state is built for the common form only");
     }
+  };
+  auto with_one_token = [&](auto input, auto narrow, auto token_slots) {
+    if (plan.one_token) return launch(input, narrow, token_slots, std::true_type());
     return launch(input, narrow, token_slots, std::false_type());
   };
   auto with_flags = [&](auto input) {

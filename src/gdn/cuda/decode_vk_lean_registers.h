@@ -67,6 +67,15 @@ inline constexpr LeanRegisterCap kLeanRegisterCaps[] = {
     {4, LeanInput::kFp32, 256, 4, 32, {96, 96, 104, 112}, {0, 0, 0, 0}},
 };
 
+// The instances of the common form (CommonDecodeProblem: 32-bit token offsets, no per-token
+// slots, the shapes of common_form_built, bf16 q/k/v), found the same way: bf16 state 80 (token
+// loop) and 72 (one-token build: 71 used; at 64 it spilled 16 bytes, and measured 2-5% slower
+// from B = 4), fp32 state 96 (token loop) and 72 (one-token build; at 64 it spilled 24 bytes).
+constexpr int lean_common_form_register_cap(int state_bytes, bool one_token) {
+  if (state_bytes == 2) return one_token ? 72 : 80;
+  return one_token ? 72 : 96;
+}
+
 // The cap of one instance; 255 (no cap) for a shape not in the table.
 constexpr int lean_register_cap(int state_bytes, LeanInput input, int head_k, int rows_per_thread,
                                 int lanes_per_row, bool narrow_offsets, bool token_slots,

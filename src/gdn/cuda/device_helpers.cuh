@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "gdn/common_decode_problem.h"
 #include "gdn/decode_problem.h"
 #include "gdn/gating.h"
 
@@ -193,25 +194,11 @@ struct RawVector {
     const char* source = static_cast<const char*>(base) + offset * kElementBytes;
     const auto address = reinterpret_cast<uintptr_t>(source);
     if (kWords % 4 == 0 && address % 16 == 0) {
-#pragma unroll
-      for (int i = 0; i < kWords; i += 4) {
-        const uint4 raw = __ldg(reinterpret_cast<const uint4*>(source) + i / 4);
-        words[i] = raw.x;
-        words[i + 1] = raw.y;
-        words[i + 2] = raw.z;
-        words[i + 3] = raw.w;
-      }
+      load_words<4>(source);
     } else if (kWords % 2 == 0 && address % 8 == 0) {
-#pragma unroll
-      for (int i = 0; i < kWords; i += 2) {
-        const uint2 raw = __ldg(reinterpret_cast<const uint2*>(source) + i / 2);
-        words[i] = raw.x;
-        words[i + 1] = raw.y;
-      }
+      load_words<2>(source);
     } else if (address % 4 == 0) {
-#pragma unroll
-      for (int i = 0; i < kWords; ++i)
-        words[i] = __ldg(reinterpret_cast<const unsigned int*>(source) + i);
+      load_words<1>(source);
     } else {
       // 16-bit elements at an odd 2-byte position.
       const unsigned short* halves = reinterpret_cast<const unsigned short*>(source);
@@ -219,6 +206,37 @@ struct RawVector {
       for (int i = 0; i < kWords; ++i) {
         words[i] = static_cast<uint32_t>(__ldg(halves + 2 * i)) |
                    (static_cast<uint32_t>(__ldg(halves + 2 * i + 1)) << 16);
+      }
+    }
+  }
+
+  // The same where the caller guarantees the address is a multiple of the piece's size (the
+  // common form's q and k, common_decode_problem.h): one vector load, no alignment cases.
+  __device__ __forceinline__ void load_aligned(const void* base, int64_t offset) {
+    load_words<kWords % 4 == 0   ? 4
+               : kWords % 2 == 0 ? 2
+                                 : 1>(static_cast<const char*>(base) + offset * kElementBytes);
+  }
+
+  // The words as loads of kStep words each (16, 8 or 4 bytes) from an address aligned to them.
+  template <int kStep>
+  __device__ __forceinline__ void load_words(const char* source) {
+    if constexpr (kWords % kStep == 0) {
+#pragma unroll
+      for (int i = 0; i < kWords; i += kStep) {
+        if constexpr (kStep == 4) {
+          const uint4 raw = __ldg(reinterpret_cast<const uint4*>(source) + i / 4);
+          words[i] = raw.x;
+          words[i + 1] = raw.y;
+          words[i + 2] = raw.z;
+          words[i + 3] = raw.w;
+        } else if constexpr (kStep == 2) {
+          const uint2 raw = __ldg(reinterpret_cast<const uint2*>(source) + i / 2);
+          words[i] = raw.x;
+          words[i + 1] = raw.y;
+        } else {
+          words[i] = __ldg(reinterpret_cast<const unsigned int*>(source) + i);
+        }
       }
     }
   }
@@ -421,7 +439,16 @@ __device__ __forceinline__ TokenRange request_tokens(const DecodeProblem& p, int
   return range;
 }
 
-__device__ __forceinline__ void count_invalid(const DecodeProblem& p) {
+// The common form's requests are all of one length.
+__device__ __forceinline__ TokenRange request_tokens(const CommonDecodeProblem& p, int64_t) {
+  TokenRange range;
+  range.count = p.tokens_per_request;
+  return range;
+}
+
+// Problem: DecodeProblem or CommonDecodeProblem (the same field names).
+template <typename Problem>
+__device__ __forceinline__ void count_invalid(const Problem& p) {
   if (p.invalid_index_count == nullptr) return;
   if (p.invalid_index_count_dtype == DType::kInt64) {
     atomicAdd(static_cast<unsigned long long*>(p.invalid_index_count), 1ull);
@@ -430,11 +457,13 @@ __device__ __forceinline__ void count_invalid(const DecodeProblem& p) {
   }
 }
 
-__device__ __forceinline__ int64_t slot_offset(const DecodeProblem& p, int64_t slot, int64_t hv) {
+template <typename Problem>
+__device__ __forceinline__ int64_t slot_offset(const Problem& p, int64_t slot, int64_t hv) {
   return slot * p.slot_pitch + hv * p.head_pitch;
 }
 
-__device__ __forceinline__ int64_t cache_offset(const DecodeProblem& p, int64_t n, int64_t t,
+template <typename Problem>
+__device__ __forceinline__ int64_t cache_offset(const Problem& p, int64_t n, int64_t t,
                                                 int64_t hv) {
   return n * p.intermediate_stride_request + t * p.intermediate_stride_token + hv * p.head_pitch;
 }

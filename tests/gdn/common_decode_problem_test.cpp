@@ -1,0 +1,265 @@
+// The common form of a decode call (src/gdn/common_decode_problem.h): which validated calls have
+// it, that its compact block carries the call, and that each request's plan (slots, padding,
+// invalid rows) is DecodeProblem's to the letter; with the CUDA backend built, when the
+// dispatcher hands the lean kernel the compact block. Plain C++, so these run on the CPU.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "gdn/common_decode_problem.h"
+#include "gdn/decode_problem.h"
+#include "gdn/decode_validation.h"
+#include "hdk/dtype.h"
+#include "support/gdn_case.h"
+
+#ifdef HDK_WITH_CUDA
+#include "gdn/cuda/decode_cuda.h"
+#endif
+
+namespace hdk {
+namespace testing {
+namespace {
+
+using gdn::detail::CommonDecodeProblem;
+using gdn::detail::DecodeProblem;
+using gdn::detail::RequestPlan;
+
+// A validated call of the test grid whose tensors live in host memory (the plans read the
+// index tensors; nothing else is touched).
+class HostCall {
+ public:
+  explicit HostCall(const GdnCaseConfig& config) : case_(config) {
+    for (const BufferSpec& buffer : case_.buffers())
+      memory_.push_back(buffer.initial);
+    std::vector<void*> bases;
+    for (auto& bytes : memory_)
+      bases.push_back(bytes.data());
+    problem_ = gdn::detail::validate_decode(case_.bind(bases, Device::cpu()));
+  }
+  const DecodeProblem& problem() const { return problem_; }
+  int64_t expected_invalid() const { return case_.expected_invalid(); }
+
+ private:
+  GdnCase case_;
+  std::vector<std::vector<uint8_t>> memory_;
+  DecodeProblem problem_;
+};
+
+// The engines' call: Qwen-sized heads, bf16 q/k/v/a/b/out, int32 per-request indices.
+GdnCaseConfig engine_call() {
+  GdnCaseConfig config;
+  config.B = 6, config.T = 1, config.H = 2, config.HV = 4, config.K = 128, config.V = 32;
+  return config;
+}
+
+TEST(GdnCommonForm, TheEnginesCallFits) {
+  GdnCaseConfig config = engine_call();
+  EXPECT_TRUE(gdn::detail::common_form_fits(HostCall(config).problem(), 16));
+  config.indices = IndexKind::kNone;  // request n uses slot n
+  EXPECT_TRUE(gdn::detail::common_form_fits(HostCall(config).problem(), 16));
+  config = engine_call();
+  config.T = 3, config.intermediate = true, config.update_state = false;  // verify pass
+  EXPECT_TRUE(gdn::detail::common_form_fits(HostCall(config).problem(), 16));
+  config = engine_call();
+  config.split_pool = true;  // int32 output_state_indices
+  EXPECT_TRUE(gdn::detail::common_form_fits(HostCall(config).problem(), 16));
+}
+
+TEST(GdnCommonForm, EachModeOutsideTheFormIsRefused) {
+  struct Variation {
+    const char* what;
+    void (*apply)(GdnCaseConfig&);
+  };
+  const Variation variations[] = {
+      {"variable length",
+       [](GdnCaseConfig& c) {
+         c.varlen_lengths = {1, 1, 0, 1};
+       }},
+      {"gating without fusion", [](GdnCaseConfig& c) { c.fused_gating = false; }},
+      {"per-token indices", [](GdnCaseConfig& c) { c.indices = IndexKind::kPerToken; }},
+      {"int64 indices", [](GdnCaseConfig& c) { c.index_dtype = DType::kInt64; }},
+      {"fp32 gates", [](GdnCaseConfig& c) { c.gate_dtype = DType::kFloat32; }},
+      {"fp32 output", [](GdnCaseConfig& c) { c.out_dtype = DType::kFloat32; }},
+      {"fp16 q/k/v", [](GdnCaseConfig& c) { c.input_dtype = DType::kFloat16; }},
+  };
+  for (const Variation& variation : variations) {
+    GdnCaseConfig config = engine_call();
+    variation.apply(config);
+    SCOPED_TRACE(variation.what);
+    EXPECT_FALSE(gdn::detail::common_form_fits(HostCall(config).problem(), 16));
+  }
+}
+
+TEST(GdnCommonForm, QAndKMustBeWholeVectorsApart) {
+  const HostCall call(engine_call());
+  DecodeProblem p = call.problem();
+  ASSERT_TRUE(gdn::detail::common_form_fits(p, 16));
+  // A q row 8 bytes off a 16-byte boundary: 8-byte pieces still load whole, 16-byte ones not.
+  p.q.stride_head = 132;  // 264 bytes between heads
+  EXPECT_FALSE(gdn::detail::common_form_fits(p, 16));
+  EXPECT_TRUE(gdn::detail::common_form_fits(p, 8));
+  // A stride over a dim of one element is never used.
+  p = call.problem();
+  p.num_qk_heads = 1, p.num_v_heads = 2;
+  p.k.stride_head = 3;
+  EXPECT_TRUE(gdn::detail::common_form_fits(p, 16));
+  // A base pointer off the boundary.
+  p = call.problem();
+  p.k.data = static_cast<char*>(p.k.data) + 8;
+  EXPECT_FALSE(gdn::detail::common_form_fits(p, 16));
+  EXPECT_TRUE(gdn::detail::common_form_fits(p, 8));
+  // Token offsets beyond 32 bits.
+  p = call.problem();
+  p.out.stride_request = std::numeric_limits<int32_t>::max();
+  EXPECT_FALSE(gdn::detail::common_form_fits(p, 16));
+}
+
+TEST(GdnCommonForm, TheCompactBlockCarriesTheCall) {
+  GdnCaseConfig config = engine_call();
+  config.T = 2, config.intermediate = true, config.split_pool = true;
+  config.packed_inputs = true;
+  const HostCall call(config);
+  const DecodeProblem& p = call.problem();
+  const CommonDecodeProblem c = gdn::detail::to_common_form(p);
+  EXPECT_EQ(c.tokens_per_request, p.tokens_per_request);
+  EXPECT_EQ(c.v_heads_per_qk_head, p.num_v_heads / p.num_qk_heads);
+  EXPECT_EQ(c.head_v, p.head_v);
+  EXPECT_EQ(c.head_pitch, p.head_pitch);
+  EXPECT_EQ(c.slot_pitch, p.slot_pitch);
+  EXPECT_EQ(c.pool_size, p.pool_size);
+  EXPECT_EQ(c.scale, p.scale);
+  EXPECT_EQ(c.update_state, p.update_state);
+  EXPECT_EQ(c.use_qk_l2norm, p.use_qk_l2norm);
+  const struct {
+    const gdn::detail::CompactTokenTensor& compact;
+    const gdn::detail::TokenTensor& full;
+  } tensors[] = {{c.q, p.q}, {c.k, p.k}, {c.v, p.v}, {c.a, p.a}, {c.b, p.b}, {c.out, p.out}};
+  for (const auto& tensor : tensors) {
+    EXPECT_EQ(tensor.compact.data, tensor.full.data);
+    EXPECT_EQ(tensor.compact.stride_request, tensor.full.stride_request);
+    EXPECT_EQ(tensor.compact.stride_token, tensor.full.stride_token);
+    EXPECT_EQ(tensor.compact.stride_head, tensor.full.stride_head);
+  }
+  EXPECT_EQ(c.state, p.state);
+  EXPECT_EQ(c.intermediate_states, p.intermediate_states);
+  EXPECT_EQ(c.intermediate_stride_request, p.intermediate_stride_request);
+  EXPECT_EQ(c.intermediate_stride_token, p.intermediate_stride_token);
+  EXPECT_EQ(static_cast<const void*>(c.output_state_indices), p.output_state_indices.data);
+}
+
+TEST(GdnCommonForm, EveryRequestPlansAsInTheFullProblem) {
+  std::vector<GdnCaseConfig> configs;
+  GdnCaseConfig config = engine_call();
+  config.B = 24, config.padding_fraction = 0.25, config.invalid_rows = 3;
+  configs.push_back(config);
+  config.split_pool = true, config.no_write_fraction = 0.25;  // output indices, some -1
+  configs.push_back(config);
+  config.update_state = false, config.intermediate = true, config.T = 2;  // verify: no writes
+  configs.push_back(config);
+  config = engine_call();
+  config.B = 24, config.indices = IndexKind::kNone, config.split_pool = true,
+  config.invalid_rows = 2;
+  configs.push_back(config);
+  for (size_t i = 0; i < configs.size(); ++i) {
+    SCOPED_TRACE(configs[i].describe());
+    const HostCall call(configs[i]);
+    const DecodeProblem& p = call.problem();
+    ASSERT_TRUE(gdn::detail::common_form_fits(p, 16));
+    const CommonDecodeProblem c = gdn::detail::to_common_form(p);
+    int invalid = 0, padding = 0;
+    for (int64_t n = 0; n < p.num_requests; ++n) {
+      const RequestPlan full = gdn::detail::plan_request(p, n);
+      const RequestPlan common = gdn::detail::plan_request(c, n);
+      SCOPED_TRACE(n);
+      EXPECT_EQ(common.token_origin, full.token_origin);
+      EXPECT_EQ(common.num_tokens, full.num_tokens);
+      EXPECT_EQ(common.read_slot, full.read_slot);
+      EXPECT_EQ(common.final_slot, full.final_slot);
+      EXPECT_EQ(common.invalid, full.invalid);
+      invalid += full.invalid ? 1 : 0;
+      padding += full.read_slot < 0 && !full.invalid ? 1 : 0;
+    }
+    // The rows hold what the comparison is meant to cover.
+    EXPECT_EQ(invalid, call.expected_invalid());
+    EXPECT_GT(invalid, 0);
+    if (configs[i].padding_fraction > 0) {
+      EXPECT_GT(padding, 0);
+    }
+  }
+  // A call without tokens runs no request.
+  DecodeProblem empty = HostCall(engine_call()).problem();
+  empty.tokens_per_request = 0;
+  const RequestPlan none = gdn::detail::plan_request(gdn::detail::to_common_form(empty), 0);
+  EXPECT_EQ(none.read_slot, -1);
+  EXPECT_EQ(none.final_slot, -1);
+  EXPECT_FALSE(none.invalid);
+}
+
+#ifdef HDK_WITH_CUDA
+TEST(GdnLaunchPlan, CallsOfTheCommonFormTakeTheCompactBlock) {
+  auto plan = [](const GdnCaseConfig& config, const gdn::detail::LaunchOverride& forced = {}) {
+    struct Forced {
+      explicit Forced(const gdn::detail::LaunchOverride& forced) {
+        gdn::detail::set_launch_override(forced);
+      }
+      ~Forced() { gdn::detail::set_launch_override(gdn::detail::LaunchOverride()); }
+    } scope(forced);
+    return gdn::detail::plan_launch(HostCall(config).problem(), 132);
+  };
+  for (DType state : {DType::kBFloat16, DType::kFloat32}) {
+    for (int64_t T : {1, 2, 4}) {
+      GdnCaseConfig config = engine_call();
+      config.state_dtype = state, config.T = T, config.intermediate = T > 1;
+      config.update_state = T == 1;
+      SCOPED_TRACE(::testing::Message() << dtype_name(state) << ", T = " << T);
+      const gdn::detail::LaunchPlan chosen = plan(config);
+      EXPECT_EQ(chosen.kernel, gdn::detail::DecodeKernel::kVKLean);
+      EXPECT_TRUE(chosen.common_form);
+      // Not where the tests or a sweep ask for the full problem, another shape or 64-bit
+      // offsets, nor for a head size without an instance of the form.
+      gdn::detail::LaunchOverride forced;
+      forced.full_problem = true;
+      EXPECT_FALSE(plan(config, forced).common_form);
+      forced = {};
+      forced.rows_per_thread = 2;
+      EXPECT_FALSE(plan(config, forced).common_form);
+      forced = {};
+      forced.wide_offsets = true;
+      EXPECT_FALSE(plan(config, forced).common_form);
+      config.K = 64;
+      EXPECT_FALSE(plan(config).common_form);
+    }
+  }
+}
+
+TEST(GdnLaunchPlan, OneTokenCallsOfTheCommonFormRunTheBuildWithoutATokenLoop) {
+  auto plan = [](int64_t B, DType state, gdn::detail::LeanBuild build) {
+    GdnCaseConfig config = engine_call();
+    config.B = B, config.state_dtype = state;  // 4 value heads a request
+    gdn::detail::LaunchOverride forced;
+    forced.lean_build = build;
+    gdn::detail::set_launch_override(forced);
+    const gdn::detail::LaunchPlan chosen =
+        gdn::detail::plan_launch(HostCall(config).problem(), 132);
+    gdn::detail::set_launch_override(gdn::detail::LaunchOverride());
+    EXPECT_TRUE(chosen.common_form);
+    return chosen.one_token_build;
+  };
+  const auto automatic = gdn::detail::LeanBuild::kAuto;
+  // bf16 state at every size (the full problem's threshold is 192 heads).
+  EXPECT_TRUE(plan(1, DType::kBFloat16, automatic));
+  EXPECT_TRUE(plan(48, DType::kBFloat16, automatic));
+  // fp32 state up to 256 heads, the token loop above; either when forced.
+  EXPECT_TRUE(plan(1, DType::kFloat32, automatic));
+  EXPECT_TRUE(plan(64, DType::kFloat32, automatic));
+  EXPECT_FALSE(plan(65, DType::kFloat32, automatic));
+  EXPECT_TRUE(plan(65, DType::kFloat32, gdn::detail::LeanBuild::kOneToken));
+  EXPECT_FALSE(plan(1, DType::kFloat32, gdn::detail::LeanBuild::kTokenLoop));
+}
+#endif  // HDK_WITH_CUDA
+
+}  // namespace
+}  // namespace testing
+}  // namespace hdk
