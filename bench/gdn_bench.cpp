@@ -103,10 +103,12 @@ struct Config {
   DType state, input;
   gdn::StateLayout layout;
   bool verify_mode;  // intermediates cached, pool not updated (speculative verify)
+  // T = 1 in SGLang's decode form: [1, B] tokens, cu_seqlens = 0..B, max_tokens_per_request = 1.
+  bool cu_seqlens_form;
 };
 
 struct Buffers {
-  std::vector<uint8_t> q, k, v, a, b, A_log, dt_bias, indices, state, out, cache;
+  std::vector<uint8_t> q, k, v, a, b, A_log, dt_bias, indices, cu_seqlens, state, out, cache;
 };
 
 struct Measurement {
@@ -168,6 +170,10 @@ class GdnBench {
     std::shuffle(slots.begin(), slots.end(), std::mt19937(11));
     host.indices.resize(B * 4);
     std::memcpy(host.indices.data(), slots.data(), host.indices.size());
+    std::vector<int32_t> offsets(B + 1);
+    std::iota(offsets.begin(), offsets.end(), 0);
+    host.cu_seqlens.resize((B + 1) * 4);
+    std::memcpy(host.cu_seqlens.data(), offsets.data(), host.cu_seqlens.size());
     const size_t pool_bytes = static_cast<size_t>(P * HV * matrix) * state_size;
     const size_t cache_bytes =
         c.verify_mode ? static_cast<size_t>(B * T) * HV * matrix * state_size : 0;
@@ -176,8 +182,8 @@ class GdnBench {
     DeviceAllocation q(device_, host.q.size()), k(device_, host.k.size()),
         v(device_, host.v.size()), a(device_, host.a.size()), b(device_, host.b.size()),
         A_log(device_, host.A_log.size()), dt_bias(device_, host.dt_bias.size()),
-        indices(device_, host.indices.size()), state(device_, pool_bytes), out(device_, out_bytes),
-        cache(device_, cache_bytes);
+        indices(device_, host.indices.size()), cu_seqlens(device_, host.cu_seqlens.size()),
+        state(device_, pool_bytes), out(device_, out_bytes), cache(device_, cache_bytes);
     device_.upload(q.get(), host.q.data(), host.q.size());
     device_.upload(k.get(), host.k.data(), host.k.size());
     device_.upload(v.get(), host.v.data(), host.v.size());
@@ -186,6 +192,7 @@ class GdnBench {
     device_.upload(A_log.get(), host.A_log.data(), host.A_log.size());
     device_.upload(dt_bias.get(), host.dt_bias.data(), host.dt_bias.size());
     device_.upload(indices.get(), host.indices.data(), host.indices.size());
+    device_.upload(cu_seqlens.get(), host.cu_seqlens.data(), host.cu_seqlens.size());
     upload_pool(state.get(), pool_bytes, c.state);
 
     const Device where = device_.device();
@@ -201,6 +208,16 @@ class GdnBench {
     p.state = TensorView::contiguous(state.get(), c.state, {P, HV, vk ? V : K, vk ? K : V}, where);
     p.out = TensorView::contiguous(out.get(), c.input, {B, T, HV, V}, where);
     p.layout = c.layout;
+    if (c.cu_seqlens_form) {
+      // The same tensors as [1, B] tokens, request n owning token n.
+      for (TensorView* view : {&p.q, &p.k, &p.v, &p.a, &p.b, &p.out}) {
+        view->shape[1] *= view->shape[0];
+        view->shape[0] = 1;
+        view->strides[0] = view->strides[1] * view->shape[1];
+      }
+      p.cu_seqlens = TensorView::contiguous(cu_seqlens.get(), DType::kInt32, {B + 1}, where);
+      p.max_tokens_per_request = 1;
+    }
     if (c.verify_mode) {
       p.intermediate_states =
           TensorView::contiguous(cache.get(), c.state, {B, T, HV, vk ? V : K, vk ? K : V}, where);
@@ -266,6 +283,7 @@ class GdnBench {
     ref.A_log = rebind(p.A_log, host.A_log.data());
     ref.dt_bias = rebind(p.dt_bias, host.dt_bias.data());
     ref.state_indices = rebind(p.state_indices, host.indices.data());
+    if (p.cu_seqlens.defined()) ref.cu_seqlens = rebind(p.cu_seqlens, host.cu_seqlens.data());
     ref.state = rebind(p.state, host.state.data());
     ref.out = rebind(p.out, host.out.data());
     if (cache_bytes) ref.intermediate_states = rebind(p.intermediate_states, host.cache.data());
@@ -325,6 +343,8 @@ void print_usage() {
       "                        lean variant, T = 1: the build with or without the token loop\n"
       "                        (without: bf16 state, or fp32 in the common form; default: the\n"
       "                        dispatcher's, by the heads)\n"
+      "  --cu-seqlens          T = 1 in SGLang's decode form: [1, B] tokens with cu_seqlens\n"
+      "                        = 0..B and max_tokens_per_request = 1\n"
       "  --full-problem        lean variant: the full parameter block even for calls of the\n"
       "                        common form (A/B of the compact block)\n");
 }
@@ -367,6 +387,7 @@ int gdn_command(Options& options) {
   const bool wide_offsets = options.flag("wide-offsets");
   const std::string lean_build = options.text("lean-build", "");
   const bool full_problem = options.flag("full-problem");
+  const bool cu_seqlens_form = options.flag("cu-seqlens");
   if (!lean_build.empty() && lean_build != "token-loop" && lean_build != "one-token") {
     throw std::runtime_error("--lean-build token-loop|one-token");
   }
@@ -424,7 +445,11 @@ int gdn_command(Options& options) {
                    parse_dtype(state_name),
                    input,
                    layout_name == "vk" ? gdn::StateLayout::kVK : gdn::StateLayout::kKV,
-                   mode == "verify" || (mode == "auto" && T > 1)};
+                   mode == "verify" || (mode == "auto" && T > 1),
+                   cu_seqlens_form};
+          if (cu_seqlens_form && T != 1) {
+            throw std::runtime_error("--cu-seqlens runs T = 1 only (SGLang's decode form)");
+          }
           ++done;
           std::fprintf(stderr, "\r[%zu/%zu] %s B=%lld T=%lld %s ...   ", done, total, preset->name,
                        static_cast<long long>(B), static_cast<long long>(T), state_name.c_str());

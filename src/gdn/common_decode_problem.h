@@ -8,11 +8,14 @@
 // lines; the call most engines make reads 5 of this block's, and with the dtypes and modes fixed
 // at compile time the kernel also drops their cases from its instruction stream.
 //
-// The form: fixed-length requests, fused gating, q/k/v/a/b/out all of one dtype (the kernel's
-// input type), q and k loadable as whole 16-byte vectors, per-request int32 state_indices (and
-// output_state_indices) or none, every token offset within 32 bits. common_form_fits() decides;
-// the plan of each request (plan_request below) follows DecodeProblem's to the letter, and the
-// CPU tests hold the two against each other.
+// The form: fixed-length requests (CommonDecodeProblem) or a decode step in the [1, tokens] form
+// with int32 cu_seqlens and at most one token a request, SGLang's decode call
+// (CommonDecodeStepProblem, its own type so that the fixed-length instances carry no cu_seqlens
+// case); fused gating, q/k/v/a/b/out all of one dtype (the kernel's input type), q and k loadable
+// as whole 16-byte vectors, per-request int32 state_indices (and output_state_indices) or none,
+// every token offset within 32 bits. common_form_fits() decides; the plan of each request
+// (plan_request below) follows DecodeProblem's to the letter, and the CPU tests hold the two
+// against each other.
 #pragma once
 
 #include <cstdint>
@@ -80,11 +83,26 @@ struct CommonDecodeProblem {
   void* invalid_index_count = nullptr;
 };
 
+// A decode step of the common form in the [1, tokens] form: request n owns the tokens
+// cu_seqlens[n]..cu_seqlens[n + 1], at most one (more makes the request invalid). The fields
+// come after the fixed-length block's, which they extend.
+struct CommonDecodeStepProblem : CommonDecodeProblem {
+  static constexpr bool variable_length = true;
+  const int32_t* cu_seqlens = nullptr;
+  int32_t cu_seqlens_stride = 0;
+  int32_t total_tokens = 0;
+};
+
 // Whether a validated call (layout kVK) has the common form, for a kernel whose q and k loads
 // are `vector_bytes` wide. The head size and the kernel shape are the launcher's business.
 inline bool common_form_fits(const DecodeProblem& p, int64_t vector_bytes) {
   constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
-  if (p.variable_length || !p.fused_gating) return false;
+  if (!p.fused_gating) return false;
+  // Variable length only as a decode step: at most one token a request.
+  if (p.variable_length && (p.token_capacity != 1 || p.cu_seqlens.dtype != DType::kInt32 ||
+                            p.cu_seqlens.stride0 > kMax)) {
+    return false;
+  }
   if (p.index_mode == IndexMode::kPerToken) return false;
   if (p.index_mode == IndexMode::kPerRequest && p.state_indices.dtype != DType::kInt32) {
     return false;
@@ -105,7 +123,9 @@ inline bool common_form_fits(const DecodeProblem& p, int64_t vector_bytes) {
   // q and k are read as vector_bytes-wide pieces at multiples of vector_bytes from a row's start:
   // the rows must start on such a boundary. A stride over a dim of one element is never used.
   const int64_t element = static_cast<int64_t>(dtype_size(input));
-  const int64_t rows = p.num_requests, tokens = p.tokens_per_request, heads = p.num_qk_heads;
+  const int64_t rows = p.variable_length ? 1 : p.num_requests;
+  const int64_t tokens = p.variable_length ? p.total_tokens : p.tokens_per_request;
+  const int64_t heads = p.num_qk_heads;
   for (const TokenTensor* x : {&p.q, &p.k}) {
     if (reinterpret_cast<uintptr_t>(x->data) % static_cast<uintptr_t>(vector_bytes) != 0) {
       return false;
@@ -124,7 +144,8 @@ inline CompactTokenTensor compact(const TokenTensor& x) {
           static_cast<int32_t>(x.stride_head)};
 }
 
-// The compact block of a call for which common_form_fits() holds.
+// The compact block of a call for which common_form_fits() holds (fixed length; a decode step
+// with cu_seqlens takes to_common_decode_step(), which extends it).
 inline CommonDecodeProblem to_common_form(const DecodeProblem& p) {
   CommonDecodeProblem c;
   c.tokens_per_request = static_cast<int32_t>(p.tokens_per_request);
@@ -164,11 +185,19 @@ inline CommonDecodeProblem to_common_form(const DecodeProblem& p) {
   return c;
 }
 
-// plan_request of DecodeProblem for the modes the common form has (fixed length, per-request
-// indices or none): the same slots, the same invalid rows.
-HDK_HOST_DEVICE RequestPlan plan_request(const CommonDecodeProblem& p, int64_t n) {
-  RequestPlan plan;
-  plan.num_tokens = p.tokens_per_request;
+inline CommonDecodeStepProblem to_common_decode_step(const DecodeProblem& p) {
+  CommonDecodeStepProblem step;
+  static_cast<CommonDecodeProblem&>(step) = to_common_form(p);
+  step.cu_seqlens = static_cast<const int32_t*>(p.cu_seqlens.data);
+  step.cu_seqlens_stride = static_cast<int32_t>(p.cu_seqlens.stride0);
+  step.total_tokens = static_cast<int32_t>(p.total_tokens);
+  return step;
+}
+
+// The slots of a request of the common form whose tokens `plan` holds: plan_request of
+// DecodeProblem for per-request indices or none, the same slots, the same invalid rows.
+HDK_HOST_DEVICE RequestPlan plan_common_slots(const CommonDecodeProblem& p, int64_t n,
+                                              RequestPlan plan) {
   if (plan.num_tokens == 0) return plan;
   plan.read_slot = p.per_request_indices ? p.state_indices[n * p.state_indices_stride] : n;
   if (plan.read_slot < 0) {
@@ -185,6 +214,26 @@ HDK_HOST_DEVICE RequestPlan plan_request(const CommonDecodeProblem& p, int64_t n
   }
   drop_if_invalid(plan);
   return plan;
+}
+
+HDK_HOST_DEVICE RequestPlan plan_request(const CommonDecodeProblem& p, int64_t n) {
+  RequestPlan plan;
+  plan.num_tokens = p.tokens_per_request;
+  return plan_common_slots(p, n, plan);
+}
+
+// A decode step's request: DecodeProblem's variable-length check with a capacity of one token.
+HDK_HOST_DEVICE RequestPlan plan_request(const CommonDecodeStepProblem& p, int64_t n) {
+  RequestPlan plan;
+  const int64_t begin = p.cu_seqlens[n * p.cu_seqlens_stride];
+  const int64_t end = p.cu_seqlens[(n + 1) * p.cu_seqlens_stride];
+  if (begin < 0 || end < begin || end > p.total_tokens || end - begin > 1) {
+    plan.invalid = true;  // token range unknown: nothing of this request is touched
+    return plan;
+  }
+  plan.token_origin = begin;
+  plan.num_tokens = end - begin;
+  return plan_common_slots(p, n, plan);
 }
 
 }  // namespace detail

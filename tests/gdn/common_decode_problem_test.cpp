@@ -65,6 +65,10 @@ TEST(GdnCommonForm, TheEnginesCallFits) {
   config = engine_call();
   config.split_pool = true;  // int32 output_state_indices
   EXPECT_TRUE(gdn::detail::common_form_fits(HostCall(config).problem(), 16));
+  config = engine_call();  // SGLang's decode step: [1, B] tokens, cu_seqlens, one token each
+  config.varlen_lengths = {1, 1, 1, 1, 1, 1};
+  config.max_tokens_per_request = 1;
+  EXPECT_TRUE(gdn::detail::common_form_fits(HostCall(config).problem(), 16));
 }
 
 TEST(GdnCommonForm, EachModeOutsideTheFormIsRefused) {
@@ -73,9 +77,16 @@ TEST(GdnCommonForm, EachModeOutsideTheFormIsRefused) {
     void (*apply)(GdnCaseConfig&);
   };
   const Variation variations[] = {
-      {"variable length",
+      {"variable length, more than one token a request",
        [](GdnCaseConfig& c) {
-         c.varlen_lengths = {1, 1, 0, 1};
+         c.varlen_lengths = {1, 2, 0, 1};
+       }},
+      {"int64 cu_seqlens",
+       [](GdnCaseConfig& c) {
+         c.varlen_lengths = {1, 1, 1, 1};
+         c.max_tokens_per_request = 1;
+         c.indices = IndexKind::kNone;  // so that only cu_seqlens is int64
+         c.index_dtype = DType::kInt64;
        }},
       {"gating without fusion", [](GdnCaseConfig& c) { c.fused_gating = false; }},
       {"per-token indices", [](GdnCaseConfig& c) { c.indices = IndexKind::kPerToken; }},
@@ -147,6 +158,21 @@ TEST(GdnCommonForm, TheCompactBlockCarriesTheCall) {
   EXPECT_EQ(c.intermediate_stride_request, p.intermediate_stride_request);
   EXPECT_EQ(c.intermediate_stride_token, p.intermediate_stride_token);
   EXPECT_EQ(static_cast<const void*>(c.output_state_indices), p.output_state_indices.data);
+
+  // A decode step with cu_seqlens: the same block, then the token ranges.
+  config = engine_call();
+  config.varlen_lengths = {1, 1, 0, 1};
+  config.max_tokens_per_request = 1;
+  const HostCall decode_step(config);
+  const DecodeProblem& full = decode_step.problem();
+  const gdn::detail::CommonDecodeStepProblem s = gdn::detail::to_common_decode_step(full);
+  EXPECT_TRUE(s.variable_length);
+  EXPECT_EQ(s.q.data, full.q.data);
+  EXPECT_EQ(s.q.stride_token, full.q.stride_token);
+  EXPECT_EQ(static_cast<const void*>(s.cu_seqlens), full.cu_seqlens.data);
+  EXPECT_EQ(s.cu_seqlens_stride, full.cu_seqlens.stride0);
+  EXPECT_EQ(s.total_tokens, full.total_tokens);
+  EXPECT_EQ(s.tokens_per_request, 1);
 }
 
 TEST(GdnCommonForm, EveryRequestPlansAsInTheFullProblem) {
@@ -162,16 +188,26 @@ TEST(GdnCommonForm, EveryRequestPlansAsInTheFullProblem) {
   config.B = 24, config.indices = IndexKind::kNone, config.split_pool = true,
   config.invalid_rows = 2;
   configs.push_back(config);
+  config = engine_call();  // decode steps with cu_seqlens: empty, padding and invalid rows
+  config.B = 8, config.varlen_lengths = {1, 1, 0, 1, 1, 1, 1, 1};
+  config.max_tokens_per_request = 1, config.padding_fraction = 0.25, config.invalid_rows = 2;
+  configs.push_back(config);
+  config.varlen_lengths = {1, 2, 1, 1, 0, 1, 1, 1};  // a request longer than the bound
+  config.padding_fraction = 0, config.invalid_rows = 0;
+  configs.push_back(config);
   for (size_t i = 0; i < configs.size(); ++i) {
     SCOPED_TRACE(configs[i].describe());
     const HostCall call(configs[i]);
     const DecodeProblem& p = call.problem();
     ASSERT_TRUE(gdn::detail::common_form_fits(p, 16));
+    // A decode step with cu_seqlens has a block type of its own.
     const CommonDecodeProblem c = gdn::detail::to_common_form(p);
+    const gdn::detail::CommonDecodeStepProblem step = gdn::detail::to_common_decode_step(p);
     int invalid = 0, padding = 0;
     for (int64_t n = 0; n < p.num_requests; ++n) {
       const RequestPlan full = gdn::detail::plan_request(p, n);
-      const RequestPlan common = gdn::detail::plan_request(c, n);
+      const RequestPlan common =
+          p.variable_length ? gdn::detail::plan_request(step, n) : gdn::detail::plan_request(c, n);
       SCOPED_TRACE(n);
       EXPECT_EQ(common.token_origin, full.token_origin);
       EXPECT_EQ(common.num_tokens, full.num_tokens);
@@ -231,6 +267,14 @@ TEST(GdnLaunchPlan, CallsOfTheCommonFormTakeTheCompactBlock) {
       config.K = 64;
       EXPECT_FALSE(plan(config).common_form);
     }
+    // SGLang's decode step ([1, B] tokens with cu_seqlens, one token each).
+    GdnCaseConfig step = engine_call();
+    step.state_dtype = state;
+    step.varlen_lengths = {1, 1, 1, 1};
+    step.max_tokens_per_request = 1;
+    const gdn::detail::LaunchPlan chosen = plan(step);
+    EXPECT_TRUE(chosen.common_form);
+    EXPECT_TRUE(chosen.one_token_build);
   }
 }
 

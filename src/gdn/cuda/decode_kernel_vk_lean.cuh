@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
     gdn_decode_vk_lean_kernel(int tiles_per_head, const Problem p) {
   // tiles_per_head comes first: it then shares the parameters' first constant-cache line with
   // the head of `p` (both problem types' field order) instead of taking a line of its own.
-  constexpr bool kCommonForm = std::is_same_v<Problem, CommonDecodeProblem>;
+  constexpr bool kCommonForm = std::is_base_of_v<CommonDecodeProblem, Problem>;
   static_assert(!(kCommonForm && kTokenSlots), "the common form has no per-token slots");
   using Shape = VKShape<StateT, K, kRowsPerThread, kLanes>;
   using Input = PackedInput<InputT>;

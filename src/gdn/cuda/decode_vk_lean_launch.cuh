@@ -68,9 +68,15 @@ void launch_vk_lean_shape(const DecodeProblem& problem, const LeanLaunch& plan,
                                                 std::is_same_v<InputT, __nv_bfloat16>);
       if constexpr (kBuilt) {
         constexpr int kCommonRegisters = lean_common_form_register_cap(sizeof(StateT), kOneToken);
-        gdn_decode_vk_lean_kernel<CommonDecodeProblem, StateT, InputT, K, kRows, kLanes, kNarrow,
-                                  kSlots, kOneToken, kCommonRegisters>
-            <<<grid, block, 0, stream>>>(tiles, to_common_form(problem));
+        if (problem.variable_length) {
+          gdn_decode_vk_lean_kernel<CommonDecodeStepProblem, StateT, InputT, K, kRows, kLanes,
+                                    kNarrow, kSlots, kOneToken, kCommonRegisters>
+              <<<grid, block, 0, stream>>>(tiles, to_common_decode_step(problem));
+        } else {
+          gdn_decode_vk_lean_kernel<CommonDecodeProblem, StateT, InputT, K, kRows, kLanes, kNarrow,
+                                    kSlots, kOneToken, kCommonRegisters>
+              <<<grid, block, 0, stream>>>(tiles, to_common_form(problem));
+        }
         return;
       } else {
         throw Error(

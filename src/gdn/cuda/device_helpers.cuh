@@ -439,10 +439,22 @@ __device__ __forceinline__ TokenRange request_tokens(const DecodeProblem& p, int
   return range;
 }
 
-// The common form's requests are all of one length.
+// The common form's fixed-length requests are all of one length.
 __device__ __forceinline__ TokenRange request_tokens(const CommonDecodeProblem& p, int64_t) {
   TokenRange range;
   range.count = p.tokens_per_request;
+  return range;
+}
+
+// A decode step's request: its cu_seqlens range, checked like DecodeProblem's above.
+__device__ __forceinline__ TokenRange request_tokens(const CommonDecodeStepProblem& p, int64_t n) {
+  TokenRange range;
+  const int64_t begin = p.cu_seqlens[n * p.cu_seqlens_stride];
+  const int64_t end = p.cu_seqlens[(n + 1) * p.cu_seqlens_stride];
+  if (begin >= 0 && end >= begin && end <= p.total_tokens) {
+    range.origin = begin;
+    range.count = end - begin;
+  }
   return range;
 }
 
