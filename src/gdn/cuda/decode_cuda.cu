@@ -228,10 +228,11 @@ LaunchPlan plan_launch(const DecodeProblem& p, int sm_count) {
     if (lean && most_tokens <= kLeanMaxTokens && lean_grid_fits) {
       plan.kernel = DecodeKernel::kVKLean;
       plan.narrow_offsets = !wide_offsets_override.load() && token_offsets_fit_32_bits(p);
-      // Calls of the common form take the compact parameter block where an instance for it is
-      // built. On an H100 (both Qwen presets, same device call) it is 4-8% faster at bf16 T = 1
-      // at every batch (B = 1: 7.78 -> 7.38 us, B = 256: 392.9 -> 375.9) and 1-3% at bf16 verify
-      // up to B = 16; fp32 within 1% either way from B = 2 (docs/gdn-cuda-dispatch.md).
+      // Calls of the common form (fixed length, or SGLang's one-token decode step with
+      // cu_seqlens) take the compact parameter block where an instance for it is built. On an
+      // H100 (both Qwen presets, same device call) it is 4-8% faster at bf16 T = 1 at every batch
+      // (B = 1: 7.78 -> 7.38 us, B = 256: 392.9 -> 375.9) and 1-3% at bf16 verify up to B = 16;
+      // fp32 within 1-3% either way, faster at B = 1 (docs/gdn-cuda-dispatch.md).
       const bool bf16_input = p.q.dtype == DType::kBFloat16;
       plan.common_form = !full_problem_override.load() && plan.narrow_offsets &&
                          common_form_built(state_bytes, p.head_k, plan.lanes_per_row,

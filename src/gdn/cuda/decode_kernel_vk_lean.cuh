@@ -27,10 +27,11 @@
 //   shuffle, nothing is loaded ahead, and with fewer values live it fits a lower register cap
 //   (bf16, K = 128: 64 instead of 80 on the full problem, 32 warps per SM instead of 24;
 //   docs/gdn-cuda-dispatch.md);
-// - calls of the common form (common_decode_problem.h: fixed length, fused gating, one input
-//   dtype, aligned q and k, per-request int32 indices) take their parameters as a
-//   CommonDecodeProblem: fewer constant-cache lines on a small batch's critical path, and no
-//   dtype, alignment or mode cases in the instruction stream.
+// - calls of the common form (common_decode_problem.h: fixed length or a one-token decode step
+//   with cu_seqlens, fused gating, one input dtype, aligned q and k, per-request int32 indices)
+//   take their parameters as a CommonDecodeProblem (or CommonDecodeStepProblem): fewer
+//   constant-cache lines on a small batch's critical path, and no dtype, alignment or mode cases
+//   in the instruction stream.
 // Register counts of every instance: docs/gdn-cuda-dispatch.md.
 #pragma once
 
@@ -147,7 +148,8 @@ __device__ __forceinline__ int v_heads_per_qk_head(const CommonDecodeProblem& p)
   return p.v_heads_per_qk_head;
 }
 
-// Problem: DecodeProblem (any call), or CommonDecodeProblem for a call of the common form.
+// Problem: DecodeProblem (any call), or CommonDecodeProblem / CommonDecodeStepProblem for a call
+// of the common form (fixed length / SGLang's one-token decode step with cu_seqlens).
 template <typename Problem, typename StateT, typename InputT, int K, int kRowsPerThread, int kLanes,
           bool kNarrowOffsets, bool kTokenSlots, bool kOneToken, int kMaxRegisters>
 __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxRegisters)
