@@ -10,9 +10,9 @@
 
 #include "gdn/common_decode_problem.h"
 #include "gdn/decode_problem.h"
-#include "gdn/decode_validation.h"
 #include "hdk/dtype.h"
 #include "support/gdn_case.h"
+#include "support/gdn_host_call.h"
 
 #ifdef HDK_WITH_CUDA
 #include "gdn/cuda/decode_cuda.h"
@@ -25,27 +25,6 @@ namespace {
 using gdn::detail::CommonDecodeProblem;
 using gdn::detail::DecodeProblem;
 using gdn::detail::RequestPlan;
-
-// A validated call of the test grid whose tensors live in host memory (the plans read the
-// index tensors; nothing else is touched).
-class HostCall {
- public:
-  explicit HostCall(const GdnCaseConfig& config) : case_(config) {
-    for (const BufferSpec& buffer : case_.buffers())
-      memory_.push_back(buffer.initial);
-    std::vector<void*> bases;
-    for (auto& bytes : memory_)
-      bases.push_back(bytes.data());
-    problem_ = gdn::detail::validate_decode(case_.bind(bases, Device::cpu()));
-  }
-  const DecodeProblem& problem() const { return problem_; }
-  int64_t expected_invalid() const { return case_.expected_invalid(); }
-
- private:
-  GdnCase case_;
-  std::vector<std::vector<uint8_t>> memory_;
-  DecodeProblem problem_;
-};
 
 // The engines' call: Qwen-sized heads, bf16 q/k/v/a/b/out, int32 per-request indices.
 GdnCaseConfig engine_call() {
@@ -236,14 +215,9 @@ TEST(GdnCommonForm, EveryRequestPlansAsInTheFullProblem) {
 #ifdef HDK_WITH_CUDA
 TEST(GdnLaunchPlan, CallsOfTheCommonFormTakeTheCompactBlock) {
   auto plan = [](const GdnCaseConfig& config, const gdn::detail::LaunchOverride& forced = {}) {
-    struct Forced {
-      explicit Forced(const gdn::detail::LaunchOverride& forced) {
-        gdn::detail::set_launch_override(forced);
-      }
-      ~Forced() { gdn::detail::set_launch_override(gdn::detail::LaunchOverride()); }
-    } scope(forced);
-    return gdn::detail::plan_launch(HostCall(config).problem(), 132);
+    return plan_with(HostCall(config).problem(), forced);
   };
+
   for (DType state : {DType::kBFloat16, DType::kFloat32}) {
     for (int64_t T : {1, 2, 4}) {
       GdnCaseConfig config = engine_call();
@@ -284,13 +258,11 @@ TEST(GdnLaunchPlan, OneTokenCallsOfTheCommonFormRunTheBuildWithoutATokenLoop) {
     config.B = B, config.state_dtype = state;  // 4 value heads a request
     gdn::detail::LaunchOverride forced;
     forced.lean_build = build;
-    gdn::detail::set_launch_override(forced);
-    const gdn::detail::LaunchPlan chosen =
-        gdn::detail::plan_launch(HostCall(config).problem(), 132);
-    gdn::detail::set_launch_override(gdn::detail::LaunchOverride());
+    const gdn::detail::LaunchPlan chosen = plan_with(HostCall(config).problem(), forced);
     EXPECT_TRUE(chosen.common_form);
     return chosen.one_token_build;
   };
+
   const auto automatic = gdn::detail::LeanBuild::kAuto;
   // bf16 state at every size (the full problem's threshold is 192 heads).
   EXPECT_TRUE(plan(1, DType::kBFloat16, automatic));

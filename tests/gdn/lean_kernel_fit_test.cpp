@@ -7,13 +7,12 @@
 #include <cstdint>
 #include <limits>
 #include <tuple>
-#include <vector>
 
 #include "gdn/decode_problem.h"
-#include "gdn/decode_validation.h"
 #include "gdn/lean_kernel_fit.h"
 #include "hdk/dtype.h"
 #include "support/gdn_case.h"
+#include "support/gdn_host_call.h"
 
 #ifdef HDK_WITH_CUDA
 #include "gdn/cuda/decode_cuda.h"
@@ -117,14 +116,8 @@ TEST(GdnLeanKernelFit, ValidatedCallsOfTheTestGrid) {
   config.indices = IndexKind::kPerToken;
   config.num_accepted_tokens = true;
   config.packed_inputs = true;
-  const GdnCase c(config);
-  std::vector<std::vector<uint8_t>> memory;
-  std::vector<void*> bases;
-  for (const BufferSpec& buffer : c.buffers())
-    memory.push_back(buffer.initial);
-  for (auto& bytes : memory)
-    bases.push_back(bytes.data());
-  const DecodeProblem p = gdn::detail::validate_decode(c.bind(bases, Device::cpu()));
+  const HostCall call(config);
+  const DecodeProblem& p = call.problem();
   EXPECT_TRUE(gdn::detail::token_offsets_fit_32_bits(p));
   EXPECT_EQ(gdn::detail::most_tokens_per_request(p), 4);
   EXPECT_TRUE(gdn::detail::writes_token_slots(p));
@@ -132,14 +125,8 @@ TEST(GdnLeanKernelFit, ValidatedCallsOfTheTestGrid) {
   config.varlen_lengths = {2, 40, 1};  // a request longer than the lean kernel takes
   config.indices = IndexKind::kPerRequest;
   config.num_accepted_tokens = false;
-  const GdnCase varlen(config);
-  memory.clear();
-  bases.clear();
-  for (const BufferSpec& buffer : varlen.buffers())
-    memory.push_back(buffer.initial);
-  for (auto& bytes : memory)
-    bases.push_back(bytes.data());
-  const DecodeProblem q = gdn::detail::validate_decode(varlen.bind(bases, Device::cpu()));
+  const HostCall varlen(config);
+  const DecodeProblem& q = varlen.problem();
   EXPECT_GT(gdn::detail::most_tokens_per_request(q), gdn::detail::kLeanMaxTokens);
   EXPECT_FALSE(gdn::detail::writes_token_slots(q));
 }
@@ -161,17 +148,6 @@ DecodeProblem qwen_problem(int64_t B, int64_t T, DType state, bool verify) {
   return p;
 }
 
-LaunchPlan plan(const DecodeProblem& p, const gdn::detail::LaunchOverride& forced = {}) {
-  // Restored however the test ends, so later tests see the dispatcher's own choices.
-  struct Forced {
-    explicit Forced(const gdn::detail::LaunchOverride& forced) {
-      gdn::detail::set_launch_override(forced);
-    }
-    ~Forced() { gdn::detail::set_launch_override(gdn::detail::LaunchOverride()); }
-  } scope(forced);
-  return gdn::detail::plan_launch(p, 132);
-}
-
 TEST(GdnLaunchPlan, OneTokenCallsRunTheLeanKernel) {
   // bf16 state: 4-warp CTAs up to 1024 heads, 1-warp CTAs above (the H100 measurements in
   // plan_launch); fp32 state: 4-warp CTAs at every batch.
@@ -179,7 +155,7 @@ TEST(GdnLaunchPlan, OneTokenCallsRunTheLeanKernel) {
        {std::tuple{16, DType::kBFloat16, 4}, std::tuple{17, DType::kBFloat16, 1},
         std::tuple{512, DType::kBFloat16, 1}, std::tuple{1, DType::kFloat32, 4},
         std::tuple{512, DType::kFloat32, 4}}) {
-    const LaunchPlan chosen = plan(qwen_problem(B, 1, state, false));
+    const LaunchPlan chosen = plan_with(qwen_problem(B, 1, state, false));
     SCOPED_TRACE(::testing::Message() << "B = " << B << ", " << dtype_name(state));
     EXPECT_EQ(chosen.kernel, DecodeKernel::kVKLean);
     EXPECT_EQ(chosen.warps_per_cta, warps);
@@ -202,57 +178,60 @@ TEST(GdnLaunchPlan, Fp32MultiTokenCallsRunTheKernelThatMeasuredFaster) {
                                Expectation{256, 8, false, DecodeKernel::kVKLean}}) {  // no cache
     SCOPED_TRACE(::testing::Message()
                  << "B = " << e.B << ", T = " << e.T << ", verify " << e.verify);
-    EXPECT_EQ(plan(qwen_problem(e.B, e.T, DType::kFloat32, e.verify)).kernel, e.kernel);
+    EXPECT_EQ(plan_with(qwen_problem(e.B, e.T, DType::kFloat32, e.verify)).kernel, e.kernel);
   }
   // bf16 state: the lean kernel for every multi-token call it can hold.
-  EXPECT_EQ(plan(qwen_problem(256, 8, DType::kBFloat16, true)).kernel, DecodeKernel::kVKLean);
+  EXPECT_EQ(plan_with(qwen_problem(256, 8, DType::kBFloat16, true)).kernel, DecodeKernel::kVKLean);
 }
 
 TEST(GdnLaunchPlan, CallsTheLeanKernelCannotHoldRunTheClassicOne) {
   // More tokens per request than a lane of the lean kernel holds.
-  EXPECT_EQ(plan(qwen_problem(4, gdn::detail::kLeanMaxTokens + 1, DType::kBFloat16, true)).kernel,
-            DecodeKernel::kVK);
+  EXPECT_EQ(
+      plan_with(qwen_problem(4, gdn::detail::kLeanMaxTokens + 1, DType::kBFloat16, true)).kernel,
+      DecodeKernel::kVK);
   // More requests than the lean kernel's grid takes in its z dimension, also when forced.
-  EXPECT_EQ(plan(qwen_problem(65535, 1, DType::kBFloat16, false)).kernel, DecodeKernel::kVKLean);
-  EXPECT_EQ(plan(qwen_problem(65536, 1, DType::kBFloat16, false)).kernel, DecodeKernel::kVK);
+  EXPECT_EQ(plan_with(qwen_problem(65535, 1, DType::kBFloat16, false)).kernel,
+            DecodeKernel::kVKLean);
+  EXPECT_EQ(plan_with(qwen_problem(65536, 1, DType::kBFloat16, false)).kernel, DecodeKernel::kVK);
   gdn::detail::LaunchOverride lean;
   lean.one_token_kernel = gdn::detail::OneTokenKernel::kMultiToken;
   lean.multi_token_variant = gdn::detail::MultiTokenVariant::kLean;
-  EXPECT_EQ(plan(qwen_problem(65536, 1, DType::kFloat32, false), lean).kernel, DecodeKernel::kVK);
+  EXPECT_EQ(plan_with(qwen_problem(65536, 1, DType::kFloat32, false), lean).kernel,
+            DecodeKernel::kVK);
   // Forced warps per CTA reach the lean kernel's plan; the last CTA of a head is partial.
   lean.warps = 3;
-  const LaunchPlan three = plan(qwen_problem(2, 1, DType::kBFloat16, false), lean);
+  const LaunchPlan three = plan_with(qwen_problem(2, 1, DType::kBFloat16, false), lean);
   EXPECT_EQ(three.kernel, DecodeKernel::kVKLean);
   EXPECT_EQ(three.warps_per_cta, 3);
   EXPECT_EQ(three.ctas, 2 * 64 * 6);
 }
 TEST(GdnLaunchPlan, OneTokenCallsAbove192Bf16HeadsRunTheBuildWithoutATokenLoop) {
   const DType bf16 = DType::kBFloat16;
-  EXPECT_FALSE(plan(qwen_problem(3, 1, bf16, false)).one_token_build);  // 192 heads
-  EXPECT_TRUE(plan(qwen_problem(4, 1, bf16, false)).one_token_build);
-  EXPECT_TRUE(plan(qwen_problem(512, 1, bf16, false)).one_token_build);
-  EXPECT_TRUE(plan(qwen_problem(4, 1, bf16, true)).one_token_build);  // T = 1 verify
-  EXPECT_FALSE(plan(qwen_problem(4, 2, bf16, false)).one_token_build);
+  EXPECT_FALSE(plan_with(qwen_problem(3, 1, bf16, false)).one_token_build);  // 192 heads
+  EXPECT_TRUE(plan_with(qwen_problem(4, 1, bf16, false)).one_token_build);
+  EXPECT_TRUE(plan_with(qwen_problem(512, 1, bf16, false)).one_token_build);
+  EXPECT_TRUE(plan_with(qwen_problem(4, 1, bf16, true)).one_token_build);  // T = 1 verify
+  EXPECT_FALSE(plan_with(qwen_problem(4, 2, bf16, false)).one_token_build);
   // On the full problem (these calls' fp32 inputs are not the common form) fp32 state has no
   // one-token build, forced or not.
   gdn::detail::LaunchOverride one_token;
   one_token.lean_build = gdn::detail::LeanBuild::kOneToken;
-  EXPECT_FALSE(plan(qwen_problem(4, 1, DType::kFloat32, false)).one_token_build);
-  EXPECT_FALSE(plan(qwen_problem(4, 1, DType::kFloat32, false), one_token).one_token_build);
+  EXPECT_FALSE(plan_with(qwen_problem(4, 1, DType::kFloat32, false)).one_token_build);
+  EXPECT_FALSE(plan_with(qwen_problem(4, 1, DType::kFloat32, false), one_token).one_token_build);
   // With cu_seqlens, only a capacity of one token per request proves it.
   DecodeProblem ragged = qwen_problem(4, 1, bf16, false);
   ragged.variable_length = true;
   ragged.token_capacity = 1;
   ragged.tokens_per_request = 1;
-  EXPECT_TRUE(plan(ragged).one_token_build);
+  EXPECT_TRUE(plan_with(ragged).one_token_build);
   ragged.token_capacity = 2;
   ragged.tokens_per_request = 2;
-  EXPECT_FALSE(plan(ragged).one_token_build);
+  EXPECT_FALSE(plan_with(ragged).one_token_build);
   // Forced either way.
-  EXPECT_TRUE(plan(qwen_problem(1, 1, bf16, false), one_token).one_token_build);
+  EXPECT_TRUE(plan_with(qwen_problem(1, 1, bf16, false), one_token).one_token_build);
   gdn::detail::LaunchOverride token_loop;
   token_loop.lean_build = gdn::detail::LeanBuild::kTokenLoop;
-  EXPECT_FALSE(plan(qwen_problem(4, 1, bf16, false), token_loop).one_token_build);
+  EXPECT_FALSE(plan_with(qwen_problem(4, 1, bf16, false), token_loop).one_token_build);
 }
 #endif  // HDK_WITH_CUDA
 

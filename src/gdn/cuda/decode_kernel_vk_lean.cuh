@@ -49,6 +49,7 @@
 #include "gdn/decode_problem.h"
 #include "gdn/gating.h"
 #include "gdn/lean_kernel_fit.h"
+#include "hdk/dtype.h"
 
 namespace hdk {
 namespace gdn {
@@ -61,6 +62,7 @@ struct PackedInput;
 
 template <>
 struct PackedInput<__nv_bfloat16> {
+  static constexpr DType kDType = DType::kBFloat16;
   static constexpr int kPerWord = 2;
   __device__ __forceinline__ static float value(const uint32_t* words, int e) {
     // bf16 -> fp32 is a 16-bit shift (low half) or a mask (high half).
@@ -74,6 +76,7 @@ struct PackedInput<__nv_bfloat16> {
 
 template <>
 struct PackedInput<__half> {
+  static constexpr DType kDType = DType::kFloat16;
   static constexpr int kPerWord = 2;
   __device__ __forceinline__ static float value(const uint32_t* words, int e) {
     const uint32_t word = words[e / 2];
@@ -87,6 +90,7 @@ struct PackedInput<__half> {
 
 template <>
 struct PackedInput<float> {
+  static constexpr DType kDType = DType::kFloat32;
   static constexpr int kPerWord = 1;
   __device__ __forceinline__ static float value(const uint32_t* words, int e) {
     return __uint_as_float(words[e]);
@@ -101,18 +105,6 @@ __device__ __forceinline__ uint32_t load_input_bits(const void* base, int64_t of
     return __ldg(static_cast<const unsigned int*>(base) + offset);
   } else {
     return __ldg(static_cast<const unsigned short*>(base) + offset);
-  }
-}
-
-// One element of a q/k/v-typed tensor stored from fp32 (round to nearest even).
-template <typename InputT>
-__device__ __forceinline__ void store_input_element(void* base, int64_t offset, float value) {
-  if constexpr (std::is_same_v<InputT, __nv_bfloat16>) {
-    static_cast<__nv_bfloat16*>(base)[offset] = __float2bfloat16_rn(value);
-  } else if constexpr (std::is_same_v<InputT, __half>) {
-    static_cast<__half*>(base)[offset] = __float2half_rn(value);
-  } else {
-    static_cast<float*>(base)[offset] = value;
   }
 }
 
@@ -297,7 +289,7 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
   // One output element; the common form's output is of the input type.
   auto store_out = [&](Offset offset, float value) {
     if constexpr (kCommonForm) {
-      store_input_element<InputT>(p.out.data, offset, value);
+      store_element(p.out.data, Input::kDType, offset, value);
     } else {
       store_element(p.out.data, p.out.dtype, offset, value);
     }

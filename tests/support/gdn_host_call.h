@@ -1,0 +1,56 @@
+// A test case's call validated into the DecodeProblem the backends read, with its tensors in host
+// memory (so host-side code such as the request plans can read the index tensors), and, with the
+// CUDA backend built, the dispatcher's launch plan for a problem under a forced choice.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "gdn/decode_problem.h"
+#include "gdn/decode_validation.h"
+#include "hdk/device.h"
+#include "support/gdn_case.h"
+
+#ifdef HDK_WITH_CUDA
+#include "gdn/cuda/decode_cuda.h"
+#endif
+
+namespace hdk {
+namespace testing {
+
+class HostCall {
+ public:
+  explicit HostCall(const GdnCaseConfig& config) : case_(config) {
+    for (const BufferSpec& buffer : case_.buffers())
+      memory_.push_back(buffer.initial);
+    std::vector<void*> bases;
+    for (auto& bytes : memory_)
+      bases.push_back(bytes.data());
+    problem_ = gdn::detail::validate_decode(case_.bind(bases, Device::cpu()));
+  }
+  const gdn::detail::DecodeProblem& problem() const { return problem_; }
+  int64_t expected_invalid() const { return case_.expected_invalid(); }
+
+ private:
+  GdnCase case_;
+  std::vector<std::vector<uint8_t>> memory_;
+  gdn::detail::DecodeProblem problem_;
+};
+
+#ifdef HDK_WITH_CUDA
+// plan_launch for `p` on a 132-SM device with `forced` in effect; the dispatcher's own choices are
+// restored however the call ends, so later tests see them.
+inline gdn::detail::LaunchPlan plan_with(const gdn::detail::DecodeProblem& p,
+                                         const gdn::detail::LaunchOverride& forced = {}) {
+  struct Forced {
+    explicit Forced(const gdn::detail::LaunchOverride& forced) {
+      gdn::detail::set_launch_override(forced);
+    }
+    ~Forced() { gdn::detail::set_launch_override(gdn::detail::LaunchOverride()); }
+  } scope(forced);
+  return gdn::detail::plan_launch(p, 132);
+}
+#endif
+
+}  // namespace testing
+}  // namespace hdk
