@@ -394,6 +394,9 @@ int gdn_command(Options& options) {
   if (!variant.empty() && variant != "classic" && variant != "lean") {
     throw std::runtime_error("--multi-token-variant classic|lean");
   }
+  if (cu_seqlens_form && (tokens.size() != 1 || tokens[0] != 1)) {
+    throw std::runtime_error("--cu-seqlens runs T = 1 only (SGLang's decode form): add --T 1");
+  }
   options.reject_unused();
 #ifdef HDK_WITH_CUDA
   gdn::detail::LaunchOverride forced;
@@ -447,9 +450,6 @@ int gdn_command(Options& options) {
                    layout_name == "vk" ? gdn::StateLayout::kVK : gdn::StateLayout::kKV,
                    mode == "verify" || (mode == "auto" && T > 1),
                    cu_seqlens_form};
-          if (cu_seqlens_form && T != 1) {
-            throw std::runtime_error("--cu-seqlens runs T = 1 only (SGLang's decode form)");
-          }
           ++done;
           std::fprintf(stderr, "\r[%zu/%zu] %s B=%lld T=%lld %s ...   ", done, total, preset->name,
                        static_cast<long long>(B), static_cast<long long>(T), state_name.c_str());
