@@ -105,6 +105,9 @@ struct Config {
   bool verify_mode;  // intermediates cached, pool not updated (speculative verify)
   // T = 1 in SGLang's decode form: [1, B] tokens, cu_seqlens = 0..B, max_tokens_per_request = 1.
   bool cu_seqlens_form;
+  // No state_indices: request n reads and writes slot n of a pool of B states (FLA's call
+  // form, where the caller gathered the states; the pool index's cost, by difference).
+  bool no_indices;
 };
 
 struct Buffers {
@@ -204,7 +207,9 @@ class GdnBench {
     p.b = TensorView::contiguous(b.get(), c.input, {B, T, HV}, where);
     p.A_log = TensorView::contiguous(A_log.get(), DType::kFloat32, {HV}, where);
     p.dt_bias = TensorView::contiguous(dt_bias.get(), DType::kFloat32, {HV}, where);
-    p.state_indices = TensorView::contiguous(indices.get(), DType::kInt32, {B}, where);
+    if (!c.no_indices) {
+      p.state_indices = TensorView::contiguous(indices.get(), DType::kInt32, {B}, where);
+    }
     p.state = TensorView::contiguous(state.get(), c.state, {P, HV, vk ? V : K, vk ? K : V}, where);
     p.out = TensorView::contiguous(out.get(), c.input, {B, T, HV, V}, where);
     p.layout = c.layout;
@@ -233,7 +238,7 @@ class GdnBench {
     m.bytes = static_cast<double>(pool_bytes) * (c.verify_mode ? 1 : 2) +
               static_cast<double>(cache_bytes) + static_cast<double>(out_bytes) +
               static_cast<double>(host.q.size() + host.k.size() + host.v.size() + host.a.size() +
-                                  host.b.size() + host.indices.size());
+                                  host.b.size() + (c.no_indices ? 0 : host.indices.size()));
     return m;
   }
 
@@ -282,7 +287,9 @@ class GdnBench {
     ref.b = rebind(p.b, host.b.data());
     ref.A_log = rebind(p.A_log, host.A_log.data());
     ref.dt_bias = rebind(p.dt_bias, host.dt_bias.data());
-    ref.state_indices = rebind(p.state_indices, host.indices.data());
+    if (p.state_indices.defined()) {
+      ref.state_indices = rebind(p.state_indices, host.indices.data());
+    }
     if (p.cu_seqlens.defined()) ref.cu_seqlens = rebind(p.cu_seqlens, host.cu_seqlens.data());
     ref.state = rebind(p.state, host.state.data());
     ref.out = rebind(p.out, host.out.data());
@@ -346,7 +353,9 @@ void print_usage() {
       "  --cu-seqlens          T = 1 in SGLang's decode form: [1, B] tokens with cu_seqlens\n"
       "                        = 0..B and max_tokens_per_request = 1\n"
       "  --full-problem        lean variant: the full parameter block even for calls of the\n"
-      "                        common form (A/B of the compact block)\n");
+      "                        common form (A/B of the compact block)\n"
+      "  --no-indices          no state_indices: request n updates slot n (FLA's call form,\n"
+      "                        states gathered by the caller; the index's cost by difference)\n");
 }
 
 }  // namespace
@@ -388,6 +397,7 @@ int gdn_command(Options& options) {
   const std::string lean_build = options.text("lean-build", "");
   const bool full_problem = options.flag("full-problem");
   const bool cu_seqlens_form = options.flag("cu-seqlens");
+  const bool no_indices = options.flag("no-indices");
   if (!lean_build.empty() && lean_build != "token-loop" && lean_build != "one-token") {
     throw std::runtime_error("--lean-build token-loop|one-token");
   }
@@ -449,7 +459,8 @@ int gdn_command(Options& options) {
                    input,
                    layout_name == "vk" ? gdn::StateLayout::kVK : gdn::StateLayout::kKV,
                    mode == "verify" || (mode == "auto" && T > 1),
-                   cu_seqlens_form};
+                   cu_seqlens_form,
+                   no_indices};
           ++done;
           std::fprintf(stderr, "\r[%zu/%zu] %s B=%lld T=%lld %s ...   ", done, total, preset->name,
                        static_cast<long long>(B), static_cast<long long>(T), state_name.c_str());

@@ -12,6 +12,17 @@
 namespace hdk {
 namespace detail {
 
+// n / d for n < 2^31, given FastDivide's multiplier and shift for d: the sum stays under 2^32
+// because the high product is < n. For a divisor kept as those two fields alone.
+HDK_HOST_DEVICE uint32_t fast_quotient(uint32_t n, uint32_t multiplier, uint32_t shift) {
+#if defined(__CUDA_ARCH__)
+  const uint32_t high = __umulhi(n, multiplier);
+#else
+  const uint32_t high = static_cast<uint32_t>((uint64_t{n} * multiplier) >> 32);
+#endif
+  return (high + n) >> shift;
+}
+
 struct FastDivide {
   uint32_t divisor = 1;
   uint32_t multiplier = 0;  // floor(2^32 (2^shift - divisor) / divisor) + 1
@@ -27,14 +38,9 @@ struct FastDivide {
         static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << shift) - d)) / d + 1);
   }
 
-  // n / divisor for n < 2^31: the sum below stays under 2^32 because the high product is < n.
+  // n / divisor for n < 2^31.
   HDK_HOST_DEVICE uint32_t quotient(uint32_t n) const {
-#if defined(__CUDA_ARCH__)
-    const uint32_t high = __umulhi(n, multiplier);
-#else
-    const uint32_t high = static_cast<uint32_t>((uint64_t{n} * multiplier) >> 32);
-#endif
-    return (high + n) >> shift;
+    return fast_quotient(n, multiplier, shift);
   }
 };
 

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "core/fast_divide.h"
 #include "core/host_device.h"
 #include "gdn/decode_problem.h"
 #include "gdn/lean_kernel_fit.h"
@@ -48,7 +49,9 @@ struct CommonDecodeProblem {
   // Field order: what a one-token step reads on its way to the state comes first (see the
   // header comment); the verify cache and the counter of invalid rows last.
   int32_t tokens_per_request = 0;
-  int32_t v_heads_per_qk_head = 0;
+  // The q/k head of value head hv is hv / (HV / H), a FastDivide by that ratio (multiply-high,
+  // add, shift) instead of an integer division's ~20 instructions on every warp's path.
+  uint32_t qk_head_multiplier = 0;
   int32_t head_v = 0;
   int32_t head_pitch = 0;            // elements between consecutive heads of one slot (V * K)
   bool per_request_indices = false;  // false: request n uses slot n
@@ -56,6 +59,7 @@ struct CommonDecodeProblem {
   bool use_qk_l2norm = true;
   DType dt_bias_dtype = DType::kFloat32;
   DType invalid_index_count_dtype = DType::kInt32;
+  uint8_t qk_head_shift = 0;  // in what was padding before `scale`
   float scale = 0.0f;
   float l2norm_eps = 1e-6f;
   float softplus_beta = 1.0f;
@@ -149,7 +153,9 @@ inline CompactTokenTensor compact(const TokenTensor& x) {
 inline CommonDecodeProblem to_common_form(const DecodeProblem& p) {
   CommonDecodeProblem c;
   c.tokens_per_request = static_cast<int32_t>(p.tokens_per_request);
-  c.v_heads_per_qk_head = static_cast<int32_t>(p.num_v_heads / p.num_qk_heads);
+  const hdk::detail::FastDivide qk_head_of(static_cast<uint32_t>(p.num_v_heads / p.num_qk_heads));
+  c.qk_head_multiplier = qk_head_of.multiplier;
+  c.qk_head_shift = static_cast<uint8_t>(qk_head_of.shift);
   c.head_v = static_cast<int32_t>(p.head_v);
   c.head_pitch = static_cast<int32_t>(p.head_pitch);
   c.per_request_indices = p.index_mode == IndexMode::kPerRequest;

@@ -114,7 +114,11 @@ TEST(GdnCommonForm, TheCompactBlockCarriesTheCall) {
   const DecodeProblem& p = call.problem();
   const CommonDecodeProblem c = gdn::detail::to_common_form(p);
   EXPECT_EQ(c.tokens_per_request, p.tokens_per_request);
-  EXPECT_EQ(c.v_heads_per_qk_head, p.num_v_heads / p.num_qk_heads);
+  const uint32_t ratio = static_cast<uint32_t>(p.num_v_heads / p.num_qk_heads);
+  for (uint32_t hv = 0; hv < 4096; ++hv) {
+    ASSERT_EQ(hdk::detail::fast_quotient(hv, c.qk_head_multiplier, c.qk_head_shift), hv / ratio)
+        << "value head " << hv;
+  }
   EXPECT_EQ(c.head_v, p.head_v);
   EXPECT_EQ(c.head_pitch, p.head_pitch);
   EXPECT_EQ(c.slot_pitch, p.slot_pitch);
@@ -240,6 +244,11 @@ TEST(GdnLaunchPlan, CallsOfTheCommonFormTakeTheCompactBlock) {
       EXPECT_FALSE(plan(config, forced).common_form);
       config.K = 64;
       EXPECT_FALSE(plan(config).common_form);
+      // Nor for heads that end inside a warp's tile of rows (its instances check no row).
+      config.K = 128, config.V = 20;
+      EXPECT_FALSE(plan(config).common_form);
+      config.V = 24;
+      EXPECT_TRUE(plan(config).common_form);
     }
     // SGLang's decode step ([1, B] tokens with cu_seqlens, one token each).
     GdnCaseConfig step = engine_call();
@@ -267,11 +276,11 @@ TEST(GdnLaunchPlan, OneTokenCallsOfTheCommonFormRunTheBuildWithoutATokenLoop) {
   // bf16 state at every size (the full problem's threshold is 192 heads).
   EXPECT_TRUE(plan(1, DType::kBFloat16, automatic));
   EXPECT_TRUE(plan(48, DType::kBFloat16, automatic));
-  // fp32 state up to 256 heads, the token loop above; either when forced.
+  // fp32 state up to 4096 heads, the token loop above; either when forced.
   EXPECT_TRUE(plan(1, DType::kFloat32, automatic));
-  EXPECT_TRUE(plan(64, DType::kFloat32, automatic));
-  EXPECT_FALSE(plan(65, DType::kFloat32, automatic));
-  EXPECT_TRUE(plan(65, DType::kFloat32, gdn::detail::LeanBuild::kOneToken));
+  EXPECT_TRUE(plan(1024, DType::kFloat32, automatic));
+  EXPECT_FALSE(plan(1025, DType::kFloat32, automatic));
+  EXPECT_TRUE(plan(1025, DType::kFloat32, gdn::detail::LeanBuild::kOneToken));
   EXPECT_FALSE(plan(1, DType::kFloat32, gdn::detail::LeanBuild::kTokenLoop));
 }
 #endif  // HDK_WITH_CUDA

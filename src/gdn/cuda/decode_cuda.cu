@@ -233,19 +233,24 @@ LaunchPlan plan_launch(const DecodeProblem& p, int sm_count) {
       // H100 (both Qwen presets, same device call) it is 4-8% faster at bf16 T = 1 at every batch
       // (B = 1: 7.78 -> 7.38 us, B = 256: 392.9 -> 375.9) and 1-3% at bf16 verify up to B = 16;
       // fp32 within 1-3% either way, faster at B = 1 (docs/gdn-cuda-dispatch.md).
+      // Its instances also take a head's rows as whole warp tiles, without a bounds check per
+      // row (one address register and immediate offsets for the state instead of an address
+      // per row, which is what let the fp32 one-token build fit 64 registers).
       const bool bf16_input = p.q.dtype == DType::kBFloat16;
       plan.common_form = !full_problem_override.load() && plan.narrow_offsets &&
                          common_form_built(state_bytes, p.head_k, plan.lanes_per_row,
                                            plan.rows_per_thread, bf16_input) &&
+                         p.head_v % rows_per_warp == 0 &&
                          common_form_fits(p, lean_input_piece_bytes(state_bytes, 2));
       // The build without a token loop (one-token calls). On the full parameter block it exists
       // for bf16 state only and runs above 192 heads: at 64 registers instead of 80 it is 4-5%
       // faster from 256 heads (B = 4: 12.18 vs 12.84 us, B = 256: 390.4 vs 409.6), 3-5% slower
       // at B = 1..3; with fp32 state it was 0-3% slower at every batch. On the common form's
       // block it is faster at every batch that differs (same device call, Qwen3.5-397B /
-      // Qwen3-Next): bf16 B = 1..3 5-6% (B = 1: 7.25 -> 6.87 us), level from 256 heads; fp32 up
-      // to 256 heads 5.5-14% (B = 2: 11.72 -> 10.74 us), level at 512 heads and 0.3% slower at
-      // 16384 (B = 256: 732.9 vs 730.6), so fp32 state takes it up to 256 heads.
+      // Qwen3-Next): bf16 B = 1..3 5-6% (B = 1: 7.25 -> 6.87 us), level from 256 heads. With
+      // fp32 state, since its instance fits 64 registers (32 warps per SM): 256 heads 1.12x
+      // (Qwen3.5-397B B = 4: 17.71 -> 15.68 us), 0.3-1.6% faster than the token loop up to 4096
+      // heads, 0.1-0.2% slower from 8192 (B = 256: 732.3 vs 731.4), so up to 4096 heads.
       const LeanBuild forced_build = lean_build_override.load();
       const bool bf16_state = p.state_dtype == DType::kBFloat16;
       const bool one_token_build_exists = one_token && (bf16_state || plan.common_form);

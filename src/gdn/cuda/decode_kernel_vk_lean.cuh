@@ -22,7 +22,7 @@
 // - request and head indices are hidden from loop-invariant hoisting, so per-token offsets are
 //   recomputed (a few integer instructions) instead of held in registers across the tokens;
 // - one-token calls run a build without the token loop (kOneToken; bf16 state above 192 heads on
-//   the full problem, and in the common form bf16 state always and fp32 up to 256 heads): every
+//   the full problem, and in the common form bf16 state always and fp32 up to 4096 heads): every
 //   lane loads the token's gates itself (one broadcast load) instead of receiving them by
 //   shuffle, nothing is loaded ahead, and with fewer values live it fits a lower register cap
 //   (bf16, K = 128: 64 instead of 80 on the full problem, 32 warps per SM instead of 24;
@@ -31,7 +31,8 @@
 //   with cu_seqlens, fused gating, one input dtype, aligned q and k, per-request int32 indices)
 //   take their parameters as a CommonDecodeProblem (or CommonDecodeStepProblem): fewer
 //   constant-cache lines on a small batch's critical path, and no dtype, alignment or mode cases
-//   in the instruction stream.
+//   in the instruction stream; with fp32 state there each lane addresses its state from one
+//   register with immediate offsets (kCompactAddressing: 64 registers for the one-token build).
 // Register counts of every instance: docs/gdn-cuda-dispatch.md.
 #pragma once
 
@@ -132,12 +133,13 @@ constexpr int lean_multi_token_registers() {
                            kNarrowOffsets, kTokenSlots, kOneToken);
 }
 
-// The value heads that share one q/k head.
-__device__ __forceinline__ int v_heads_per_qk_head(const DecodeProblem& p) {
-  return static_cast<int>(p.num_v_heads / p.num_qk_heads);
+// The q/k head that value head hv reads.
+__device__ __forceinline__ int qk_head_of(const DecodeProblem& p, int hv) {
+  return hv / static_cast<int>(p.num_v_heads / p.num_qk_heads);
 }
-__device__ __forceinline__ int v_heads_per_qk_head(const CommonDecodeProblem& p) {
-  return p.v_heads_per_qk_head;
+__device__ __forceinline__ int qk_head_of(const CommonDecodeProblem& p, int hv) {
+  return static_cast<int>(
+      hdk::detail::fast_quotient(static_cast<uint32_t>(hv), p.qk_head_multiplier, p.qk_head_shift));
 }
 
 // Problem: DecodeProblem (any call), or CommonDecodeProblem / CommonDecodeStepProblem for a call
@@ -149,6 +151,12 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
   // tiles_per_head comes first: it then shares the parameters' first constant-cache line with
   // the head of `p` (both problem types' field order) instead of taking a line of its own.
   constexpr bool kCommonForm = std::is_base_of_v<CommonDecodeProblem, Problem>;
+  // fp32 state of the common form: whole tiles of rows (the host checked V against the rows of a
+  // warp), so no row is bounds-checked, and each lane addresses its state from one register with
+  // immediate offsets instead of a 64-bit address per row. That is what let the one-token build
+  // fit 64 registers and the token loop 80 (from 72 and 96); with bf16 state the same change
+  // measured 1-4% slower at T = 1 (docs/gdn-cuda-dispatch.md), so bf16 keeps its addressing.
+  constexpr bool kCompactAddressing = kCommonForm && sizeof(StateT) == 4;
   static_assert(!(kCommonForm && kTokenSlots), "the common form has no per-token slots");
   using Shape = VKShape<StateT, K, kRowsPerThread, kLanes>;
   using Input = PackedInput<InputT>;
@@ -174,15 +182,22 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
   // const: the token loop hides them from the optimizer (hide_from_hoisting).
   Offset n = static_cast<Offset>(blockIdx.z);
   Offset hv = static_cast<Offset>(blockIdx.y);
-  Offset h = static_cast<Offset>(static_cast<int>(blockIdx.y) / v_heads_per_qk_head(p));
+  Offset h = static_cast<Offset>(qk_head_of(p, static_cast<int>(blockIdx.y)));
   const int lane_in_row = lane % kLanes;
   const int group_base = lane - lane_in_row;
   // Offsets inside one head fit in 32 bits (V * K <= 65536).
   const int thread_first_row = static_cast<int>(tile) * Shape::kRowsPerWarp + lane / kLanes;
   const int head_v = static_cast<int>(p.head_v);
   auto row_of = [&](int r) { return thread_first_row + r * Shape::kRowsPerPass; };
-  auto row_valid = [&](int r) { return row_of(r) < head_v; };
+  auto row_valid = [&](int r) { return kCompactAddressing || row_of(r) < head_v; };
   auto column_of = [&](int f) { return (f * kLanes + lane_in_row) * kVec; };
+  // With compact addressing, element (row r, fragment f) of this lane in a head's state is
+  // lane_origin(head) + compact_offset(r, f), a compile-time distance from the lane's first
+  // element: the loads and stores take one address register and immediate offsets.
+  auto lane_origin = [&](auto* head) { return head + (thread_first_row * K + column_of(0)); };
+  auto compact_offset = [](int r, int f) {
+    return r * Shape::kRowsPerPass * K + f * kLanes * kVec;
+  };
 
   // After the butterfly this lane holds dot index `owned`: row owned / 2, S.k for even
   // indices, S.q for odd ones. The lowest lane holding a row's S.k finishes that row.
@@ -333,12 +348,17 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
   float state[kRows][kValues];
   {
     const StateT* head = pool + slot_offset(p, plan.read_slot, hv);
+    const StateT* origin = lane_origin(head);
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
 #pragma unroll
       for (int f = 0; f < kFragments; ++f) {
         if (row_valid(r)) {
-          Fragment<StateT>::load(head + row_of(r) * K + column_of(f), &state[r][f * kVec]);
+          if constexpr (kCompactAddressing) {
+            Fragment<StateT>::load(origin + compact_offset(r, f), &state[r][f * kVec]);
+          } else {
+            Fragment<StateT>::load(head + row_of(r) * K + column_of(f), &state[r][f * kVec]);
+          }
         } else {
 #pragma unroll
           for (int e = 0; e < kVec; ++e)
@@ -435,13 +455,18 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
 #pragma unroll
     for (int which = 0; which < (kTokenSlots ? 2 : 1); ++which) {
       if (targets[which] == nullptr) continue;
+      StateT* origin = lane_origin(targets[which]);
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
         if (!row_valid(r)) continue;
 #pragma unroll
         for (int f = 0; f < kFragments; ++f) {
-          Fragment<StateT>::store(targets[which] + row_of(r) * K + column_of(f),
-                                  &state[r][f * kVec]);
+          if constexpr (kCompactAddressing) {
+            Fragment<StateT>::store(origin + compact_offset(r, f), &state[r][f * kVec]);
+          } else {
+            Fragment<StateT>::store(targets[which] + row_of(r) * K + column_of(f),
+                                    &state[r][f * kVec]);
+          }
         }
       }
     }
@@ -456,12 +481,17 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
 
   if (final_slot >= 0) {
     StateT* head = pool + slot_offset(p, final_slot, hv);
+    StateT* origin = lane_origin(head);
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       if (!row_valid(r)) continue;
 #pragma unroll
       for (int f = 0; f < kFragments; ++f) {
-        Fragment<StateT>::store_vector(head + row_of(r) * K + column_of(f), &state[r][f * kVec]);
+        if constexpr (kCompactAddressing) {
+          Fragment<StateT>::store_vector(origin + compact_offset(r, f), &state[r][f * kVec]);
+        } else {
+          Fragment<StateT>::store_vector(head + row_of(r) * K + column_of(f), &state[r][f * kVec]);
+        }
       }
     }
   }

@@ -52,7 +52,7 @@ constexpr int64_t kLeanTokenLoopBuildMaxHeads = 192;
 
 // One-token calls of the common form with fp32 state and at most this many (request, value head)
 // pairs run the lean kernel's one-token build (plan_launch has the measurements).
-constexpr int64_t kLeanFp32OneTokenBuildMaxHeads = 256;
+constexpr int64_t kLeanFp32OneTokenBuildMaxHeads = 4096;
 
 // Verify calls with fp32 state and more than two tokens per request run the lean kernel up to
 // this many (request, value head) pairs, the classic one above (plan_launch has the

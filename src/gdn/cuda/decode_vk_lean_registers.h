@@ -68,12 +68,14 @@ inline constexpr LeanRegisterCap kLeanRegisterCaps[] = {
 };
 
 // The instances of the common form (CommonDecodeProblem: 32-bit token offsets, no per-token
-// slots, the shapes of common_form_built, bf16 q/k/v), found the same way: bf16 state 80 (token
-// loop) and 72 (one-token build: 71 used; at 64 it spilled 16 bytes, and measured 2-5% slower
-// from B = 4), fp32 state 96 (token loop) and 72 (one-token build; at 64 it spilled 24 bytes).
+// slots, the shapes of common_form_built, bf16 q/k/v, heads of whole warp tiles), found the same
+// way: bf16 state 80 (token loop) and 72 (one-token build: at 64 it spilled, and measured 2-5%
+// slower from B = 4); fp32 state 80 (token loop, 79 used) and 64 (one-token build), which fit
+// once the state's loads and stores took one address and immediate offsets (with an address
+// per row they spilled 24 bytes at 64 and needed 96 for the token loop).
 constexpr int lean_common_form_register_cap(int state_bytes, bool one_token) {
   if (state_bytes == 2) return one_token ? 72 : 80;
-  return one_token ? 72 : 96;
+  return one_token ? 64 : 80;
 }
 
 // The cap of one instance; 255 (no cap) for a shape not in the table.
