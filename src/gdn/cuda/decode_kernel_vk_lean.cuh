@@ -42,6 +42,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "core/fast_divide.h"
 #include "gdn/common_decode_problem.h"
 #include "gdn/cuda/decode_kernel_vk.cuh"
 #include "gdn/cuda/decode_launch.h"
