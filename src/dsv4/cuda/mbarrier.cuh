@@ -45,6 +45,50 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* barrier, uint32_t parity
   }
 }
 
+// ---- across the CTAs of a cluster --------------------------------------------------------------
+// A CTA hands data to a peer CTA's shared memory by bulk copies that complete bytes on the peer's
+// barrier (as a TMA load does), so the peer's waiters need no more than mbarrier_wait; a peer
+// frees a buffer with a remote arrival.
+
+// The shared::cluster address of the variable at shared::cta address `address` in CTA `rank` of
+// the cluster (the same offset in that CTA's shared memory).
+__device__ __forceinline__ uint32_t cluster_shared_address(uint32_t address, int rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(address), "r"(rank));
+  return remote;
+}
+
+// One arrival on the barrier at shared::cluster address `remote` (cluster_shared_address), with
+// the instruction's default (CTA-scope) semantics: it says that this CTA no longer reads a
+// buffer, it publishes no writes. Release and acquire at cluster scope cost an L1 invalidation
+// at every wait (CCTL.IVALL) and a memory barrier at every arrival, which made the shared
+// conversion slower than converting twice (docs/dsv4-attention.md).
+__device__ __forceinline__ void mbarrier_arrive_remote(uint32_t remote) {
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
+}
+
+// One arrival that also expects `bytes` more transaction bytes in the current phase (the phase
+// completes once they have landed too).
+__device__ __forceinline__ void mbarrier_arrive_expect_bytes(uint64_t* barrier, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(
+                   static_cast<uint32_t>(__cvta_generic_to_shared(barrier))),
+               "r"(bytes)
+               : "memory");
+}
+
+// Copies `bytes` (a multiple of 16, both addresses 16-byte aligned) of this CTA's shared memory
+// at `source` to shared::cluster address `target` in another CTA of the cluster, completing as
+// many transaction bytes on that CTA's barrier at shared::cluster address `barrier`. The writes
+// that produced the source must be fenced for the async proxy (fence.proxy.async) first.
+__device__ __forceinline__ void bulk_copy_to_peer(uint32_t target, uint32_t source, uint32_t bytes,
+                                                  uint32_t barrier) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, "
+      "[%3];\n" ::"r"(target),
+      "r"(source), "r"(bytes), "r"(barrier)
+      : "memory");
+}
+
 }  // namespace detail
 }  // namespace dsv4
 }  // namespace hdk

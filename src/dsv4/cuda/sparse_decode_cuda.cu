@@ -15,7 +15,8 @@
 // Pipelined tensor-core kernel: the same clusters, tiles and finish_row, with the work split by
 // role (warp specialization): a producer warpgroup converts tile t + 1 into the second of two E
 // stages while the other two multiply tile t (docs/dsv4-attention.md, "The pipelined
-// tensor-core kernel"). The dispatcher's choice from 3 tiles a CTA (kPipelinedMinTiles).
+// tensor-core kernel"); with two head groups their two CTAs convert half a tile each and copy
+// it to the other. The dispatcher's choice from 3 tiles a CTA (kPipelinedMinTiles).
 //
 // CUDA-core kernel: one CTA per query row, one warp per head at a time, lane l holding entry
 // values 16 l .. 16 l + 15 in fp32; the CPU backend's arithmetic, step for step.
@@ -762,6 +763,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 // arrive, the producer waits before refilling it), P ready and P free between the consumers, Q
 // ready for warpgroup 0, and warpgroup 0's registers given back (before the others take theirs
 // back).
+// With two head groups (Hq 65..128, kSharedConversion) the two CTAs of a row slice read the same
+// entries, so each converts half of every tile (entries 32 g .. 32 g + 31 for group g) and copies
+// its rows into the other's stage (cp.async.bulk between the CTAs' shared memories, the bytes
+// completing on the receiver's full barrier); the receiver's consumers also arrive, once a
+// warpgroup, on the sender's empty barrier, since the sender refills both copies of a stage.
 constexpr int kPipelinedThreads = 384;
 constexpr int kPipelinedStages = 2;
 constexpr int kProducerThread0 = 256;  // warpgroup 2
@@ -779,6 +785,11 @@ constexpr int kPipeFactorOffset = kPipeBadOffset + 16;
 constexpr int kPipeBarrierOffset = kPipeFactorOffset + kSparseMaxWideCluster * kHeads * 4;
 constexpr int kPipeBarriers = 2 * kPipelinedStages + 4;  // PipelineBarriers
 constexpr int kPipeUsedBytes = kPipeBarrierOffset + kPipeBarriers * 8;
+// What a CTA's full barrier expects from the peer per tile with a shared conversion: half the
+// stage's rows and half its real-entry flags.
+constexpr uint32_t kSharedBytesFromPeer = kEBytes / 2 + kTile / 2 * 4;
+static_assert(kPipeValidOffset % 16 == 0, "bulk copies of the flags need 16-byte alignment");
+static_assert(kSharedBytesFromPeer % 128 == 0, "each producer thread expects an equal share");
 constexpr int kPipelinedSharedBytes = kPipeUsedBytes + kSwizzleAtomBytes;
 static_assert(kHeads * kStageStride * 4 <= kPipePOffset, "O staging overlaps");
 static_assert(kPipelinedSharedBytes <= 227 * 1024, "shared memory beyond an SM's");
@@ -811,10 +822,14 @@ __device__ __forceinline__ PipelineBarriers pipeline_barriers(uint8_t* smem) {
   uint64_t* single = base + 2 * kPipelinedStages;  // the barriers without a stage
   return {base, base + kPipelinedStages, single, single + 1, single + 2, single + 3};
 }
-__device__ __forceinline__ void init_pipeline_barriers(const PipelineBarriers& barriers) {
+// `shared_conversion`: the peer CTA's half of each stage arrives by bulk copies (bytes on the
+// full barrier, expected by this CTA's producer), and each of its two consumer warpgroups
+// arrives once on the empty barrier when it no longer reads its own copy of the stage.
+__device__ __forceinline__ void init_pipeline_barriers(const PipelineBarriers& barriers,
+                                                       bool shared_conversion) {
   for (int stage = 0; stage < kPipelinedStages; ++stage) {
     mbarrier_init(barriers.full + stage, 128);
-    mbarrier_init(barriers.empty + stage, 2 * 128);
+    mbarrier_init(barriers.empty + stage, 2 * 128 + (shared_conversion ? 2 : 0));
   }
   mbarrier_init(barriers.p_ready, 128);
   mbarrier_init(barriers.p_free, 128);
@@ -950,14 +965,14 @@ __device__ __forceinline__ ProducerEntry producer_entry(const SparseDecodeProble
 // or a scale byte the NaN scale (what fp8_nan_bits finds, accumulated with fewer instructions).
 __device__ __forceinline__ uint32_t store_share(const EntryShare& share, bool real, uint32_t stage,
                                                 int entry, int quarter) {
-  const uint32_t row = stage + static_cast<uint32_t>(entry) * 128;
+  const uint32_t row = static_cast<uint32_t>(entry) * 128;
   // Chunk producer_chunk(quarter, j) lies at chunk (2 quarter + j % 2) ^ (entry % 8) of block
   // j / 2 (producer_chunk_offset): two swizzled positions serve all sixteen.
   const uint32_t swizzled[2] = {static_cast<uint32_t>(((2 * quarter) ^ (entry % 8)) * 16),
                                 static_cast<uint32_t>(((2 * quarter + 1) ^ (entry % 8)) * 16)};
   auto store = [&](int j, uint4 value) {
-    const uint32_t target = row + (j / 2) * operand_block_bytes(kTile) + swizzled[j % 2];
-    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(target), "r"(value.x),
+    const uint32_t offset = row + (j / 2) * operand_block_bytes(kTile) + swizzled[j % 2];
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(stage + offset), "r"(value.x),
                  "r"(value.y), "r"(value.z), "r"(value.w)
                  : "memory");
   };
@@ -1009,7 +1024,7 @@ __device__ __forceinline__ uint32_t store_share(const EntryShare& share, bool re
   return real ? (nan_sum & 0x80808080u) | nan_scales : 0u;
 }
 
-template <bool kWide>
+template <bool kWide, bool kSharedConversion>
 __global__ void __launch_bounds__(kPipelinedThreads, 1)
     sparse_decode_pipelined_kernel(SparseDecodeProblem p, SparsePlan plan, bool q_vector,
                                    bool out_vector) {
@@ -1034,11 +1049,20 @@ __global__ void __launch_bounds__(kPipelinedThreads, 1)
                        reinterpret_cast<float*>(smem + kPipeStatOffset) + kHeads, bad,
                        reinterpret_cast<float*>(smem + kPipeFactorOffset)};
   const PipelineBarriers barriers = pipeline_barriers(smem);
+  // With kSharedConversion (two head groups) each CTA converts half of every tile for itself
+  // and for its peer, the CTA of the other group walking the same slice: a stage is full once
+  // this CTA's producer has arrived and the peer's half has landed, and empty once this CTA's
+  // consumers and the peer's have let it go.
+  const int peer = split * plan.groups + (1 - group);
   if (tid == 0) {
     *bad = 0;
-    init_pipeline_barriers(barriers);
+    init_pipeline_barriers(barriers, kSharedConversion);
   }
-  __syncthreads();
+  if (kSharedConversion) {
+    cluster.sync();  // the peer's barriers are initialized before this CTA arrives on them
+  } else {
+    __syncthreads();
+  }
 
   const int64_t tiles = (p.list_length() + kTile - 1) / kTile;
   const int64_t first = split_first_tile(tiles, split, plan.splits);
@@ -1074,58 +1098,126 @@ __global__ void __launch_bounds__(kPipelinedThreads, 1)
                               dummy_pool.data + dummy_pool.block_size * kEntryDataBytes, false};
     EntryShare share[2];
     bool real[2];
-    LoadedSlot slot_ahead[2];  // the slots of tile i + 1, loaded a tile early
     uint32_t nan_bits = 0;
-    if (count > 0) {
-      // The first two tiles' slots in one round trip, then the first tile's bytes.
-      LoadedSlot first_slots[2];
-#pragma unroll
-      for (int pass = 0; pass < 2; ++pass) {
-        first_slots[pass] = load_slot_now(p, n, entry_index(0, pass));
-        slot_ahead[pass] = load_slot_now(p, n, entry_index(1, pass));
-      }
-#pragma unroll
-      for (int pass = 0; pass < 2; ++pass) {
-        const ProducerEntry entry = producer_entry(
-            p, entry_index(0, pass), slot_value(first_slots[pass]), pages, dummy, bad);
-        real[pass] = entry.real;
-        load_share<kWide>(entry, quarter, share[pass]);
-      }
-    }
-    for (int64_t i = 0; i < count; ++i) {
-      const int stage = static_cast<int>(i & 1);
-      // Tile i + 1's entries and tile i + 2's slots without a branch: past the slice they are
-      // the next slice's (or past the list) and go unused; a slot of the row beyond its cache
-      // marks the row bad in whichever CTA of its cluster finds it.
-      ProducerEntry next[2];
-#pragma unroll
-      for (int pass = 0; pass < 2; ++pass) {
-        next[pass] = producer_entry(p, entry_index(i + 1, pass), slot_value(slot_ahead[pass]),
-                                    pages, dummy, bad);
-        slot_ahead[pass] = load_slot_now(p, n, entry_index(i + 2, pass));
-      }
-      if (i >= kPipelinedStages) mbarrier_wait(barriers.empty + stage, empty_parity(i));
-      // The next tile's bytes are loaded into each pass's registers once they are converted:
-      // pass 0's while pass 1 converts, pass 1's after the stage is signalled full, so that the
-      // fence and the signal do not wait behind loads just issued (on an H100, loading pass 1
-      // before the signal was 4-5% slower on the long lists).
-      auto convert = [&](int pass) {
-        const int entry = pass * 32 + entry_in_pass;
-        nan_bits |= store_share(share[pass], real[pass], stage_address(i), entry, quarter);
-        if (quarter == 0) valid[stage * kTile + entry] = real[pass] ? 1 : 0;
+    if constexpr (kSharedConversion) {
+      // Pass `group` of every tile: converted into this CTA's stage, from where each warp's rows
+      // and real-entry flags go to the peer's stage by bulk copies (cp.async.bulk, completing
+      // bytes on the peer's full barrier). share[t % 2] holds tile t's bytes, loaded two tiles
+      // before they are converted (in the registers the other pass would take), so that twice
+      // the tiles' bytes are in flight behind the conversion.
+      const int pass = group;
+      const int entry = pass * 32 + entry_in_pass;
+      const uint32_t valid_flags = shared_address(valid);
+      // A CTA's shared memory is one range of the cluster's shared window, so the peer's copy
+      // of any of this CTA's variables lies one distance away (one register, not three).
+      const uint32_t to_peer = cluster_shared_address(e_tiles, peer) - e_tiles;
+      // This warp's 8 rows in each of the 8 column blocks of a stage, and its 8 flags.
+      const uint32_t warp_rows = static_cast<uint32_t>(pass * 32 + producer_warp * 8);
+      auto entry_of = [&](int64_t t, const LoadedSlot& slot) {
+        return producer_entry(p, entry_index(t, pass), slot_value(slot), pages, dummy, bad);
       };
-      auto load_next = [&](int pass) {
-        if (i + 1 < count) {
-          real[pass] = next[pass].real;
-          load_share<kWide>(next[pass], quarter, share[pass]);
+      LoadedSlot slot_ahead;  // at tile t, the slots of tile t + 2
+      if (count > 0) {
+        const LoadedSlot first_slots[2] = {load_slot_now(p, n, entry_index(0, pass)),
+                                           load_slot_now(p, n, entry_index(1, pass))};
+        slot_ahead = load_slot_now(p, n, entry_index(2, pass));
+#pragma unroll
+        for (int slot = 0; slot < 2; ++slot) {
+          // Tile 1 of a one-tile slice: the next slice's entries (or past the list), unused.
+          const ProducerEntry first_entry = entry_of(slot, first_slots[slot]);
+          real[slot] = first_entry.real;
+          load_share<kWide>(first_entry, quarter, share[slot]);
+        }
+      }
+      // Tile t, whose stage and registers are both t % 2 (`slot`).
+      auto step = [&](int64_t t, int slot) {
+        const ProducerEntry next = entry_of(t + 2, slot_ahead);
+        slot_ahead = load_slot_now(p, n, entry_index(t + 3, pass));
+        if (t >= kPipelinedStages) mbarrier_wait(barriers.empty + slot, empty_parity(t));
+        nan_bits |= store_share(share[slot], real[slot], stage_address(t), entry, quarter);
+        if (quarter == 0) valid[slot * kTile + entry] = real[slot] ? 1 : 0;
+        fence_shared_for_wgmma();  // for this CTA's wgmma and for the bulk copies
+        __syncwarp();
+        const uint32_t full = shared_address(barriers.full + slot);
+        if (lane == 0) {
+#pragma unroll
+          for (int block = 0; block < 8; ++block) {
+            const uint32_t offset = static_cast<uint32_t>(slot) * kEBytes +
+                                    block * operand_block_bytes(kTile) + warp_rows * 128;
+            bulk_copy_to_peer(e_tiles + offset + to_peer, e_tiles + offset, 8 * 128,
+                              full + to_peer);
+          }
+          const uint32_t flags = (static_cast<uint32_t>(slot) * kTile + warp_rows) * 4;
+          bulk_copy_to_peer(valid_flags + flags + to_peer, valid_flags + flags, 8 * 4,
+                            full + to_peer);
+        }
+        // The copies have read this stage before it is refilled: that waits for the peer's
+        // consumers, who wait for the copies to land.
+        // Every producer thread expects its share of the peer's bytes: no thread is singled
+        // out by a branch (a branch on the thread index here waited on a spilled register).
+        mbarrier_arrive_expect_bytes(barriers.full + slot, kSharedBytesFromPeer / 128);
+        if (t + 2 < count) {
+          real[slot] = next.real;
+          load_share<kWide>(next, quarter, share[slot]);
         }
       };
-      convert(0);
-      load_next(0);
-      convert(1);
-      fence_shared_for_wgmma();
-      mbarrier_arrive(barriers.full + stage);
-      load_next(1);
+      for (int64_t t = 0; t < count; t += 2) {
+        step(t, 0);
+        if (t + 1 < count) step(t + 1, 1);
+      }
+    } else {
+      LoadedSlot slot_ahead[2];  // the slots of tile i + 1, loaded a tile early
+      if (count > 0) {
+        // The first two tiles' slots in one round trip, then the first tile's bytes.
+        LoadedSlot first_slots[2];
+#pragma unroll
+        for (int pass = 0; pass < 2; ++pass) {
+          first_slots[pass] = load_slot_now(p, n, entry_index(0, pass));
+          slot_ahead[pass] = load_slot_now(p, n, entry_index(1, pass));
+        }
+#pragma unroll
+        for (int pass = 0; pass < 2; ++pass) {
+          const ProducerEntry entry = producer_entry(
+              p, entry_index(0, pass), slot_value(first_slots[pass]), pages, dummy, bad);
+          real[pass] = entry.real;
+          load_share<kWide>(entry, quarter, share[pass]);
+        }
+      }
+      for (int64_t i = 0; i < count; ++i) {
+        const int stage = static_cast<int>(i & 1);
+        // Tile i + 1's entries and tile i + 2's slots without a branch: past the slice they are
+        // the next slice's (or past the list) and go unused; a slot of the row beyond its cache
+        // marks the row bad in whichever CTA of its cluster finds it.
+        ProducerEntry next[2];
+#pragma unroll
+        for (int pass = 0; pass < 2; ++pass) {
+          next[pass] = producer_entry(p, entry_index(i + 1, pass), slot_value(slot_ahead[pass]),
+                                      pages, dummy, bad);
+          slot_ahead[pass] = load_slot_now(p, n, entry_index(i + 2, pass));
+        }
+        if (i >= kPipelinedStages) mbarrier_wait(barriers.empty + stage, empty_parity(i));
+        // The next tile's bytes are loaded into each pass's registers once they are converted:
+        // pass 0's while pass 1 converts, pass 1's after the stage is signalled full, so that the
+        // fence and the signal do not wait behind loads just issued (on an H100, loading pass 1
+        // before the signal was 4-5% slower on the long lists).
+        auto convert = [&](int pass) {
+          const int entry = pass * 32 + entry_in_pass;
+          nan_bits |= store_share(share[pass], real[pass], stage_address(i), entry, quarter);
+          if (quarter == 0) valid[stage * kTile + entry] = real[pass] ? 1 : 0;
+        };
+        auto load_next = [&](int pass) {
+          if (i + 1 < count) {
+            real[pass] = next[pass].real;
+            load_share<kWide>(next[pass], quarter, share[pass]);
+          }
+        };
+        convert(0);
+        load_next(0);
+        convert(1);
+        fence_shared_for_wgmma();
+        mbarrier_arrive(barriers.full + stage);
+        load_next(1);
+      }
     }
     if (nan_bits != 0) *bad = 1;
     // Taking registers back before warpgroup 0 has raised its own could leave it waiting for
@@ -1147,6 +1239,18 @@ __global__ void __launch_bounds__(kPipelinedThreads, 1)
       o[i] = 0.0f;
     const uint32_t p_tile = shared_address(smem + kPipePOffset);
     const int warp_rows = 16 * ((tid / 32) % 4) + lane / 4;  // rows warp_rows and + 8
+    // A stage's bytes come from both CTAs' producers with kSharedConversion, and both must know
+    // when it is free again.
+    const uint32_t peer_empty =
+        kSharedConversion ? cluster_shared_address(shared_address(barriers.empty), peer) : 0u;
+    // The peer's arrival comes from one thread a warpgroup: after the warpgroup's wgmma_wait
+    // none of its products reads the stage any more.
+    auto release_stage = [&](int stage) {
+      mbarrier_arrive(barriers.empty + stage);
+      if (kSharedConversion && thread == 0) {
+        mbarrier_arrive_remote(peer_empty + static_cast<uint32_t>(stage) * 8);
+      }
+    };
     if (warpgroup == 0) {
       raise_registers<kScoreRegistersCap>();
       mbarrier_wait(barriers.queries_ready, 0);
@@ -1167,7 +1271,7 @@ __global__ void __launch_bounds__(kPipelinedThreads, 1)
         wgmma_commit();
         if (i > 0) {
           wgmma_wait<1>();  // the last tile's O product: its stage is free on this side
-          if (i + 1 < count) mbarrier_arrive(barriers.empty + (stage ^ 1));
+          if (i + 1 < count) release_stage(stage ^ 1);
         }
         wgmma_wait<0>();
         wgmma_fence_accumulators(s);
@@ -1232,7 +1336,7 @@ __global__ void __launch_bounds__(kPipelinedThreads, 1)
         wgmma_wait<0>();
         wgmma_fence_accumulators(o);
         if (i + 1 < count) mbarrier_arrive(barriers.p_free);
-        if (i + 2 < count) mbarrier_arrive(barriers.empty + stage);
+        if (i + 2 < count) release_stage(stage);
       }
       mbarrier_wait(barriers.registers_back, 0);
       raise_registers<kLaunchRegisters>();
@@ -1402,11 +1506,17 @@ void launch_tensor_core(const SparseDecodeProblem& p, bool pipelined, bool force
   const int64_t out_element = p.out_dtype == DType::kFloat32 ? 4 : 2;
   const bool out_vector = reinterpret_cast<uintptr_t>(p.out) % (4 * out_element) == 0 &&
                           p.out_row_stride % 4 == 0 && p.out_head_stride % 4 == 0;
+  // Two head groups (Hq 65..128) share the conversion of each tile in the pipelined kernel.
+  const bool shared_conversion = sparse_head_groups(p.num_heads) == 2;
   auto kernel_of = [&](bool use_pipelined) {
-    return use_pipelined
-               ? (wide ? sparse_decode_pipelined_kernel<true>
-                       : sparse_decode_pipelined_kernel<false>)
-               : (wide ? sparse_decode_mma_kernel<true> : sparse_decode_mma_kernel<false>);
+    if (!use_pipelined)
+      return wide ? sparse_decode_mma_kernel<true> : sparse_decode_mma_kernel<false>;
+    if (shared_conversion) {
+      return wide ? sparse_decode_pipelined_kernel<true, true>
+                  : sparse_decode_pipelined_kernel<false, true>;
+    }
+    return wide ? sparse_decode_pipelined_kernel<true, false>
+                : sparse_decode_pipelined_kernel<false, false>;
   };
   auto plan_of = [&](bool use_pipelined) {
     const unsigned threads = use_pipelined ? kPipelinedThreads : kThreads;
