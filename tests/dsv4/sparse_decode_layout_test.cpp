@@ -340,6 +340,48 @@ float bf16_bits_value(uint32_t bits16) {
   return value;
 }
 
+// With two head groups the pipelined kernel's producers share the conversion: group g's warp w
+// converts entries 32 g + 8 w .. + 7 of a tile and then bulk-copies, from each of the 8 column
+// blocks, the 1024 bytes from row 32 g + 8 w to the peer CTA's stage. That is right only if the
+// warp's stores (every quarter's 16 chunks of its 8 entries) fill exactly those 8 ranges: the
+// swizzle must keep a row's chunks within the row, and the 8 warps of the two groups must
+// cover the stage once.
+TEST(SparseDecodeLayout, SharedConversionCopiesWhatEachWarpStored) {
+  using dsv4::detail::operand_block_bytes;
+  using dsv4::detail::producer_chunk_offset;
+  constexpr int kTile = dsv4::detail::kSparseTile;
+  constexpr int kWarpRows = 8;
+  std::vector<int> owner(static_cast<size_t>(dsv4::detail::operand_bytes(kTile)), -1);
+  for (int group = 0; group < 2; ++group) {
+    for (int warp = 0; warp < 4; ++warp) {
+      const int first_row = 32 * group + kWarpRows * warp;
+      std::set<int> stored;
+      for (int row = first_row; row < first_row + kWarpRows; ++row) {
+        for (int quarter = 0; quarter < 4; ++quarter) {
+          for (int j = 0; j < 16; ++j) {
+            const int offset = producer_chunk_offset(row, quarter, j, kTile);
+            for (int b = 0; b < 16; ++b)
+              ASSERT_TRUE(stored.insert(offset + b).second) << "byte stored twice";
+          }
+        }
+      }
+      std::set<int> copied;
+      for (int block = 0; block < 8; ++block) {
+        const int start = block * operand_block_bytes(kTile) + first_row * 128;
+        for (int b = 0; b < kWarpRows * 128; ++b)
+          copied.insert(start + b);
+      }
+      EXPECT_EQ(stored, copied) << "group " << group << " warp " << warp;
+      for (int byte : copied) {
+        EXPECT_EQ(owner[static_cast<size_t>(byte)], -1) << "byte copied by two warps";
+        owner[static_cast<size_t>(byte)] = 4 * group + warp;
+      }
+    }
+  }
+  for (int who : owner)
+    ASSERT_GE(who, 0) << "a byte of the stage no warp copies";
+}
+
 TEST(SparseDecodeLayout, SpreadPairConversionMatchesThePairOne) {
   for (uint32_t word = 0; word < 65536; ++word) {
     const uint32_t spread = (word & 0xffu) | ((word & 0xff00u) << 8);
