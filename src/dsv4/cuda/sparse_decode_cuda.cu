@@ -1096,6 +1096,10 @@ __global__ void __launch_bounds__(kPipelinedThreads, 1)
     const PagedPool& dummy_pool = p.cache.num_slots() > 0 ? p.cache : p.extra_cache;
     const ProducerEntry dummy{dummy_pool.data,
                               dummy_pool.data + dummy_pool.block_size * kEntryDataBytes, false};
+    // Entry `pass * 32 + entry_in_pass` of tile t, whose slot is `slot`.
+    auto entry_of = [&](int64_t t, int pass, const LoadedSlot& slot) {
+      return producer_entry(p, entry_index(t, pass), slot_value(slot), pages, dummy, bad);
+    };
     EntryShare share[2];
     bool real[2];
     uint32_t nan_bits = 0;
@@ -1113,9 +1117,6 @@ __global__ void __launch_bounds__(kPipelinedThreads, 1)
       const uint32_t to_peer = cluster_shared_address(e_tiles, peer) - e_tiles;
       // This warp's 8 rows in each of the 8 column blocks of a stage, and its 8 flags.
       const uint32_t warp_rows = static_cast<uint32_t>(pass * 32 + producer_warp * 8);
-      auto entry_of = [&](int64_t t, const LoadedSlot& slot) {
-        return producer_entry(p, entry_index(t, pass), slot_value(slot), pages, dummy, bad);
-      };
       LoadedSlot slot_ahead;  // at tile t, the slots of tile t + 2
       if (count > 0) {
         const LoadedSlot first_slots[2] = {load_slot_now(p, n, entry_index(0, pass)),
@@ -1124,14 +1125,14 @@ __global__ void __launch_bounds__(kPipelinedThreads, 1)
 #pragma unroll
         for (int slot = 0; slot < 2; ++slot) {
           // Tile 1 of a one-tile slice: the next slice's entries (or past the list), unused.
-          const ProducerEntry first_entry = entry_of(slot, first_slots[slot]);
+          const ProducerEntry first_entry = entry_of(slot, pass, first_slots[slot]);
           real[slot] = first_entry.real;
           load_share<kWide>(first_entry, quarter, share[slot]);
         }
       }
       // Tile t, whose stage and registers are both t % 2 (`slot`).
       auto step = [&](int64_t t, int slot) {
-        const ProducerEntry next = entry_of(t + 2, slot_ahead);
+        const ProducerEntry next = entry_of(t + 2, pass, slot_ahead);
         slot_ahead = load_slot_now(p, n, entry_index(t + 3, pass));
         if (t >= kPipelinedStages) mbarrier_wait(barriers.empty + slot, empty_parity(t));
         nan_bits |= store_share(share[slot], real[slot], stage_address(t), entry, quarter);
@@ -1177,8 +1178,7 @@ __global__ void __launch_bounds__(kPipelinedThreads, 1)
         }
 #pragma unroll
         for (int pass = 0; pass < 2; ++pass) {
-          const ProducerEntry entry = producer_entry(
-              p, entry_index(0, pass), slot_value(first_slots[pass]), pages, dummy, bad);
+          const ProducerEntry entry = entry_of(0, pass, first_slots[pass]);
           real[pass] = entry.real;
           load_share<kWide>(entry, quarter, share[pass]);
         }
@@ -1191,8 +1191,7 @@ __global__ void __launch_bounds__(kPipelinedThreads, 1)
         ProducerEntry next[2];
 #pragma unroll
         for (int pass = 0; pass < 2; ++pass) {
-          next[pass] = producer_entry(p, entry_index(i + 1, pass), slot_value(slot_ahead[pass]),
-                                      pages, dummy, bad);
+          next[pass] = entry_of(i + 1, pass, slot_ahead[pass]);
           slot_ahead[pass] = load_slot_now(p, n, entry_index(i + 2, pass));
         }
         if (i >= kPipelinedStages) mbarrier_wait(barriers.empty + stage, empty_parity(i));
