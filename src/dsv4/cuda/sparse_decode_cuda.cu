@@ -784,7 +784,13 @@ constexpr int kPipeBadOffset = kPipeStatOffset + 2 * kHeads * 4;
 constexpr int kPipeFactorOffset = kPipeBadOffset + 16;
 constexpr int kPipeBarrierOffset = kPipeFactorOffset + kSparseMaxWideCluster * kHeads * 4;
 constexpr int kPipeBarriers = 2 * kPipelinedStages + 4;  // PipelineBarriers
-constexpr int kPipeUsedBytes = kPipeBarrierOffset + kPipeBarriers * 8;
+// One pass of a tile as stored (32 entries: data bytes, then the 8 scale bytes), where the
+// producer without a shared conversion lands pass 1 of the next tile (raw_share_address). An
+// entry takes 592 bytes, not 584: the 8 entries that a 16-byte load phase reads then start 20
+// banks apart and never share one.
+constexpr int kRawEntryStride = 592;
+constexpr int kPipeRawOffset = (kPipeBarrierOffset + kPipeBarriers * 8 + 15) / 16 * 16;
+constexpr int kPipeUsedBytes = kPipeRawOffset + 32 * kRawEntryStride;
 // What a CTA's full barrier expects from the peer per tile with a shared conversion: half the
 // stage's rows and half its real-entry flags.
 constexpr uint32_t kSharedBytesFromPeer = kEBytes / 2 + kTile / 2 * 4;
@@ -795,6 +801,8 @@ static_assert(kHeads * kStageStride * 4 <= kPipePOffset, "O staging overlaps");
 static_assert(kPipelinedSharedBytes <= 227 * 1024, "shared memory beyond an SM's");
 static_assert(kPipePOffset % kSwizzleAtomBytes == 0, "P is a swizzled operand tile");
 static_assert(kPipeBarrierOffset % 8 == 0, "an mbarrier is 8-byte aligned");
+static_assert(kRawEntryStride % 16 == 0 && kRawEntryStride >= kEntryDataBytes + kEntryScaleBytes,
+              "a raw entry holds its data and scale bytes at 16-byte alignment");
 
 // Registers per thread of each warpgroup after setmaxnreg: the launch gives every thread 168
 // (65536 / 384, rounded down to 8) and the three counts may not add up to more than 3 x 168.
@@ -931,6 +939,53 @@ __device__ __forceinline__ void load_share(const ProducerEntry& entry, int quart
   for (int k = 0; k < 2; ++k)
     share.rope[k] = load_16(entry.data + kNopeDim + 32 * quarter + 16 * k);
   share.scales = load_now_8(entry.scales);
+}
+
+// load_share's bytes into shared memory instead of registers: the same offsets from `raw` (the
+// entry's row of the raw pass, kRawEntryStride bytes) as from the entry's data, the scale bytes
+// at kEntryDataBytes, copied by quarter 0 only. Registers would be waited for together with every
+// global load issued after them (a warp's loads here share one dependency counter, which the
+// first use of any of them waits to drain: ptxas's SASS for this kernel), so the pass in flight
+// while the other converts comes through shared memory and its own cp.async group.
+template <bool kWide>
+__device__ __forceinline__ void copy_share_async(const ProducerEntry& entry, int quarter,
+                                                 uint8_t* raw) {
+  auto copy_16 = [&](int offset) {
+    if (kWide) {
+      cp_async_16(raw + offset, entry.data + offset);
+    } else {
+      cp_async_8(raw + offset, entry.data + offset);
+      cp_async_8(raw + offset + 8, entry.data + offset + 8);
+    }
+  };
+#pragma unroll
+  for (int k = 0; k < kProducerFp8Chunks / 2; ++k)
+    copy_16(16 * (quarter + 4 * k));
+#pragma unroll
+  for (int k = 0; k < 2; ++k)
+    copy_16(kNopeDim + 32 * quarter + 16 * k);
+  if (quarter == 0) cp_async_8(raw + kEntryDataBytes, entry.scales);
+}
+__device__ __forceinline__ EntryShare read_share(const uint8_t* raw, int quarter) {
+  const uint32_t base = shared_address(raw);
+  auto read_16 = [&](int offset) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(base + offset));
+    return v;
+  };
+  EntryShare share;
+#pragma unroll
+  for (int k = 0; k < kProducerFp8Chunks / 2; ++k)
+    share.codes[k] = read_16(16 * (quarter + 4 * k));
+#pragma unroll
+  for (int k = 0; k < 2; ++k)
+    share.rope[k] = read_16(kNopeDim + 32 * quarter + 16 * k);
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n"
+               : "=r"(share.scales.x), "=r"(share.scales.y)
+               : "r"(base + static_cast<uint32_t>(kEntryDataBytes)));
+  return share;
 }
 
 // The producer's locate_entry, without a branch: the page division by a multiply-high (`pages`:
@@ -1117,28 +1172,49 @@ __global__ void __launch_bounds__(kPipelinedThreads, 1)
       const uint32_t to_peer = cluster_shared_address(e_tiles, peer) - e_tiles;
       // This warp's 8 rows in each of the 8 column blocks of a stage, and its 8 flags.
       const uint32_t warp_rows = static_cast<uint32_t>(pass * 32 + producer_warp * 8);
-      LoadedSlot slot_ahead;  // at tile t, the slots of tile t + 2
+      // Even tiles come through registers (share[0]), odd tiles through this thread's row of the
+      // raw pass (copy_share_async), each requested two tiles before it is converted. An even
+      // step locates the entries of both next tiles (t + 2 and t + 3) from slots loaded two
+      // tiles earlier, so that an odd step uses no loaded register: the use of one would also
+      // wait for the even tile's loads issued just before it (see copy_share_async).
+      uint8_t* raw = smem + kPipeRawOffset + entry_in_pass * kRawEntryStride;
+      LoadedSlot slot_ahead[2];         // at an even tile t, the slots of tiles t + 2 and t + 3
+      ProducerEntry odd_ahead = dummy;  // from an even tile t on, tile t + 3's entry
       if (count > 0) {
         const LoadedSlot first_slots[2] = {load_slot_now(p, n, entry_index(0, pass)),
                                            load_slot_now(p, n, entry_index(1, pass))};
-        slot_ahead = load_slot_now(p, n, entry_index(2, pass));
-#pragma unroll
-        for (int slot = 0; slot < 2; ++slot) {
-          // Tile 1 of a one-tile slice: the next slice's entries (or past the list), unused.
-          const ProducerEntry first_entry = entry_of(slot, pass, first_slots[slot]);
-          real[slot] = first_entry.real;
-          load_share<kWide>(first_entry, quarter, share[slot]);
-        }
+        slot_ahead[0] = load_slot_now(p, n, entry_index(2, pass));
+        slot_ahead[1] = load_slot_now(p, n, entry_index(3, pass));
+        // Tile 1 of a one-tile slice: the next slice's entries (or past the list), unused.
+        const ProducerEntry first_entries[2] = {entry_of(0, pass, first_slots[0]),
+                                                entry_of(1, pass, first_slots[1])};
+        real[0] = first_entries[0].real;
+        real[1] = first_entries[1].real;
+        load_share<kWide>(first_entries[0], quarter, share[0]);
+        copy_share_async<kWide>(first_entries[1], quarter, raw);
+        cp_async_commit();
       }
-      // Tile t, whose stage and registers are both t % 2 (`slot`).
+      // Tile t, whose stage is t % 2 (`slot`).
       auto step = [&](int64_t t, int slot) {
-        const ProducerEntry next = entry_of(t + 2, pass, slot_ahead);
-        slot_ahead = load_slot_now(p, n, entry_index(t + 3, pass));
+        ProducerEntry even_ahead = dummy;
+        if (slot == 0) {
+          even_ahead = entry_of(t + 2, pass, slot_ahead[0]);
+          odd_ahead = entry_of(t + 3, pass, slot_ahead[1]);
+          slot_ahead[0] = load_slot_now(p, n, entry_index(t + 4, pass));
+          slot_ahead[1] = load_slot_now(p, n, entry_index(t + 5, pass));
+        }
         if (t >= kPipelinedStages) mbarrier_wait(barriers.empty + slot, empty_parity(t));
-        nan_bits |= store_share(share[slot], real[slot], stage_address(t), entry, quarter);
+        if (slot == 0) {
+          nan_bits |= store_share(share[0], real[0], stage_address(t), entry, quarter);
+        } else {
+          cp_async_wait<0>();
+          __syncwarp();  // quarter 0's copy of the entry's scale bytes has landed
+          nan_bits |=
+              store_share(read_share(raw, quarter), real[1], stage_address(t), entry, quarter);
+        }
         if (quarter == 0) valid[slot * kTile + entry] = real[slot] ? 1 : 0;
         fence_shared_for_wgmma();  // for this CTA's wgmma and for the bulk copies
-        __syncwarp();
+        __syncwarp();  // (and every quarter has read the raw scale bytes quarter 0 copies next)
         const uint32_t full = shared_address(barriers.full + slot);
         if (lane == 0) {
 #pragma unroll
@@ -1158,8 +1234,14 @@ __global__ void __launch_bounds__(kPipelinedThreads, 1)
         // out by a branch (a branch on the thread index here waited on a spilled register).
         mbarrier_arrive_expect_bytes(barriers.full + slot, kSharedBytesFromPeer / 128);
         if (t + 2 < count) {
-          real[slot] = next.real;
-          load_share<kWide>(next, quarter, share[slot]);
+          if (slot == 0) {
+            real[0] = even_ahead.real;
+            load_share<kWide>(even_ahead, quarter, share[0]);
+          } else {
+            real[1] = odd_ahead.real;
+            copy_share_async<kWide>(odd_ahead, quarter, raw);
+            cp_async_commit();
+          }
         }
       };
       for (int64_t t = 0; t < count; t += 2) {
@@ -1167,6 +1249,10 @@ __global__ void __launch_bounds__(kPipelinedThreads, 1)
         if (t + 1 < count) step(t + 1, 1);
       }
     } else {
+      // Pass 0 of a tile comes through registers (share[0]), pass 1 through this thread's row
+      // of the raw pass (copy_share_async), each requested once the previous tile's pass has
+      // been converted, so that a tile's two waits are for bytes a tile old.
+      uint8_t* raw = smem + kPipeRawOffset + entry_in_pass * kRawEntryStride;
       LoadedSlot slot_ahead[2];  // the slots of tile i + 1, loaded a tile early
       if (count > 0) {
         // The first two tiles' slots in one round trip, then the first tile's bytes.
@@ -1180,7 +1266,12 @@ __global__ void __launch_bounds__(kPipelinedThreads, 1)
         for (int pass = 0; pass < 2; ++pass) {
           const ProducerEntry entry = entry_of(0, pass, first_slots[pass]);
           real[pass] = entry.real;
-          load_share<kWide>(entry, quarter, share[pass]);
+          if (pass == 0) {
+            load_share<kWide>(entry, quarter, share[0]);
+          } else {
+            copy_share_async<kWide>(entry, quarter, raw);
+            cp_async_commit();
+          }
         }
       }
       for (int64_t i = 0; i < count; ++i) {
@@ -1195,27 +1286,32 @@ __global__ void __launch_bounds__(kPipelinedThreads, 1)
           slot_ahead[pass] = load_slot_now(p, n, entry_index(i + 2, pass));
         }
         if (i >= kPipelinedStages) mbarrier_wait(barriers.empty + stage, empty_parity(i));
-        // The next tile's bytes are loaded into each pass's registers once they are converted:
-        // pass 0's while pass 1 converts, pass 1's after the stage is signalled full, so that the
-        // fence and the signal do not wait behind loads just issued (on an H100, loading pass 1
-        // before the signal was 4-5% slower on the long lists).
-        auto convert = [&](int pass) {
+        // The next tile's bytes are requested once this tile's pass is converted: pass 0's
+        // while pass 1 converts, pass 1's after the stage is signalled full, so that the fence
+        // and the signal do not wait behind copies just issued (on an H100, loading pass 1
+        // before the signal was 4-5% slower on the long lists, when both passes were loads).
+        auto convert = [&](int pass, const EntryShare& bytes) {
           const int entry = pass * 32 + entry_in_pass;
-          nan_bits |= store_share(share[pass], real[pass], stage_address(i), entry, quarter);
+          nan_bits |= store_share(bytes, real[pass], stage_address(i), entry, quarter);
           if (quarter == 0) valid[stage * kTile + entry] = real[pass] ? 1 : 0;
         };
-        auto load_next = [&](int pass) {
-          if (i + 1 < count) {
-            real[pass] = next[pass].real;
-            load_share<kWide>(next[pass], quarter, share[pass]);
-          }
-        };
-        convert(0);
-        load_next(0);
-        convert(1);
+        const bool more = i + 1 < count;
+        convert(0, share[0]);
+        if (more) {
+          real[0] = next[0].real;
+          load_share<kWide>(next[0], quarter, share[0]);
+        }
+        cp_async_wait<0>();
+        __syncwarp();  // quarter 0's copy of the entry's scale bytes has landed
+        convert(1, read_share(raw, quarter));
         fence_shared_for_wgmma();
         mbarrier_arrive(barriers.full + stage);
-        load_next(1);
+        __syncwarp();  // every quarter has read the scale bytes that quarter 0 copies next
+        if (more) {
+          real[1] = next[1].real;
+          copy_share_async<kWide>(next[1], quarter, raw);
+          cp_async_commit();
+        }
       }
     }
     if (nan_bits != 0) *bad = 1;
