@@ -24,9 +24,12 @@ HDK_HOST_DEVICE uint32_t e4m3_pair_as_scaled_bf16(uint32_t word) {
 }
 
 // The same bits from the pair spread out to bytes 0 and 2 of `spread` (what byte_perm(word, 0,
-// 0x4140) makes of bytes 0 and 1 of a word): one shift and mask per field for both codes.
+// 0x4140) makes of bytes 0 and 1 of a word). Shifted up by 4, a code's sign sits on bit 11 of its
+// half with bits 12..15 clear, and adding that bit 15 more times carries it to bit 15: a shift,
+// a mask and a multiply-add for both codes (two shifts and two masks place the fields apart).
 HDK_HOST_DEVICE uint32_t e4m3_spread_pair_as_scaled_bf16(uint32_t spread) {
-  return ((spread << 8) & 0x80008000u) | ((spread << 4) & 0x07f007f0u);
+  const uint32_t shifted = spread << 4;
+  return shifted + 15u * (shifted & 0x08000800u);
 }
 
 // Whether any of the four codes of `word` is an E4M3 NaN (0x7F or 0xFF), which the pattern
