@@ -172,8 +172,9 @@ TEST(GdnLaunchPlan, Fp32MultiTokenCallsRunTheKernelThatMeasuredFaster) {
     DecodeKernel kernel;
   };
   for (const Expectation& e : {Expectation{256, 2, true, DecodeKernel::kVKLean},
-                               Expectation{2, 8, true, DecodeKernel::kVKLean},  // 128 heads
-                               Expectation{3, 8, true, DecodeKernel::kVK},      // 192 heads
+                               Expectation{2, 8, true, DecodeKernel::kVKLean},   // 128 heads
+                               Expectation{16, 8, true, DecodeKernel::kVKLean},  // 1024 heads
+                               Expectation{17, 8, true, DecodeKernel::kVK},      // 1088 heads
                                Expectation{256, 4, true, DecodeKernel::kVK},
                                Expectation{256, 8, false, DecodeKernel::kVKLean}}) {  // no cache
     SCOPED_TRACE(::testing::Message()

@@ -203,9 +203,11 @@ LaunchPlan plan_launch(const DecodeProblem& p, int sm_count) {
     // 92% of copy). With fp32 state it serves (H100, same binary): calls that update the pool
     // without a verify cache, 1.23-1.86x the classic kernel (T = 4, B = 256: 976 vs 1365 us;
     // T = 8: 1204 vs 2230); calls of up to two tokens per request, 0.4-11% faster (T = 2,
-    // B = 2: 13.8 vs 15.4 us, B = 256: 1104.5 vs 1111.9); and up to 128 heads (B x HV), where
-    // it is 7-24% faster (T = 8, B = 1: 20.9 vs 25.9 us). The verify pass with more tokens and
-    // more heads stays classic, ahead by up to 1.4% (T = 8, B = 256: 3427 vs 3475 us). Lean
+    // B = 2: 13.8 vs 15.4 us, B = 256: 1104.5 vs 1111.9); and up to 1024 heads (B x HV), where
+    // it is 7-24% faster at 128 heads (T = 8, B = 1: 20.9 vs 25.9 us) and 0.5-2.0% at 512 and
+    // 1024 (T = 8, Qwen3.5-397B B = 8: 114.9 vs 112.6 us; bench/results/
+    // 2026-11-27-h100-gdn-peer-call-forms). The verify pass with more tokens and more heads stays
+    // classic: level at 2048 heads, ahead by up to 1.4% at 16384 (T = 8: 3427 vs 3475 us). Lean
     // holds one token per lane: longer requests stay classic, and so do calls whose grid would
     // exceed its (tile, head, request) limits.
     const MultiTokenVariant variant = variant_override.load();

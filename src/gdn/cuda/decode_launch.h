@@ -57,7 +57,7 @@ constexpr int64_t kLeanFp32OneTokenBuildMaxHeads = 4096;
 // Verify calls with fp32 state and more than two tokens per request run the lean kernel up to
 // this many (request, value head) pairs, the classic one above (plan_launch has the
 // measurements).
-constexpr int64_t kLeanFp32VerifyMaxHeads = 128;
+constexpr int64_t kLeanFp32VerifyMaxHeads = 1024;
 
 // CUDA grid limits: x, then y and z. The lean kernel's grid is (CTA of row tiles, value head,
 // request), so it takes at most 65535 requests (larger batches run the classic kernel); the
