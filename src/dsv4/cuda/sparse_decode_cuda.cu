@@ -750,9 +750,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 // ---- warp-specialized tensor-core kernel --------------------------------------------------------
 // Three warpgroups and two E stages, so the dequantization of one tile runs while the tensor cores
 // multiply the one before it (the mma kernel above runs them one after the other on 8 warps):
-// - warpgroup 2, the producer, loads each tile's stored bytes straight into registers (no raw
-//   buffer in shared memory), dequantizes them into E stage t % 2 and signals it full; the next
-//   tile's bytes are loaded while this one is converted;
+// - warpgroup 2, the producer, loads each tile's stored bytes, one pass (or, with two head
+//   groups, every other tile) into registers and the other into a raw pass in shared memory
+//   (cp.async: a use of a loaded register would also wait for every load issued after it),
+//   dequantizes them into E stage t % 2 and signals it full; the next tile's bytes are loaded
+//   while this one is converted;
 // - warpgroup 0 computes the whole S = Q E^T (64 heads x 64 entries over all 512 dims, so no
 //   partial S is exchanged), runs the online softmax, hands P (bf16) and the rows' rescale
 //   factors to warpgroup 1 through shared memory and computes O's columns 0..255 with P from its
