@@ -787,9 +787,9 @@ constexpr int kPipeFactorOffset = kPipeBadOffset + 16;
 constexpr int kPipeBarrierOffset = kPipeFactorOffset + kSparseMaxWideCluster * kHeads * 4;
 constexpr int kPipeBarriers = 2 * kPipelinedStages + 4;  // PipelineBarriers
 // One pass of a tile as stored (32 entries: data bytes, then the 8 scale bytes), where the
-// producer without a shared conversion lands pass 1 of the next tile (raw_share_address). An
-// entry takes 592 bytes, not 584: the 8 entries that a 16-byte load phase reads then start 20
-// banks apart and never share one.
+// producer lands the bytes it does not load into registers (copy_share_async): pass 1 of the next
+// tile, or with a shared conversion every odd tile. An entry takes 592 bytes, not 584: the 8
+// entries that a 16-byte load phase reads then start 20 banks apart and never share one.
 constexpr int kRawEntryStride = 592;
 constexpr int kPipeRawOffset = (kPipeBarrierOffset + kPipeBarriers * 8 + 15) / 16 * 16;
 constexpr int kPipeUsedBytes = kPipeRawOffset + 32 * kRawEntryStride;
@@ -1157,7 +1157,7 @@ __global__ void __launch_bounds__(kPipelinedThreads, 1)
     auto entry_of = [&](int64_t t, int pass, const LoadedSlot& slot) {
       return producer_entry(p, entry_index(t, pass), slot_value(slot), pages, dummy, bad);
     };
-    EntryShare share[2];
+    EntryShare share;  // the bytes that come through registers (raw pass: the others)
     bool real[2];
     uint32_t nan_bits = 0;
     if constexpr (kSharedConversion) {
@@ -1174,7 +1174,7 @@ __global__ void __launch_bounds__(kPipelinedThreads, 1)
       const uint32_t to_peer = cluster_shared_address(e_tiles, peer) - e_tiles;
       // This warp's 8 rows in each of the 8 column blocks of a stage, and its 8 flags.
       const uint32_t warp_rows = static_cast<uint32_t>(pass * 32 + producer_warp * 8);
-      // Even tiles come through registers (share[0]), odd tiles through this thread's row of the
+      // Even tiles come through registers (share), odd tiles through this thread's row of the
       // raw pass (copy_share_async), each requested two tiles before it is converted. An even
       // step locates the entries of both next tiles (t + 2 and t + 3) from slots loaded two
       // tiles earlier, so that an odd step uses no loaded register: the use of one would also
@@ -1192,7 +1192,7 @@ __global__ void __launch_bounds__(kPipelinedThreads, 1)
                                                 entry_of(1, pass, first_slots[1])};
         real[0] = first_entries[0].real;
         real[1] = first_entries[1].real;
-        load_share<kWide>(first_entries[0], quarter, share[0]);
+        load_share<kWide>(first_entries[0], quarter, share);
         copy_share_async<kWide>(first_entries[1], quarter, raw);
         cp_async_commit();
       }
@@ -1207,7 +1207,7 @@ __global__ void __launch_bounds__(kPipelinedThreads, 1)
         }
         if (t >= kPipelinedStages) mbarrier_wait(barriers.empty + slot, empty_parity(t));
         if (slot == 0) {
-          nan_bits |= store_share(share[0], real[0], stage_address(t), entry, quarter);
+          nan_bits |= store_share(share, real[0], stage_address(t), entry, quarter);
         } else {
           cp_async_wait<0>();
           __syncwarp();  // quarter 0's copy of the entry's scale bytes has landed
@@ -1238,7 +1238,7 @@ __global__ void __launch_bounds__(kPipelinedThreads, 1)
         if (t + 2 < count) {
           if (slot == 0) {
             real[0] = even_ahead.real;
-            load_share<kWide>(even_ahead, quarter, share[0]);
+            load_share<kWide>(even_ahead, quarter, share);
           } else {
             real[1] = odd_ahead.real;
             copy_share_async<kWide>(odd_ahead, quarter, raw);
@@ -1251,7 +1251,7 @@ __global__ void __launch_bounds__(kPipelinedThreads, 1)
         if (t + 1 < count) step(t + 1, 1);
       }
     } else {
-      // Pass 0 of a tile comes through registers (share[0]), pass 1 through this thread's row
+      // Pass 0 of a tile comes through registers (share), pass 1 through this thread's row
       // of the raw pass (copy_share_async), each requested once the previous tile's pass has
       // been converted, so that a tile's two waits are for bytes a tile old.
       uint8_t* raw = smem + kPipeRawOffset + entry_in_pass * kRawEntryStride;
@@ -1269,7 +1269,7 @@ __global__ void __launch_bounds__(kPipelinedThreads, 1)
           const ProducerEntry entry = entry_of(0, pass, first_slots[pass]);
           real[pass] = entry.real;
           if (pass == 0) {
-            load_share<kWide>(entry, quarter, share[0]);
+            load_share<kWide>(entry, quarter, share);
           } else {
             copy_share_async<kWide>(entry, quarter, raw);
             cp_async_commit();
@@ -1298,10 +1298,10 @@ __global__ void __launch_bounds__(kPipelinedThreads, 1)
           if (quarter == 0) valid[stage * kTile + entry] = real[pass] ? 1 : 0;
         };
         const bool more = i + 1 < count;
-        convert(0, share[0]);
+        convert(0, share);
         if (more) {
           real[0] = next[0].real;
-          load_share<kWide>(next[0], quarter, share[0]);
+          load_share<kWide>(next[0], quarter, share);
         }
         cp_async_wait<0>();
         __syncwarp();  // quarter 0's copy of the entry's scale bytes has landed
@@ -1316,6 +1316,9 @@ __global__ void __launch_bounds__(kPipelinedThreads, 1)
         }
       }
     }
+    // No copy outlives the producer's part: a one-tile slice of the shared form requested
+    // tile 1's bytes, which nothing waits for.
+    cp_async_wait<0>();
     if (nan_bits != 0) *bad = 1;
     // Taking registers back before warpgroup 0 has raised its own could leave it waiting for
     // them while the consumers wait for it: only once it has given them back.
