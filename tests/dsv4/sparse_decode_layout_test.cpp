@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "dsv4/cuda/sparse_decode_layout.h"
+#include "dsv4/kv_cache_problem.h"
 #include "dsv4/kv_formats.h"
 #include "hdk/dsv4/kv_cache.h"
 
@@ -380,6 +381,56 @@ TEST(SparseDecodeLayout, SharedConversionCopiesWhatEachWarpStored) {
   }
   for (int who : owner)
     ASSERT_GE(who, 0) << "a byte of the stage no warp copies";
+}
+
+// The pipelined producer's raw pass: each thread copies its quarter's share of an entry (FP8
+// pieces at 16 (quarter + 4 k), k < 7; RoPE pieces at 448 + 32 quarter + 16 k, k < 2: load_share's
+// offsets, kept in the raw row) and quarter 0 the 8 scale bytes at 576. The four quarters cover an
+// entry's stored bytes once, and the 8 lanes of a 16-byte load phase (one quarter, entries
+// 8 w .. 8 w + 7) read 8 disjoint groups of 4 banks at kRawEntryStride; at 584 bytes (no padding)
+// some phase would not.
+bool raw_pass_phases_are_conflict_free(int stride) {
+  for (int warp = 0; warp < 4; ++warp)
+    for (int quarter = 0; quarter < 4; ++quarter) {
+      std::vector<int> pieces;
+      for (int k = 0; k < 7; ++k)
+        pieces.push_back(16 * (quarter + 4 * k));
+      for (int k = 0; k < 2; ++k)
+        pieces.push_back(448 + 32 * quarter + 16 * k);
+      for (int offset : pieces) {
+        std::set<int> banks;  // 8 lanes x 4 words: all 32 banks exactly when no two meet
+        for (int lane = 0; lane < 8; ++lane)
+          for (int word = 0; word < 4; ++word)
+            banks.insert((((8 * warp + lane) * stride + offset) / 4 + word) % 32);
+        if (banks.size() != 32) return false;
+      }
+    }
+  return true;
+}
+
+TEST(SparseDecodeLayout, RawPassCoversAnEntryOnceAndItsLoadPhasesShareNoBank) {
+  constexpr int kDataBytes = static_cast<int>(dsv4::detail::kEntryDataBytes);
+  constexpr int kScaleBytes = static_cast<int>(dsv4::detail::kEntryScaleBytes);
+  std::vector<int> owner(static_cast<size_t>(kDataBytes + kScaleBytes), -1);
+  auto claim = [&](int first, int bytes, int quarter) {
+    for (int byte = first; byte < first + bytes; ++byte) {
+      EXPECT_EQ(owner[static_cast<size_t>(byte)], -1) << "byte " << byte << " copied twice";
+      owner[static_cast<size_t>(byte)] = quarter;
+    }
+  };
+  for (int quarter = 0; quarter < 4; ++quarter) {
+    for (int k = 0; k < 7; ++k)
+      claim(16 * (quarter + 4 * k), 16, quarter);
+    for (int k = 0; k < 2; ++k)
+      claim(448 + 32 * quarter + 16 * k, 16, quarter);
+  }
+  claim(kDataBytes, kScaleBytes, 0);
+  for (int who : owner)
+    ASSERT_GE(who, 0) << "a stored byte no quarter copies";
+  EXPECT_EQ(dsv4::detail::kRawEntryStride % 16, 0) << "cp.async 16-byte targets";
+  EXPECT_GE(dsv4::detail::kRawEntryStride, kDataBytes + kScaleBytes);
+  EXPECT_TRUE(raw_pass_phases_are_conflict_free(dsv4::detail::kRawEntryStride));
+  EXPECT_FALSE(raw_pass_phases_are_conflict_free(kDataBytes + kScaleBytes));  // why the padding
 }
 
 TEST(SparseDecodeLayout, SpreadPairConversionMatchesThePairOne) {

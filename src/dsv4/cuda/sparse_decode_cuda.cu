@@ -786,11 +786,9 @@ constexpr int kPipeBadOffset = kPipeStatOffset + 2 * kHeads * 4;
 constexpr int kPipeFactorOffset = kPipeBadOffset + 16;
 constexpr int kPipeBarrierOffset = kPipeFactorOffset + kSparseMaxWideCluster * kHeads * 4;
 constexpr int kPipeBarriers = 2 * kPipelinedStages + 4;  // PipelineBarriers
-// One pass of a tile as stored (32 entries: data bytes, then the 8 scale bytes), where the
-// producer lands the bytes it does not load into registers (copy_share_async): pass 1 of the next
-// tile, or with a shared conversion every odd tile. An entry takes 592 bytes, not 584: the 8
-// entries that a 16-byte load phase reads then start 20 banks apart and never share one.
-constexpr int kRawEntryStride = 592;
+// One pass of a tile as stored (32 entries of kRawEntryStride bytes: data, then the 8 scale
+// bytes), where the producer lands the bytes it does not load into registers (copy_share_async):
+// pass 1 of the next tile, or with a shared conversion every odd tile.
 constexpr int kPipeRawOffset = (kPipeBarrierOffset + kPipeBarriers * 8 + 15) / 16 * 16;
 constexpr int kPipeUsedBytes = kPipeRawOffset + 32 * kRawEntryStride;
 // What a CTA's full barrier expects from the peer per tile with a shared conversion: half the

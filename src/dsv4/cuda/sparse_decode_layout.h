@@ -75,6 +75,12 @@ HDK_HOST_DEVICE int producer_chunk_offset(int row, int quarter, int j, int rows)
   return (j / 2) * operand_block_bytes(rows) + row * 128 + ((2 * quarter + j % 2) ^ (row % 8)) * 16;
 }
 
+// A row of the pipelined producer's raw pass (sparse_decode_cuda.cu): an entry's 576 data bytes,
+// its 8 scale bytes, and 8 bytes of padding, so that the 8 entries whose 16-byte pieces one load
+// phase reads (lanes 8 q .. 8 q + 7 of a warp, entries 8 w .. 8 w + 7) start 20 banks apart and
+// never share a bank.
+constexpr int kRawEntryStride = 592;
+
 // A wgmma operand relative to its tile: start, leading and stride byte offsets of its descriptor.
 struct WgmmaOperand {
   int start = 0;
