@@ -152,3 +152,9 @@ def test_peer_table_compares_each_peer_with_hdk_in_its_call_form():
         if r["call_form"] == "pool"
     ]
     assert table.cell(table.cells(old)[("p", "fp32", "decode", 1, 4)])[1] == pytest.approx(0.9)
+
+
+def test_bench_gdn_rejects_zero_timing_rounds(capsys):
+    with pytest.raises(SystemExit):
+        gdn.parse_args(["--rounds", "0"])
+    assert "--rounds must be at least 1, got 0" in capsys.readouterr().err

@@ -120,6 +120,8 @@ def parse_args(argv):
     unknown = [x for x in args.state if x not in STATE_DTYPES]
     if unknown:
         parser.error(f"unknown state dtype(s) {unknown}; use bf16, fp32")
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
     args.impls = [x for x in args.impls.split(",") if x]
     args.preset = [x for x in args.preset.split(",") if x]
     unknown = [x for x in args.preset if x not in PRESETS]

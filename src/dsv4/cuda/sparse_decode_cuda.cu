@@ -1161,9 +1161,8 @@ __global__ void __launch_bounds__(kPipelinedThreads, 1)
     if constexpr (kSharedConversion) {
       // Pass `group` of every tile: converted into this CTA's stage, from where each warp's rows
       // and real-entry flags go to the peer's stage by bulk copies (cp.async.bulk, completing
-      // bytes on the peer's full barrier). share[t % 2] holds tile t's bytes, loaded two tiles
-      // before they are converted (in the registers the other pass would take), so that twice
-      // the tiles' bytes are in flight behind the conversion.
+      // bytes on the peer's full barrier). Two tiles' bytes are in flight behind the conversion
+      // (below: one in registers, one in the raw pass).
       const int pass = group;
       const int entry = pass * 32 + entry_in_pass;
       const uint32_t valid_flags = shared_address(valid);
