@@ -32,6 +32,7 @@
 #include "hdk/dsv4/kv_cache.h"
 
 #ifdef HDK_WITH_CUDA
+#include "dsv4/attention_validation.h"
 #include "dsv4/cuda/index_topk_cuda.h"
 #include "dsv4/cuda/sparse_decode_cuda.h"
 #endif
@@ -146,6 +147,7 @@ struct Point {
   std::string op, preset, list;
   int64_t N = 0, length = 0, heads = 0, top_k = 0;
   double time_us = 0, bytes = 0;
+  std::string kernel = "-", cluster = "-";  // sparse_decode: what ran, head groups x list splits
   std::string check = "-";
   std::string error;
 };
@@ -342,6 +344,14 @@ class AttentionBench {
     } else {
       dsv4::sparse_decode(p);  // errors surface here, not inside a graph capture
     }
+#ifdef HDK_WITH_CUDA
+    if (where.type == Device::Type::kCUDA) {
+      const dsv4::detail::SparseLaunchReport launch = dsv4::detail::sparse_decode_launch_report(
+          dsv4::detail::validate_sparse_decode(p), where.index);
+      point.kernel = launch.kernel;
+      point.cluster = std::to_string(launch.plan.groups) + "x" + std::to_string(launch.plan.splits);
+    }
+#endif
     point.time_us = device_.time_us([&](CudaStream s) { dsv4::sparse_decode(p, s); }, timing_);
     return point;
   }
@@ -568,8 +578,8 @@ int attention_command(Options& options) {
   }
 
   const RunBaseline baseline = start_run(*device, "attention", timing);
-  ResultTable table({"op", "preset", "list", "N", "L", "Hq", "top_k", "time_us", "GB/s", "%copy",
-                     "target", "check"});
+  ResultTable table({"op", "preset", "list", "N", "L", "Hq", "top_k", "kernel", "cluster",
+                     "time_us", "GB/s", "%copy", "target", "check"});
   AttentionBench bench(*device, timing, verify, verify_budget);
   int failures = 0;
   auto add = [&](const Point& point) {
@@ -582,7 +592,9 @@ int attention_command(Options& options) {
                                       std::to_string(point.N),
                                       L,
                                       std::to_string(point.heads),
-                                      point.top_k ? std::to_string(point.top_k) : "-"};
+                                      point.top_k ? std::to_string(point.top_k) : "-",
+                                      point.kernel,
+                                      point.cluster};
     if (!point.error.empty()) {
       ++failures;
       cells.insert(cells.end(), {"error", "-", "-", "-", "error"});
@@ -675,6 +687,8 @@ int attention_command(Options& options) {
       "\nindex_topk: N x entries x 68 (MXFP4 keys of the row's own pages, block size 64);"
       "\nnot counted: q (N x 64 x 128 bf16), weights, block table, the top-k indices and"
       "\nslots written (timed with topk_slots, without topk_scores). %copy = GB/s / copy bw."
+      "\nkernel, cluster (sparse_decode on CUDA): the kernel that ran (pipelined, mma or simple)"
+      "\nand its row cluster, head groups x list splits."
       "\ntarget: sparse_decode >= 75% of copy at N >= 32; index_topk >= 70% at 65536+ entries."
       "\ncheck (--verify): against the float64 reference with the tests' bounds, for points"
       "\nwith N*Hq*L*512 (sparse) or N*entries*64*128 (index) <= --verify-budget; '-' beyond",

@@ -49,6 +49,7 @@
 #ifdef HDK_WITH_CUDA
 #include <cuda_runtime.h>
 
+#include "dsv4/attention_validation.h"
 #include "dsv4/cuda/index_topk_cuda.h"
 #include "dsv4/cuda/sparse_decode_cuda.h"
 #endif
@@ -1271,6 +1272,65 @@ TEST_P(SparseDecode, LongestListsProHeads) {
   c.out_dtype = DType::kFloat32;
   c.seed = 5;
   run_sparse_case(c, GetParam());
+}
+
+// Forces the tensor-core kernels' list splits for its lifetime (0 = the plan's), restored
+// however the test ends.
+class ForcedSplits {
+ public:
+  explicit ForcedSplits(int splits) {
+#ifdef HDK_WITH_CUDA
+    dsv4::detail::set_sparse_decode_splits_override(splits);
+#else
+    (void)splits;
+#endif
+  }
+  ~ForcedSplits() {
+#ifdef HDK_WITH_CUDA
+    dsv4::detail::set_sparse_decode_splits_override(0);
+#endif
+  }
+  ForcedSplits(const ForcedSplits&) = delete;
+  ForcedSplits& operator=(const ForcedSplits&) = delete;
+};
+
+// Every list split count a cluster holds, powers of two or not (a split of S finishes columns
+// [512 s / S, 512 (s + 1) / S) of the combine, slices of 43 column quads and of 42 at S = 3),
+// with Flash's and Pro's heads; 18 tiles, so up to 16 splits keep a tile each. The CPU has no
+// splits and runs each shape once.
+TEST_P(SparseDecode, EverySplitCount) {
+  const bool cpu = GetParam().backend == Backend::kCPU;
+  uint64_t seed = 300;
+  for (int64_t heads : {64, 128}) {
+    for (int splits : {1, 2, 3, 5, 6, 7, 8, 11, 16}) {
+      if (cpu && splits > 1) break;
+      SparseCase c;
+      c.N = 3;
+      c.heads = heads;
+      c.L = 1000;
+      c.extra_L = 128;
+      c.num_blocks = 20;
+      c.empty_rows = std::vector<int64_t>{2};
+      c.seed = seed++;
+      ForcedSplits forced(splits);
+#ifdef HDK_WITH_CUDA
+      if (!cpu) {
+        // The split count the launch takes: the one forced, within the cluster limit.
+        SparseInputs shape = make_sparse_inputs(c);
+        const ForcedSparseKernel kernel(GetParam());
+        // Clusters above 8 CTAs only where the device runs clusters of 16.
+        const int groups = static_cast<int>(heads / 64);
+        const dsv4::detail::SparseLaunchReport report = dsv4::detail::sparse_decode_launch_report(
+            dsv4::detail::validate_sparse_decode(shape.params(c)), 0);
+        if (GetParam().kernel != SparseKernel::kCudaCore) {
+          EXPECT_LE(report.plan.splits, std::min(splits, 16 / groups)) << splits;
+          EXPECT_GE(report.plan.splits, std::min(splits, 8 / groups)) << splits;
+        }
+      }
+#endif
+      run_sparse_case(c, GetParam());
+    }
+  }
 }
 
 // Batches of the bandwidth target (N >= 32) with Flash's and Pro's heads: one list split or none.

@@ -507,6 +507,35 @@ TEST(SparseDecodeLayout, NanCodesAreDetected) {
 
 // ---- launch plan -------------------------------------------------------------------------------
 
+// The combine's column slices of any split count cover a row's 128 column quads once, and
+// head_of_job recovers every job's head exactly.
+TEST(SparseDecodeLayout, CombineSlicesCoverTheColumnsAndFindEveryHead) {
+  for (int splits = 1; splits <= dsv4::detail::kSparseMaxWideCluster; ++splits) {
+    int covered = 0;
+    for (int split = 0; split < splits; ++split) {
+      const dsv4::detail::CombineSlice slice = dsv4::detail::combine_slice(split, splits);
+      ASSERT_EQ(slice.first, covered) << splits << " " << split;
+      ASSERT_GE(slice.count, 128 / splits);
+      ASSERT_LE(slice.count, 128 / splits + 1);
+      covered += slice.count;
+      for (uint32_t job = 0; job < 64u * static_cast<uint32_t>(slice.count); ++job) {
+        ASSERT_EQ(dsv4::detail::head_of_job(job, slice.inverse),
+                  static_cast<int>(job / static_cast<uint32_t>(slice.count)))
+            << splits << " " << split << " " << job;
+      }
+    }
+    ASSERT_EQ(covered, 128) << splits;
+  }
+  // Beyond the combine's jobs too: every count from 2 (ceil(2^32 / 1) needs 33 bits; a slice
+  // has at least 8 quads) to 128, up to 2^16 jobs.
+  for (int count = 2; count <= 128; ++count) {
+    const uint32_t inverse = 0xffffffffu / static_cast<uint32_t>(count) + 1u;
+    for (uint32_t job = 0; job < (1u << 16); job += 7) {
+      ASSERT_EQ(dsv4::detail::head_of_job(job, inverse), static_cast<int>(job / count)) << count;
+    }
+  }
+}
+
 TEST(SparseDecodeLayout, PlanTakesTheFewestTileSteps) {
   using dsv4::detail::plan_sparse_decode;
   // What an H100 runs at once (cudaOccupancyMaxActiveClusters, 2026-11-23): clusters of 1, 2, 4
@@ -580,8 +609,7 @@ TEST(SparseDecodeLayout, PlanTakesTheFewestTileSteps) {
         const dsv4::detail::SparsePlan plan = plan_sparse_decode(rows, heads, length, h100);
         EXPECT_LE(plan.cluster(), dsv4::detail::kSparseMaxCluster);
         EXPECT_EQ(plan.groups * 64 >= heads && (plan.groups - 1) * 64 < heads, true);
-        EXPECT_EQ(plan.splits & (plan.splits - 1), 0);
-        EXPECT_EQ(dsv4::kHeadDim % (4 * plan.splits), 0);  // column slices of float4
+        EXPECT_GE(plan.splits, 1);
         // The splits' tiles partition the list.
         const int64_t tiles = (length + dsv4::detail::kSparseTile - 1) / dsv4::detail::kSparseTile;
         int64_t covered = 0;
@@ -596,6 +624,33 @@ TEST(SparseDecodeLayout, PlanTakesTheFewestTileSteps) {
       }
     }
   }
+  // Every cluster size an H100 runs (cudaOccupancyMaxActiveClusters for the pipelined kernel,
+  // 2026-11-27): a split count between the powers of two is taken where it saves a wave.
+  dsv4::detail::ResidentClusters every;
+  const int h100_every[] = {0, 132, 66, 39, 30, 22, 17, 15, 15, 9, 7, 7, 7, 7, 7, 7, 7};
+  for (int size = 1; size <= 16; ++size)
+    every.by_size[size] = h100_every[size];
+  for (const Case& c : {
+           Case{32, 64, 4224, 1, 3},   // Flash HCA: 1 x (22 + 4) against 1 x (33 + 4)
+           Case{16, 64, 4224, 1, 6},   // 1 x (11 + 4) against 2 x (10 + 4) in 7
+           Case{8, 64, 4224, 1, 9},    // 1 x (8 + 4) against 1 x (9 + 4) in 8
+           Case{1, 64, 4224, 1, 16},   // 16 slices of 4-5 tiles: the steps of 14, fewer on average
+           Case{16, 128, 4224, 2, 3},  // Pro: clusters of 6, 1 x (22 + 4) against 1 x (33 + 4)
+           Case{32, 128, 4224, 2, 3},  // 2 x (22 + 4) against 3 x (17 + 4) in clusters of 8
+           Case{16, 128, 1152, 2, 3},  // Pro CSA: 1 x (6 + 4) against 1 x (9 + 4)
+           Case{64, 64, 4224, 1, 2},   // 3 splits would take 2 waves
+           Case{128, 64, 4224, 1, 1},  //
+       }) {
+    const dsv4::detail::SparsePlan plan =
+        plan_sparse_decode(c.rows, c.heads, c.length, every, dsv4::detail::kSparsePipelinedCosts);
+    EXPECT_EQ(plan.groups, c.groups) << c.rows << " " << c.heads << " " << c.length;
+    EXPECT_EQ(plan.splits, c.splits) << c.rows << " " << c.heads << " " << c.length;
+  }
+  EXPECT_EQ(dsv4::detail::sparse_max_splits(1, 66, 8), 8);
+  EXPECT_EQ(dsv4::detail::sparse_max_splits(3, 66, 16), 5);  // 15 CTAs
+  EXPECT_EQ(dsv4::detail::sparse_max_splits(2, 3, 16), 3);   // one tile a split
+  EXPECT_EQ(dsv4::detail::sparse_max_splits(1, 0, 8), 1);
+  EXPECT_EQ(dsv4::detail::sparse_max_splits(5, 66, 8), 1);
   EXPECT_TRUE(dsv4::detail::sparse_mma_supports(16));
   EXPECT_TRUE(dsv4::detail::sparse_mma_supports(512));
   EXPECT_FALSE(dsv4::detail::sparse_mma_supports(8));

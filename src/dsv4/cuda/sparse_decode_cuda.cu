@@ -536,9 +536,9 @@ __device__ void finish_row(const SparseDecodeProblem& p, const SparsePlan& plan,
   __syncthreads();  // factors are complete
 
   // Each thread sums four columns of one head over the splits: every split's partial is loaded
-  // (distributed shared memory) before any is used, then four values are stored at once.
-  const int columns = static_cast<int>(kHeadDim) / plan.splits;
-  const int column0 = split * columns;
+  // (distributed shared memory) before any is used, then four values are stored at once. The
+  // split finishes its combine_slice of every head's columns.
+  const CombineSlice slice = combine_slice(split, plan.splits);
   // The arrays below are unrolled over the most splits the plan allows: 8 unless the row's
   // cluster is one of the non-portable 16, whose longer loops cost the others 1-4% on an H100.
   auto combine = [&](auto max_splits) {
@@ -549,10 +549,9 @@ __device__ void finish_row(const SparseDecodeProblem& p, const SparsePlan& plan,
       peer_stage[s] =
           s < plan.splits ? cluster.map_shared_rank(stage, s * plan.groups + group) : stage;
     }
-    const int quads_log2 = 7 - (__ffs(plan.splits) - 1);  // columns / 4 = 2^quads_log2
-    for (int job = tid; job < kHeads << quads_log2; job += kCtaThreads) {
-      const int h = job >> quads_log2;
-      const int col = column0 + 4 * (job & ((1 << quads_log2) - 1));
+    for (int job = tid; job < kHeads * slice.count; job += kCtaThreads) {
+      const int h = head_of_job(static_cast<uint32_t>(job), slice.inverse);
+      const int col = 4 * (slice.first + job - h * slice.count);
       const int64_t head = head0 + h;
       if (head >= p.num_heads) continue;
       float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -1588,69 +1587,118 @@ constexpr bool kPipelinedByDefault = true;
 // forced split count, leave it fewer.
 constexpr int64_t kPipelinedMinTiles = kSparsePipelinedCosts.min_tiles_per_split;
 
+using TensorCoreKernel = void (*)(SparseDecodeProblem, SparsePlan, bool, bool);
+
+// What a tensor-core launch runs: which kernel, its shared memory and threads, and the plan.
+struct TensorCoreLaunch {
+  TensorCoreKernel kernel;
+  bool pipelined;
+  unsigned threads;
+  int shared_bytes;
+  SparsePlan plan;
+};
+
 // One of the two tensor-core kernels over the row clusters of plan_sparse_decode: `pipelined`
 // false forces the other; true runs the pipelined one where the call allows it (the caller
 // checked the pools) and, unless `forced`, where its slices are at least kPipelinedMinTiles
 // long.
-void launch_tensor_core(const SparseDecodeProblem& p, bool pipelined, bool forced, int device,
-                        cudaStream_t stream) {
+TensorCoreLaunch plan_tensor_core(const SparseDecodeProblem& p, bool pipelined, bool forced,
+                                  int device) {
   const bool wide = aligned_16(p.cache.data) && p.cache.page_stride % 16 == 0 &&
                     (p.num_extra_indices == 0 ||
                      (aligned_16(p.extra_cache.data) && p.extra_cache.page_stride % 16 == 0));
+  // Two head groups (Hq 65..128) share the conversion of each tile in the pipelined kernel.
+  const bool shared_conversion = sparse_head_groups(p.num_heads) == 2;
+  auto launch_of = [&](bool use_pipelined) {
+    TensorCoreLaunch launch{};
+    launch.pipelined = use_pipelined;
+    launch.threads = use_pipelined ? kPipelinedThreads : kThreads;
+    launch.shared_bytes = use_pipelined ? kPipelinedSharedBytes : kSharedBytes;
+    if (!use_pipelined) {
+      launch.kernel = wide ? sparse_decode_mma_kernel<true> : sparse_decode_mma_kernel<false>;
+    } else if (shared_conversion) {
+      launch.kernel = wide ? sparse_decode_pipelined_kernel<true, true>
+                           : sparse_decode_pipelined_kernel<false, true>;
+    } else {
+      launch.kernel = wide ? sparse_decode_pipelined_kernel<true, false>
+                           : sparse_decode_pipelined_kernel<false, false>;
+    }
+    hdk::detail::allow_dynamic_shared_memory(launch.kernel, launch.shared_bytes, device,
+                                             kOperation);
+    // Every cluster size a row of these head groups can take; each asked once per kernel and
+    // device (max_active_clusters keeps the answers). Above 8 CTAs: 0 where the device does not
+    // run clusters of that size.
+    ResidentClusters resident;
+    const int groups = sparse_head_groups(p.num_heads);
+    for (int size = groups; size <= kSparseMaxWideCluster; size += groups) {
+      resident.by_size[size] = hdk::detail::max_active_clusters(
+          launch.kernel, static_cast<unsigned>(size), launch.threads,
+          static_cast<size_t>(launch.shared_bytes), device, kOperation);
+    }
+    launch.plan = plan_sparse_decode(p.num_rows, p.num_heads, p.list_length(), resident,
+                                     use_pipelined ? kSparsePipelinedCosts : kSparseMmaCosts);
+    if (const int forced_splits = splits_override.load(); forced_splits > 0) {
+      const int most =
+          sparse_max_splits(launch.plan.groups, sparse_tiles(p.list_length()), resident.largest());
+      launch.plan.splits = forced_splits < most ? forced_splits : most;
+    }
+    return launch;
+  };
+  TensorCoreLaunch launch = launch_of(pipelined);
+  const int64_t tiles_per_cta =
+      (sparse_tiles(p.list_length()) + launch.plan.splits - 1) / launch.plan.splits;
+  if (pipelined && !forced && tiles_per_cta < kPipelinedMinTiles) launch = launch_of(false);
+  return launch;
+}
+
+void launch_tensor_core(const SparseDecodeProblem& p, const TensorCoreLaunch& launch,
+                        cudaStream_t stream) {
   const int64_t element = p.q.dtype == DType::kFloat32 ? 4 : 2;
   const bool q_vector = aligned_16(p.q.data) && (p.q.row_stride * element) % 16 == 0 &&
                         (p.q.head_stride * element) % 16 == 0;
   const int64_t out_element = p.out_dtype == DType::kFloat32 ? 4 : 2;
   const bool out_vector = reinterpret_cast<uintptr_t>(p.out) % (4 * out_element) == 0 &&
                           p.out_row_stride % 4 == 0 && p.out_head_stride % 4 == 0;
-  // Two head groups (Hq 65..128) share the conversion of each tile in the pipelined kernel.
-  const bool shared_conversion = sparse_head_groups(p.num_heads) == 2;
-  auto kernel_of = [&](bool use_pipelined) {
-    if (!use_pipelined)
-      return wide ? sparse_decode_mma_kernel<true> : sparse_decode_mma_kernel<false>;
-    if (shared_conversion) {
-      return wide ? sparse_decode_pipelined_kernel<true, true>
-                  : sparse_decode_pipelined_kernel<false, true>;
-    }
-    return wide ? sparse_decode_pipelined_kernel<true, false>
-                : sparse_decode_pipelined_kernel<false, false>;
-  };
-  auto plan_of = [&](bool use_pipelined) {
-    const unsigned threads = use_pipelined ? kPipelinedThreads : kThreads;
-    const int shared_bytes = use_pipelined ? kPipelinedSharedBytes : kSharedBytes;
-    hdk::detail::allow_dynamic_shared_memory(kernel_of(use_pipelined), shared_bytes, device,
-                                             kOperation);
-    ResidentClusters resident;
-    for (int size = sparse_head_groups(p.num_heads); size <= kSparseMaxWideCluster; size *= 2) {
-      // Above 8 CTAs: 0 where the device does not run clusters of that size.
-      resident.by_size[size] =
-          hdk::detail::max_active_clusters(kernel_of(use_pipelined), static_cast<unsigned>(size),
-                                           threads, shared_bytes, device, kOperation);
-    }
-    SparsePlan plan = plan_sparse_decode(p.num_rows, p.num_heads, p.list_length(), resident,
-                                         use_pipelined ? kSparsePipelinedCosts : kSparseMmaCosts);
-    if (const int forced_splits = splits_override.load(); forced_splits > 0) {
-      plan.splits =
-          sparse_max_splits(plan.groups, sparse_tiles(p.list_length()), resident.largest());
-      while (plan.splits > forced_splits)
-        plan.splits /= 2;
-    }
-    return plan;
-  };
-  SparsePlan plan = plan_of(pipelined);
-  const int64_t tiles_per_cta = (sparse_tiles(p.list_length()) + plan.splits - 1) / plan.splits;
-  if (pipelined && !forced && tiles_per_cta < kPipelinedMinTiles) {
-    pipelined = false;
-    plan = plan_of(false);
-  }
-  const unsigned threads = pipelined ? kPipelinedThreads : kThreads;
-  const int shared_bytes = pipelined ? kPipelinedSharedBytes : kSharedBytes;
+  const unsigned cluster = static_cast<unsigned>(launch.plan.cluster());
   hdk::detail::check_launch(
-      hdk::detail::launch_in_clusters(kernel_of(pipelined),
-                                      static_cast<unsigned>(p.num_rows * plan.cluster()), threads,
-                                      shared_bytes, stream, static_cast<unsigned>(plan.cluster()),
-                                      p, plan, q_vector, out_vector),
-      kOperation, pipelined ? "sparse_decode_pipelined_kernel" : "sparse_decode_mma_kernel");
+      hdk::detail::launch_in_clusters(launch.kernel, static_cast<unsigned>(p.num_rows) * cluster,
+                                      launch.threads, launch.shared_bytes, stream, cluster, p,
+                                      launch.plan, q_vector, out_vector),
+      kOperation, launch.pipelined ? "sparse_decode_pipelined_kernel" : "sparse_decode_mma_kernel");
+}
+
+// Which kernel serves a call, from the override and the problem: the CUDA-core one
+// (tensor_core false), or a tensor-core one with the arguments of plan_tensor_core.
+struct KernelChoice {
+  bool tensor_core;
+  bool pipelined;
+  bool every_call;
+};
+
+KernelChoice choose_kernel(const SparseDecodeProblem& p) {
+  const SparseDecodeKernel forced = kernel_override.load();
+  const bool mma_fits = sparse_mma_supports(p.num_heads);
+  const bool pipelined_asked = forced == SparseDecodeKernel::kTensorCorePipelined ||
+                               forced == SparseDecodeKernel::kTensorCorePipelinedEveryCall ||
+                               (forced == SparseDecodeKernel::kAuto && kPipelinedByDefault);
+  const bool forced_tensor_core = forced == SparseDecodeKernel::kTensorCore || pipelined_asked;
+  if (forced != SparseDecodeKernel::kAuto && forced_tensor_core && !mma_fits) {
+    throw Error(std::string(kOperation) +
+                ": the tensor-core kernel was forced, but it serves only "
+                "head counts that are multiples of 16 up to 512, got Hq = " +
+                std::to_string(p.num_heads));
+  }
+  // The pipelined kernel points the loads of entries that are not real at a pool's first
+  // entry and divides slots in 32 bits: without a slot in any pool (nothing to attend to), or
+  // with a pool of 2^31 slots or more (over a terabyte of entries), the other one runs.
+  const bool extra_used = p.num_extra_indices > 0;
+  const bool pool_with_slots =
+      p.cache.num_slots() > 0 || (extra_used && p.extra_cache.num_slots() > 0);
+  const bool narrow_slots =
+      p.cache.num_slots() <= INT32_MAX && (!extra_used || p.extra_cache.num_slots() <= INT32_MAX);
+  return KernelChoice{forced == SparseDecodeKernel::kAuto ? mma_fits : forced_tensor_core,
+                      pipelined_asked && pool_with_slots && narrow_slots,
+                      forced == SparseDecodeKernel::kTensorCorePipelinedEveryCall};
 }
 
 }  // namespace
@@ -1674,34 +1722,26 @@ void sparse_decode_cuda(const SparseDecodeProblem& p, int device, CudaStream str
                   "CUDA");
     }
   }
-  const SparseDecodeKernel forced = kernel_override.load();
-  const bool mma_fits = sparse_mma_supports(p.num_heads);
-  const bool pipelined_asked = forced == SparseDecodeKernel::kTensorCorePipelined ||
-                               forced == SparseDecodeKernel::kTensorCorePipelinedEveryCall ||
-                               (forced == SparseDecodeKernel::kAuto && kPipelinedByDefault);
-  const bool forced_tensor_core = forced == SparseDecodeKernel::kTensorCore || pipelined_asked;
-  if (forced != SparseDecodeKernel::kAuto && forced_tensor_core && !mma_fits) {
-    throw Error(std::string(kOperation) +
-                ": the tensor-core kernel was forced, but it serves only "
-                "head counts that are multiples of 16 up to 512, got Hq = " +
-                std::to_string(p.num_heads));
-  }
+  const KernelChoice choice = choose_kernel(p);
   hdk::detail::CudaDeviceGuard guard(device, kOperation);
-  if (forced == SparseDecodeKernel::kAuto ? mma_fits : forced_tensor_core) {
-    // The pipelined kernel points the loads of entries that are not real at a pool's first
-    // entry and divides slots in 32 bits: without a slot in any pool (nothing to attend to), or
-    // with a pool of 2^31 slots or more (over a terabyte of entries), the other one runs.
-    const bool extra_used = p.num_extra_indices > 0;
-    const bool pool_with_slots =
-        p.cache.num_slots() > 0 || (extra_used && p.extra_cache.num_slots() > 0);
-    const bool narrow_slots =
-        p.cache.num_slots() <= INT32_MAX && (!extra_used || p.extra_cache.num_slots() <= INT32_MAX);
-    launch_tensor_core(p, pipelined_asked && pool_with_slots && narrow_slots,
-                       forced == SparseDecodeKernel::kTensorCorePipelinedEveryCall, device, stream);
+  if (choice.tensor_core) {
+    launch_tensor_core(p, plan_tensor_core(p, choice.pipelined, choice.every_call, device), stream);
     return;
   }
   sparse_decode_simple_kernel<<<static_cast<unsigned>(p.num_rows), kThreads, 0, stream>>>(p);
   hdk::detail::check_launch(cudaPeekAtLastError(), kOperation, "sparse_decode_simple_kernel");
+}
+
+SparseLaunchReport sparse_decode_launch_report(const SparseDecodeProblem& p, int device) {
+  SparseLaunchReport report;
+  if (p.num_rows == 0) return report;
+  const KernelChoice choice = choose_kernel(p);
+  if (!choice.tensor_core) return report;
+  hdk::detail::CudaDeviceGuard guard(device, kOperation);
+  const TensorCoreLaunch launch = plan_tensor_core(p, choice.pipelined, choice.every_call, device);
+  report.kernel = launch.pipelined ? "pipelined" : "mma";
+  report.plan = launch.plan;
+  return report;
 }
 
 }  // namespace detail

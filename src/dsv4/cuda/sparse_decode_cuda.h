@@ -6,6 +6,7 @@
 #pragma once
 
 #include "dsv4/attention_problem.h"
+#include "dsv4/cuda/sparse_decode_layout.h"
 #include "hdk/cuda_stream.h"
 
 namespace hdk {
@@ -31,9 +32,18 @@ enum class SparseDecodeKernel {
 void set_sparse_decode_kernel_override(SparseDecodeKernel kernel);
 
 // Tuning aid for the tensor-core kernel, affecting every later call in the process: the list
-// splits of each row's cluster (0 = the launch plan's), rounded down to a power of two within the
-// cluster limit and one tile per split.
+// splits of each row's cluster (0 = the launch plan's), at most what the cluster limit and one
+// tile per split allow.
 void set_sparse_decode_splits_override(int splits);
+
+// What sparse_decode_cuda would launch for `problem` under the current overrides, for the
+// benchmark's tables: kernel "simple" (CUDA cores; plan groups 0), "mma" or "pipelined", and
+// the tensor-core kernels' row cluster.
+struct SparseLaunchReport {
+  const char* kernel = "simple";
+  SparsePlan plan{0, 0};
+};
+SparseLaunchReport sparse_decode_launch_report(const SparseDecodeProblem& problem, int device);
 
 }  // namespace detail
 }  // namespace dsv4

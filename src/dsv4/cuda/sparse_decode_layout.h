@@ -128,7 +128,7 @@ HDK_HOST_DEVICE bool sparse_mma_supports(int64_t heads) {
 // How many clusters of each size (1 .. kSparseMaxWideCluster CTAs) the device runs at once
 // (cudaOccupancyMaxActiveClusters): a cluster needs its SMs in one GPC, so this is often well
 // under SMs / size (H100: 132, 66, 31 and 15 for 1, 2, 4 and 8 CTAs). Clusters above the portable
-// 8 are planned only where the device runs clusters of 16.
+// 8 are planned only where the device runs clusters of 16. A size left at 0 is never planned.
 struct ResidentClusters {
   int by_size[kSparseMaxWideCluster + 1] = {};
   HDK_HOST_DEVICE int largest() const {
@@ -144,13 +144,13 @@ HDK_HOST_DEVICE int64_t sparse_tiles(int64_t list_length) {
   return (list_length + kSparseTile - 1) / kSparseTile;
 }
 
-// The most splits a row of `groups` head groups and `tiles` tiles can take: a power of two, the
-// cluster within `max_cluster` CTAs, at least one tile per split.
+// The most splits a row of `groups` head groups and `tiles` tiles can take: the cluster within
+// `max_cluster` CTAs, at least one tile per split. Any count up to it is a valid split: the
+// slices are split_first_tile's, the combine's column slices finish_row's.
 HDK_HOST_DEVICE int sparse_max_splits(int groups, int64_t tiles, int max_cluster) {
-  int splits = 1;
-  while (groups * splits * 2 <= max_cluster && splits * 2 <= tiles)
-    splits *= 2;
-  return splits;
+  const int64_t by_cluster = max_cluster / groups;
+  const int64_t most = by_cluster < tiles ? by_cluster : tiles;
+  return most > 1 ? static_cast<int>(most) : 1;
 }
 
 // What a tensor-core kernel's CTA costs the plan besides its tiles, in tile times (loading Q, the
@@ -176,7 +176,7 @@ constexpr SparseKernelCosts kSparsePipelinedCosts{4, 3};
 // Splits the list where the step takes the fewest tile times: the waves of row clusters (rows
 // over the clusters of that size the device runs at once, rounded up) times what a CTA walks
 // (its tiles plus the kernel's fixed cost); a split count that leaves a CTA fewer than
-// `min_tiles_per_split` tiles is not taken. Ties go to fewer splits. On an H100 this keeps a row's
+// `min_tiles_per_split` tiles is not taken. On an H100 this keeps a row's
 // cluster resident where more splits would start a second wave (Flash CSA N = 32: 2 splits, 47.3
 // us, against 4 in 2 waves, 65.3), and takes a third wave where the tiles per CTA fall far enough
 // (Pro HCA N = 32: 4 splits, 3 waves of 17 tiles, 346.7 us, against 1 split of 66, 411.6).
@@ -186,9 +186,9 @@ HDK_HOST_DEVICE SparsePlan plan_sparse_decode(int64_t rows, int64_t heads, int64
   SparsePlan plan;
   plan.groups = sparse_head_groups(heads);
   const int64_t tiles = sparse_tiles(list_length);
-  int64_t best = -1;
+  int64_t best = -1, best_waves = 0;
   const int max_splits = sparse_max_splits(plan.groups, tiles, resident.largest());
-  for (int splits = 1; splits <= max_splits; splits *= 2) {
+  for (int splits = 1; splits <= max_splits; ++splits) {
     const int64_t tiles_per_cta = (tiles + splits - 1) / splits;
     if (splits > 1 && tiles_per_cta < costs.min_tiles_per_split) break;
     int64_t at_once = resident.by_size[plan.groups * splits];
@@ -198,12 +198,41 @@ HDK_HOST_DEVICE SparsePlan plan_sparse_decode(int64_t rows, int64_t heads, int64
     }
     const int64_t waves = (rows + at_once - 1) / at_once;
     const int64_t steps = waves * (tiles_per_cta + costs.cta_fixed_tiles);
-    if (best < 0 || steps < best) {
+    // Equal steps: the count whose CTAs walk fewer tiles on average (waves x tiles / splits),
+    // e.g. a lone row in 16 slices of 4-5 tiles rather than 14 of 4-5.
+    const bool fewer_on_average = steps == best && waves * plan.splits < best_waves * splits;
+    if (best < 0 || steps < best || fewer_on_average) {
       best = steps;
+      best_waves = waves;
       plan.splits = splits;
     }
   }
   return plan;
+}
+
+// The combine's share of split `split` of `splits`: the column quads [first, first + count) of
+// every head (of the 128 quads of a 512-column row), and `inverse` = ceil(2^32 / count), with
+// which head_of_job turns a job number (head x count + quad) into its head by a multiply-high.
+struct CombineSlice {
+  int first;
+  int count;
+  uint32_t inverse;
+};
+HDK_HOST_DEVICE CombineSlice combine_slice(int split, int splits) {
+  constexpr int kQuads = 128;
+  const int first = kQuads * split / splits;
+  const int count = kQuads * (split + 1) / splits - first;
+  return CombineSlice{first, count, 0xffffffffu / static_cast<uint32_t>(count) + 1u};
+}
+// job / count for count >= 2 (a slice has at least 128 / 16 quads), exact while job x count <
+// 2^32 (the combine's jobs stay under 64 x 128 x 128):
+// the rounding of `inverse` adds less than job / 2^32 < 1 / count to the true quotient.
+HDK_HOST_DEVICE int head_of_job(uint32_t job, uint32_t inverse) {
+#if defined(__CUDA_ARCH__)
+  return static_cast<int>(__umulhi(job, inverse));
+#else
+  return static_cast<int>((uint64_t{job} * inverse) >> 32);
+#endif
 }
 
 // The tiles [first, last) of the list that split `split` of `splits` walks.
