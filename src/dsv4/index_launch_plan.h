@@ -57,20 +57,21 @@ constexpr size_t kIndexSharedAlignment = 1024;  // wgmma's 128-byte swizzle atom
 // 513; smaller pages fall back to the block table.
 constexpr int64_t kIndexCachedPages = 1024;
 
-// How many clusters of 2, 4, 8 and 16 CTAs (one CTA per SM) the device runs at once: a cluster
-// needs its SMs in one GPC, so this is below SMs / size (sizes 2-8, 0: unknown, no limit; 16, a
-// non-portable size: 0 where the device does not run it, and then no row takes 16).
+// How many clusters of each size from 2 to 16 CTAs (one CTA per SM) the device runs at once: a
+// cluster needs its SMs in one GPC, so this is below SMs / size (sizes 2-8, 0: unknown, no limit;
+// 9-16, non-portable sizes: 0 where the device does not run them, and 16 decides whether any of
+// them is used).
 struct ClusterCapacity {
-  int of_size[4] = {0, 0, 0, 0};
-  int at(int size) const {
-    return size <= 1 ? 0 : of_size[size == 2 ? 0 : size == 4 ? 1 : size == 8 ? 2 : 3];
+  int by_size[kIndexMaxSpreadCluster + 1] = {};
+  int at(int size) const { return size <= 1 ? 0 : by_size[size]; }
+  int largest() const {
+    return by_size[kIndexMaxSpreadCluster] > 0 ? kIndexMaxSpreadCluster : kIndexMaxCluster;
   }
-  int largest() const { return of_size[3] > 0 ? kIndexMaxSpreadCluster : kIndexMaxCluster; }
 };
 
 struct IndexLaunchPlan {
   IndexLaunch launch;
-  int cluster_size = 1;  // CTAs per row: 1, 2, 4, 8 or 16
+  int cluster_size = 1;  // CTAs per row: 1 to 16
 };
 
 inline size_t align16(size_t bytes) {
@@ -118,17 +119,23 @@ inline IndexLaunchPlan plan_index_launch(int64_t num_rows, int64_t num_heads, in
   int& cluster_size = plan.cluster_size;
   while (cluster_size < kIndexMaxCluster && ceil_div(capacity, cluster_size) > overlay_chunk)
     cluster_size *= 2;
-  // Spreading stops where the rows' clusters would not all run at once (a second wave costs
-  // more than the wider clusters save: H100, 16 rows x 65536 in clusters of 8 took 315 us, 4
-  // rows 163 us). It may go to the non-portable 16 where the device runs such clusters.
+  // Spreading takes the largest cluster whose rows' clusters all run at once (a second wave
+  // costs more than the wider clusters save: H100, 16 rows x 65536 in clusters of 8 took 315 us,
+  // 4 rows 163 us), whose CTAs keep 1024+ entries and fit the SMs. Any size counts, not only
+  // powers of two (16 rows: clusters of 6, 17 of which an H100 runs at once, where 8 would need a
+  // second wave and 4 leave half the SMs idle); above 8 only where the device runs clusters of 16.
   auto all_at_once = [&](int size) {
     const int limit = clusters.at(size);
+    if (size > kIndexMaxCluster) return limit > 0 && num_rows <= limit;
     return limit == 0 || num_rows <= limit;
   };
-  while (cluster_size < clusters.largest() && num_rows * cluster_size * 2 <= sm_count &&
-         ceil_div(capacity, 2 * cluster_size) >= kIndexSpreadEntries &&
-         all_at_once(2 * cluster_size))
-    cluster_size *= 2;
+  for (int size = clusters.largest(); size > cluster_size; --size) {
+    if (num_rows * size <= sm_count && ceil_div(capacity, size) >= kIndexSpreadEntries &&
+        all_at_once(size)) {
+      cluster_size = size;
+      break;
+    }
+  }
   const int64_t per_cta = std::max<int64_t>(ceil_div(capacity, cluster_size), 1);
 
   int64_t chunk_limit = overlay_chunk;

@@ -490,6 +490,24 @@ TEST_P(IndexTopk, SixtyFourRaggedRows) {
   }
 }
 
+// Row counts whose clusters on an H100 are not a power of two (cudaOccupancyMaxActiveClusters
+// there: 39, 30, 22, 17 clusters of 3, 4, 5, 6 at once; launch plan test): 16 rows spread over
+// clusters of 6, 20 over 5, 33 over 3, so the CTAs' segments (ceil(capacity / C) entries) and the
+// cluster select run with 3, 5 and 6 CTAs. Ragged rows, one of 9000 entries.
+TEST_P(IndexTopk, RowCountsBetweenThePowersOfTwoOfClusters) {
+  std::mt19937_64 rng(90);
+  for (int rows : {16, 20, 33}) {
+    IndexCase c;
+    for (int n = 0; n < rows; ++n)
+      c.counts.push_back(static_cast<int64_t>(rng() % 9000));
+    c.counts[1] = 9000;
+    c.counts[2] = 0;
+    c.counts[3] = 700;  // fewer than top_k
+    c.seed = static_cast<uint64_t>(91 + rows);
+    run_index_case(c, backend());
+  }
+}
+
 // Rows as long as the contract's largest (262144 entries, the most the CUDA kernel's cluster
 // keeps in shared memory), top_k 512, 1024 and 2048.
 TEST_P(IndexTopk, LongRows) {

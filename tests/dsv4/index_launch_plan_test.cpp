@@ -59,7 +59,7 @@ void check_plan(const Call& c) {
   }
   const IndexLaunch& l = plan.launch;
   const int C = plan.cluster_size;
-  ASSERT_TRUE(C == 1 || C == 2 || C == 4 || C == 8);  // no clusters of 16 without capacity
+  ASSERT_TRUE(C >= 1 && C <= kIndexMaxCluster);  // no clusters above 8 without capacity
   // The select needs room for every winner a row can have.
   ASSERT_EQ(l.sort_capacity & (l.sort_capacity - 1), 0);
   ASSERT_GE(l.sort_capacity, std::min<int64_t>(c.top_k, std::max<int64_t>(c.capacity, 1)));
@@ -151,13 +151,31 @@ TEST(IndexLaunchPlan, ContractShapesStayResident) {
             8);
   EXPECT_EQ(plan_index_launch(1, 64, 2048, 512, true, false, kH100Sms, kH100Shared).cluster_size,
             2);
-  // Spreading keeps every row's cluster resident at once: 16 rows with room for 14 clusters of
-  // 8 and 30 of 4 get clusters of 4.
+  // Spreading keeps every row's cluster resident at once, with clusters of any size: on an H100
+  // (cudaOccupancyMaxActiveClusters of the index kernels, 2026-11-27: 66, 39, 30, 22, 17, 15, 15
+  // clusters of 2..8 CTAs), 16 rows get clusters of 6 (7 and 8 run 15 at once), 39 rows clusters
+  // of 3, 40 and 64 rows clusters of 2.
   ClusterCapacity clusters;
-  clusters.of_size[0] = 64, clusters.of_size[1] = 30, clusters.of_size[2] = 14;
-  EXPECT_EQ(plan_index_launch(16, 64, 65536, 512, true, false, kH100Sms, kH100Shared, clusters)
+  const int h100[] = {0, 0, 66, 39, 30, 22, 17, 15, 15};
+  for (int size = 2; size <= 8; ++size)
+    clusters.by_size[size] = h100[size];
+  auto on_h100 = [&](int64_t rows, int64_t capacity) {
+    return plan_index_launch(rows, 64, capacity, 512, true, false, kH100Sms, kH100Shared, clusters)
+        .cluster_size;
+  };
+  EXPECT_EQ(on_h100(16, 65536), 6);
+  EXPECT_EQ(on_h100(16, 8192), 6);
+  EXPECT_EQ(on_h100(15, 65536), 8);
+  EXPECT_EQ(on_h100(39, 65536), 3);
+  EXPECT_EQ(on_h100(40, 65536), 2);  // 39 clusters of 3 at once
+  EXPECT_EQ(on_h100(64, 65536), 2);
+  EXPECT_EQ(on_h100(16, 262144), 8);  // the scores need 8 CTAs, whatever the waves
+  // With only the powers of two known to run (the rest 0, unknown), the largest that fits.
+  ClusterCapacity powers;
+  powers.by_size[2] = 64, powers.by_size[4] = 30, powers.by_size[8] = 14;
+  EXPECT_EQ(plan_index_launch(16, 64, 65536, 512, true, false, kH100Sms, kH100Shared, powers)
                 .cluster_size,
-            4);
+            7);
   EXPECT_EQ(plan_index_launch(16, 64, 65536, 512, true, false, kH100Sms, kH100Shared).cluster_size,
             8);
   // Beyond 8 x 32768 the plan rescored chunks.
@@ -170,7 +188,7 @@ TEST(IndexLaunchPlan, ContractShapesStayResident) {
 // cluster holds rows beyond 8 x 32768 entries without rescoring.
 TEST(IndexLaunchPlan, WideClustersSpreadFewRows) {
   ClusterCapacity wide;  // a device that runs 7 clusters of 16 at once
-  wide.of_size[0] = 64, wide.of_size[1] = 30, wide.of_size[2] = 14, wide.of_size[3] = 7;
+  wide.by_size[2] = 64, wide.by_size[4] = 30, wide.by_size[8] = 14, wide.by_size[16] = 7;
   auto plan = [&](int64_t rows, int64_t capacity) {
     return plan_index_launch(rows, 64, capacity, 512, true, false, kH100Sms, kH100Shared, wide);
   };
@@ -184,8 +202,14 @@ TEST(IndexLaunchPlan, WideClustersSpreadFewRows) {
   EXPECT_GE(plan(2, 300007).launch.chunk * 16, 300007);
   EXPECT_EQ(plan(9, 300007).cluster_size, 8);  // 9 x 8 x 2 CTAs exceed the SMs
   EXPECT_FALSE(plan(9, 300007).launch.overlay);
-  // Without clusters of 16 nothing changes.
-  wide.of_size[3] = 0;
+  // Sizes between 8 and 16 where the device runs them: 2 rows of 20000 entries in clusters of
+  // 16 would keep 1250 entries a CTA; 2 rows of 15000 stop at 14 (1072 a CTA).
+  for (int size = 9; size <= 15; ++size)
+    wide.by_size[size] = 7;
+  EXPECT_EQ(plan(2, 20000).cluster_size, 16);
+  EXPECT_EQ(plan(2, 15000).cluster_size, 14);
+  // Without clusters of 16 nothing above 8.
+  wide.by_size[16] = 0;
   EXPECT_EQ(plan(1, 65536).cluster_size, 8);
 }
 
