@@ -114,38 +114,50 @@ cudaError_t launch_in_clusters(void (*kernel)(KernelArgs...), unsigned grid, uns
   return cudaLaunchKernelEx(&launch.config, kernel, std::forward<Args>(args)...);
 }
 
-// How many clusters of `cluster_size` CTAs of `kernel` the device runs at once (a cluster needs
-// its CTAs' SMs in one GPC, so this can be well under SMs / cluster_size). Asked once per
-// (kernel, device, cluster size, block, shared bytes); host-only, allowed during graph capture.
-// Above the portable 8 (Hopper runs clusters of up to 16 CTAs of a kernel that opts in to
-// non-portable sizes, which this does on first use) a refusal by the device or the driver is
-// the answer 0, not an error.
+// How many clusters of each size, 1 to kMaxClusterSize CTAs, of `kernel` the device runs at once
+// (a cluster needs its CTAs' SMs in one GPC, so this can be well under SMs / size): by_size[s]
+// for s CTAs. Above the portable 8 (Hopper runs clusters of up to 16 CTAs of a kernel that opts
+// in to non-portable sizes, which this does on first use) a refusal by the device or the driver
+// is the answer 0, not an error.
 constexpr unsigned kPortableClusterSize = 8;
+constexpr unsigned kMaxClusterSize = 16;
+struct ResidentClusterCounts {
+  int by_size[kMaxClusterSize + 1] = {};
+};
+
+// ResidentClusterCounts of `kernel` with `block` threads and `shared_bytes` of dynamic shared
+// memory a CTA, asked of the device once per (kernel, device, block, shared bytes) and kept, so
+// a call's planning is one lookup; host-only, allowed during graph capture.
 template <typename... KernelArgs>
-int max_active_clusters(void (*kernel)(KernelArgs...), unsigned cluster_size, unsigned block,
-                        size_t shared_bytes, int device, const char* operation) {
+const ResidentClusterCounts& resident_clusters(void (*kernel)(KernelArgs...), unsigned block,
+                                               size_t shared_bytes, int device,
+                                               const char* operation) {
   static std::mutex mutex;
-  static std::map<std::tuple<const void*, int, unsigned, unsigned, size_t>, int> known;
-  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), device, cluster_size,
-                                   block, shared_bytes);
+  // std::map's elements stay where they are, so the reference returned outlives the lock.
+  static std::map<std::tuple<const void*, int, unsigned, size_t>, ResidentClusterCounts> known;
+  const auto key =
+      std::make_tuple(reinterpret_cast<const void*>(kernel), device, block, shared_bytes);
   std::lock_guard<std::mutex> lock(mutex);
   const auto found = known.find(key);
   if (found != known.end()) return found->second;
-  ClusterLaunch launch(dim3(cluster_size, 1, 1), block, shared_bytes, nullptr, cluster_size);
-  int clusters = 0;
-  if (cluster_size <= kPortableClusterSize) {
-    check_cuda(cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config), operation,
-               "cudaOccupancyMaxActiveClusters");
-  } else {
-    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
-            cudaSuccess ||
-        cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config) != cudaSuccess) {
-      clusters = 0;
+  ResidentClusterCounts counts;
+  for (unsigned size = 1; size <= kMaxClusterSize; ++size) {
+    ClusterLaunch launch(dim3(size, 1, 1), block, shared_bytes, nullptr, size);
+    int clusters = 0;
+    if (size <= kPortableClusterSize) {
+      check_cuda(cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config), operation,
+                 "cudaOccupancyMaxActiveClusters");
+    } else {
+      if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
+              cudaSuccess ||
+          cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config) != cudaSuccess) {
+        clusters = 0;
+      }
+      (void)cudaGetLastError();  // a refusal must not surface at the next launch
     }
-    (void)cudaGetLastError();  // a refusal must not surface at the next launch
+    counts.by_size[size] = clusters;
   }
-  known[key] = clusters;
-  return clusters;
+  return known.emplace(key, counts).first->second;
 }
 
 }  // namespace detail

@@ -705,13 +705,11 @@ void index_topk_cuda(const IndexerProblem& p, int device, CudaStream stream) {
   // The kernel runs one CTA per SM (its registers), whatever shared memory it takes.
   hdk::detail::allow_dynamic_shared_memory(kernel, shared_limit, device, kOperation);
   ClusterCapacity clusters;
-  // Every size from 2 to 16, each asked once per kernel and device (max_active_clusters keeps the
-  // answers); above 8 the non-portable sizes, 0 where the device does not run them.
-  for (int size = 2; size <= kIndexMaxSpreadCluster; ++size) {
-    clusters.by_size[size] =
-        hdk::detail::max_active_clusters(kernel, static_cast<unsigned>(size), kThreads,
-                                         static_cast<size_t>(shared_limit), device, kOperation);
-  }
+  // Every size from 2 to 16; above 8 the non-portable sizes, 0 where the device does not run them.
+  const hdk::detail::ResidentClusterCounts& resident = hdk::detail::resident_clusters(
+      kernel, kThreads, static_cast<size_t>(shared_limit), device, kOperation);
+  for (int size = 2; size <= kIndexMaxSpreadCluster; ++size)
+    clusters.by_size[size] = resident.by_size[size];
   const IndexLaunchPlan plan = plan_index_launch(p.num_rows, p.num_heads, capacity, p.top_k, tensor,
                                                  fp32_q, sm_count, shared_limit, clusters);
   const IndexLaunch& launch = plan.launch;

@@ -1625,16 +1625,15 @@ TensorCoreLaunch plan_tensor_core(const SparseDecodeProblem& p, bool pipelined, 
     }
     hdk::detail::allow_dynamic_shared_memory(launch.kernel, launch.shared_bytes, device,
                                              kOperation);
-    // Every cluster size a row of these head groups can take; each asked once per kernel and
-    // device (max_active_clusters keeps the answers). Above 8 CTAs: 0 where the device does not
-    // run clusters of that size.
+    // Every cluster size a row of these head groups can take (above 8 CTAs: 0 where the device
+    // does not run clusters of that size).
+    const hdk::detail::ResidentClusterCounts& counts = hdk::detail::resident_clusters(
+        launch.kernel, launch.threads, static_cast<size_t>(launch.shared_bytes), device,
+        kOperation);
     ResidentClusters resident;
     const int groups = sparse_head_groups(p.num_heads);
-    for (int size = groups; size <= kSparseMaxWideCluster; size += groups) {
-      resident.by_size[size] = hdk::detail::max_active_clusters(
-          launch.kernel, static_cast<unsigned>(size), launch.threads,
-          static_cast<size_t>(launch.shared_bytes), device, kOperation);
-    }
+    for (int size = groups; size <= kSparseMaxWideCluster; size += groups)
+      resident.by_size[size] = counts.by_size[size];
     launch.plan = plan_sparse_decode(p.num_rows, p.num_heads, p.list_length(), resident,
                                      use_pipelined ? kSparsePipelinedCosts : kSparseMmaCosts);
     if (const int forced_splits = splits_override.load(); forced_splits > 0) {
