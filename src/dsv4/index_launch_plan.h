@@ -24,6 +24,11 @@ constexpr int kIndexMaxSpreadCluster = 16;     // non-portable, where the device
 constexpr int64_t kIndexMaxChunk = 32768;      // scores a CTA holds at once: 128 KiB
 constexpr int64_t kIndexMinChunk = 1024;       // below this a CTA would rescore too often
 constexpr int64_t kIndexSpreadEntries = 1024;  // fewest entries per CTA when spreading rows
+// What a CTA costs besides its entries, in entry times, when rows take waves: a wave of clusters
+// of 16 CTAs of 4096 entries took 75-79 us on an H100, of 16384 entries 196-205 us (a line
+// through both: 32 us at 0 entries, about 3000 entry times); a wave of clusters of 8 CTAs of
+// 32768 entries 347 us (7300 from the line through it and 16384's).
+constexpr int64_t kIndexCtaFixedEntries = 4096;
 
 // The kernel's shared memory (byte offsets from its first 1024-byte boundary; queries on such a
 // boundary for wgmma's swizzle, the rest on 16 bytes) and sizes. Weights (staged_heads fp32) and
@@ -134,6 +139,24 @@ inline IndexLaunchPlan plan_index_launch(int64_t num_rows, int64_t num_heads, in
         all_at_once(size)) {
       cluster_size = size;
       break;
+    }
+  }
+  // Rows whose scores need more CTAs than the clusters of that size the device runs at once can
+  // hold take waves; a wider cluster, where the device runs it, takes more waves of shorter CTAs.
+  // Each choice costs waves x (entries a CTA + kIndexCtaFixedEntries), the fewest wins (16 rows
+  // of 262144 entries on an H100: 3 waves of 16 CTAs, rather than 2 of 8).
+  if (!all_at_once(cluster_size) && clusters.at(cluster_size) > 0) {
+    auto cost = [&](int size) {
+      const int64_t waves = ceil_div(num_rows, clusters.at(size));
+      return waves * (ceil_div(capacity, size) + kIndexCtaFixedEntries);
+    };
+    int64_t best = cost(cluster_size);
+    for (int size = cluster_size + 1; size <= clusters.largest(); ++size) {
+      if (clusters.at(size) <= 0 || ceil_div(capacity, size) < kIndexSpreadEntries) continue;
+      if (cost(size) < best) {
+        best = cost(size);
+        cluster_size = size;
+      }
     }
   }
   const int64_t per_cta = std::max<int64_t>(ceil_div(capacity, cluster_size), 1);

@@ -508,6 +508,20 @@ TEST_P(IndexTopk, RowCountsBetweenThePowersOfTwoOfClusters) {
   }
 }
 
+// More rows than an H100 runs clusters of 8 at once (15), with one row whose scores need 8 CTAs
+// (140000 entries): the plan weighs waves of wider clusters, and on an H100 runs 3 waves of
+// clusters of 16 (8750 entries a CTA) rather than 2 of 8.
+TEST_P(IndexTopk, WavesOfWideClustersForLongRows) {
+  IndexCase c;
+  std::mt19937_64 rng(95);
+  c.counts.push_back(140000);
+  for (int n = 1; n < 16; ++n)
+    c.counts.push_back(static_cast<int64_t>(rng() % 2000));
+  c.top_k = 1024;
+  c.seed = 96;
+  run_index_case(c, backend());
+}
+
 // Rows as long as the contract's largest (262144 entries, the most the CUDA kernel's cluster
 // keeps in shared memory), top_k 512, 1024 and 2048.
 TEST_P(IndexTopk, LongRows) {

@@ -169,7 +169,19 @@ TEST(IndexLaunchPlan, ContractShapesStayResident) {
   EXPECT_EQ(on_h100(39, 65536), 3);
   EXPECT_EQ(on_h100(40, 65536), 2);  // 39 clusters of 3 at once
   EXPECT_EQ(on_h100(64, 65536), 2);
-  EXPECT_EQ(on_h100(16, 262144), 8);  // the scores need 8 CTAs, whatever the waves
+  EXPECT_EQ(on_h100(16, 262144), 8);  // the scores need 8 CTAs; 16 is not run here
+  // Where the device also runs clusters of 9..16 (an H100: 9 of 9, 7 of 10..16), rows whose
+  // scores need 8 CTAs and that take waves of them weigh wider clusters by waves x (entries a
+  // CTA + the fixed cost).
+  for (int size = 9; size <= 16; ++size)
+    clusters.by_size[size] = size == 9 ? 9 : 7;
+  EXPECT_EQ(on_h100(16, 262144), 16);  // 3 x (16384 + 4096) against 2 x (32768 + 4096)
+  EXPECT_EQ(on_h100(20, 262144), 16);  // the same waves
+  EXPECT_EQ(on_h100(24, 262144), 8);   // 4 x 20480 against 2 x 36864
+  EXPECT_EQ(on_h100(64, 262144), 8);   // 10 x 20480 against 5 x 36864
+  EXPECT_EQ(on_h100(15, 262144), 8);   // one wave
+  EXPECT_EQ(on_h100(16, 65536), 6);    // one wave: nothing to weigh
+  EXPECT_EQ(on_h100(4, 65536), 16);
   // With only the powers of two known to run (the rest 0, unknown), the largest that fits.
   ClusterCapacity powers;
   powers.by_size[2] = 64, powers.by_size[4] = 30, powers.by_size[8] = 14;
