@@ -127,7 +127,8 @@ HDK_HOST_DEVICE bool sparse_mma_supports(int64_t heads) {
 
 // How many clusters of each size (1 .. kSparseMaxWideCluster CTAs) the device runs at once
 // (cudaOccupancyMaxActiveClusters): a cluster needs its SMs in one GPC, so this is often well
-// under SMs / size (H100: 132, 66, 31 and 15 for 1, 2, 4 and 8 CTAs). Clusters above the portable
+// under SMs / size (H100, the pipelined kernel: 132, 66, 39, 30, 22, 17, 15 and 15 for 1 to 8
+// CTAs, 9 for 9, 7 for 10 to 16). Clusters above the portable
 // 8 are planned only where the device runs clusters of 16. A size left at 0 is never planned.
 struct ResidentClusters {
   int by_size[kSparseMaxWideCluster + 1] = {};
@@ -179,7 +180,10 @@ constexpr SparseKernelCosts kSparsePipelinedCosts{4, 3};
 // `min_tiles_per_split` tiles is not taken. On an H100 this keeps a row's
 // cluster resident where more splits would start a second wave (Flash CSA N = 32: 2 splits, 47.3
 // us, against 4 in 2 waves, 65.3), and takes a third wave where the tiles per CTA fall far enough
-// (Pro HCA N = 32: 4 splits, 3 waves of 17 tiles, 346.7 us, against 1 split of 66, 411.6).
+// (Pro HCA N = 32: 4 splits, 3 waves of 17 tiles, 346.7 us, against 1 split of 66, 411.6; both
+// on the mma kernel, 2026-11-23). With every count between the powers of two, Flash HCA N = 32
+// takes 3 splits (39 clusters of 3 at once: 1 wave of 22 tiles), 77.8 us against 2 splits'
+// 104.8 (pipelined kernel, 2026-11-27).
 HDK_HOST_DEVICE SparsePlan plan_sparse_decode(int64_t rows, int64_t heads, int64_t list_length,
                                               const ResidentClusters& resident,
                                               SparseKernelCosts costs = kSparseMmaCosts) {
@@ -225,8 +229,8 @@ HDK_HOST_DEVICE CombineSlice combine_slice(int split, int splits) {
   return CombineSlice{first, count, 0xffffffffu / static_cast<uint32_t>(count) + 1u};
 }
 // job / count for count >= 2 (a slice has at least 128 / 16 quads), exact while job x count <
-// 2^32 (the combine's jobs stay under 64 x 128 x 128):
-// the rounding of `inverse` adds less than job / 2^32 < 1 / count to the true quotient.
+// 2^32, which the combine's jobs (under 64 x 128 x 128) are: the rounding of `inverse` adds less
+// than job / 2^32 < 1 / count to the true quotient.
 HDK_HOST_DEVICE int head_of_job(uint32_t job, uint32_t inverse) {
 #if defined(__CUDA_ARCH__)
   return static_cast<int>(__umulhi(job, inverse));
