@@ -206,13 +206,14 @@ struct RawPiece {
   uint32_t scale_bytes;
 };
 
-// Loads entry s of the row for quad lane t; an entry that is not `valid` (the caller passes a
-// readable s, the segment's first) gets zero codes: its score is dropped, and the entries of an
-// mma do not mix.
+// Loads entry s of the row for quad lane t. Past the end of a segment the callers load its first
+// entry and drop its score; its codes stay as they are: the entries of a product (rows of a
+// wgmma, columns of an mma.sync) do not mix, and zeroing them would put a select on the loaded
+// words right behind the load, where it waits for the data (one memory latency per tile: the
+// kernels took 3-17% longer with it on an H100, docs/dsv4-attention.md).
 template <KeyFormat kFormat>
 __device__ __forceinline__ RawPiece load_raw_piece(const IndexerProblem& p, int64_t row, int64_t s,
-                                                   bool valid, int t, bool wide,
-                                                   const KeyPages& pages) {
+                                                   int t, bool wide, const KeyPages& pages) {
   const EntryPlace place = place_of(p, row, s, pages);
   const uint8_t* data = place.page + place.offset * kKeyDataBytes + 16 * t;
   RawPiece piece;
@@ -229,11 +230,6 @@ __device__ __forceinline__ RawPiece load_raw_piece(const IndexerProblem& p, int6
   piece.scale_bytes = kFormat == KeyFormat::kMXFP4
                           ? __ldg(scales + t)
                           : __ldg(reinterpret_cast<const unsigned short*>(scales) + t);
-  if (!valid) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      piece.words[i] = 0u;
-  }
   return piece;
 }
 
@@ -244,16 +240,14 @@ struct KeyPiece {
 };
 
 // The piece of entry `first + e` (e = tile * 8 + group) for quad lane t; entries past `count`
-// read entry `first` and get zero codes.
+// read entry `first` (load_raw_piece).
 template <KeyFormat kFormat>
 __device__ __forceinline__ KeyPiece load_key_piece(const IndexerProblem& p, int64_t row,
                                                    int64_t first, int64_t count, int64_t tile,
                                                    int group, int t, bool wide,
                                                    const KeyPages& pages) {
   const int64_t e = tile * kMmaN + group;
-  const bool valid = e < count;
-  const RawPiece raw =
-      load_raw_piece<kFormat>(p, row, first + (valid ? e : 0), valid, t, wide, pages);
+  const RawPiece raw = load_raw_piece<kFormat>(p, row, first + (e < count ? e : 0), t, wide, pages);
   KeyPiece piece;
 #pragma unroll
   for (int i = 0; i < 4; ++i)
@@ -300,8 +294,7 @@ __device__ void score_warpgroup(const IndexerProblem& p, int64_t row, int64_t fi
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int64_t e = tile * kWarpgroupEntries + upper + 8 * r;
-      const bool valid = e < count;
-      rows[r] = load_raw_piece<kFormat>(p, row, first + (valid ? e : 0), valid, t, wide, pages);
+      rows[r] = load_raw_piece<kFormat>(p, row, first + (e < count ? e : 0), t, wide, pages);
     }
   };
   RawPiece stage[kWarpgroupStages][2];
@@ -398,7 +391,7 @@ __device__ void score_warp(const IndexerProblem& p, int64_t row, int64_t first, 
   const int m_tiles = static_cast<int>(launch.m_tiles);
   const int64_t tile_groups = ceil_div(ceil_div(count, kMmaN), kTilesPerWarp);
   if (warp >= tile_groups) return;
-  // Tiles past the end load entry `first` with zero codes; their scores are not written.
+  // Tiles past the end load entry `first`; their scores are not written.
   KeyPiece next[kTilesPerWarp];
 #pragma unroll
   for (int u = 0; u < kTilesPerWarp; ++u) {
