@@ -15,9 +15,13 @@
 // Dequantization: an E2M1 code s e1 e0 m placed as bf16 bits s << 15 | e1 e0 m << 6 is exactly
 // the code's value times 2^-126 (e1 e0 = 0 is a bf16 subnormal like E2M1's 0.5 is an E2M1 one),
 // so 8 codes of a word become 4 bf16 pairs by a rotate, two merges, and a rotate and a mask per
-// pair; one bf16x2 multiply by 2^(scale - 1) then gives code x 2^(scale - 127) exactly for MXFP4
-// scale bytes up to 128 (scales up to 2). Larger scale bytes (and NaN) and every NVFP4 scale go in
-// two exact steps: x 2^126, then x the scale.
+// pair. One bf16x2 multiply by 2^(126 - kPlacedShift) x the scale then gives the A value code x
+// scale x 2^-kPlacedShift exactly, and the epilogue multiplies each score by 2^kPlacedShift
+// (scaling by a power of two commutes with every rounding, so the scores are those of code x
+// scale). The shift keeps that multiplier a bf16 for every NVFP4 scale and for MXFP4 scale bytes up
+// to 136 (scales up to 2^9); larger bytes (and NaN) go in two exact steps: x 2^(126 -
+// kPlacedShift), then x the scale. Scale bytes below 16 (scales below 2^-111; the write side's
+// floor is byte 111) give bf16 subnormal products and are not exact.
 #pragma once
 
 #include <cstdint>
@@ -71,19 +75,32 @@ HDK_HOST_DEVICE void place_e2m1_word(uint32_t word, uint32_t (&pairs)[4]) {
   pairs[3] = rotate_left(codes_2367, 26) & kPairBits;
 }
 
-// bf16 bits of 2^(byte - 1) for an MXFP4 scale byte 0 .. 128, twice: the one multiplier that
-// turns placed codes into code x 2^(byte - 127).
+// A values are code x scale x 2^-kPlacedShift; the epilogue multiplies each entry's score by
+// kPlacedScoreFactor = 2^kPlacedShift.
+constexpr int kPlacedShift = 8;
+constexpr float kPlacedScoreFactor = 256.0f;
+
+// bf16 bits of 2^(byte - 1 - kPlacedShift) for an MXFP4 scale byte 0 .. 136, twice: the one
+// multiplier that turns placed codes into code x 2^(byte - 127 - kPlacedShift).
 HDK_HOST_DEVICE uint32_t mxfp4_placed_multiplier(uint32_t byte) {
-  const uint32_t bits = (byte + 126u) << 7;
+  const uint32_t bits = (byte + 126u - kPlacedShift) << 7;
   return bits | (bits << 16);
 }
 
-// Whether an MXFP4 scale byte needs the two-step multiply (its 2^(byte - 1) is not a bf16).
+// Whether an MXFP4 scale byte needs the two-step multiply (its multiplier is not a bf16).
 HDK_HOST_DEVICE bool mxfp4_needs_two_steps(uint32_t byte) {
-  return byte > 128u;
+  return byte > 127u + kPlacedShift + 1u;
 }
 
-constexpr uint32_t kBf16TwoPow126Pair = 0x7e807e80u;  // the two-step path's first multiplier
+// The two-step path's first multiplier, 2^(126 - kPlacedShift), twice.
+constexpr uint32_t kPlacedFirstStepPair = ((126u - kPlacedShift + 127u) << 7) * 0x10001u;
+
+// bf16 bits of an NVFP4 (E4M3) scale x 2^(126 - kPlacedShift), twice: one multiply for every
+// scale (exact: E4M3 has 4 significant bits, and 448 x 2^118 is below bf16's largest). NaN stays
+// NaN.
+HDK_HOST_DEVICE uint32_t nvfp4_placed_multiplier(float scale) {
+  return pack_floats_bf16x2(scale * 0x1p118f, scale * 0x1p118f);
+}
 
 // bf16 bits of a decoded scale, twice (exact: UE8M0 is a power of two or NaN, E4M3 has 4
 // significant bits).
@@ -94,8 +111,8 @@ HDK_HOST_DEVICE uint32_t scale_pair(float scale) {
 // The 16 A-fragment registers of one entry for this thread: pair 4 w + i of word w, scaled. The
 // first two words are dims 32t .. 32t + 15 (`scale_low`), the last two 32t + 16 .. 32t + 31
 // (`scale_high`; the same as scale_low for MXFP4). One step: `scale_*` are
-// mxfp4_placed_multiplier's; two steps: the first multiplier is kBf16TwoPow126Pair and
-// `scale_*` are scale_pair's.
+// mxfp4_placed_multiplier's or nvfp4_placed_multiplier's; two steps: the first multiplier is
+// kPlacedFirstStepPair and `scale_*` are scale_pair's.
 template <bool kTwoSteps>
 HDK_HOST_DEVICE void entry_fragments(const uint32_t (&words)[4], uint32_t scale_low,
                                      uint32_t scale_high, uint32_t (&registers)[16]) {
@@ -111,7 +128,7 @@ HDK_HOST_DEVICE void entry_fragments(const uint32_t (&words)[4], uint32_t scale_
 #endif
     for (int i = 0; i < 4; ++i) {
       uint32_t value = pairs[i];
-      if (kTwoSteps) value = mul_bf16x2(value, kBf16TwoPow126Pair);
+      if (kTwoSteps) value = mul_bf16x2(value, kPlacedFirstStepPair);
       registers[4 * w + i] = mul_bf16x2(value, scale);
     }
   }

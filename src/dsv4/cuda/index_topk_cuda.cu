@@ -310,7 +310,7 @@ __device__ void score_warpgroup(const IndexerProblem& p, int64_t row, int64_t fi
       if (tile >= tiles) break;  // the same for the whole warpgroup
       uint32_t a[2][16];
       if (kFormat == KeyFormat::kMXFP4) {
-        // Scale bytes above 128 (scales above 2, NaN) take two multiplies; a warp that has one
+        // Scale bytes above 136 (scales above 2^9, NaN) take two multiplies; a warp that has one
         // converts every piece that way (the same exact values).
         const uint32_t s0 = stage[u][0].scale_bytes, s1 = stage[u][1].scale_bytes;
         if (__any_sync(kFullMask, mxfp4_needs_two_steps(s0) || mxfp4_needs_two_steps(s1))) {
@@ -331,9 +331,10 @@ __device__ void score_warpgroup(const IndexerProblem& p, int64_t row, int64_t fi
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const uint32_t bytes = stage[u][r].scale_bytes;
-          entry_fragments<true>(stage[u][r].words,
-                                scale_pair(decode_e4m3(static_cast<uint8_t>(bytes & 0xffu))),
-                                scale_pair(decode_e4m3(static_cast<uint8_t>(bytes >> 8))), a[r]);
+          entry_fragments<false>(
+              stage[u][r].words,
+              nvfp4_placed_multiplier(decode_e4m3(static_cast<uint8_t>(bytes & 0xffu))),
+              nvfp4_placed_multiplier(decode_e4m3(static_cast<uint8_t>(bytes >> 8))), a[r]);
         }
       }
       load(tile + kStride, stage[u]);  // past the end: entry `first`, dropped
@@ -367,7 +368,9 @@ __device__ void score_warpgroup(const IndexerProblem& p, int64_t row, int64_t fi
       }
       if (t < 2) {  // lane t = 0 writes the upper row, t = 1 the lower one
         const int64_t e = tile * kWarpgroupEntries + upper + 8 * t;
-        if (e < count) out[e] = ordered_key(t == 0 ? sum[0] : sum[1]);
+        // A carried 2^-kPlacedShift: exact back (a power of two), not folded into the weights,
+        // which could then overflow.
+        if (e < count) out[e] = ordered_key((t == 0 ? sum[0] : sum[1]) * kPlacedScoreFactor);
       }
     }
   }
