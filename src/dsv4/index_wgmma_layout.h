@@ -78,7 +78,7 @@ HDK_HOST_DEVICE void place_e2m1_word(uint32_t word, uint32_t (&pairs)[4]) {
 // A values are code x scale x 2^-kPlacedShift; the epilogue multiplies each entry's score by
 // kPlacedScoreFactor = 2^kPlacedShift.
 constexpr int kPlacedShift = 8;
-constexpr float kPlacedScoreFactor = 256.0f;
+constexpr float kPlacedScoreFactor = static_cast<float>(1 << kPlacedShift);
 
 // bf16 bits of 2^(byte - 1 - kPlacedShift) for an MXFP4 scale byte 0 .. 136, twice: the one
 // multiplier that turns placed codes into code x 2^(byte - 127 - kPlacedShift).
