@@ -45,6 +45,13 @@ HDK_HOST_DEVICE int warpgroup_key_dim(int step, int col) {
   return 32 * ((col & 7) >> 1) + 8 * (step >> 1) + 2 * (step & 1) + (col >> 3) + 4 * (col & 1);
 }
 
+// The column k (even) of the B tile that holds dims 8 chunk + j (at k) and 8 chunk + j + 4 (at
+// k + 1), j = 0..3: warpgroup_key_dim's inverse on one 16-byte chunk of bf16 q, so that a
+// thread can stage a chunk it loaded at once as four bf16 pairs.
+HDK_HOST_DEVICE int warpgroup_chunk_pair_k(int chunk, int j) {
+  return 16 * (2 * (chunk & 3) + (j >> 1)) + 8 * (j & 1) + 2 * (chunk >> 2);
+}
+
 // Byte offset of q[head][dim] (as bf16) in the staged B tile: 64 heads x 128 k in the swizzled
 // K-major layout of sparse_decode_layout.h (two 64-column blocks of 8 KiB), k = 16 step + col.
 HDK_HOST_DEVICE int warpgroup_query_offset(int head, int k) {

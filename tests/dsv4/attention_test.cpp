@@ -107,9 +107,12 @@ struct IndexCase {
   // Keys of entry e scaled by 2^(e % 17 - 8): stored scales from about 2^-10 to 2^6, both sides
   // of the 2 where the warpgroup kernel's MXFP4 decode takes a second multiply.
   bool spread_key_scales = false;
-  bool scores = true;  // pass topk_scores
-  bool slots = true;   // pass topk_slots
+  bool scores = true;         // pass topk_scores
+  bool slots = true;          // pass topk_slots
+  bool misaligned_q = false;  // q one element past a 16-byte boundary (no vector loads)
   uint64_t seed = 1;
+
+  int64_t q_pad_bytes() const { return misaligned_q ? dtype_size(q_dtype) : 0; }
 
   std::string describe() const {
     std::string counts_text;
@@ -118,7 +121,8 @@ struct IndexCase {
     return "counts=" + counts_text + " H=" + std::to_string(heads) +
            " top_k=" + std::to_string(top_k) + " bs=" + std::to_string(block_size) +
            (format == KeyFormat::kMXFP4 ? " mxfp4 " : " nvfp4 ") + dtype_name(q_dtype) +
-           " distinct=" + std::to_string(distinct_keys) + " seed=" + std::to_string(seed);
+           " distinct=" + std::to_string(distinct_keys) + (misaligned_q ? " misaligned" : "") +
+           " seed=" + std::to_string(seed);
   }
 };
 
@@ -134,7 +138,8 @@ struct IndexInputs {
 
   dsv4::IndexerParams params(const IndexCase& c) {
     dsv4::IndexerParams p;
-    p.q = TensorView::contiguous(q_bytes.data(), c.q_dtype, {N, c.heads, dsv4::kIndexerKeyDim});
+    p.q = TensorView::contiguous(q_bytes.data() + c.q_pad_bytes(), c.q_dtype,
+                                 {N, c.heads, dsv4::kIndexerKeyDim});
     p.weights = TensorView::contiguous(weights.data(), DType::kFloat32, {N, c.heads});
     p.key_cache = TensorView::contiguous(cache.data(), DType::kUInt8,
                                          {num_blocks, c.block_size * dsv4::key_bytes(c.format)});
@@ -210,6 +215,7 @@ IndexInputs make_index_inputs(const IndexCase& c) {
   in.q = normal_values(rng, in.N * c.heads * dsv4::kIndexerKeyDim, 1.0f);
   in.weights = normal_values(rng, in.N * c.heads, 0.1f);
   in.q_bytes = encode_rows(in.q, c.q_dtype);
+  in.q_bytes.insert(in.q_bytes.begin(), static_cast<size_t>(c.q_pad_bytes()), uint8_t{0x7f});
   in.counts = index_bytes(c.counts, c.count_dtype);
   in.indices.assign(static_cast<size_t>(in.N * c.top_k), 0x5a5a5a5a);
   in.scores.assign(static_cast<size_t>(in.N * c.top_k), kNaN);
@@ -363,6 +369,7 @@ void run_index_topk(const IndexCase& c, IndexInputs& in, IndexBackend backend) {
     view.device = device;
   };
   to_device(p.q, q);
+  p.q.data = static_cast<uint8_t*>(q.data()) + c.q_pad_bytes();
   to_device(p.weights, weights);
   to_device(p.key_cache, cache);
   to_device(p.block_table, table);
@@ -441,6 +448,22 @@ TEST_P(IndexTopk, SmallShapes) {
         c.seed = seed++;
         run_index_case(c, backend());
       }
+    }
+  }
+}
+
+// q one element past a 16-byte boundary: the CUDA kernels stage it without vector loads.
+TEST_P(IndexTopk, QueriesOffTheSixteenByteGrid) {
+  uint64_t seed = 45;
+  for (DType q_dtype : {DType::kBFloat16, DType::kFloat32}) {
+    for (int64_t H : {64, 24}) {
+      IndexCase c;
+      c.heads = H;
+      c.counts = {700, 3000, 64};
+      c.q_dtype = q_dtype;
+      c.misaligned_q = true;
+      c.seed = seed++;
+      run_index_case(c, backend());
     }
   }
 }

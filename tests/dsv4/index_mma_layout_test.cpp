@@ -384,6 +384,22 @@ TEST(IndexWgmmaLayout, KeyPermutationCoversEachDimOnceAndThreadsReadTheirOwnByte
   }
 }
 
+TEST(IndexWgmmaLayout, ChunkPairsInvertTheKeyPermutation) {
+  // Each 16-byte chunk of a bf16 q row lands as four pairs (k, k + 1), and the 64 pairs of a
+  // row cover the tile's 128 columns once.
+  std::set<int> columns;
+  for (int chunk = 0; chunk < 16; ++chunk) {
+    for (int j = 0; j < 4; ++j) {
+      const int k = warpgroup_chunk_pair_k(chunk, j);
+      ASSERT_EQ(k % 2, 0) << chunk << " " << j;
+      ASSERT_EQ(warpgroup_key_dim(k / 16, k % 16), 8 * chunk + j) << chunk << " " << j;
+      ASSERT_EQ(warpgroup_key_dim((k + 1) / 16, (k + 1) % 16), 8 * chunk + j + 4);
+      ASSERT_TRUE(columns.insert(k).second && columns.insert(k + 1).second);
+    }
+  }
+  EXPECT_EQ(columns.size(), 128u);
+}
+
 TEST(IndexWgmmaLayout, PlacedCodesAreTheCodesTimesTwoToTheMinus126) {
   std::mt19937_64 rng(11);
   for (int position = 0; position < 8; ++position) {

@@ -103,34 +103,95 @@ __device__ __forceinline__ float query_value(const IndexerProblem& p, int64_t ro
   return bf16_bits_value(static_cast<const uint16_t*>(p.q.data)[offset]);
 }
 
+// One 16-byte chunk of a q row (dims 8 c .. 8 c + 7) as it is stored: 4 words of bf16 pairs or
+// 8 fp32 words; zero for heads past H.
+template <bool kFp32Q>
+struct QueryChunk {
+  uint32_t words[kFp32Q ? 8 : 4];
+};
+
+template <bool kFp32Q>
+__device__ __forceinline__ QueryChunk<kFp32Q> load_query_chunk(const IndexerProblem& p, int64_t row,
+                                                               int head, int chunk, bool vector) {
+  QueryChunk<kFp32Q> c{};
+  if (head >= p.num_heads) return c;
+  const int64_t offset = row * p.q.row_stride + head * p.q.head_stride + 8 * chunk;
+  if constexpr (kFp32Q) {
+    const float* q = static_cast<const float*>(p.q.data) + offset;
+    if (vector) {
+      const uint4 a = __ldg(reinterpret_cast<const uint4*>(q));
+      const uint4 b = __ldg(reinterpret_cast<const uint4*>(q) + 1);
+      c = {{a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w}};
+    } else {
+#pragma unroll
+      for (int d = 0; d < 8; ++d)
+        c.words[d] = __float_as_uint(q[d]);
+    }
+  } else {
+    const uint16_t* q = static_cast<const uint16_t*>(p.q.data) + offset;
+    if (vector) {
+      const uint4 a = __ldg(reinterpret_cast<const uint4*>(q));
+      c = {{a.x, a.y, a.z, a.w}};
+    } else {
+#pragma unroll
+      for (int w = 0; w < 4; ++w)
+        c.words[w] = q[2 * w] | static_cast<uint32_t>(q[2 * w + 1]) << 16;
+    }
+  }
+  return c;
+}
+
 // Stages the row's queries; returns true when this thread saw a value that is not finite.
 template <ScoreKernel kScore, bool kFp32Q>
 __device__ bool stage_queries(const IndexerProblem& p, int64_t row, const IndexLaunch& launch,
                               uint8_t* shared) {
   bool bad = false;
   if (kScore == ScoreKernel::kWarpgroup) {
-    // The B tile, two k at a time (same swizzled 16-byte chunk); heads past H are zero.
-    constexpr int kPairs = kWarpgroupHeads * kIndexerKeyDim / 2;
-    for (int pair = threadIdx.x; pair < kPairs; pair += kThreads) {
-      const int head = pair / (kIndexerKeyDim / 2);
-      const int k = 2 * (pair % (kIndexerKeyDim / 2));
-      uint32_t hi_bits[2], lo_bits[2];
-      for (int e = 0; e < 2; ++e) {
-        const int dim = warpgroup_key_dim((k + e) / 16, (k + e) % 16);
-        const float value = head < p.num_heads ? query_value(p, row, head, dim) : 0.0f;
-        bad |= !is_finite(value);
-        if (kFp32Q) {
-          split_bf16(value, hi_bits[e], lo_bits[e]);
+    // The B tile from 16-byte chunks of the q rows, each stored as four bf16 pairs
+    // (warpgroup_chunk_pair_k); heads past H are zero. Every load is issued before the first
+    // store: a load does not pass a store to shared memory through a generic pointer, and when
+    // each pair was stored before the next was loaded the staging took one memory round trip
+    // per pair, 11 us of a row's fixed cost on an H100 (globaltimer probes, 2026-11-27).
+    constexpr int kChunksPerHead = kIndexerKeyDim / 8;
+    constexpr int kChunksPerThread = kWarpgroupHeads * kChunksPerHead / kThreads;
+    static_assert(kWarpgroupHeads * kChunksPerHead % kThreads == 0, "whole rounds of chunks");
+    constexpr int64_t kValuesPer16Bytes = kFp32Q ? 4 : 8;
+    const bool vector = reinterpret_cast<uintptr_t>(p.q.data) % 16 == 0 &&
+                        p.q.row_stride % kValuesPer16Bytes == 0 &&
+                        p.q.head_stride % kValuesPer16Bytes == 0;
+    QueryChunk<kFp32Q> chunks[kChunksPerThread];
+#pragma unroll
+    for (int i = 0; i < kChunksPerThread; ++i) {
+      const int chunk = static_cast<int>(threadIdx.x) + i * kThreads;
+      chunks[i] =
+          load_query_chunk<kFp32Q>(p, row, chunk / kChunksPerHead, chunk % kChunksPerHead, vector);
+    }
+#pragma unroll
+    for (int i = 0; i < kChunksPerThread; ++i) {
+      const int chunk = static_cast<int>(threadIdx.x) + i * kThreads;
+      const int head = chunk / kChunksPerHead;
+      const uint32_t* w = chunks[i].words;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int offset =
+            warpgroup_query_offset(head, warpgroup_chunk_pair_k(chunk % kChunksPerHead, j));
+        uint32_t hi, lo = 0;
+        if constexpr (kFp32Q) {
+          uint32_t hi_bits[2], lo_bits[2];
+          const float first = __uint_as_float(w[j]), second = __uint_as_float(w[j + 4]);
+          bad |= !is_finite(first) || !is_finite(second);
+          split_bf16(first, hi_bits[0], lo_bits[0]);
+          split_bf16(second, hi_bits[1], lo_bits[1]);
+          hi = pack_bf16x2(hi_bits[0], hi_bits[1]);
+          lo = pack_bf16x2(lo_bits[0], lo_bits[1]);
         } else {
-          hi_bits[e] = bf16_rn_bits(value);  // exact: the value came from bf16
+          // Dims j and j + 4: halves j % 2 of words j / 2 and j / 2 + 2.
+          hi = __byte_perm(w[j / 2], w[j / 2 + 2], j % 2 == 0 ? 0x5410 : 0x7632);
+          const uint32_t exponents = hi & 0x7f807f80u;  // all ones: infinity or NaN
+          bad |= (exponents & 0xffffu) == 0x7f80u || (exponents >> 16) == 0x7f80u;
         }
-      }
-      const int offset = warpgroup_query_offset(head, k);
-      *reinterpret_cast<uint32_t*>(shared + launch.q + offset) =
-          pack_bf16x2(hi_bits[0], hi_bits[1]);
-      if (kFp32Q) {
-        *reinterpret_cast<uint32_t*>(shared + launch.q_lo + offset) =
-            pack_bf16x2(lo_bits[0], lo_bits[1]);
+        *reinterpret_cast<uint32_t*>(shared + launch.q + offset) = hi;
+        if (kFp32Q) *reinterpret_cast<uint32_t*>(shared + launch.q_lo + offset) = lo;
       }
     }
     fence_shared_for_wgmma();  // the caller's barrier then covers every thread's writes
@@ -518,16 +579,34 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* weights = reinterpret_cast<float*>(shared + launch.weights);
   uint32_t* scores = reinterpret_cast<uint32_t*>(shared + launch.scores);
 
-  // 1. Weights and queries to shared memory; the row's validity.
+  // 1. Weights and queries to shared memory; the row's validity. A load does not pass a store to
+  // shared memory through a generic pointer, so the loads go out in batches ahead of the stores
+  // they feed: num_entries, this thread's weight and the block ids of the row's first pages
+  // (any page below max_blocks is in the table) together with the queries.
   bool bad = false;
+  int64_t length = p.num_entries.at(row);
+  const float own_weight = tid < p.num_heads
+                               ? p.weights[row * p.weights_row_stride + tid * p.weights_head_stride]
+                               : 0.0f;
+  constexpr int kPageBatch = 4;  // block ids a thread loads before it checks them
+  int64_t blocks[kPageBatch];
+  auto load_blocks = [&](int64_t first_page) {
+#pragma unroll
+    for (int i = 0; i < kPageBatch; ++i) {
+      const int64_t page = first_page + tid + i * kThreads;
+      blocks[i] = page < p.max_blocks ? p.block_table.at(row, page) : 0;
+    }
+  };
+  load_blocks(0);
+  bad |= stage_queries<kScore, kFp32Q>(p, row, launch, shared);
   for (int64_t h = tid; h < launch.staged_heads; h += kThreads) {
-    const float w =
-        h < p.num_heads ? p.weights[row * p.weights_row_stride + h * p.weights_head_stride] : 0.0f;
+    const float w = h == tid ? own_weight
+                    : h < p.num_heads
+                        ? p.weights[row * p.weights_row_stride + h * p.weights_head_stride]
+                        : 0.0f;
     bad |= !is_finite(w);
     weights[h] = w;
   }
-  bad |= stage_queries<kScore, kFp32Q>(p, row, launch, shared);
-  int64_t length = p.num_entries.at(row);
   const int64_t block_size = p.keys.block_size;
   // This CTA's segment of the row (recomputed below if the row turns out invalid) and its pages.
   KeyPages pages;
@@ -544,12 +623,19 @@ __global__ void __launch_bounds__(kThreads, 1)
         pages.cached = reinterpret_cast<const int32_t*>(shared + launch.pages);
     }
     int32_t* cache = reinterpret_cast<int32_t*>(shared + launch.pages);
-    for (int64_t page = tid; page < ceil_div(length, block_size); page += kThreads) {
-      const int64_t block = p.block_table.at(row, page);
-      bad |= block < 0 || block >= p.keys.num_blocks;
-      const int64_t slot = page - pages.first_cached;
-      if (pages.cached != nullptr && slot >= 0 && slot < launch.page_capacity)
-        cache[slot] = static_cast<int32_t>(block);  // block_table is int32
+    const int64_t page_count = ceil_div(length, block_size);
+    for (int64_t base = 0; base < page_count; base += kPageBatch * kThreads) {
+      if (base > 0) load_blocks(base);
+#pragma unroll
+      for (int i = 0; i < kPageBatch; ++i) {
+        const int64_t page = base + tid + i * kThreads;
+        if (page >= page_count) break;
+        const int64_t block = blocks[i];
+        bad |= block < 0 || block >= p.keys.num_blocks;
+        const int64_t slot = page - pages.first_cached;
+        if (pages.cached != nullptr && slot >= 0 && slot < launch.page_capacity)
+          cache[slot] = static_cast<int32_t>(block);  // block_table is int32
+      }
     }
   }
   if (__syncthreads_or(bad ? 1 : 0) != 0) {  // also the barrier after staging
