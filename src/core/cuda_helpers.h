@@ -12,6 +12,7 @@
 #include <tuple>
 #include <utility>
 
+#include "core/resident_clusters.h"
 #include "hdk/error.h"
 
 namespace hdk {
@@ -114,20 +115,12 @@ cudaError_t launch_in_clusters(void (*kernel)(KernelArgs...), unsigned grid, uns
   return cudaLaunchKernelEx(&launch.config, kernel, std::forward<Args>(args)...);
 }
 
-// How many clusters of each size, 1 to kMaxClusterSize CTAs, of `kernel` the device runs at once
-// (a cluster needs its CTAs' SMs in one GPC, so this can be well under SMs / size): by_size[s]
-// for s CTAs. Above the portable 8 (Hopper runs clusters of up to 16 CTAs of a kernel that opts
-// in to non-portable sizes, which this does on first use) a refusal by the device or the driver
-// is the answer 0, not an error.
-constexpr unsigned kPortableClusterSize = 8;
-constexpr unsigned kMaxClusterSize = 16;
-struct ResidentClusterCounts {
-  int by_size[kMaxClusterSize + 1] = {};
-};
-
-// ResidentClusterCounts of `kernel` with `block` threads and `shared_bytes` of dynamic shared
-// memory a CTA, asked of the device once per (kernel, device, block, shared bytes) and kept, so
-// a call's planning is one lookup; host-only, allowed during graph capture.
+// ResidentClusterCounts (core/resident_clusters.h) of `kernel` with `block` threads and
+// `shared_bytes` of dynamic shared memory a CTA, every size from 1 to kMaxClusterSize, asked of
+// the device once per (kernel, device, block, shared bytes) and kept, so a call's planning is one
+// lookup; host-only, allowed during graph capture. Above the portable 8 the kernel opts in to
+// non-portable sizes on first use, and a refusal by the device or the driver is the answer 0,
+// not an error.
 template <typename... KernelArgs>
 const ResidentClusterCounts& resident_clusters(void (*kernel)(KernelArgs...), unsigned block,
                                                size_t shared_bytes, int device,
@@ -141,10 +134,10 @@ const ResidentClusterCounts& resident_clusters(void (*kernel)(KernelArgs...), un
   const auto found = known.find(key);
   if (found != known.end()) return found->second;
   ResidentClusterCounts counts;
-  for (unsigned size = 1; size <= kMaxClusterSize; ++size) {
+  for (unsigned size = 1; size <= static_cast<unsigned>(kMaxClusterSize); ++size) {
     ClusterLaunch launch(dim3(size, 1, 1), block, shared_bytes, nullptr, size);
     int clusters = 0;
-    if (size <= kPortableClusterSize) {
+    if (size <= static_cast<unsigned>(kPortableClusterSize)) {
       check_cuda(cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config), operation,
                  "cudaOccupancyMaxActiveClusters");
     } else {

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/resident_clusters.h"
 #include "dsv4/index_mma_layout.h"
 #include "dsv4/index_wgmma_layout.h"
 #include "hdk/dsv4/kv_cache.h"
@@ -19,8 +20,8 @@ namespace hdk {
 namespace dsv4 {
 namespace detail {
 
-constexpr int kIndexMaxCluster = 8;            // portable cluster size
-constexpr int kIndexMaxSpreadCluster = 16;     // non-portable, where the device runs it
+constexpr int kIndexMaxCluster = hdk::detail::kPortableClusterSize;
+constexpr int kIndexMaxSpreadCluster = hdk::detail::kMaxClusterSize;  // where the device runs it
 constexpr int64_t kIndexMaxChunk = 32768;      // scores a CTA holds at once: 128 KiB
 constexpr int64_t kIndexMinChunk = 1024;       // below this a CTA would rescore too often
 constexpr int64_t kIndexSpreadEntries = 1024;  // fewest entries per CTA when spreading rows
@@ -62,18 +63,6 @@ constexpr size_t kIndexSharedAlignment = 1024;  // wgmma's 128-byte swizzle atom
 // 513; smaller pages fall back to the block table.
 constexpr int64_t kIndexCachedPages = 1024;
 
-// How many clusters of each size from 2 to 16 CTAs (one CTA per SM) the device runs at once: a
-// cluster needs its SMs in one GPC, so this is below SMs / size (sizes 2-8, 0: unknown, no limit;
-// 9-16, non-portable sizes: 0 where the device does not run them, and 16 decides whether any of
-// them is used).
-struct ClusterCapacity {
-  int by_size[kIndexMaxSpreadCluster + 1] = {};
-  int at(int size) const { return size <= 1 ? 0 : by_size[size]; }
-  int largest() const {
-    return by_size[kIndexMaxSpreadCluster] > 0 ? kIndexMaxSpreadCluster : kIndexMaxCluster;
-  }
-};
-
 struct IndexLaunchPlan {
   IndexLaunch launch;
   int cluster_size = 1;  // CTAs per row: 1 to 16
@@ -83,14 +72,18 @@ inline size_t align16(size_t bytes) {
   return (bytes + 15) / 16 * 16;
 }
 
-// Sizes from the validated call (capacity = max_blocks * block_size) and the device (its SMs and
-// its opt-in shared memory per CTA). Throws hdk::Error when the queries leave too little shared
-// memory for scores.
-inline IndexLaunchPlan plan_index_launch(int64_t num_rows, int64_t num_heads, int64_t capacity,
-                                         int64_t top_k, bool tensor, bool fp32_q, int sm_count,
-                                         int shared_limit,
-                                         const ClusterCapacity& clusters = ClusterCapacity()) {
+// Sizes from the validated call (capacity = max_blocks * block_size) and the device (its SMs, its
+// opt-in shared memory per CTA and the clusters of each size it runs at once, one CTA per SM).
+// In `clusters`, 0 for a size of 2 to 8 CTAs means unknown, no limit (the default, for plans
+// without a device); above 8, that the device does not run the size, and 16 decides whether any
+// of them is used. Size 1 is never limited. Throws hdk::Error when the queries leave too little
+// shared memory for scores.
+inline IndexLaunchPlan plan_index_launch(
+    int64_t num_rows, int64_t num_heads, int64_t capacity, int64_t top_k, bool tensor, bool fp32_q,
+    int sm_count, int shared_limit,
+    const hdk::detail::ResidentClusterCounts& clusters = hdk::detail::ResidentClusterCounts()) {
   auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+  auto at = [&](int size) { return size <= 1 ? 0 : clusters.by_size[size]; };
   IndexLaunchPlan plan;
   IndexLaunch& launch = plan.launch;
   while (launch.sort_capacity < std::min<int64_t>(top_k, std::max<int64_t>(capacity, 1)))
@@ -130,7 +123,7 @@ inline IndexLaunchPlan plan_index_launch(int64_t num_rows, int64_t num_heads, in
   // powers of two (16 rows: clusters of 6, 17 of which an H100 runs at once, where 8 would need a
   // second wave and 4 leave half the SMs idle); above 8 only where the device runs clusters of 16.
   auto all_at_once = [&](int size) {
-    const int limit = clusters.at(size);
+    const int limit = at(size);
     if (size > kIndexMaxCluster) return limit > 0 && num_rows <= limit;
     return limit == 0 || num_rows <= limit;
   };
@@ -145,14 +138,14 @@ inline IndexLaunchPlan plan_index_launch(int64_t num_rows, int64_t num_heads, in
   // hold take waves; a wider cluster, where the device runs it, takes more waves of shorter CTAs.
   // Each choice costs waves x (entries a CTA + kIndexCtaFixedEntries), the fewest wins (16 rows
   // of 262144 entries on an H100: 3 waves of 16 CTAs, rather than 2 of 8).
-  if (!all_at_once(cluster_size) && clusters.at(cluster_size) > 0) {
+  if (!all_at_once(cluster_size) && at(cluster_size) > 0) {
     auto cost = [&](int size) {
-      const int64_t waves = ceil_div(num_rows, clusters.at(size));
+      const int64_t waves = ceil_div(num_rows, at(size));
       return waves * (ceil_div(capacity, size) + kIndexCtaFixedEntries);
     };
     int64_t best = cost(cluster_size);
     for (int size = cluster_size + 1; size <= clusters.largest(); ++size) {
-      if (clusters.at(size) <= 0 || ceil_div(capacity, size) < kIndexSpreadEntries) continue;
+      if (at(size) <= 0 || ceil_div(capacity, size) < kIndexSpreadEntries) continue;
       if (cost(size) < best) {
         best = cost(size);
         cluster_size = size;

@@ -20,6 +20,7 @@
 #include <cstring>
 
 #include "core/host_device.h"
+#include "dsv4/bf16_pairs.h"
 #include "dsv4/kv_formats.h"
 #include "hdk/dsv4/kv_cache.h"
 
@@ -62,48 +63,6 @@ HDK_HOST_DEVICE int index_key_dim(int step, int k) {
   return 32 * ((k & 7) >> 1) + 4 * step + 2 * (k >> 3) + (k & 1);
 }
 
-// ---- bf16 ---------------------------------------------------------------------------------------
-// Round to nearest even, NaN kept NaN; the same bits on the host and the device.
-HDK_HOST_DEVICE uint32_t bf16_rn_bits(float value) {
-  const uint32_t b = bits_of(value);
-  if ((b & 0x7fffffffu) > 0x7f800000u) return ((b >> 16) | 0x40u) & 0xffffu;
-  return (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
-}
-
-HDK_HOST_DEVICE float bf16_bits_value(uint32_t bits) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(bits << 16);
-#else
-  const uint32_t word = bits << 16;
-  float value;
-  std::memcpy(&value, &word, sizeof(value));
-  return value;
-#endif
-}
-
-// Two bf16 in one register: `low` is the lower-numbered fragment element.
-HDK_HOST_DEVICE uint32_t pack_bf16x2(uint32_t low, uint32_t high) {
-  return (low & 0xffffu) | (high << 16);
-}
-
-// Two floats rounded to bf16 (nearest even) in one register, `low` in the low half: one cvt on
-// the device, the same bits as bf16_rn_bits on the host (NaN stays NaN).
-HDK_HOST_DEVICE uint32_t pack_floats_bf16x2(float low, float high) {
-#if defined(__CUDA_ARCH__)
-  uint32_t packed;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(high), "f"(low));
-  return packed;
-#else
-  return pack_bf16x2(bf16_rn_bits(low), bf16_rn_bits(high));
-#endif
-}
-
-// The (hi, lo) bf16 parts of a finite fp32 query value: hi + lo is within 2^-17 |value|.
-HDK_HOST_DEVICE void split_bf16(float value, uint32_t& hi, uint32_t& lo) {
-  hi = bf16_rn_bits(value);
-  lo = bf16_rn_bits(value - bf16_bits_value(hi));
-}
-
 // ---- The query (A) fragments, staged in shared memory -------------------------------------------
 // Shared layout: for m-tile mt, k-step j, lane: one 16-byte word (4 registers), at word index
 // (mt * kKeySteps + j) * 32 + lane; a second such array follows for the lo parts of fp32
@@ -126,34 +85,6 @@ HDK_HOST_DEVICE float key_lane_scale(KeyFormat format, const uint8_t* entry_scal
                                      int step) {
   return format == KeyFormat::kMXFP4 ? decode_ue8m0(entry_scales[t])
                                      : decode_e4m3(entry_scales[2 * t + (step >> 2)]);
-}
-
-// __byte_perm: byte i of the result is byte selector[4i + 2 : 4i] of the 8-byte value (y:x).
-// Only selectors 0..7 are used here (no sign-replicate mode), which is what the host emulates.
-HDK_HOST_DEVICE uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t selector) {
-#if defined(__CUDA_ARCH__)
-  return __byte_perm(x, y, selector);
-#else
-  const uint64_t bytes = (static_cast<uint64_t>(y) << 32) | x;
-  uint32_t result = 0;
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t pick = (selector >> (4 * i)) & 7u;
-    result |= static_cast<uint32_t>((bytes >> (8 * pick)) & 0xffu) << (8 * i);
-  }
-  return result;
-#endif
-}
-
-// bf16x2 product rounded to nearest even (exact for every E2M1 x scale, see the file comment).
-HDK_HOST_DEVICE uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
-#if defined(__CUDA_ARCH__)
-  uint32_t product;
-  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(product) : "r"(a), "r"(b));
-  return product;
-#else
-  return pack_floats_bf16x2(bf16_bits_value(a & 0xffffu) * bf16_bits_value(b & 0xffffu),
-                            bf16_bits_value(a >> 16) * bf16_bits_value(b >> 16));
-#endif
 }
 
 // The bf16 bits of the 8 E2M1 magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 (0x0000, 0x3F00, 0x3F80,

@@ -155,7 +155,7 @@ TEST(IndexLaunchPlan, ContractShapesStayResident) {
   // (cudaOccupancyMaxActiveClusters of the index kernels, 2026-11-27: 66, 39, 30, 22, 17, 15, 15
   // clusters of 2..8 CTAs), 16 rows get clusters of 6 (7 and 8 run 15 at once), 39 rows clusters
   // of 3, 40 and 64 rows clusters of 2.
-  ClusterCapacity clusters;
+  hdk::detail::ResidentClusterCounts clusters;
   const int h100[] = {0, 0, 66, 39, 30, 22, 17, 15, 15};
   for (int size = 2; size <= 8; ++size)
     clusters.by_size[size] = h100[size];
@@ -182,8 +182,16 @@ TEST(IndexLaunchPlan, ContractShapesStayResident) {
   EXPECT_EQ(on_h100(15, 262144), 8);   // one wave
   EXPECT_EQ(on_h100(16, 65536), 6);    // one wave: nothing to weigh
   EXPECT_EQ(on_h100(4, 65536), 16);
+  // resident_clusters also counts clusters of one CTA (132 on an H100); a row's lone CTA is never
+  // limited, so the count changes no plan (weighed as waves, 133 rows of 32768 entries would
+  // take clusters of 2: 3 x (16384 + 4096) against 2 x (32768 + 4096)).
+  EXPECT_EQ(on_h100(133, 32768), 1);
+  clusters.by_size[1] = 132;
+  EXPECT_EQ(on_h100(133, 32768), 1);
+  EXPECT_EQ(on_h100(16, 262144), 16);
+  EXPECT_EQ(on_h100(64, 65536), 2);
   // With only the powers of two known to run (the rest 0, unknown), the largest that fits.
-  ClusterCapacity powers;
+  hdk::detail::ResidentClusterCounts powers;
   powers.by_size[2] = 64, powers.by_size[4] = 30, powers.by_size[8] = 14;
   EXPECT_EQ(plan_index_launch(16, 64, 65536, 512, true, false, kH100Sms, kH100Shared, powers)
                 .cluster_size,
@@ -199,7 +207,7 @@ TEST(IndexLaunchPlan, ContractShapesStayResident) {
 // each, as long as every row's cluster runs at once and a CTA keeps 1024+ entries; such a
 // cluster holds rows beyond 8 x 32768 entries without rescoring.
 TEST(IndexLaunchPlan, WideClustersSpreadFewRows) {
-  ClusterCapacity wide;  // a device that runs 7 clusters of 16 at once
+  hdk::detail::ResidentClusterCounts wide;  // a device that runs 7 clusters of 16 at once
   wide.by_size[2] = 64, wide.by_size[4] = 30, wide.by_size[8] = 14, wide.by_size[16] = 7;
   auto plan = [&](int64_t rows, int64_t capacity) {
     return plan_index_launch(rows, 64, capacity, 512, true, false, kH100Sms, kH100Shared, wide);

@@ -540,7 +540,7 @@ TEST(SparseDecodeLayout, PlanTakesTheFewestTileSteps) {
   using dsv4::detail::plan_sparse_decode;
   // What an H100 runs at once (cudaOccupancyMaxActiveClusters, 2026-11-23): clusters of 1, 2, 4
   // and 8 CTAs.
-  dsv4::detail::ResidentClusters h100;
+  hdk::detail::ResidentClusterCounts h100;
   h100.by_size[1] = 132, h100.by_size[2] = 66, h100.by_size[4] = 31, h100.by_size[8] = 15;
   struct Case {
     int64_t rows, heads, length;
@@ -580,7 +580,7 @@ TEST(SparseDecodeLayout, PlanTakesTheFewestTileSteps) {
   }
   // Where the device runs clusters of 16 (a non-portable size; 7 at once here), a row may take
   // 16 CTAs; without them, never more than 8.
-  dsv4::detail::ResidentClusters wide = h100;
+  hdk::detail::ResidentClusterCounts wide = h100;
   wide.by_size[16] = 7;
   for (const Case& c : {
            Case{1, 64, 4224, 1, 16},  // Flash HCA: 1 x (5 + 4) against 1 x (9 + 4)
@@ -600,7 +600,7 @@ TEST(SparseDecodeLayout, PlanTakesTheFewestTileSteps) {
         true);
   }
   // A cluster size the device cannot run is never planned.
-  dsv4::detail::ResidentClusters small = h100;
+  hdk::detail::ResidentClusterCounts small = h100;
   small.by_size[8] = 0;
   EXPECT_EQ(plan_sparse_decode(1, 64, 4224, small).splits, 4);
   for (int64_t rows : {1, 2, 7, 33, 200}) {
@@ -626,7 +626,7 @@ TEST(SparseDecodeLayout, PlanTakesTheFewestTileSteps) {
   }
   // Every cluster size an H100 runs (cudaOccupancyMaxActiveClusters for the pipelined kernel,
   // 2026-11-27): a split count between the powers of two is taken where it saves a wave.
-  dsv4::detail::ResidentClusters every;
+  hdk::detail::ResidentClusterCounts every;
   const int h100_every[] = {0, 132, 66, 39, 30, 22, 17, 15, 15, 9, 7, 7, 7, 7, 7, 7, 7};
   for (int size = 1; size <= 16; ++size)
     every.by_size[size] = h100_every[size];

@@ -786,12 +786,9 @@ void index_topk_cuda(const IndexerProblem& p, int device, CudaStream stream) {
   const Kernel kernel = pick_kernel(score, fp32_q, p.format);
   // The kernel runs one CTA per SM (its registers), whatever shared memory it takes.
   hdk::detail::allow_dynamic_shared_memory(kernel, shared_limit, device, kOperation);
-  ClusterCapacity clusters;
-  // Every size from 2 to 16; above 8 the non-portable sizes, 0 where the device does not run them.
-  const hdk::detail::ResidentClusterCounts& resident = hdk::detail::resident_clusters(
+  // Every size; above 8 the non-portable sizes, 0 where the device does not run them.
+  const hdk::detail::ResidentClusterCounts& clusters = hdk::detail::resident_clusters(
       kernel, kThreads, static_cast<size_t>(shared_limit), device, kOperation);
-  for (int size = 2; size <= kIndexMaxSpreadCluster; ++size)
-    clusters.by_size[size] = resident.by_size[size];
   const IndexLaunchPlan plan = plan_index_launch(p.num_rows, p.num_heads, capacity, p.top_k, tensor,
                                                  fp32_q, sm_count, shared_limit, clusters);
   const IndexLaunch& launch = plan.launch;

@@ -32,6 +32,7 @@
 
 #include "core/cuda_helpers.h"
 #include "core/fast_divide.h"
+#include "dsv4/bf16_pairs.h"
 #include "dsv4/cuda/count_invalid.cuh"
 #include "dsv4/cuda/mbarrier.cuh"
 #include "dsv4/cuda/sparse_decode_cuda.h"
@@ -110,30 +111,12 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
-// Exact products of bf16 pairs (one factor is a power of two, so nothing rounds).
-__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
-  uint32_t d;
-  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
-
-// Two fp32 values to bf16x2, round to nearest even (x in the low half).
-__device__ __forceinline__ uint32_t pack_bf16x2(float x, float y) {
-  uint32_t d;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(y), "f"(x));
-  return d;
-}
-
-__device__ __forceinline__ float bf16_value(uint16_t bits) {
-  return __uint_as_float(static_cast<uint32_t>(bits) << 16);
-}
-
 __device__ __forceinline__ void store_output(const SparseDecodeProblem& p, int64_t offset,
                                              float value) {
   if (p.out_dtype == DType::kFloat32) {
     static_cast<float*>(p.out)[offset] = value;
   } else {
-    static_cast<uint16_t*>(p.out)[offset] = static_cast<uint16_t>(pack_bf16x2(value, 0.0f));
+    static_cast<uint16_t*>(p.out)[offset] = static_cast<uint16_t>(pack_floats_bf16x2(value, 0.0f));
   }
 }
 
@@ -149,7 +132,7 @@ __device__ __forceinline__ void store_output4(const SparseDecodeProblem& p, int6
     *reinterpret_cast<float4*>(static_cast<float*>(p.out) + offset) = value;
   } else {
     *reinterpret_cast<uint2*>(static_cast<uint16_t*>(p.out) + offset) =
-        make_uint2(pack_bf16x2(value.x, value.y), pack_bf16x2(value.z, value.w));
+        make_uint2(pack_floats_bf16x2(value.x, value.y), pack_floats_bf16x2(value.z, value.w));
   }
 }
 
@@ -376,7 +359,7 @@ __device__ void load_queries(const SparseDecodeProblem& p, int64_t n, int64_t he
         const uint16_t* source = static_cast<const uint16_t*>(p.q.data) + offset;
 #pragma unroll
         for (int i = 0; i < 8; ++i)
-          x[b][i] = bf16_value(source[i]);
+          x[b][i] = bf16_bits_value(source[i]);
       }
     }
 #pragma unroll
@@ -387,7 +370,7 @@ __device__ void load_queries(const SparseDecodeProblem& p, int64_t n, int64_t he
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         finite = finite && is_finite(x[b][2 * i]) && is_finite(x[b][2 * i + 1]);
-        words[i] = pack_bf16x2(x[b][2 * i], x[b][2 * i + 1]);
+        words[i] = pack_floats_bf16x2(x[b][2 * i], x[b][2 * i + 1]);
       }
       *reinterpret_cast<uint4*>(query_chunk(q_tile, h, c)) =
           make_uint4(words[0], words[1], words[2], words[3]);
@@ -631,7 +614,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kScoreRegisters], const 
       const float w0 = exp2f(s[i] - base[reg % 2]), w1 = exp2f(s[i + 1] - base[reg % 2]);
       row_sum[reg % 2] += w0;
       row_sum[reg % 2] += w1;
-      weights[k][reg] = pack_bf16x2(w0, w1);
+      weights[k][reg] = pack_floats_bf16x2(w0, w1);
     }
   }
 }
@@ -1487,7 +1470,7 @@ __global__ void __launch_bounds__(kThreads) sparse_decode_simple_kernel(SparseDe
     for (int i = 0; i < 16; ++i) {
       q[i] = p.q.dtype == DType::kFloat32
                  ? static_cast<const float*>(p.q.data)[q_offset + i]
-                 : bf16_value(static_cast<const uint16_t*>(p.q.data)[q_offset + i]);
+                 : bf16_bits_value(static_cast<const uint16_t*>(p.q.data)[q_offset + i]);
       finite = finite && is_finite(q[i]);
       acc[i] = 0.0f;
     }
@@ -1625,15 +1608,10 @@ TensorCoreLaunch plan_tensor_core(const SparseDecodeProblem& p, bool pipelined, 
     }
     hdk::detail::allow_dynamic_shared_memory(launch.kernel, launch.shared_bytes, device,
                                              kOperation);
-    // Every cluster size a row of these head groups can take (above 8 CTAs: 0 where the device
-    // does not run clusters of that size).
-    const hdk::detail::ResidentClusterCounts& counts = hdk::detail::resident_clusters(
+    // Every cluster size (above 8 CTAs: 0 where the device does not run clusters of that size).
+    const hdk::detail::ResidentClusterCounts& resident = hdk::detail::resident_clusters(
         launch.kernel, launch.threads, static_cast<size_t>(launch.shared_bytes), device,
         kOperation);
-    ResidentClusters resident;
-    const int groups = sparse_head_groups(p.num_heads);
-    for (int size = groups; size <= kSparseMaxWideCluster; size += groups)
-      resident.by_size[size] = counts.by_size[size];
     launch.plan = plan_sparse_decode(p.num_rows, p.num_heads, p.list_length(), resident,
                                      use_pipelined ? kSparsePipelinedCosts : kSparseMmaCosts);
     if (const int forced_splits = splits_override.load(); forced_splits > 0) {

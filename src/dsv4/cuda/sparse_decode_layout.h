@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "core/host_device.h"
+#include "core/resident_clusters.h"
 #include "dsv4/e4m3_bits.h"
 
 namespace hdk {
@@ -106,10 +107,10 @@ HDK_HOST_DEVICE WgmmaOperand outputs_operand(int half, int k_step, int rows) {
 }
 
 // ---- Launch plan ----------------------------------------------------------------------------
-constexpr int kSparseHeadsPerCta = 64;     // 4 head tiles of 16
-constexpr int kSparseTile = 64;            // entries per step of the list
-constexpr int kSparseMaxCluster = 8;       // the portable cluster size
-constexpr int kSparseMaxWideCluster = 16;  // non-portable, where the device runs it
+constexpr int kSparseHeadsPerCta = 64;  // 4 head tiles of 16
+constexpr int kSparseTile = 64;         // entries per step of the list
+constexpr int kSparseMaxCluster = hdk::detail::kPortableClusterSize;
+constexpr int kSparseMaxWideCluster = hdk::detail::kMaxClusterSize;  // where the device runs it
 
 // One cluster per query row: `groups` CTAs own 64 heads each, `splits` CTAs share the list.
 struct SparsePlan {
@@ -124,18 +125,6 @@ HDK_HOST_DEVICE bool sparse_mma_supports(int64_t heads) {
   return heads > 0 && heads % 16 == 0 &&
          (heads + kSparseHeadsPerCta - 1) / kSparseHeadsPerCta <= kSparseMaxCluster;
 }
-
-// How many clusters of each size (1 .. kSparseMaxWideCluster CTAs) the device runs at once
-// (cudaOccupancyMaxActiveClusters): a cluster needs its SMs in one GPC, so this is often well
-// under SMs / size (H100, the pipelined kernel: 132, 66, 39, 30, 22, 17, 15 and 15 for 1 to 8
-// CTAs, 9 for 9, 7 for 10 to 16). Clusters above the portable
-// 8 are planned only where the device runs clusters of 16. A size left at 0 is never planned.
-struct ResidentClusters {
-  int by_size[kSparseMaxWideCluster + 1] = {};
-  HDK_HOST_DEVICE int largest() const {
-    return by_size[kSparseMaxWideCluster] > 0 ? kSparseMaxWideCluster : kSparseMaxCluster;
-  }
-};
 
 // Head groups of 64 for Hq heads, and tiles of a list.
 HDK_HOST_DEVICE int sparse_head_groups(int64_t heads) {
@@ -183,9 +172,10 @@ constexpr SparseKernelCosts kSparsePipelinedCosts{4, 3};
 // (Pro HCA N = 32: 4 splits, 3 waves of 17 tiles, 346.7 us, against 1 split of 66, 411.6; both
 // on the mma kernel, 2026-11-23). With every count between the powers of two, Flash HCA N = 32
 // takes 3 splits (39 clusters of 3 at once: 1 wave of 22 tiles), 77.8 us against 2 splits'
-// 104.8 (pipelined kernel, 2026-11-27).
+// 104.8 (pipelined kernel, 2026-11-27). A cluster size at 0 in `resident` (one the device does
+// not run) is never planned, and sizes above the portable 8 only where it runs clusters of 16.
 HDK_HOST_DEVICE SparsePlan plan_sparse_decode(int64_t rows, int64_t heads, int64_t list_length,
-                                              const ResidentClusters& resident,
+                                              const hdk::detail::ResidentClusterCounts& resident,
                                               SparseKernelCosts costs = kSparseMmaCosts) {
   SparsePlan plan;
   plan.groups = sparse_head_groups(heads);
