@@ -694,7 +694,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   };
-  if (!cluster_select(shared, launch.sort_capacity, want, length, for_each_entry)) return;
+  // Winners and candidates go to the leader in batches of 4 rounds (cluster_select.cuh): the
+  // select runs after the scoring, whose registers it reuses.
+  if (!cluster_select<4>(shared, launch.sort_capacity, want, length, for_each_entry)) return;
 
   const uint64_t* sorted =
       reinterpret_cast<const uint64_t*>(shared + select_layout(launch.sort_capacity).sorted);

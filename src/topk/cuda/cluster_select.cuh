@@ -9,7 +9,8 @@
 //     k-th entry. Usually one level suffices: it stops as soon as the chosen bin is needed whole
 //     or holds at most kCandidates entries.
 //  2. One pass over the segment appends the entries above the chosen bin (winners) and those in
-//     it (candidates) to the leader CTA's shared memory (one remote atomic per warp).
+//     it (candidates) to the leader CTA's shared memory (one remote atomic per warp and list for
+//     every kAppendBatch rounds that have any; the caller picks the batch).
 //  3. The leader alone finishes the radix select on the candidates (shared memory and
 //     __syncthreads only), appends the ones it needs and sorts the exactly `want` winners
 //     (bitonic), largest first.
@@ -84,6 +85,40 @@ __device__ __forceinline__ void warp_append(uint64_t* buffer, unsigned int* coun
   if (lane == first) slot = atomicAdd(count, static_cast<unsigned int>(__popc(ballot)));
   slot = __shfl_sync(kFullMask, slot, first);
   if (take) buffer[slot + __popc(ballot & ((1u << lane) - 1u))] = entry;
+}
+
+// The winners and candidates of up to kBatch rounds of one lane, held in registers so that a
+// warp reserves room for all of them with one atomic per list.
+template <int kBatch>
+struct PendingAppends {
+  uint64_t entry[kBatch];
+  bool win[kBatch] = {};
+  bool maybe[kBatch] = {};
+  int filled = 0;  // the same in every lane of the warp
+};
+
+// warp_append for the entries of a batch whose flag (`take`) is set: one atomic for the batch.
+template <int kBatch>
+__device__ __forceinline__ void warp_append_batch(uint64_t* buffer, unsigned int* count,
+                                                  const uint64_t (&entry)[kBatch],
+                                                  const bool (&take)[kBatch], int lane) {
+  unsigned int ballot[kBatch];
+  unsigned int total = 0;
+#pragma unroll
+  for (int j = 0; j < kBatch; ++j) {
+    ballot[j] = __ballot_sync(kFullMask, take[j]);
+    total += static_cast<unsigned int>(__popc(ballot[j]));
+  }
+  if (total == 0) return;
+  unsigned int slot = 0;
+  if (lane == 0) slot = atomicAdd(count, total);
+  slot = __shfl_sync(kFullMask, slot, 0);
+  const unsigned int lanes_below = (1u << lane) - 1u;
+#pragma unroll
+  for (int j = 0; j < kBatch; ++j) {
+    if (take[j]) buffer[slot + __popc(ballot[j] & lanes_below)] = entry[j];
+    slot += static_cast<unsigned int>(__popc(ballot[j]));
+  }
 }
 
 // Finds the bin (of kBins, higher bins hold larger entries) where the count of entries in
@@ -236,7 +271,12 @@ __device__ inline void sort_largest_first(uint64_t* values, int count) {
 // false), so visit may use warp collectives. `first` is true on the first pass over the segment
 // (a caller may compute or load its entries then and cache them). It may use __syncthreads but
 // no cluster barrier.
-template <typename ForEachEntry>
+//
+// kAppendBatch: how many rounds with winners or candidates a warp holds in registers before it
+// appends them to the leader (one remote atomic per list for the batch). 4 suits a caller whose
+// registers are spent elsewhere (index_topk: 1.01-1.05x); hdk::topk keeps 1, since holding a
+// batch took its kernel from 63 to 109 registers and made it 0.85-0.99x (H100, 2026-11-27).
+template <int kAppendBatch, typename ForEachEntry>
 __device__ bool cluster_select(uint8_t* shared, int sort_capacity, int64_t want, int64_t length,
                                ForEachEntry&& for_each_entry) {
   using namespace cluster_select_detail;
@@ -306,20 +346,54 @@ __device__ bool cluster_select(uint8_t* shared, int sort_capacity, int64_t want,
     if (control->count <= static_cast<unsigned int>(kCandidates)) break;
   }
 
-  // 2. Winners and candidates to the leader.
+  // 2. Winners and candidates to the leader. A warp holds the entries of kAppendBatch rounds that
+  // have any before it appends them, one remote atomic per list for the batch: where most rounds
+  // have some (a row's top 512 of 65536 in an 11-bit bin of up to 4096 candidates), an atomic
+  // round trip per round and list was most of the pass.
   unsigned int* leader_winners = cluster.map_shared_rank(&control->winners, 0);
   unsigned int* leader_candidates = cluster.map_shared_rank(&control->candidates, 0);
   uint64_t* leader_sorted = cluster.map_shared_rank(sorted, 0);
   uint64_t* leader_candidate = cluster.map_shared_rank(candidate, 0);
-  for_each_entry(select_all, [&](uint32_t key, uint32_t column, bool in_range) {
-    const uint64_t entry = ranked_entry(key, column);
-    const uint64_t top = select_all ? 0 : top_bits(entry, prefix_bits);
-    const bool win = in_range && (select_all || top > prefix || (done && top == prefix));
-    const bool maybe = in_range && !done && top == prefix;
-    if (__ballot_sync(kFullMask, win || maybe) == 0) return;  // most warps, most of the time
-    warp_append(leader_sorted, leader_winners, win, entry, lane);
-    warp_append(leader_candidate, leader_candidates, maybe, entry, lane);
-  });
+  // The entry's verdict is written out in both forms below: shared through a lambda, the
+  // one-round form compiled to other code than the one hdk::topk was measured and tested with.
+  if constexpr (kAppendBatch == 1) {
+    for_each_entry(select_all, [&](uint32_t key, uint32_t column, bool in_range) {
+      const uint64_t entry = ranked_entry(key, column);
+      const uint64_t top = select_all ? 0 : top_bits(entry, prefix_bits);
+      const bool win = in_range && (select_all || top > prefix || (done && top == prefix));
+      const bool maybe = in_range && !done && top == prefix;
+      if (__ballot_sync(kFullMask, win || maybe) == 0) return;  // most warps, most of the time
+      warp_append(leader_sorted, leader_winners, win, entry, lane);
+      warp_append(leader_candidate, leader_candidates, maybe, entry, lane);
+    });
+  } else {
+    PendingAppends<kAppendBatch> pending;
+    auto append_pending = [&]() {
+      warp_append_batch(leader_sorted, leader_winners, pending.entry, pending.win, lane);
+      warp_append_batch(leader_candidate, leader_candidates, pending.entry, pending.maybe, lane);
+#pragma unroll
+      for (int j = 0; j < kAppendBatch; ++j)
+        pending.win[j] = pending.maybe[j] = false;
+      pending.filled = 0;
+    };
+    for_each_entry(select_all, [&](uint32_t key, uint32_t column, bool in_range) {
+      const uint64_t entry = ranked_entry(key, column);
+      const uint64_t top = select_all ? 0 : top_bits(entry, prefix_bits);
+      const bool win = in_range && (select_all || top > prefix || (done && top == prefix));
+      const bool maybe = in_range && !done && top == prefix;
+      if (__ballot_sync(kFullMask, win || maybe) == 0) return;  // most warps, most of the time
+#pragma unroll
+      for (int j = 0; j < kAppendBatch; ++j) {
+        if (j == pending.filled) {
+          pending.entry[j] = entry;
+          pending.win[j] = win;
+          pending.maybe[j] = maybe;
+        }
+      }
+      if (++pending.filled == kAppendBatch) append_pending();
+    });
+    if (pending.filled > 0) append_pending();
+  }
   cluster.sync();  // the leader's buffers are complete; the other CTAs are done
   if (rank != 0) return false;
 

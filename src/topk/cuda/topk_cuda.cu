@@ -107,7 +107,8 @@ __global__ void __launch_bounds__(kMaxThreads)
     }
   };
 
-  if (!cluster_select(shared, sort_capacity, want, length, for_each_entry)) return;
+  // One round a batch: a batch held in registers costs this kernel occupancy (cluster_select).
+  if (!cluster_select<1>(shared, sort_capacity, want, length, for_each_entry)) return;
   const uint64_t* sorted =
       reinterpret_cast<const uint64_t*>(shared + select_layout(sort_capacity).sorted);
   const int count = static_cast<int>(want);
