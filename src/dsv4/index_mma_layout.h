@@ -17,7 +17,6 @@
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 
 #include "core/host_device.h"
 #include "dsv4/bf16_pairs.h"

@@ -172,8 +172,9 @@ constexpr SparseKernelCosts kSparsePipelinedCosts{4, 3};
 // (Pro HCA N = 32: 4 splits, 3 waves of 17 tiles, 346.7 us, against 1 split of 66, 411.6; both
 // on the mma kernel, 2026-11-23). With every count between the powers of two, Flash HCA N = 32
 // takes 3 splits (39 clusters of 3 at once: 1 wave of 22 tiles), 77.8 us against 2 splits'
-// 104.8 (pipelined kernel, 2026-11-27). A cluster size at 0 in `resident` (one the device does
-// not run) is never planned, and sizes above the portable 8 only where it runs clusters of 16.
+// 104.8 (pipelined kernel, 2026-11-27). A split count whose cluster size is at 0 in `resident`
+// (one the device does not run) is not taken, and sizes above the portable 8 only where the
+// device runs clusters of 16; one split always is (the launch reports a device that runs none).
 HDK_HOST_DEVICE SparsePlan plan_sparse_decode(int64_t rows, int64_t heads, int64_t list_length,
                                               const hdk::detail::ResidentClusterCounts& resident,
                                               SparseKernelCosts costs = kSparseMmaCosts) {
