@@ -1,7 +1,7 @@
 // bf16 values and pairs of them in one 32-bit register, as host-and-device functions with the
 // same bits on both sides (the CPU tests emulate the kernels' conversions with them): rounding,
-// packing, the fp32 hi + lo split, byte permutes and the bf16x2 product. Shared by index_topk's
-// and sparse_decode's kernels.
+// packing, the finiteness of a pair, the fp32 hi + lo split, byte permutes and the bf16x2
+// product. Shared by index_topk's and sparse_decode's kernels.
 #pragma once
 
 #include <cstdint>
@@ -47,6 +47,11 @@ HDK_HOST_DEVICE uint32_t pack_floats_bf16x2(float low, float high) {
 #else
   return pack_bf16x2(bf16_rn_bits(low), bf16_rn_bits(high));
 #endif
+}
+
+// Whether both bf16 of a pair are finite: an exponent of all ones is an infinity or a NaN.
+HDK_HOST_DEVICE bool bf16x2_finite(uint32_t pair) {
+  return (pair & 0x7f80u) != 0x7f80u && (pair & 0x7f800000u) != 0x7f800000u;
 }
 
 // The (hi, lo) bf16 parts of a finite fp32 query value: hi + lo is within 2^-17 |value|.

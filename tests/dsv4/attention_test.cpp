@@ -1388,6 +1388,29 @@ TEST_P(SparseDecode, EverySplitCount) {
   }
 }
 
+// Rows held by one CTA each (one head group, one split: the combine of a single partial) at
+// every output dtype, with outputs off the vector grid, heads that do not fill the group, and
+// an empty row.
+TEST_P(SparseDecode, RowsOfOneCta) {
+  uint64_t seed = 400;
+  for (int64_t heads : {64, 48}) {
+    for (DType dtype : {DType::kBFloat16, DType::kFloat32}) {
+      for (bool misaligned : {false, true}) {
+        SparseCase c;
+        c.N = 3;
+        c.heads = heads;
+        c.L = 300;
+        c.out_dtype = dtype;
+        c.misaligned = misaligned;
+        c.empty_rows = std::vector<int64_t>{1};
+        c.seed = seed++;
+        ForcedSplits forced(1);
+        run_sparse_case(c, GetParam());
+      }
+    }
+  }
+}
+
 // Batches of the bandwidth target (N >= 32) with Flash's and Pro's heads: one list split or none.
 TEST_P(SparseDecode, Batches) {
   SparseCase c;

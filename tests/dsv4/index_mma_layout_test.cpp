@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "dsv4/bf16_pairs.h"
 #include "dsv4/index_mma_layout.h"
 #include "dsv4/index_wgmma_layout.h"
 #include "dsv4/kv_cache_problem.h"
@@ -140,6 +141,20 @@ TEST(IndexMmaLayout, Fp32QueriesSplitIntoTwoBf16) {
     split_bf16(value, hi, lo);
     const double sum = static_cast<double>(bf16_bits_value(hi)) + bf16_bits_value(lo);
     ASSERT_LE(std::fabs(sum - value), std::ldexp(std::fabs(value), -16)) << value;
+  }
+}
+
+// The kernels' check of staged bf16 query pairs (index staging, sparse_decode's cp.async
+// copies): a pair is finite exactly when both of its values are, for every bf16 value in either
+// half.
+TEST(Bf16Pairs, PairIsFiniteExactlyWhenBothValuesAre) {
+  const uint32_t finite_values[] = {0x0000u, 0x8000u, 0x3f80u, 0x7f7fu, 0xff7fu, 0x0001u};
+  for (uint32_t bits = 0; bits <= 0xffffu; ++bits) {
+    const bool finite = std::isfinite(bf16_bits_value(bits));
+    for (const uint32_t other : finite_values) {
+      ASSERT_EQ(bf16x2_finite(pack_bf16x2(bits, other)), finite) << std::hex << bits;
+      ASSERT_EQ(bf16x2_finite(pack_bf16x2(other, bits)), finite) << std::hex << bits;
+    }
   }
 }
 

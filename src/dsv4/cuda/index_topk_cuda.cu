@@ -33,6 +33,7 @@
 
 #include "core/cuda_helpers.h"
 #include "core/fast_divide.h"
+#include "dsv4/bf16_pairs.h"
 #include "dsv4/cuda/count_invalid.cuh"
 #include "dsv4/cuda/gate_mma.cuh"
 #include "dsv4/cuda/wgmma.cuh"
@@ -187,8 +188,7 @@ __device__ bool stage_queries(const IndexerProblem& p, int64_t row, const IndexL
         } else {
           // Dims j and j + 4: halves j % 2 of words j / 2 and j / 2 + 2.
           hi = __byte_perm(w[j / 2], w[j / 2 + 2], j % 2 == 0 ? 0x5410 : 0x7632);
-          const uint32_t exponents = hi & 0x7f807f80u;  // all ones: infinity or NaN
-          bad |= (exponents & 0xffffu) == 0x7f80u || (exponents >> 16) == 0x7f80u;
+          bad |= !bf16x2_finite(hi);
         }
         *reinterpret_cast<uint32_t*>(shared + launch.q + offset) = hi;
         if (kFp32Q) *reinterpret_cast<uint32_t*>(shared + launch.q_lo + offset) = lo;
