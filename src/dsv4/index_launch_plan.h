@@ -50,6 +50,9 @@ struct IndexLaunch {
   int64_t page_capacity = 0;  // more pages than this are looked up in the block table
   size_t scores = 0;          // chunk uint32 keys
   size_t bytes = 0;           // dynamic shared memory, with the room to reach a 1024-byte boundary
+  // The select's first-level histogram (select_layout's, buffer 0) lies apart from everything
+  // staging and scoring use, so resident CTAs count it while they score.
+  bool count_first_level = false;
 };
 
 // Up to 64 heads the tensor-core kernel scores a warpgroup's 64 entries per wgmma product
@@ -176,6 +179,12 @@ inline IndexLaunchPlan plan_index_launch(
   launch.q_lo = launch.q + fragment_bytes;
   launch.chunk = std::min(chunk_limit, ceil_div(per_cta, 32) * 32);
   launch.bytes = launch.scores + static_cast<size_t>(launch.chunk) * 4 + kIndexSharedAlignment;
+  // Overlaid, the queries, weights and pages sit in the select's space: fp32 queries (32 KiB)
+  // with a sort capacity of 512 reach the histogram.
+  const size_t staged_end = std::max(
+      {launch.q + align16(q_bytes), launch.weights + weight_bytes, launch.pages + page_bytes});
+  launch.count_first_level =
+      !launch.overlay || staged_end <= hdk::detail::select_layout(launch.sort_capacity).histogram;
   return plan;
 }
 

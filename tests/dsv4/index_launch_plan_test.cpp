@@ -95,6 +95,19 @@ void check_plan(const Call& c) {
   ASSERT_LE(pages_end, l.scores);
   ASSERT_EQ(l.q_lo, l.q + fragment_bytes);
   ASSERT_LE(q_end, l.scores);  // queries before scores (both live while scoring)
+  // The first level of the select, counted while scoring, must not share bytes with anything
+  // staging or scoring writes or reads.
+  const size_t first_level = hdk::detail::select_layout(l.sort_capacity).histogram;
+  const size_t first_level_end = first_level + hdk::detail::kSelectBins * size_t{4};
+  auto apart = [&](size_t begin, size_t end) {
+    return end <= first_level || begin >= first_level_end;
+  };
+  if (l.count_first_level) {
+    ASSERT_TRUE(apart(l.q, q_end));
+    ASSERT_TRUE(apart(l.weights, weights_end));
+    ASSERT_TRUE(apart(l.pages, pages_end));
+    ASSERT_TRUE(apart(l.scores, l.scores + static_cast<size_t>(l.chunk) * 4));
+  }
   const int64_t per_cta = (c.capacity + C - 1) / C;
   if (l.overlay) {
     // Every row is scored once, before the select: all of its scores must be resident.
@@ -140,6 +153,14 @@ TEST(IndexLaunchPlan, ContractShapesStayResident) {
       }
     }
   }
+  // bf16 queries count the select's first level while scoring at either top_k; fp32 queries
+  // (32 KiB) reach its histogram at a sort capacity of 512, and leave it to the select.
+  EXPECT_TRUE(plan_index_launch(64, 64, 65536, 512, true, false, kH100Sms, kH100Shared)
+                  .launch.count_first_level);
+  EXPECT_TRUE(plan_index_launch(64, 64, 65536, 1024, true, false, kH100Sms, kH100Shared)
+                  .launch.count_first_level);
+  EXPECT_FALSE(plan_index_launch(64, 64, 65536, 512, true, true, kH100Sms, kH100Shared)
+                   .launch.count_first_level);
   // 64 rows of 65536: two CTAs a row, one wave of 128 CTAs on 132 SMs.
   EXPECT_EQ(plan_index_launch(64, 64, 65536, 512, true, false, kH100Sms, kH100Shared).cluster_size,
             2);

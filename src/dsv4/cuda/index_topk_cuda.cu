@@ -13,8 +13,9 @@
 //     warps (two 8-entry tiles at a time: mma.sync m16n8k16 for every 16 heads;
 //     dsv4/index_mma_layout.h), or, as a test cross-check, on CUDA cores (one warp per entry,
 //     fp32 FMAs);
-//  3. runs hdk::topk's cluster radix select (topk/cuda/cluster_select.cuh) over those scores;
-//     the leader CTA writes the row's outputs.
+//  3. runs hdk::topk's cluster radix select (topk/cuda/cluster_select.cuh) over those scores
+//     (the warpgroup kernel has counted its first level while scoring, where the launch plan
+//     keeps that histogram apart from the staged data); the leader CTA writes the row's outputs.
 // The scores never leave shared memory: the cluster holds up to 8 x 32768 of them, which covers
 // 262144 entries per row with no workspace. A longer row still gets exact results: each CTA
 // then scores its segment in chunks again on every pass of the select (usually 2 or 3 passes,
@@ -330,11 +331,13 @@ __device__ __forceinline__ KeyPiece load_key_piece(const IndexerProblem& p, int6
 // and r + 8 of its warp's 16 (dsv4/index_wgmma_layout.h) into the A fragments of the tile's 8
 // k-steps, the warpgroup multiplies them by the staged q (twice for fp32 q: hi and lo), and the
 // 4 threads of a quad sum relu(D) x weight over their 16 heads each. The raw bytes of the next
-// kWarpgroupStages tiles are in flight meanwhile.
+// kWarpgroupStages tiles are in flight meanwhile. With `first_level`, each score is also counted
+// into the select's first-level histogram (the pass the select would otherwise make over the
+// scores).
 template <bool kFp32Q, KeyFormat kFormat>
 __device__ void score_warpgroup(const IndexerProblem& p, int64_t row, int64_t first, int64_t count,
                                 const IndexLaunch& launch, const uint8_t* shared, uint32_t* out,
-                                bool wide, const KeyPages& pages) {
+                                bool wide, const KeyPages& pages, uint32_t* first_level) {
   const int warpgroup = threadIdx.x / 128, thread = threadIdx.x % 128;
   const int lane = threadIdx.x & 31, t = lane & 3;
   const int upper = wgmma_d_coord(thread, 0).row;  // this thread's rows: upper and upper + 8
@@ -431,7 +434,12 @@ __device__ void score_warpgroup(const IndexerProblem& p, int64_t row, int64_t fi
         const int64_t e = tile * kWarpgroupEntries + upper + 8 * t;
         // A carried 2^-kPlacedShift: exact back (a power of two), not folded into the weights,
         // which could then overflow.
-        if (e < count) out[e] = ordered_key((t == 0 ? sum[0] : sum[1]) * kPlacedScoreFactor);
+        if (e < count) {
+          const uint32_t key = ordered_key((t == 0 ? sum[0] : sum[1]) * kPlacedScoreFactor);
+          out[e] = key;
+          if (first_level != nullptr)
+            atomicAdd(&first_level[key >> (32 - hdk::detail::kSelectDigitBits)], 1u);
+        }
       }
     }
   }
@@ -599,6 +607,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   load_blocks(0);
   bad |= stage_queries<kScore, kFp32Q>(p, row, launch, shared);
+  // The warpgroup kernel counts the select's first level while it scores (from zero; the barrier
+  // below orders this before any count).
+  uint32_t* const first_level =
+      kScore == ScoreKernel::kWarpgroup && launch.count_first_level
+          ? reinterpret_cast<uint32_t*>(shared + select_layout(launch.sort_capacity).histogram)
+          : nullptr;
+  if (first_level != nullptr) {
+    for (int bin = tid; bin < hdk::detail::kSelectBins; bin += kThreads)
+      first_level[bin] = 0;
+  }
   for (int64_t h = tid; h < launch.staged_heads; h += kThreads) {
     const float w = h == tid ? own_weight
                     : h < p.num_heads
@@ -665,10 +683,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t begin = min(length, rank * segment);
   const int64_t size = min(length, begin + segment) - begin;
   const bool resident = size <= launch.chunk;
+  // Counted while scoring only when every score is scored once, before the select.
+  uint32_t* const counts = resident ? first_level : nullptr;
   auto score = [&](int64_t first, int64_t count) {
     if (kScore == ScoreKernel::kWarpgroup) {
       score_warpgroup<kFp32Q, kFormat>(p, row, begin + first, count, launch, shared, scores, wide,
-                                       pages);
+                                       pages, counts);
     } else if (kScore == ScoreKernel::kWarp) {
       score_warp<kFp32Q, kFormat>(p, row, begin + first, count, launch, shared, scores, wide,
                                   pages);
@@ -696,7 +716,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   // Winners and candidates go to the leader in batches of 4 rounds (cluster_select.cuh): the
   // select runs after the scoring, whose registers it reuses.
-  if (!cluster_select<4>(shared, launch.sort_capacity, want, length, for_each_entry)) return;
+  if (!cluster_select<4>(shared, launch.sort_capacity, want, length, for_each_entry,
+                         counts != nullptr)) {
+    return;
+  }
 
   const uint64_t* sorted =
       reinterpret_cast<const uint64_t*>(shared + select_layout(launch.sort_capacity).sorted);

@@ -7,7 +7,8 @@
 //     that match the prefix chosen so far (2048 bins in shared memory), the cluster sums its
 //     histograms through distributed shared memory, and every CTA finds the bin that holds the
 //     k-th entry. Usually one level suffices: it stops as soon as the chosen bin is needed whole
-//     or holds at most kCandidates entries.
+//     or holds at most kCandidates entries. A caller may count the first level itself (see
+//     cluster_select's first_level_counted).
 //  2. One pass over the segment appends the entries above the chosen bin (winners) and those in
 //     it (candidates) to the leader CTA's shared memory (one remote atomic per warp and list for
 //     every kAppendBatch rounds that have any; the caller picks the batch).
@@ -276,9 +277,15 @@ __device__ inline void sort_largest_first(uint64_t* values, int count) {
 // appends them to the leader (one remote atomic per list for the batch). 4 suits a caller whose
 // registers are spent elsewhere (index_topk: 1.01-1.05x); hdk::topk keeps 1, since holding a
 // batch took its kernel from 63 to 109 registers and made it 0.85-0.99x (H100, 2026-11-27).
+//
+// first_level_counted: the caller has already counted the first level, the top kSelectDigitBits
+// bits of every key of its segment, into buffer 0 of select_layout's histogram (zeroed, then
+// one atomicAdd a key, before this call; index_topk does it while it scores). The select then
+// neither zeroes that buffer nor makes that pass (nor tells a later level's pass `first`: the
+// caller has its entries at hand).
 template <int kAppendBatch, typename ForEachEntry>
 __device__ bool cluster_select(uint8_t* shared, int sort_capacity, int64_t want, int64_t length,
-                               ForEachEntry&& for_each_entry) {
+                               ForEachEntry&& for_each_entry, bool first_level_counted = false) {
   using namespace cluster_select_detail;
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
@@ -296,7 +303,7 @@ __device__ bool cluster_select(uint8_t* shared, int sort_capacity, int64_t want,
   uint32_t* totals = reinterpret_cast<uint32_t*>(shared + layout.totals);
   uint32_t* warp_sums = reinterpret_cast<uint32_t*>(shared + layout.warp_sums);
 
-  for (int i = tid; i < 2 * kBins; i += threads)
+  for (int i = (first_level_counted ? kBins : 0) + tid; i < 2 * kBins; i += threads)
     histogram[i] = 0;
   if (tid == 0) {
     control->winners = 0;
@@ -313,17 +320,19 @@ __device__ bool cluster_select(uint8_t* shared, int sort_capacity, int64_t want,
   for (int level = 0; !done; ++level) {
     uint32_t* counts = histogram + (level & 1) * kBins;
     const Digit digit = digit_after(prefix_bits);
-    for_each_entry(level == 0, [&](uint32_t key, uint32_t column, bool in_range) {
-      if (prefix_bits == 0) {  // the first digit lies in the key: no 64-bit entry needed
-        histogram_add(counts, in_range, key >> (32 - kDigitBits), lane);
-        return;
-      }
-      const uint64_t entry = ranked_entry(key, column);
-      const bool counted = in_range && top_bits(entry, prefix_bits) == prefix;
-      const unsigned int bin =
-          static_cast<unsigned int>(entry >> digit.shift) & ((1u << digit.width) - 1u);
-      histogram_add(counts, counted, bin, lane);
-    });
+    if (level > 0 || !first_level_counted) {
+      for_each_entry(level == 0, [&](uint32_t key, uint32_t column, bool in_range) {
+        if (prefix_bits == 0) {  // the first digit lies in the key: no 64-bit entry needed
+          histogram_add(counts, in_range, key >> (32 - kDigitBits), lane);
+          return;
+        }
+        const uint64_t entry = ranked_entry(key, column);
+        const bool counted = in_range && top_bits(entry, prefix_bits) == prefix;
+        const unsigned int bin =
+            static_cast<unsigned int>(entry >> digit.shift) & ((1u << digit.width) - 1u);
+        histogram_add(counts, counted, bin, lane);
+      });
+    }
     cluster.sync();  // every CTA's histogram of this level is complete
     for (int bin = tid; bin < kBins; bin += threads) {
       uint32_t total = 0;
