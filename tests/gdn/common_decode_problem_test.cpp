@@ -276,12 +276,45 @@ TEST(GdnLaunchPlan, OneTokenCallsOfTheCommonFormRunTheBuildWithoutATokenLoop) {
   // bf16 state at every size (the full problem's threshold is 192 heads).
   EXPECT_TRUE(plan(1, DType::kBFloat16, automatic));
   EXPECT_TRUE(plan(48, DType::kBFloat16, automatic));
-  // fp32 state up to 4096 heads, the token loop above; either when forced.
+  // fp32 state below 4096 heads (from there the full block's 16 x 4 shape runs, below); the
+  // token loop when forced.
   EXPECT_TRUE(plan(1, DType::kFloat32, automatic));
-  EXPECT_TRUE(plan(1024, DType::kFloat32, automatic));
-  EXPECT_FALSE(plan(1025, DType::kFloat32, automatic));
-  EXPECT_TRUE(plan(1025, DType::kFloat32, gdn::detail::LeanBuild::kOneToken));
+  EXPECT_TRUE(plan(1023, DType::kFloat32, automatic));
   EXPECT_FALSE(plan(1, DType::kFloat32, gdn::detail::LeanBuild::kTokenLoop));
+}
+
+TEST(GdnLaunchPlan, Fp32OneTokenCallsFrom4096HeadsRunSixteenLanesAndFourRows) {
+  auto plan = [](int64_t B, DType state) {
+    GdnCaseConfig config = engine_call();
+    config.B = B, config.state_dtype = state;  // 4 value heads a request
+    return plan_with(HostCall(config).problem());
+  };
+  const gdn::detail::LaunchPlan below = plan(1023, DType::kFloat32);  // 4092 heads
+  EXPECT_TRUE(below.common_form);
+  EXPECT_EQ(below.lanes_per_row, 32);
+  EXPECT_EQ(below.rows_per_thread, 8);
+  for (int64_t B : {1024, 1025}) {
+    const gdn::detail::LaunchPlan chosen = plan(B, DType::kFloat32);
+    SCOPED_TRACE(::testing::Message() << "B = " << B);
+    EXPECT_EQ(chosen.kernel, gdn::detail::DecodeKernel::kVKLean);
+    EXPECT_FALSE(chosen.common_form);
+    EXPECT_FALSE(chosen.one_token_build);
+    EXPECT_EQ(chosen.lanes_per_row, 16);
+    EXPECT_EQ(chosen.rows_per_thread, 4);
+  }
+  // Not for bf16 state (whose common form is 16 x 4 already), nor for verify calls or a forced
+  // shape.
+  EXPECT_TRUE(plan(1024, DType::kBFloat16).common_form);
+  GdnCaseConfig verify = engine_call();
+  verify.B = 1024, verify.state_dtype = DType::kFloat32, verify.T = 2, verify.intermediate = true;
+  verify.update_state = false;
+  EXPECT_EQ(plan_with(HostCall(verify).problem()).lanes_per_row, 32);
+  gdn::detail::LaunchOverride forced;
+  forced.lanes_per_row = 32;
+  forced.rows_per_thread = 8;
+  GdnCaseConfig wide = engine_call();
+  wide.B = 1024, wide.state_dtype = DType::kFloat32;
+  EXPECT_TRUE(plan_with(HostCall(wide).problem(), forced).common_form);
 }
 #endif  // HDK_WITH_CUDA
 

@@ -51,8 +51,15 @@ constexpr int64_t kLeanOneTokenMaxHeads = 1024;
 constexpr int64_t kLeanTokenLoopBuildMaxHeads = 192;
 
 // One-token calls of the common form with fp32 state and at most this many (request, value head)
-// pairs run the lean kernel's one-token build (plan_launch has the measurements).
+// pairs run the lean kernel's one-token build (plan_launch has the measurements). From
+// kLeanFp32NarrowRowsMinHeads such calls take another shape, off the common form, unless the
+// shape is forced.
 constexpr int64_t kLeanFp32OneTokenBuildMaxHeads = 4096;
+
+// One-token calls with fp32 state, K = 128 and at least this many (request, value head) pairs run
+// the lean kernel at 16 lanes a row and 4 rows a thread on the full parameter block instead of
+// the common form's 32 x 8 (plan_launch has the measurements).
+constexpr int64_t kLeanFp32NarrowRowsMinHeads = 4096;
 
 // Verify calls with fp32 state and more than two tokens per request run the lean kernel up to
 // this many (request, value head) pairs, the classic one above (plan_launch has the
