@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include "gdn/cuda/decode_cuda.h"
+#include "support/gdn_host_call.h"
 #endif
 
 namespace hdk {
@@ -299,6 +300,27 @@ void capture_and_replay(GdnCaseConfig config) {
   cudaStreamDestroy(stream);
 }
 #endif  // HDK_WITH_CUDA
+
+// fp32 one-token calls from 4096 (request, value head) pairs take 16 lanes x 4 rows on the full
+// parameter block (plan_launch): that path, as the dispatcher picks it, against the float64
+// reference, with random slots, padding rows and poisoned outputs.
+TEST(GdnDecodeCuda, Fp32OneTokenCallsFrom4096HeadsMatchTheReference) {
+  HDK_SKIP_WITHOUT_CUDA();
+#ifdef HDK_WITH_CUDA
+  GdnCaseConfig config;
+  config.B = 1024, config.T = 1, config.H = 2, config.HV = 4, config.K = 128, config.V = 16;
+  config.state_dtype = DType::kFloat32;
+  config.padding_fraction = 0.1;
+  config.seed = 9100;
+  const gdn::detail::LaunchPlan chosen = plan_with(HostCall(config).problem());
+  ASSERT_EQ(chosen.lanes_per_row, 16);
+  ASSERT_EQ(chosen.rows_per_thread, 4);
+  ASSERT_FALSE(chosen.common_form);
+  const GdnCase test_case(config);
+  EXPECT_TRUE(
+      outputs_match(test_case, run_reference(test_case), run_backend(test_case, Backend::kCUDA)));
+#endif
+}
 
 // A captured decode replays with whatever the buffers hold at replay time, on a user stream.
 TEST(GdnDecodeCuda, GraphCaptureAndReplay) {
