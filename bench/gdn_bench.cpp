@@ -350,6 +350,10 @@ void print_usage() {
       "                        lean variant, T = 1: the build with or without the token loop\n"
       "                        (without: bf16 state, or fp32 in the common form; default: the\n"
       "                        dispatcher's, by the heads)\n"
+      "  --load-order inputs-first|state-first\n"
+      "                        lean variant, T = 1: load the token's inputs or the state first\n"
+      "                        (state first: fp32 state in the common form's one-token build;\n"
+      "                        default: the dispatcher's, by the heads)\n"
       "  --cu-seqlens          T = 1 in SGLang's decode form: [1, B] tokens with cu_seqlens\n"
       "                        = 0..B and max_tokens_per_request = 1\n"
       "  --full-problem        lean variant: the full parameter block even for calls of the\n"
@@ -396,10 +400,14 @@ int gdn_command(Options& options) {
   const bool wide_offsets = options.flag("wide-offsets");
   const std::string lean_build = options.text("lean-build", "");
   const bool full_problem = options.flag("full-problem");
+  const std::string load_order = options.text("load-order", "");
   const bool cu_seqlens_form = options.flag("cu-seqlens");
   const bool no_indices = options.flag("no-indices");
   if (!lean_build.empty() && lean_build != "token-loop" && lean_build != "one-token") {
     throw std::runtime_error("--lean-build token-loop|one-token");
+  }
+  if (!load_order.empty() && load_order != "inputs-first" && load_order != "state-first") {
+    throw std::runtime_error("--load-order inputs-first|state-first");
   }
   if (!variant.empty() && variant != "classic" && variant != "lean") {
     throw std::runtime_error("--multi-token-variant classic|lean");
@@ -421,10 +429,13 @@ int gdn_command(Options& options) {
   if (lean_build == "token-loop") forced.lean_build = gdn::detail::LeanBuild::kTokenLoop;
   if (lean_build == "one-token") forced.lean_build = gdn::detail::LeanBuild::kOneToken;
   forced.full_problem = full_problem;
+  if (load_order == "inputs-first") forced.load_order = gdn::detail::LeanLoadOrder::kInputsFirst;
+  if (load_order == "state-first") forced.load_order = gdn::detail::LeanLoadOrder::kStateFirst;
   gdn::detail::set_launch_override(forced);
 #else
   if (forced_warps != 0 || forced_rows != 0 || forced_lanes != 0 || multi_token_always ||
-      one_token_always || !variant.empty() || wide_offsets || !lean_build.empty() || full_problem) {
+      one_token_always || !variant.empty() || wide_offsets || !lean_build.empty() || full_problem ||
+      !load_order.empty()) {
     throw std::runtime_error("the kernel tuning options need the CUDA backend");
   }
 #endif

@@ -316,6 +316,52 @@ TEST(GdnLaunchPlan, Fp32OneTokenCallsFrom4096HeadsRunSixteenLanesAndFourRows) {
   wide.B = 1024, wide.state_dtype = DType::kFloat32;
   EXPECT_TRUE(plan_with(HostCall(wide).problem(), forced).common_form);
 }
+
+TEST(GdnLaunchPlan, Fp32OneTokenCallsLoadTheStateFirstOutsideOneWave) {
+  auto plan = [](int64_t B, DType state,
+                 gdn::detail::LeanLoadOrder order = gdn::detail::LeanLoadOrder::kAuto,
+                 IndexKind indices = IndexKind::kPerRequest) {
+    GdnCaseConfig config = engine_call();
+    config.B = B, config.state_dtype = state;  // 4 value heads of 4 warps a request
+    config.indices = indices;
+    gdn::detail::LaunchOverride forced;
+    forced.load_order = order;
+    return plan_with(HostCall(config).problem(), forced);  // 132 SMs: 4224 warp slots
+  };
+  const auto automatic = gdn::detail::LeanLoadOrder::kAuto;
+  // The state first up to half of the slots (132 requests: 2112 warps) and beyond all of them
+  // (265: 4240), up to the common form's end (4096 heads), with or without a pool index; the
+  // inputs first in between (133 to 264).
+  for (IndexKind indices : {IndexKind::kPerRequest, IndexKind::kNone}) {
+    const bool dense = indices == IndexKind::kNone;
+    SCOPED_TRACE(dense ? "dense states" : "pool index");
+    for (int64_t B : {1, 132, 133, 264, 265, 1023}) {
+      const gdn::detail::LaunchPlan chosen = plan(B, DType::kFloat32, automatic, indices);
+      SCOPED_TRACE(::testing::Message() << "B = " << B);
+      EXPECT_TRUE(chosen.common_form);
+      EXPECT_TRUE(chosen.one_token_build);
+      EXPECT_EQ(chosen.state_first, B >= 265 || B <= 132);
+    }
+  }
+  EXPECT_FALSE(plan(1024, DType::kFloat32).state_first);  // the full block's 16 x 4
+  // Forced either way where the order is built; never for bf16 state.
+  EXPECT_TRUE(plan(1, DType::kFloat32, gdn::detail::LeanLoadOrder::kStateFirst).state_first);
+  EXPECT_FALSE(plan(265, DType::kFloat32, gdn::detail::LeanLoadOrder::kInputsFirst).state_first);
+  EXPECT_FALSE(plan(265, DType::kBFloat16).state_first);
+  EXPECT_FALSE(plan(265, DType::kBFloat16, gdn::detail::LeanLoadOrder::kStateFirst).state_first);
+  // Nor off the common form's one-token build: the token loop or the full block when forced,
+  // or a verify call.
+  gdn::detail::LaunchOverride forced;
+  forced.lean_build = gdn::detail::LeanBuild::kTokenLoop;
+  GdnCaseConfig config = engine_call();
+  config.B = 265, config.state_dtype = DType::kFloat32;
+  EXPECT_FALSE(plan_with(HostCall(config).problem(), forced).state_first);
+  forced = {};
+  forced.full_problem = true;
+  EXPECT_FALSE(plan_with(HostCall(config).problem(), forced).state_first);
+  config.T = 2, config.intermediate = true, config.update_state = false;
+  EXPECT_FALSE(plan_with(HostCall(config).problem()).state_first);
+}
 #endif  // HDK_WITH_CUDA
 
 }  // namespace

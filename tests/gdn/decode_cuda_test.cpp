@@ -322,6 +322,49 @@ TEST(GdnDecodeCuda, Fp32OneTokenCallsFrom4096HeadsMatchTheReference) {
 #endif
 }
 
+// fp32 one-token calls of the common form load the state before the token's inputs beyond one
+// wave and within half of one (plan_launch): that order, as the dispatcher picks
+// it, against the float64 reference, in the fixed-length form and in SGLang's [1, B] + cu_seqlens
+// decode step (each its own instance), with poisoned outputs, and with random slots and padding
+// rows where there is a pool index.
+TEST(GdnDecodeCuda, Fp32OneTokenCallsLoadingTheStateFirstMatchTheReference) {
+  HDK_SKIP_WITHOUT_CUDA();
+#ifdef HDK_WITH_CUDA
+  struct Form {
+    const char* name;
+    int64_t B;
+    bool decode_step;
+    IndexKind indices;
+  };
+  // 600 x 4 heads of 2 warps: 4800 warps, more than 132 SMs hold (4224); 40 x 4 heads: 320.
+  const Form forms[] = {
+      {"fixed length, pool index", 600, false, IndexKind::kPerRequest},
+      {"decode step with cu_seqlens, pool index", 600, true, IndexKind::kPerRequest},
+      {"fixed length, dense states", 40, false, IndexKind::kNone}};
+  uint64_t seed = 9201;
+  for (const Form& form : forms) {
+    SCOPED_TRACE(form.name);
+    GdnCaseConfig config;
+    config.B = form.B, config.T = 1, config.H = 2, config.HV = 4, config.K = 128, config.V = 16;
+    config.state_dtype = DType::kFloat32;
+    config.indices = form.indices;
+    config.padding_fraction = form.indices == IndexKind::kNone ? 0.0 : 0.1;
+    config.seed = seed++;
+    if (form.decode_step) {
+      config.varlen_lengths.assign(static_cast<size_t>(config.B), 1);
+      config.max_tokens_per_request = 1;
+    }
+    const gdn::detail::LaunchPlan chosen = plan_with(HostCall(config).problem());
+    ASSERT_TRUE(chosen.common_form);
+    ASSERT_TRUE(chosen.one_token_build);
+    ASSERT_TRUE(chosen.state_first);
+    const GdnCase test_case(config);
+    EXPECT_TRUE(
+        outputs_match(test_case, run_reference(test_case), run_backend(test_case, Backend::kCUDA)));
+  }
+#endif
+}
+
 // A captured decode replays with whatever the buffers hold at replay time, on a user stream.
 TEST(GdnDecodeCuda, GraphCaptureAndReplay) {
   HDK_SKIP_WITHOUT_CUDA();

@@ -290,6 +290,7 @@ TEST_P(GdnDecodeSemantics, MatchesReference) {
       int warps;  // per CTA, 0 = the dispatcher's
       gdn::detail::LeanBuild lean_build = gdn::detail::LeanBuild::kAuto;
       bool full_problem = false;  // the lean kernel's full parameter block for the common form
+      gdn::detail::LeanLoadOrder load_order = gdn::detail::LeanLoadOrder::kAuto;
     };
     const Forced forced_runs[] = {
         {"one-token kernel forced", OneTokenKernel::kOneToken, MultiTokenVariant::kClassic, false,
@@ -318,6 +319,10 @@ TEST_P(GdnDecodeSemantics, MatchesReference) {
         {"lean multi-token kernel forced, its one-token build on the full parameter block",
          OneTokenKernel::kMultiToken, MultiTokenVariant::kLean, false, 0,
          gdn::detail::LeanBuild::kOneToken, true},
+        {"lean multi-token kernel forced, its one-token build loading the state first (fp32 "
+         "state in the common form)",
+         OneTokenKernel::kMultiToken, MultiTokenVariant::kLean, false, 0,
+         gdn::detail::LeanBuild::kOneToken, false, gdn::detail::LeanLoadOrder::kStateFirst},
     };
     for (const Forced& run : forced_runs) {
       // Restored however the call ends: a throwing backend must not leave later tests on a
@@ -331,6 +336,7 @@ TEST_P(GdnDecodeSemantics, MatchesReference) {
           forced.warps = run.warps;
           forced.lean_build = run.lean_build;
           forced.full_problem = run.full_problem;
+          forced.load_order = run.load_order;
           gdn::detail::set_launch_override(forced);
         }
         ~ForcedKernel() { gdn::detail::set_launch_override(LaunchOverride()); }

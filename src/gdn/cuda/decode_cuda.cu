@@ -35,6 +35,7 @@ std::atomic<MultiTokenVariant> variant_override{MultiTokenVariant::kAuto};
 std::atomic<bool> wide_offsets_override{false};
 std::atomic<LeanBuild> lean_build_override{LeanBuild::kAuto};
 std::atomic<bool> full_problem_override{false};
+std::atomic<LeanLoadOrder> load_order_override{LeanLoadOrder::kAuto};
 
 void check_cuda(cudaError_t status, const char* what) {
   if (status != cudaSuccess) {
@@ -151,6 +152,7 @@ void set_launch_override(const LaunchOverride& forced) {
   wide_offsets_override.store(forced.wide_offsets);
   lean_build_override.store(forced.lean_build);
   full_problem_override.store(forced.full_problem);
+  load_order_override.store(forced.load_order);
 }
 
 const char* decode_kernel_name(DecodeKernel kernel) {
@@ -168,9 +170,8 @@ const char* decode_kernel_name(DecodeKernel kernel) {
 }
 
 LaunchPlan plan_launch(const DecodeProblem& p, int sm_count) {
-  // The choices below come from sweeps on an H100 (docs/gdn-cuda-dispatch.md); sm_count is
-  // kept for heuristics that depend on the device size.
-  (void)sm_count;
+  // The choices below come from sweeps on an H100 (docs/gdn-cuda-dispatch.md); sm_count sizes
+  // the waves of the one rule that depends on them (the fp32 one-token load order).
   LaunchPlan plan;
   const int64_t heads = p.num_requests * p.num_v_heads;
   if (p.layout == StateLayout::kKV) {
@@ -270,6 +271,21 @@ LaunchPlan plan_launch(const DecodeProblem& p, int sm_count) {
       plan.one_token_build =
           one_token_build_exists && (forced_build == LeanBuild::kOneToken ||
                                      (forced_build == LeanBuild::kAuto && one_token_build_pays));
+      // The state before the token's inputs, with fp32 state on the common form's one-token
+      // build, unless the grid fills more than half of the warp slots without exceeding them.
+      // On an H100 (132 SMs, 4224 warps at 64 registers; both Qwen presets, dense states and the
+      // pool, three interleaved rounds in each of two device calls; bench/results/
+      // 2026-11-27-h100-gdn-fp32-state-first) that order was 0.4-4% faster from 320 to 3072 heads
+      // (1.2 to 11.6 waves; Qwen3.5-397B B = 16 dense: 50.51 -> 49.78 us), 0.9% slower to 5%
+      // faster up to 128 heads (half a wave; 32 heads 4.8-5.2% faster), and 0.4-2.3% slower at
+      // 256 heads (0.97 waves), with 160 and 192 heads in between (1.3% slower to 3.2% faster).
+      const LeanLoadOrder forced_order = load_order_override.load();
+      const int64_t grid_warps = heads * plan.tiles_per_head;
+      plan.state_first = plan.common_form &&
+                         lean_state_first_built(state_bytes, plan.one_token_build) &&
+                         (forced_order == LeanLoadOrder::kStateFirst ||
+                          (forced_order == LeanLoadOrder::kAuto &&
+                           lean_fp32_state_first_pays(grid_warps, sm_count)));
       if (one_token && bf16_state && heads > kLeanOneTokenMaxHeads) {
         plan.warps_per_cta = 1;
       }
@@ -335,6 +351,7 @@ void decode_cuda(const DecodeProblem& problem, const DecodeParams& params, CudaS
     lean.narrow_offsets = plan.narrow_offsets;
     lean.one_token = plan.one_token_build;
     lean.common_form = plan.common_form;
+    lean.state_first = plan.state_first;
     if (fp32) {
       launch_decode_vk_lean<float>(problem, lean, cuda_stream);
     } else {

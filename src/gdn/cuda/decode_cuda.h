@@ -38,6 +38,7 @@ struct LaunchPlan {
   bool narrow_offsets = false;   // vkl: 32-bit token offsets (token_offsets_fit_32_bits)
   bool one_token_build = false;  // vkl: the build without a token loop (at most one token each)
   bool common_form = false;      // vkl: parameters as CommonDecodeProblem (the call's form fits)
+  bool state_first = false;      // vkl: the state loaded before the token's inputs
 };
 
 LaunchPlan plan_launch(const DecodeProblem& problem, int sm_count);
@@ -50,6 +51,12 @@ enum class OneTokenKernel { kAuto, kOneToken, kMultiToken };
 // common form only; elsewhere the former runs).
 enum class LeanBuild { kAuto, kTokenLoop, kOneToken };
 
+// In which order the lean kernel loads a one-token call's data: the dispatcher's choice, the
+// token's inputs (q, k, v, gates) before the state, or the state first (built for the common
+// form's one-token build with fp32 state only; elsewhere the inputs come first whatever is
+// forced).
+enum class LeanLoadOrder { kAuto, kInputsFirst, kStateFirst };
+
 // Which build of the multi-token kernel runs: the dispatcher's choice (today the classic one),
 // the classic kernel, or the lean variant (for calls of at most 32 tokens per request; longer
 // ones run the classic kernel whatever is forced).
@@ -60,8 +67,9 @@ enum class MultiTokenVariant { kAuto, kClassic, kLean };
 // (0 = the dispatcher's choice), the kernel of one-token calls and the multi-token variant (the
 // tests run each), and 64-bit token offsets in the lean variant where 32 bits would do (so tests
 // cover both of its builds), and which build of the lean kernel runs one-token calls with bf16
-// state (so tests cover both), and whether calls of the common form run on the full problem (so
-// tests cover both). A combination no kernel was built for is an error at launch.
+// state (so tests cover both), whether calls of the common form run on the full problem (so
+// tests cover both), and the lean kernel's load order (so tests cover both). A combination no
+// kernel was built for is an error at launch.
 struct LaunchOverride {
   int warps = 0;
   int rows_per_thread = 0;
@@ -72,6 +80,7 @@ struct LaunchOverride {
   LeanBuild lean_build = LeanBuild::kAuto;
   // The lean kernel on the full DecodeProblem even where the common form fits.
   bool full_problem = false;
+  LeanLoadOrder load_order = LeanLoadOrder::kAuto;
 };
 void set_launch_override(const LaunchOverride& forced);
 

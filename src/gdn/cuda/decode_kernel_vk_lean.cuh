@@ -146,7 +146,8 @@ __device__ __forceinline__ int qk_head_of(const CommonDecodeProblem& p, int hv) 
 // Problem: DecodeProblem (any call), or CommonDecodeProblem / CommonDecodeStepProblem for a call
 // of the common form (fixed length / SGLang's one-token decode step with cu_seqlens).
 template <typename Problem, typename StateT, typename InputT, int K, int kRowsPerThread, int kLanes,
-          bool kNarrowOffsets, bool kTokenSlots, bool kOneToken, int kMaxRegisters>
+          bool kNarrowOffsets, bool kTokenSlots, bool kOneToken, bool kStateFirst,
+          int kMaxRegisters>
 __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxRegisters)
     gdn_decode_vk_lean_kernel(int tiles_per_head, const Problem p) {
   // tiles_per_head comes first: it then shares the parameters' first constant-cache line with
@@ -311,11 +312,14 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
     }
   };
 
-  // The first token's inputs and every token's gates, then the pool index, then the
-  // state: two DRAM round trips before the first token can start.
+  // The first token's inputs and every token's gates, then the pool index, then the state: two
+  // DRAM round trips before the first token can start. kStateFirst loads the inputs after the
+  // state instead (the launcher's choice, decode_launch.h): the same statements, written out
+  // twice, because through one lambda for both places ptxas scheduled most inputs-first
+  // instances differently from the code that was measured.
   TokenQK next;
   uint32_t next_v = 0;
-  {
+  if constexpr (!kStateFirst) {
     // Before the plan is known: the token range from cu_seqlens only.
     const TokenRange range = request_tokens(p, n);
     const Offset first_token = static_cast<Offset>(range.origin);
@@ -326,7 +330,7 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
     load_token_scalars(first_token, static_cast<Offset>(range.count));
   }
   float A_log = 0.0f, dt_bias = 0.0f;
-  if (p.fused_gating) {
+  if (!kStateFirst && p.fused_gating) {
     A_log = p.A_log[hv * p.A_log_stride];
     dt_bias = load_element(p.dt_bias, p.dt_bias_dtype, hv * p.dt_bias_stride);
   }
@@ -366,6 +370,19 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
             state[r][f * kVec + e] = 0.0f;
         }
       }
+    }
+  }
+  if constexpr (kStateFirst) {
+    const TokenRange range = request_tokens(p, n);
+    const Offset first_token = static_cast<Offset>(range.origin);
+    if (range.count > 0) {
+      load_qk(first_token, next);
+      next_v = load_v(first_token);
+    }
+    load_token_scalars(first_token, static_cast<Offset>(range.count));
+    if (p.fused_gating) {
+      A_log = p.A_log[hv * p.A_log_stride];
+      dt_bias = load_element(p.dt_bias, p.dt_bias_dtype, hv * p.dt_bias_stride);
     }
   }
   float lane_decay, lane_beta;

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "gdn/cuda/decode_vk_lean_registers.h"
 #include "gdn/decode_problem.h"
 
 namespace hdk {
@@ -61,6 +62,25 @@ constexpr int64_t kLeanFp32OneTokenBuildMaxHeads = 4096;
 // the common form's 32 x 8 (plan_launch has the measurements).
 constexpr int64_t kLeanFp32NarrowRowsMinHeads = 4096;
 
+// Whether the common form's one-token build with fp32 state loads the state before the token's
+// inputs, for a grid of `warps` warps on `sm_count` SMs (64 registers a thread: 32 warps an SM):
+// yes, unless the grid fills more than half of the warp slots without exceeding them. Then every
+// warp's loads are issued together, and the inputs' loads would wait behind all of the state's
+// (plan_launch has the measurements).
+constexpr bool lean_fp32_state_first_pays(int64_t warps, int sm_count) {
+  constexpr int64_t kRegistersPerSm = 65536;
+  const int64_t warps_per_sm = kRegistersPerSm / (lean_common_form_register_cap(4, true) * 32);
+  const int64_t resident = sm_count * warps_per_sm;
+  return warps > resident || 2 * warps <= resident;
+}
+
+// The lean kernel's instances that load the state before the token's inputs: the common form's
+// one-token build with fp32 state (bf16 state spilled in that order at the one-token build's
+// register caps).
+constexpr bool lean_state_first_built(int state_bytes, bool one_token) {
+  return state_bytes == 4 && one_token;
+}
+
 // Verify calls with fp32 state and more than two tokens per request run the lean kernel up to
 // this many (request, value head) pairs, the classic one above (plan_launch has the
 // measurements).
@@ -108,6 +128,9 @@ struct LeanLaunch {
   // The call has the common form and an instance for it is built (common_form_built): the
   // parameters go as a CommonDecodeProblem.
   bool common_form = false;
+  // Load the state before the token's inputs (q, k, v, gates); only where
+  // lean_state_first_built holds, in the common form.
+  bool state_first = false;
 };
 
 // The lean variant of the multi-token kernel (decode_kernel_vk_lean.cuh), same shapes; only for

@@ -68,14 +68,26 @@ void launch_vk_lean_shape(const DecodeProblem& problem, const LeanLaunch& plan,
                                                 std::is_same_v<InputT, __nv_bfloat16>);
       if constexpr (kBuilt) {
         constexpr int kCommonRegisters = lean_common_form_register_cap(sizeof(StateT), kOneToken);
-        if (problem.variable_length) {
-          gdn_decode_vk_lean_kernel<CommonDecodeStepProblem, StateT, InputT, K, kRows, kLanes,
-                                    kNarrow, kSlots, kOneToken, kCommonRegisters>
-              <<<grid, block, 0, stream>>>(tiles, to_common_decode_step(problem));
+        auto launch_common = [&](auto state_first) {
+          constexpr bool kStateFirst = decltype(state_first)::value;
+          if (problem.variable_length) {
+            gdn_decode_vk_lean_kernel<CommonDecodeStepProblem, StateT, InputT, K, kRows, kLanes,
+                                      kNarrow, kSlots, kOneToken, kStateFirst, kCommonRegisters>
+                <<<grid, block, 0, stream>>>(tiles, to_common_decode_step(problem));
+          } else {
+            gdn_decode_vk_lean_kernel<CommonDecodeProblem, StateT, InputT, K, kRows, kLanes,
+                                      kNarrow, kSlots, kOneToken, kStateFirst, kCommonRegisters>
+                <<<grid, block, 0, stream>>>(tiles, to_common_form(problem));
+          }
+        };
+        if (!plan.state_first) {
+          launch_common(std::false_type());
+        } else if constexpr (lean_state_first_built(sizeof(StateT), kOneToken)) {
+          launch_common(std::true_type());
         } else {
-          gdn_decode_vk_lean_kernel<CommonDecodeProblem, StateT, InputT, K, kRows, kLanes, kNarrow,
-                                    kSlots, kOneToken, kCommonRegisters>
-              <<<grid, block, 0, stream>>>(tiles, to_common_form(problem));
+          throw Error(
+              "hdk::gdn::decode: internal launch plan error: the lean kernel loads the state "
+              "first only in the common form's one-token build with fp32 state");
         }
         return;
       } else {
@@ -87,8 +99,14 @@ void launch_vk_lean_shape(const DecodeProblem& problem, const LeanLaunch& plan,
     // On the full problem the one-token build exists for bf16 state only (fp32 measured no
     // faster with it there).
     if constexpr (sizeof(StateT) == 2 || !kOneToken) {
+      if (plan.state_first) {
+        throw Error(
+            "hdk::gdn::decode: internal launch plan error: the lean kernel loads the state first "
+            "only in the common form");
+      }
       gdn_decode_vk_lean_kernel<DecodeProblem, StateT, InputT, K, kRows, kLanes, kNarrow, kSlots,
-                                kOneToken, kRegisters><<<grid, block, 0, stream>>>(tiles, problem);
+                                kOneToken, false, kRegisters>
+          <<<grid, block, 0, stream>>>(tiles, problem);
     } else {
       throw Error(
           "hdk::gdn::decode: internal launch plan error: the lean kernel's one-token build "
