@@ -353,7 +353,7 @@ void print_usage() {
       "  --load-order inputs-first|state-first\n"
       "                        lean variant, T = 1: load the token's inputs or the state first\n"
       "                        (state first: fp32 state in the common form's one-token build;\n"
-      "                        default: the dispatcher's, by the heads)\n"
+      "                        default: the dispatcher's, by how much of one wave the grid fills)\n"
       "  --cu-seqlens          T = 1 in SGLang's decode form: [1, B] tokens with cu_seqlens\n"
       "                        = 0..B and max_tokens_per_request = 1\n"
       "  --full-problem        lean variant: the full parameter block even for calls of the\n"

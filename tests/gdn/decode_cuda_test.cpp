@@ -301,32 +301,45 @@ void capture_and_replay(GdnCaseConfig config) {
 }
 #endif  // HDK_WITH_CUDA
 
+#ifdef HDK_WITH_CUDA
+// The fp32 one-token call of the two tests below: B requests of 4 value heads of 16 rows each
+// (two warps a head at 32 lanes x 8 rows), K = 128, random slots and 10% padding rows.
+GdnCaseConfig fp32_one_token_call(int64_t B, uint64_t seed) {
+  GdnCaseConfig config;
+  config.B = B, config.T = 1, config.H = 2, config.HV = 4, config.K = 128, config.V = 16;
+  config.state_dtype = DType::kFloat32;
+  config.padding_fraction = 0.1;
+  config.seed = seed;
+  return config;
+}
+
+// The call on the CUDA backend against the float64 reference (outputs poisoned before the run).
+::testing::AssertionResult cuda_matches_reference(const GdnCaseConfig& config) {
+  const GdnCase test_case(config);
+  return outputs_match(test_case, run_reference(test_case), run_backend(test_case, Backend::kCUDA));
+}
+#endif  // HDK_WITH_CUDA
+
 // fp32 one-token calls from 4096 (request, value head) pairs take 16 lanes x 4 rows on the full
 // parameter block (plan_launch): that path, as the dispatcher picks it, against the float64
 // reference, with random slots, padding rows and poisoned outputs.
 TEST(GdnDecodeCuda, Fp32OneTokenCallsFrom4096HeadsMatchTheReference) {
   HDK_SKIP_WITHOUT_CUDA();
 #ifdef HDK_WITH_CUDA
-  GdnCaseConfig config;
-  config.B = 1024, config.T = 1, config.H = 2, config.HV = 4, config.K = 128, config.V = 16;
-  config.state_dtype = DType::kFloat32;
-  config.padding_fraction = 0.1;
-  config.seed = 9100;
+  const GdnCaseConfig config = fp32_one_token_call(1024, 9100);
   const gdn::detail::LaunchPlan chosen = plan_with(HostCall(config).problem());
   ASSERT_EQ(chosen.lanes_per_row, 16);
   ASSERT_EQ(chosen.rows_per_thread, 4);
   ASSERT_FALSE(chosen.common_form);
-  const GdnCase test_case(config);
-  EXPECT_TRUE(
-      outputs_match(test_case, run_reference(test_case), run_backend(test_case, Backend::kCUDA)));
+  EXPECT_TRUE(cuda_matches_reference(config));
 #endif
 }
 
 // fp32 one-token calls of the common form load the state before the token's inputs beyond one
-// wave and within half of one (plan_launch): that order, as the dispatcher picks
-// it, against the float64 reference, in the fixed-length form and in SGLang's [1, B] + cu_seqlens
-// decode step (each its own instance), with poisoned outputs, and with random slots and padding
-// rows where there is a pool index.
+// wave and within half of one (plan_launch): that order, as the dispatcher picks it, against the
+// float64 reference, in the fixed-length form and in SGLang's [1, B] + cu_seqlens decode step
+// (each its own instance), with poisoned outputs, and with random slots and padding rows where
+// there is a pool index.
 TEST(GdnDecodeCuda, Fp32OneTokenCallsLoadingTheStateFirstMatchTheReference) {
   HDK_SKIP_WITHOUT_CUDA();
 #ifdef HDK_WITH_CUDA
@@ -344,12 +357,9 @@ TEST(GdnDecodeCuda, Fp32OneTokenCallsLoadingTheStateFirstMatchTheReference) {
   uint64_t seed = 9201;
   for (const Form& form : forms) {
     SCOPED_TRACE(form.name);
-    GdnCaseConfig config;
-    config.B = form.B, config.T = 1, config.H = 2, config.HV = 4, config.K = 128, config.V = 16;
-    config.state_dtype = DType::kFloat32;
+    GdnCaseConfig config = fp32_one_token_call(form.B, seed++);
     config.indices = form.indices;
-    config.padding_fraction = form.indices == IndexKind::kNone ? 0.0 : 0.1;
-    config.seed = seed++;
+    if (form.indices == IndexKind::kNone) config.padding_fraction = 0.0;
     if (form.decode_step) {
       config.varlen_lengths.assign(static_cast<size_t>(config.B), 1);
       config.max_tokens_per_request = 1;
@@ -358,9 +368,7 @@ TEST(GdnDecodeCuda, Fp32OneTokenCallsLoadingTheStateFirstMatchTheReference) {
     ASSERT_TRUE(chosen.common_form);
     ASSERT_TRUE(chosen.one_token_build);
     ASSERT_TRUE(chosen.state_first);
-    const GdnCase test_case(config);
-    EXPECT_TRUE(
-        outputs_match(test_case, run_reference(test_case), run_backend(test_case, Backend::kCUDA)));
+    EXPECT_TRUE(cuda_matches_reference(config));
   }
 #endif
 }
