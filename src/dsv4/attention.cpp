@@ -5,14 +5,18 @@
 #include "hdk/dsv4/attention.h"
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dsv4/attention_validation.h"
+#include "dsv4/attention_workspace.h"
 #include "dsv4/cpu/attention_cpu.h"
 #include "hdk/error.h"
 
 #ifdef HDK_WITH_CUDA
+#include "core/cuda_helpers.h"
 #include "dsv4/cuda/index_topk_cuda.h"
 #include "dsv4/cuda/kv_cache_cuda.h"
 #include "dsv4/cuda/sparse_decode_cuda.h"
@@ -29,7 +33,45 @@ namespace {
 }
 #endif
 
+// The SM count the workspace sizes are planned for; 0 for the CPU, which uses none.
+int workspace_sm_count(const Device& device, const char* operation) {
+  if (device.is_cpu()) return 0;
+#ifdef HDK_WITH_CUDA
+  return hdk::detail::cached_device_attribute(cudaDevAttrMultiProcessorCount, device.index,
+                                              operation);
+#else
+  no_cuda_build(operation, device);
+#endif
+}
+
+void check_sizes(const char* operation,
+                 std::initializer_list<std::pair<const char*, int64_t>> sizes) {
+  for (const auto& [name, value] : sizes) {
+    if (value < 0) {
+      throw Error(std::string(operation) + ": argument '" + name + "' must not be negative, got " +
+                  std::to_string(value));
+    }
+  }
+}
+
 }  // namespace
+
+int64_t index_topk_workspace_bytes(int64_t num_rows, int64_t max_entries, const Device& device) {
+  constexpr const char* kOperation = "hdk::dsv4::index_topk_workspace_bytes";
+  check_sizes(kOperation, {{"num_rows", num_rows}, {"max_entries", max_entries}});
+  if (workspace_sm_count(device, kOperation) == 0) return 0;
+  return detail::index_workspace_layout(num_rows, max_entries).bytes;
+}
+
+int64_t sparse_decode_workspace_bytes(int64_t num_rows, int64_t num_heads, int64_t list_length,
+                                      const Device& device) {
+  constexpr const char* kOperation = "hdk::dsv4::sparse_decode_workspace_bytes";
+  check_sizes(kOperation,
+              {{"num_rows", num_rows}, {"num_heads", num_heads}, {"list_length", list_length}});
+  const int sm_count = workspace_sm_count(device, kOperation);
+  if (sm_count == 0) return 0;
+  return detail::sparse_workspace_bytes_up_to(num_rows, num_heads, list_length, sm_count);
+}
 
 void index_topk(const IndexerParams& params) {
   index_topk(params, nullptr);

@@ -43,6 +43,8 @@ struct IndexerProblem {
   int32_t* topk_slots = nullptr;  // [N, top_k] or nullptr
   int64_t topk_slots_row_stride = 0;
   Counter invalid_count;
+  uint8_t* workspace = nullptr;  // the caller's workspace (attention_workspace.h) or nullptr
+  int64_t workspace_bytes = 0;
 
   // Flat slot of the row's entry s (s below its num_entries, which the caller checked).
   HDK_HOST_DEVICE int64_t slot(int64_t n, int64_t s) const {
@@ -74,6 +76,8 @@ struct SparseDecodeProblem {
   int64_t lse_row_stride = 0;
   int64_t lse_head_stride = 0;
   Counter invalid_count;
+  uint8_t* workspace = nullptr;  // the caller's workspace (attention_workspace.h) or nullptr
+  int64_t workspace_bytes = 0;
 
   // The whole list of row n: entries 0 .. num_indices - 1 from `indices` over `cache`, then
   // the extra list over extra_cache. list_slot < 0 means the entry is skipped.

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/argument_checks.h"
+#include "dsv4/attention_workspace.h"
 #include "dsv4/kv_cache_validation.h"
 #include "hdk/topk.h"
 
@@ -40,6 +41,25 @@ void check_queries(const ArgumentChecks& check, const TensorView& q, int64_t wid
   problem.q.head_stride = q.strides[1];
 }
 
+// The optional workspace: 1-D contiguous uint8 on the call's device, 256-byte aligned (its size is
+// checked against the launch plan's by the CUDA backend, which knows the SM count).
+void check_workspace(const ArgumentChecks& check, const TensorView& workspace, uint8_t*& data,
+                     int64_t& bytes) {
+  if (!workspace.defined()) return;
+  check.rank_in(workspace, "workspace", {1}, "[bytes]");
+  check.dtype_in(workspace, "workspace", {DType::kUInt8});
+  check.innermost_contiguous(workspace, "workspace");
+  if (reinterpret_cast<uintptr_t>(workspace.data) % kWorkspaceAlignment != 0) {
+    check.fail("argument 'workspace' must be " + text(kWorkspaceAlignment) +
+               "-byte aligned, got an address " +
+               text(static_cast<int64_t>(reinterpret_cast<uintptr_t>(workspace.data) %
+                                         kWorkspaceAlignment)) +
+               " bytes past the boundary");
+  }
+  data = static_cast<uint8_t*>(workspace.data);
+  bytes = workspace.shape[0];
+}
+
 }  // namespace
 
 IndexerProblem validate_index_topk(const IndexerParams& p) {
@@ -59,7 +79,8 @@ IndexerProblem validate_index_topk(const IndexerParams& p) {
                  {&p.topk_indices, "topk_indices"},
                  {&p.topk_scores, "topk_scores"},
                  {&p.topk_slots, "topk_slots"},
-                 {&p.invalid_count, "invalid_count"}},
+                 {&p.invalid_count, "invalid_count"},
+                 {&p.workspace, "workspace"}},
                 p.topk_indices.device);
   check_format(check, p.format, "format");
 
@@ -112,12 +133,14 @@ IndexerProblem validate_index_topk(const IndexerParams& p) {
     problem.topk_slots_row_stride = p.topk_slots.strides[0];
   }
   problem.invalid_count = counter(check, p.invalid_count);
+  check_workspace(check, p.workspace, problem.workspace, problem.workspace_bytes);
 
   check_aliasing(check,
                  {{&p.topk_indices, "topk_indices"},
                   {&p.topk_scores, "topk_scores"},
                   {&p.topk_slots, "topk_slots"},
-                  {&p.invalid_count, "invalid_count"}},
+                  {&p.invalid_count, "invalid_count"},
+                  {&p.workspace, "workspace"}},
                  {{&p.q, "q"},
                   {&p.weights, "weights"},
                   {&p.key_cache, "key_cache"},
@@ -141,7 +164,8 @@ SparseDecodeProblem validate_sparse_decode(const SparseDecodeParams& p) {
                  {&p.sink, "sink"},
                  {&p.out, "out"},
                  {&p.lse, "lse"},
-                 {&p.invalid_count, "invalid_count"}},
+                 {&p.invalid_count, "invalid_count"},
+                 {&p.workspace, "workspace"}},
                 p.out.device);
 
   SparseDecodeProblem problem;
@@ -192,8 +216,13 @@ SparseDecodeProblem validate_sparse_decode(const SparseDecodeParams& p) {
     problem.lse_includes_sink = p.lse_includes_sink;
   }
   problem.invalid_count = counter(check, p.invalid_count);
+  check_workspace(check, p.workspace, problem.workspace, problem.workspace_bytes);
 
-  check_aliasing(check, {{&p.out, "out"}, {&p.lse, "lse"}, {&p.invalid_count, "invalid_count"}},
+  check_aliasing(check,
+                 {{&p.out, "out"},
+                  {&p.lse, "lse"},
+                  {&p.invalid_count, "invalid_count"},
+                  {&p.workspace, "workspace"}},
                  {{&p.q, "q"},
                   {&p.cache, "cache"},
                   {&p.indices, "indices"},

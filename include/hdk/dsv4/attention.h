@@ -8,11 +8,20 @@
 // paged pools: no dequantized copy of a cache is made. Every call runs on the device its tensors
 // live on. Both have a CPU and a CUDA backend; on CUDA they allocate nothing, do not synchronize
 // (unless check_indices asks) and can be captured in a CUDA graph.
+//
+// Both take an optional `workspace` that the caller allocates once (its size from
+// index_topk_workspace_bytes / sparse_decode_workspace_bytes for the largest call it will make)
+// and passes to every call and layer. With it, CUDA spreads a few rows over every SM: their
+// partial results go to the workspace and a second kernel finishes them. Without it a row's work
+// stays in one thread-block cluster. The results are the same either way; the workspace's
+// contents before a call do not matter and after it are unspecified, so calls sharing one
+// workspace must be ordered on one stream. The CPU backend ignores it.
 #pragma once
 
 #include <cstdint>
 
 #include "hdk/cuda_stream.h"
+#include "hdk/device.h"
 #include "hdk/dsv4/kv_cache.h"
 #include "hdk/tensor_view.h"
 #include "hdk/topk.h"
@@ -51,7 +60,17 @@ struct IndexerParams {
   // weights hold a NaN or infinity: such a row gets only padding (-1, -inf). A key stored with
   // NaN markers scores NaN and ranks below every number (as in hdk::topk); it is not counted.
   TensorView invalid_count;
+  // Optional 1-D contiguous uint8 device memory of at least
+  // index_topk_workspace_bytes(N, max_blocks * block_size, device) bytes, 256-byte aligned, on
+  // the tensors' device, sharing no bytes with any other argument. Too small: hdk::Error before
+  // anything runs.
+  TensorView workspace;
 };
+
+// The workspace index_topk may use for up to `num_rows` rows of up to `max_entries` entries
+// (max_blocks * block_size) on `device`: 0 on the CPU and where CUDA would not use one. Pure
+// (reads only the device's SM count); the size grows with both arguments.
+int64_t index_topk_workspace_bytes(int64_t num_rows, int64_t max_entries, const Device& device);
 
 // The CPU throws hdk::Error before writing anything for num_entries[n] outside
 // 0 .. max_blocks * block_size and for a block id of a used page outside the key cache. CUDA
@@ -100,7 +119,18 @@ struct SparseDecodeParams {
   // throw hdk::Error for one at or beyond the cache, as the CPU does. Never inside CUDA-graph
   // capture.
   bool check_indices = false;
+  // Optional 1-D contiguous uint8 device memory of at least
+  // sparse_decode_workspace_bytes(N, Hq, L + L2, device) bytes, 256-byte aligned, on the tensors'
+  // device, sharing no bytes with any other argument. Too small: hdk::Error before anything runs.
+  TensorView workspace;
 };
+
+// The workspace sparse_decode may use for up to `num_rows` query rows of `num_heads` heads over
+// lists of up to `list_length` entries (both lists together) on `device`: 0 on the CPU and where
+// CUDA would not use one. Pure (reads only the device's SM count); it grows with every argument
+// and stays within one SM count's worth of 64-head partial results (17.4 MB on 132 SMs).
+int64_t sparse_decode_workspace_bytes(int64_t num_rows, int64_t num_heads, int64_t list_length,
+                                      const Device& device);
 
 // The CPU throws hdk::Error before writing anything for an index at or beyond its cache's
 // num_blocks * block_size slots; CUDA treats that row as invalid (see invalid_count) unless

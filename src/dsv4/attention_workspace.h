@@ -1,0 +1,125 @@
+// The caller's workspace of index_topk and sparse_decode (hdk/dsv4/attention.h): how many bytes a
+// call may use and where each part lies. Pure functions of the shapes and the SM count, shared by
+// the public size functions, the validation and the CUDA launch plans, and tested on the CPU.
+//
+// sparse_decode: a row whose list is split over CTAs outside one thread-block cluster leaves each
+// CTA's partial result in the workspace, and a combine kernel finishes the row. One record per
+// CTA (row, split, head group): its unnormalized O [64][512] fp32, its per-head (max in log2 units,
+// sum) and an invalid flag.
+//
+// index_topk: a row scored by CTAs outside one cluster writes its scores, as the order-preserving
+// uint32 keys of topk_key.h, to the workspace; the select then reads them from there.
+#pragma once
+
+#include <cstdint>
+
+#include "core/host_device.h"
+
+namespace hdk {
+namespace dsv4 {
+namespace detail {
+
+constexpr int64_t kWorkspaceAlignment = 256;  // bytes; every part starts on this boundary
+
+HDK_HOST_DEVICE constexpr int64_t workspace_round_up(int64_t bytes) {
+  return (bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
+}
+
+// ---- sparse_decode ----------------------------------------------------------------------------
+constexpr int64_t kSparseRecordHeads = 64;     // heads of a CTA's record (one head group)
+constexpr int64_t kSparseRecordColumns = 512;  // the entry width
+// The most list splits a row takes through the workspace: the combine keeps one weight per split
+// and head in shared memory.
+constexpr int kSparseMaxWorkspaceSplits = 64;
+
+// Splits through the workspace fill the GPU once: at most as many CTAs as SMs, at least one tile
+// each, at most kSparseMaxWorkspaceSplits; 1 (no workspace split) where the rows' head groups fill
+// the SMs already.
+HDK_HOST_DEVICE int sparse_workspace_max_splits(int64_t rows, int groups, int64_t tiles,
+                                                int sm_count) {
+  if (rows <= 0 || groups <= 0 || tiles <= 1) return 1;
+  int64_t most = sm_count / (rows * groups);
+  if (most > tiles) most = tiles;
+  if (most > kSparseMaxWorkspaceSplits) most = kSparseMaxWorkspaceSplits;
+  return most > 1 ? static_cast<int>(most) : 1;
+}
+
+struct SparseWorkspaceLayout {
+  int64_t records = 0;       // rows x splits x groups
+  int64_t o_offset = 0;      // records x [64][512] fp32
+  int64_t stats_offset = 0;  // records x [2][64] fp32: maxima (log2 units), then sums
+  int64_t flags_offset = 0;  // records x int32: the CTA's invalid flag
+  int64_t bytes = 0;
+};
+
+HDK_HOST_DEVICE SparseWorkspaceLayout sparse_workspace_layout(int64_t rows, int groups,
+                                                              int splits) {
+  SparseWorkspaceLayout layout;
+  layout.records = rows * groups * splits;
+  layout.o_offset = 0;
+  layout.stats_offset =
+      workspace_round_up(layout.records * kSparseRecordHeads * kSparseRecordColumns * 4);
+  layout.flags_offset =
+      layout.stats_offset + workspace_round_up(layout.records * 2 * kSparseRecordHeads * 4);
+  layout.bytes = layout.flags_offset + workspace_round_up(layout.records * 4);
+  return layout;
+}
+
+// Record of CTA (row, split, group) of a row split `splits` ways.
+HDK_HOST_DEVICE constexpr int64_t sparse_record(int64_t row, int split, int group, int splits,
+                                                int groups) {
+  return (row * splits + split) * groups + group;
+}
+
+// The bytes sparse_decode may use for `rows` query rows of `heads` heads over lists of
+// `list_length` entries (both lists together) on a device of `sm_count` SMs: 0 where it never
+// splits through the workspace.
+HDK_HOST_DEVICE int64_t sparse_workspace_bytes(int64_t rows, int64_t heads, int64_t list_length,
+                                               int sm_count) {
+  if (rows <= 0 || heads <= 0 || list_length <= 0) return 0;
+  const int groups = static_cast<int>((heads + kSparseRecordHeads - 1) / kSparseRecordHeads);
+  const int64_t tiles = (list_length + 63) / 64;
+  const int splits = sparse_workspace_max_splits(rows, groups, tiles, sm_count);
+  return splits > 1 ? sparse_workspace_layout(rows, groups, splits).bytes : 0;
+}
+
+// What sparse_decode_workspace_bytes promises: enough for every row count up to `rows` (the bytes
+// a call needs do not grow with its rows: more rows take fewer splits).
+HDK_HOST_DEVICE int64_t sparse_workspace_bytes_up_to(int64_t rows, int64_t heads,
+                                                     int64_t list_length, int sm_count) {
+  int64_t most = 0;
+  const int64_t last = rows < sm_count ? rows : sm_count;  // beyond: no splits through it
+  for (int64_t r = 1; r <= last; ++r) {
+    const int64_t bytes = sparse_workspace_bytes(r, heads, list_length, sm_count);
+    most = bytes > most ? bytes : most;
+  }
+  return most;
+}
+
+// ---- index_topk -------------------------------------------------------------------------------
+// Rows up to this count are scored over the whole GPU through the workspace; more rows fill the
+// SMs with one cluster each.
+constexpr int64_t kIndexMaxWorkspaceRows = 64;
+
+struct IndexWorkspaceLayout {
+  int64_t rows = 0;          // rows that have a score row: min(N, kIndexMaxWorkspaceRows)
+  int64_t row_stride = 0;    // uint32 keys a score row holds (capacity rounded up to 64)
+  int64_t keys_offset = 0;   // rows x row_stride uint32
+  int64_t flags_offset = 0;  // rows x int32: the row's invalid flag
+  int64_t bytes = 0;
+};
+
+HDK_HOST_DEVICE IndexWorkspaceLayout index_workspace_layout(int64_t rows, int64_t capacity) {
+  IndexWorkspaceLayout layout;
+  if (rows <= 0 || capacity <= 0) return layout;
+  layout.rows = rows < kIndexMaxWorkspaceRows ? rows : kIndexMaxWorkspaceRows;
+  layout.row_stride = (capacity + 63) / 64 * 64;
+  layout.keys_offset = 0;
+  layout.flags_offset = workspace_round_up(layout.rows * layout.row_stride * 4);
+  layout.bytes = layout.flags_offset + workspace_round_up(layout.rows * 4);
+  return layout;
+}
+
+}  // namespace detail
+}  // namespace dsv4
+}  // namespace hdk
