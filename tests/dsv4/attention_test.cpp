@@ -967,9 +967,12 @@ bool on_tensor_cores(SparseKernel kernel) {
   return kernel == SparseKernel::kTensorCore || kernel == SparseKernel::kTensorCorePipelined;
 }
 
+// `workspace`: CUDA gets a workspace filled with random bytes and splits every row through it
+// wherever the list allows (SparseWorkspaceChoice::kAlways).
 struct SparseRun {
   Backend backend = Backend::kCPU;
   SparseKernel kernel = SparseKernel::kCpu;
+  bool workspace = false;
 };
 
 const char* kernel_name(SparseKernel kernel) {
@@ -998,6 +1001,9 @@ class ForcedSparseKernel {
   explicit ForcedSparseKernel(const SparseRun& run) {
 #ifdef HDK_WITH_CUDA
     using dsv4::detail::SparseDecodeKernel;
+    dsv4::detail::set_sparse_decode_workspace_override(
+        run.workspace ? dsv4::detail::SparseWorkspaceChoice::kAlways
+                      : dsv4::detail::SparseWorkspaceChoice::kAuto);
     dsv4::detail::set_sparse_decode_kernel_override(
         run.kernel == SparseKernel::kTensorCore ? SparseDecodeKernel::kTensorCore
         : run.kernel == SparseKernel::kTensorCorePipelined
@@ -1011,11 +1017,27 @@ class ForcedSparseKernel {
   ~ForcedSparseKernel() {
 #ifdef HDK_WITH_CUDA
     dsv4::detail::set_sparse_decode_kernel_override(dsv4::detail::SparseDecodeKernel::kAuto);
+    dsv4::detail::set_sparse_decode_workspace_override(dsv4::detail::SparseWorkspaceChoice::kAuto);
 #endif
   }
   ForcedSparseKernel(const ForcedSparseKernel&) = delete;
   ForcedSparseKernel& operator=(const ForcedSparseKernel&) = delete;
 };
+
+// The workspace sparse_decode asks for `c`'s shape on `device` (at least 256 bytes, so that the
+// CPU gets one too and ignores it).
+size_t sparse_workspace_size(const SparseCase& c, const Device& device) {
+  const int64_t bytes = dsv4::sparse_decode_workspace_bytes(c.N, c.heads, c.L + c.extra_L, device);
+  return static_cast<size_t>(std::max<int64_t>(bytes, 256));
+}
+
+std::vector<uint8_t> random_bytes(size_t count, uint64_t seed) {
+  std::mt19937_64 rng(seed * 7919 + 17);
+  std::vector<uint8_t> bytes(count);
+  for (auto& byte : bytes)
+    byte = static_cast<uint8_t>(rng());
+  return bytes;
+}
 
 // Runs sparse_decode on `run`'s backend over copies of the host inputs (out, lse and the counter
 // poisoned as `in` holds them) and copies out, lse and the counter back into `in`.
@@ -1045,6 +1067,14 @@ void run_sparse_backend(const SparseCase& c, SparseInputs& in, const SparseRun& 
   place(p.out, in.out.data(), in.out.size());
   place(p.lse, in.lse.data(), in.lse.size() * sizeof(float));
   place(p.invalid_count, in.counter.data(), in.counter.size());
+  // Placed last: the fetches below go by the order of the buffers above.
+  std::vector<uint8_t> workspace;
+  if (run.workspace) {
+    workspace = random_bytes(sparse_workspace_size(c, device), c.seed);
+    p.workspace = TensorView::contiguous(workspace.data(), DType::kUInt8,
+                                         {static_cast<int64_t>(workspace.size())});
+    place(p.workspace, workspace.data(), workspace.size());
+  }
   {
     const ForcedSparseKernel forced(run);
     dsv4::sparse_decode(p);
@@ -1623,16 +1653,18 @@ TEST_P(SparseDecode, ExtraIndexBeyondItsCache) {
 }
 
 std::string sparse_run_name(const ::testing::TestParamInfo<SparseRun>& info) {
-  return kernel_name(info.param.kernel);
+  return std::string(kernel_name(info.param.kernel)) + (info.param.workspace ? "_workspace" : "");
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, SparseDecode,
-                         ::testing::Values(SparseRun{Backend::kCPU, SparseKernel::kCpu},
-                                           SparseRun{Backend::kCUDA, SparseKernel::kTensorCore},
-                                           SparseRun{Backend::kCUDA,
-                                                     SparseKernel::kTensorCorePipelined},
-                                           SparseRun{Backend::kCUDA, SparseKernel::kCudaCore}),
-                         sparse_run_name);
+INSTANTIATE_TEST_SUITE_P(
+    Backends, SparseDecode,
+    ::testing::Values(SparseRun{Backend::kCPU, SparseKernel::kCpu},
+                      SparseRun{Backend::kCUDA, SparseKernel::kTensorCore},
+                      SparseRun{Backend::kCUDA, SparseKernel::kTensorCorePipelined},
+                      SparseRun{Backend::kCUDA, SparseKernel::kCudaCore},
+                      SparseRun{Backend::kCUDA, SparseKernel::kTensorCore, true},
+                      SparseRun{Backend::kCUDA, SparseKernel::kTensorCorePipelined, true}),
+    sparse_run_name);
 
 TEST(SparseDecodeArguments, ValidationNamesTheArgument) {
   SparseCase c;
@@ -1642,6 +1674,9 @@ TEST(SparseDecodeArguments, ValidationNamesTheArgument) {
   c.extra_L = 2;
   SparseInputs in = make_sparse_inputs(c);
   std::vector<float> spare(8192);
+  std::vector<uint8_t> workspace_bytes(4096);
+  uint8_t* const aligned =
+      workspace_bytes.data() + (256 - reinterpret_cast<uintptr_t>(workspace_bytes.data()) % 256);
   const int64_t N = c.N, H = c.heads;
   struct Bad {
     std::function<void(dsv4::SparseDecodeParams&)> change;
@@ -1702,6 +1737,30 @@ TEST(SparseDecodeArguments, ValidationNamesTheArgument) {
          p.lse = TensorView::contiguous(in.extra_cache.data(), DType::kFloat32, {N, H});
        },
        "'lse'"},  // overlaps extra_cache
+      {[&](dsv4::SparseDecodeParams& p) {
+         p.workspace = TensorView::contiguous(aligned, DType::kFloat32, {64});
+       },
+       "argument 'workspace'"},
+      {[&](dsv4::SparseDecodeParams& p) {
+         p.workspace = TensorView::contiguous(aligned, DType::kUInt8, {8, 64});
+       },
+       "argument 'workspace'"},
+      {[&](dsv4::SparseDecodeParams& p) {
+         p.workspace = TensorView::contiguous(aligned + 8, DType::kUInt8, {256});
+       },
+       "argument 'workspace' must be 256-byte aligned"},
+      {[&](dsv4::SparseDecodeParams& p) {
+         p.workspace = TensorView::strided(aligned, DType::kUInt8, {256}, {2});
+       },
+       "argument 'workspace'"},
+      {[&](dsv4::SparseDecodeParams& p) {
+         p.workspace = TensorView::contiguous(in.out.data(), DType::kUInt8, {64});
+       },
+       "'workspace'"},  // overlaps out
+      {[&](dsv4::SparseDecodeParams& p) {
+         p.workspace = TensorView::contiguous(aligned, DType::kUInt8, {256}, Device::cuda(0));
+       },
+       "argument 'workspace'"},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     SCOPED_TRACE("case " + std::to_string(i));
@@ -1711,15 +1770,103 @@ TEST(SparseDecodeArguments, ValidationNamesTheArgument) {
   }
 }
 
+// The CPU backend needs no workspace and ignores one; negative sizes are errors.
+TEST(AttentionWorkspace, CpuSizesAreZeroAndACpuCallIgnoresIt) {
+  EXPECT_EQ(dsv4::sparse_decode_workspace_bytes(4, 64, 640, Device::cpu()), 0);
+  EXPECT_EQ(dsv4::index_topk_workspace_bytes(4, 65536, Device::cpu()), 0);
+  expect_error([] { dsv4::sparse_decode_workspace_bytes(-1, 64, 640, Device::cpu()); },
+               "argument 'num_rows' must not be negative");
+  expect_error([] { dsv4::index_topk_workspace_bytes(1, -5, Device::cpu()); },
+               "argument 'max_entries' must not be negative");
+  SparseCase c;
+  c.N = 2;
+  c.L = 200;
+  SparseInputs plain = make_sparse_inputs(c);
+  run_sparse_backend(c, plain, SparseRun{});
+  SparseInputs with_workspace = make_sparse_inputs(c);
+  run_sparse_backend(c, with_workspace, SparseRun{Backend::kCPU, SparseKernel::kCpu, true});
+  EXPECT_EQ(plain.out, with_workspace.out);
+  EXPECT_EQ(plain.lse, with_workspace.lse);
+}
+
 #ifdef HDK_WITH_CUDA
-// The default CUDA path (Flash's heads: the tensor-core kernel, a cluster of 8 list slices for
-// N = 16 on 132 SMs or so) captured in a CUDA graph and replayed twice; the second replay on new
-// queries copied into the captured buffer.
-TEST(SparseDecodeCuda, CapturedInACudaGraph) {
+// A call with a workspace: the bytes it held before do not change the results, and one that
+// is too small is refused before anything is written.
+TEST(SparseDecodeCuda, WorkspaceContentsDoNotMatterAndTooSmallIsAnError) {
   const std::string reason = backend_unavailable_reason(Backend::kCUDA);
   if (!reason.empty()) GTEST_SKIP() << "cuda backend skipped: " << reason;
   SparseCase c;
-  c.N = 16;
+  c.N = 3;
+  c.heads = 128;
+  c.L = 1024;
+  c.extra_L = 128;
+  c.num_blocks = 24;
+  c.empty_rows = std::vector<int64_t>{1};
+  SparseRun run{Backend::kCUDA, SparseKernel::kTensorCorePipelined, true};
+  SparseInputs first = make_sparse_inputs(c);
+  run_sparse_backend(c, first, run);
+  const dsv4::SparseDecodeReference ref = sparse_reference(c, first);
+  check_sparse_outputs(c, first, ref, run.kernel);
+  for (uint64_t seed : {11u, 12u}) {
+    // The same inputs over a workspace of other random bytes (run_sparse_backend drew its from
+    // the case's seed).
+    SparseInputs second = make_sparse_inputs(c);
+    dsv4::SparseDecodeParams p = second.params(c);
+    const Device cuda = backend_device(Backend::kCUDA);
+    std::vector<DeviceBuffer> buffers;
+    auto place = [&](TensorView& view, const void* host, size_t bytes) {
+      buffers.emplace_back(Backend::kCUDA, std::max<size_t>(bytes, 1));
+      buffers.back().upload(host, bytes);
+      view.data = buffers.back().data();
+      view.device = cuda;
+    };
+    place(p.q, second.q_bytes.data(), second.q_bytes.size());
+    place(p.cache, second.cache.data(), second.cache.size());
+    place(p.indices, second.indices.data(), second.indices.size());
+    place(p.extra_cache, second.extra_cache.data(), second.extra_cache.size());
+    place(p.extra_indices, second.extra_indices.data(), second.extra_indices.size());
+    place(p.sink, second.sink.data(), second.sink.size() * 4);
+    place(p.out, second.out.data(), second.out.size());
+    place(p.lse, second.lse.data(), second.lse.size() * 4);
+    place(p.invalid_count, second.counter.data(), second.counter.size());
+    const std::vector<uint8_t> noise = random_bytes(sparse_workspace_size(c, cuda), seed);
+    p.workspace =
+        TensorView::contiguous(nullptr, DType::kUInt8, {static_cast<int64_t>(noise.size())});
+    place(p.workspace, noise.data(), noise.size());
+    {
+      const ForcedSparseKernel forced(run);
+      dsv4::sparse_decode(p);
+    }
+    synchronize(Backend::kCUDA);
+    buffers[6].download(second.out.data(), second.out.size());
+    buffers[7].download(second.lse.data(), second.lse.size() * 4);
+    EXPECT_EQ(second.out, first.out) << "workspace seed " << seed;
+    EXPECT_EQ(0, std::memcmp(second.lse.data(), first.lse.data(), first.lse.size() * 4));
+
+    // One byte short: an error naming the workspace, and out as it was.
+    const std::vector<uint8_t> poison(second.out.size(), 0xff);
+    buffers[6].upload(poison.data(), poison.size());
+    p.workspace.shape[0] =
+        dsv4::sparse_decode_workspace_bytes(c.N, c.heads, c.L + c.extra_L, cuda) - 1;
+    expect_error([&] { dsv4::sparse_decode(p); }, "argument 'workspace' holds");
+    synchronize(Backend::kCUDA);
+    std::vector<uint8_t> after(poison.size());
+    buffers[6].download(after.data(), after.size());
+    EXPECT_EQ(after, poison);
+  }
+}
+
+// The default CUDA path (Flash's heads: the tensor-core kernel; without a workspace a cluster of
+// 8 list slices for N = 16 on 132 SMs or so, with one 2 rows over every SM) captured in a CUDA
+// graph and replayed; the second replay on new queries copied into the captured buffer, each
+// replayed twice for the same bytes. GetParam(): with a workspace.
+class SparseDecodeCudaGraph : public ::testing::TestWithParam<bool> {};
+
+TEST_P(SparseDecodeCudaGraph, CapturedAndReplayed) {
+  const std::string reason = backend_unavailable_reason(Backend::kCUDA);
+  if (!reason.empty()) GTEST_SKIP() << "cuda backend skipped: " << reason;
+  SparseCase c;
+  c.N = GetParam() ? 2 : 16;
   c.L = 128 + 512;
   c.num_blocks = 12;
   c.empty_rows = std::vector<int64_t>{3};
@@ -1742,13 +1889,25 @@ TEST(SparseDecodeCuda, CapturedInACudaGraph) {
   p.invalid_count.data = counter.data();
   for (TensorView* view : {&p.q, &p.cache, &p.indices, &p.sink, &p.out, &p.lse, &p.invalid_count})
     view->device = cuda;
+  // Through a workspace where the plan finds it faster (a few rows spread over the SMs).
+  const size_t workspace_bytes = sparse_workspace_size(c, cuda);
+  DeviceBuffer workspace(Backend::kCUDA, workspace_bytes);
+  workspace.fill(0xab);
+  if (GetParam()) {
+    p.workspace = TensorView::contiguous(workspace.data(), DType::kUInt8,
+                                         {static_cast<int64_t>(workspace_bytes)}, cuda);
+  }
 
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  dsv4::sparse_decode(p, stream);
+  {
+    // The dispatcher's kernel; every row split through the workspace when there is one.
+    const ForcedSparseKernel forced(SparseRun{Backend::kCUDA, SparseKernel::kCpu, GetParam()});
+    dsv4::sparse_decode(p, stream);
+  }
   ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
   ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
   for (int replay = 0; replay < 2; ++replay) {
@@ -1765,11 +1924,22 @@ TEST(SparseDecodeCuda, CapturedInACudaGraph) {
     out.download(in.out.data(), in.out.size());
     lse.download(in.lse.data(), in.lse.size() * 4);
     check_sparse_outputs(c, in, ref, SparseKernel::kTensorCore);
+    // The same replay again gives the same bytes.
+    const std::vector<uint8_t> once = in.out;
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    out.download(in.out.data(), in.out.size());
+    EXPECT_EQ(in.out, once);
   }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
 }
+
+INSTANTIATE_TEST_SUITE_P(Workspace, SparseDecodeCudaGraph, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return std::string(info.param ? "through_workspace" : "in_clusters");
+                         });
 #endif
 
 // A build without CUDA says so for CUDA tensors, after the same validation as the CPU's.

@@ -658,6 +658,62 @@ TEST(SparseDecodeLayout, PlanTakesTheFewestTileSteps) {
   EXPECT_FALSE(dsv4::detail::sparse_mma_supports(528));
 }
 
+// Splits through the workspace fill the SMs once, keep the kernel's fewest tiles a CTA, and need
+// no more bytes than the public size promises for any row count up to the call's.
+TEST(SparseDecodeLayout, WorkspacePlansFitTheSmsAndTheWorkspace) {
+  using dsv4::detail::kSparseMmaCosts;
+  using dsv4::detail::kSparsePipelinedCosts;
+  using dsv4::detail::SparsePlan;
+  for (int sm_count : {132, 114, 78}) {
+    for (int64_t heads : {64, 128, 96, 512}) {
+      for (int64_t length : {1, 64, 65, 640, 1152, 4224, 16512}) {
+        int64_t previous_promise = 0;
+        for (int64_t rows = 1; rows <= 160; rows += rows < 8 ? 1 : 7) {
+          SCOPED_TRACE(std::to_string(sm_count) + " SMs, " + std::to_string(rows) + " x " +
+                       std::to_string(heads) + " heads x " + std::to_string(length));
+          const int64_t promise =
+              dsv4::detail::sparse_workspace_bytes_up_to(rows, heads, length, sm_count);
+          EXPECT_GE(promise, previous_promise);  // grows with the rows
+          previous_promise = promise;
+          for (const auto& costs : {kSparseMmaCosts, kSparsePipelinedCosts}) {
+            const SparsePlan plan =
+                dsv4::detail::plan_sparse_workspace(rows, heads, length, sm_count, costs);
+            const int64_t tiles = dsv4::detail::sparse_tiles(length);
+            EXPECT_EQ(plan.groups, dsv4::detail::sparse_head_groups(heads));
+            if (!plan.through_workspace) {
+              EXPECT_EQ(plan.splits, 1);
+              continue;
+            }
+            EXPECT_GE(plan.splits, 2);
+            EXPECT_LE(plan.splits, dsv4::detail::kSparseMaxWorkspaceSplits);
+            EXPECT_LE(rows * plan.groups * plan.splits, sm_count);  // one wave
+            EXPECT_GE(tiles / plan.splits, costs.min_tiles_per_split);
+            EXPECT_EQ(plan.cluster(), plan.groups);
+            EXPECT_LE(dsv4::detail::sparse_workspace_layout(rows, plan.groups, plan.splits).bytes,
+                      promise);
+          }
+          const int slices = dsv4::detail::sparse_combine_slices(
+              rows, dsv4::detail::sparse_head_groups(heads), sm_count);
+          EXPECT_EQ(512 % slices, 0);
+          EXPECT_LE(slices, 16);
+        }
+      }
+    }
+  }
+  // Each part of the layout on its own 256-byte boundary, past the one before.
+  const dsv4::detail::SparseWorkspaceLayout layout = dsv4::detail::sparse_workspace_layout(3, 2, 5);
+  EXPECT_EQ(layout.records, 30);
+  EXPECT_EQ(layout.stats_offset, 30 * 64 * 512 * 4);
+  EXPECT_EQ(layout.flags_offset % 256, 0);
+  EXPECT_GE(layout.flags_offset, layout.stats_offset + 30 * 128 * 4);
+  EXPECT_GE(layout.bytes, layout.flags_offset + 30 * 4);
+  // Rows of one SM each take no workspace; a Flash row of 10 tiles takes one split a tile on the
+  // kernel of one-tile slices and three on the pipelined one.
+  EXPECT_EQ(dsv4::detail::sparse_workspace_bytes(132, 64, 640, 132), 0);
+  EXPECT_EQ(dsv4::detail::plan_sparse_workspace(1, 64, 640, 132, kSparseMmaCosts).splits, 10);
+  EXPECT_EQ(dsv4::detail::plan_sparse_workspace(1, 64, 640, 132, kSparsePipelinedCosts).splits, 3);
+}
+
 }  // namespace
 }  // namespace testing
 }  // namespace hdk

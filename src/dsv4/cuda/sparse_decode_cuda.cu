@@ -61,6 +61,7 @@ constexpr int kStageStride = static_cast<int>(kHeadDim) + 8;   // floats per sta
 
 std::atomic<SparseDecodeKernel> kernel_override{SparseDecodeKernel::kAuto};
 std::atomic<int> splits_override{0};
+std::atomic<SparseWorkspaceChoice> workspace_override{SparseWorkspaceChoice::kAuto};
 
 // ---- shared memory of the tensor-core kernel (byte offsets from a 1024-byte boundary) --------
 constexpr int kQBytes = operand_bytes(kHeads);             // 64 heads x 512 bf16
@@ -419,8 +420,8 @@ __device__ void finish_row(const SparseDecodeProblem& p, const SparsePlan& plan,
                            const float (&o)[128], const float (&row_max)[2], float (&row_sum)[2],
                            bool out_vector) {
   cg::cluster_group cluster = cg::this_cluster();
-  const int rank = static_cast<int>(cluster.block_rank());
-  const int group = rank % plan.groups, split = rank / plan.groups;
+  const int within = static_cast<int>(blockIdx.x % plan.row_ctas());
+  const int group = within % plan.groups, split = within / plan.groups;
   const int64_t head0 = int64_t{group} * kHeads;
   const int lane = tid % 32;
   const int thread = tid % 128;          // in the warpgroup (wgmma_d_coord)
@@ -469,6 +470,30 @@ __device__ void finish_row(const SparseDecodeProblem& p, const SparsePlan& plan,
       stat_m[row] = row_max[r];
       stat_l[row] = row_sum[r];
     }
+  }
+  if (plan.through_workspace) {
+    // The row's other splits are CTAs of other clusters: the partial goes to the workspace for
+    // sparse_decode_combine_kernel. The cluster (this split's head groups) still meets at the
+    // end, since a shared conversion writes into the peer's shared memory.
+    __syncthreads();  // the staged O, the statistics and the flag are complete
+    const SparseWorkspaceLayout layout =
+        sparse_workspace_layout(p.num_rows, plan.groups, plan.splits);
+    const int64_t record = sparse_record(n, split, group, plan.splits, plan.groups);
+    float4* o_record = reinterpret_cast<float4*>(p.workspace + layout.o_offset) +
+                       record * (kSparseRecordHeads * kSparseRecordColumns / 4);
+    for (int job = tid; job < kHeads * (kHeadDim / 4); job += kCtaThreads) {
+      const int h = job / (kHeadDim / 4), quad = job % (kHeadDim / 4);
+      o_record[job] = *reinterpret_cast<const float4*>(stage + h * kStageStride + 4 * quad);
+    }
+    float* stats =
+        reinterpret_cast<float*>(p.workspace + layout.stats_offset) + record * 2 * kHeads;
+    if (tid < kHeads) {
+      stats[tid] = stat_m[tid];
+      stats[kHeads + tid] = stat_l[tid];
+    }
+    if (tid == 0) reinterpret_cast<int*>(p.workspace + layout.flags_offset)[record] = *bad;
+    cluster.sync();
+    return;
   }
   cluster.sync();  // every CTA's partials and flag are visible cluster-wide
 
@@ -570,8 +595,98 @@ __device__ void finish_row(const SparseDecodeProblem& p, const SparsePlan& plan,
   } else {
     combine(std::integral_constant<int, kSparseMaxWideCluster>());
   }
-  if (rank == 0 && tid == 0 && row_bad) count_invalid(p.invalid_count, 1);
+  if (within == 0 && tid == 0 && row_bad) count_invalid(p.invalid_count, 1);
   cluster.sync();  // no CTA leaves while a peer may still read its shared memory
+}
+
+// ---- combine of splits through the workspace --------------------------------------------------
+constexpr int kCombineThreads = 256;
+
+// Finishes column slice `slice` of `slices` of one head group of one row from the partial results
+// its splits left in the workspace: the row's validity (every CTA's flag, which includes its
+// heads' sinks), each split's weight per head, lse, then each output column summed over the
+// splits in split order. The same arithmetic as finish_row's.
+__global__ void __launch_bounds__(kCombineThreads)
+    sparse_decode_combine_kernel(SparseDecodeProblem p, SparsePlan plan, int slices,
+                                 bool out_vector) {
+  __shared__ float factors[kSparseMaxWorkspaceSplits][kHeads];
+  const int tid = threadIdx.x;
+  const int slice = static_cast<int>(blockIdx.x % slices);
+  const int group = static_cast<int>((blockIdx.x / slices) % plan.groups);
+  const int64_t n = blockIdx.x / (static_cast<int64_t>(slices) * plan.groups);
+  const int64_t head0 = int64_t{group} * kHeads;
+  const SparseWorkspaceLayout layout =
+      sparse_workspace_layout(p.num_rows, plan.groups, plan.splits);
+  const float* o_records = reinterpret_cast<const float*>(p.workspace + layout.o_offset);
+  const float* stats = reinterpret_cast<const float*>(p.workspace + layout.stats_offset);
+  const int* flags = reinterpret_cast<const int*>(p.workspace + layout.flags_offset);
+  auto record = [&](int split) { return sparse_record(n, split, group, plan.splits, plan.groups); };
+
+  int bad = 0;
+  for (int r = tid; r < plan.row_ctas(); r += kCombineThreads)
+    bad |= flags[n * plan.row_ctas() + r];
+  const bool row_bad = __syncthreads_or(bad) != 0;
+
+  if (tid < kHeads) {
+    const int h = tid;
+    float top = -INFINITY;
+    for (int s = 0; s < plan.splits; ++s)
+      top = fmaxf(top, stats[record(s) * 2 * kHeads + h]);
+    const bool has_head = head0 + h < p.num_heads;
+    const float sink =
+        p.sink != nullptr && has_head ? p.sink[(head0 + h) * p.sink_stride] * kLog2e : -INFINITY;
+    const float list_top = top;
+    top = fmaxf(top, sink);
+    float lse = -INFINITY;
+    if (top == -INFINITY) {
+      for (int s = 0; s < plan.splits; ++s)
+        factors[s][h] = 0.0f;
+    } else {
+      float denominator = exp2f(sink - top);
+      for (int s = 0; s < plan.splits; ++s) {
+        const float* stat = stats + record(s) * 2 * kHeads;
+        const float weight = exp2f(stat[h] - top);
+        denominator += stat[kHeads + h] * weight;
+        factors[s][h] = weight;
+      }
+      for (int s = 0; s < plan.splits; ++s)
+        factors[s][h] /= denominator;
+      lse = list_top == -INFINITY ? p.sink[(head0 + h) * p.sink_stride]
+                                  : (top + log2f(denominator)) * kLn2;
+    }
+    if (!p.lse_includes_sink) {
+      float list_sum = 0.0f;
+      for (int s = 0; s < plan.splits; ++s) {
+        const float* stat = stats + record(s) * 2 * kHeads;
+        list_sum += stat[kHeads + h] * exp2f(stat[h] - list_top);
+      }
+      lse = list_top == -INFINITY ? -INFINITY : (list_top + log2f(list_sum)) * kLn2;
+    }
+    if (slice == 0 && has_head && p.lse != nullptr) {
+      p.lse[n * p.lse_row_stride + (head0 + h) * p.lse_head_stride] = row_bad ? NAN : lse;
+    }
+  }
+  __syncthreads();  // factors are complete
+
+  const int quads = static_cast<int>(kHeadDim / 4) / slices;  // column quads of the slice
+  for (int job = tid; job < kHeads * quads; job += kCombineThreads) {
+    const int h = job / quads;
+    const int col = 4 * (slice * quads + job % quads);
+    const int64_t head = head0 + h;
+    if (head >= p.num_heads) continue;
+    float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (!row_bad) {
+#pragma unroll 4
+      for (int s = 0; s < plan.splits; ++s) {
+        const float4 v =
+            *reinterpret_cast<const float4*>(o_records + (record(s) * kHeads + h) * kHeadDim + col);
+        const float f = factors[s][h];
+        sum.x += f * v.x, sum.y += f * v.y, sum.z += f * v.z, sum.w += f * v.w;
+      }
+    }
+    store_output4(p, n * p.out_row_stride + head * p.out_head_stride + col, sum, out_vector);
+  }
+  if (slice == 0 && group == 0 && tid == 0 && row_bad) count_invalid(p.invalid_count, 1);
 }
 
 // Online softmax over one tile's scores (log2 units), shared by both tensor-core kernels. A head's
@@ -633,9 +748,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       shared_bytes +
       (kSwizzleAtomBytes - shared_address(shared_bytes) % kSwizzleAtomBytes) % kSwizzleAtomBytes;
   cg::cluster_group cluster = cg::this_cluster();
-  const int rank = static_cast<int>(cluster.block_rank());
-  const int64_t n = blockIdx.x / plan.cluster();
-  const int group = rank % plan.groups, split = rank / plan.groups;
+  const int64_t n = blockIdx.x / plan.row_ctas();
+  const int within = static_cast<int>(blockIdx.x % plan.row_ctas());
+  const int group = within % plan.groups, split = within / plan.groups;
   const int64_t head0 = int64_t{group} * kHeads;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int half = warp / 4;     // the warpgroup: its half of S's dims and of O's columns
@@ -1072,9 +1187,9 @@ __global__ void __launch_bounds__(kPipelinedThreads, 1)
       shared_bytes +
       (kSwizzleAtomBytes - shared_address(shared_bytes) % kSwizzleAtomBytes) % kSwizzleAtomBytes;
   cg::cluster_group cluster = cg::this_cluster();
-  const int rank = static_cast<int>(cluster.block_rank());
-  const int64_t n = blockIdx.x / plan.cluster();
-  const int group = rank % plan.groups, split = rank / plan.groups;
+  const int64_t n = blockIdx.x / plan.row_ctas();
+  const int within = static_cast<int>(blockIdx.x % plan.row_ctas());
+  const int group = within % plan.groups, split = within / plan.groups;
   const int64_t head0 = int64_t{group} * kHeads;
   const int tid = threadIdx.x, lane = tid % 32;
   const int warpgroup = tid / 128;
@@ -1092,7 +1207,7 @@ __global__ void __launch_bounds__(kPipelinedThreads, 1)
   // and for its peer, the CTA of the other group walking the same slice: a stage is full once
   // this CTA's producer has arrived and the peer's half has landed, and empty once this CTA's
   // consumers and the peer's have let it go.
-  const int peer = split * plan.groups + (1 - group);
+  const int peer = plan.rank_of(split, 1 - group);
   if (tid == 0) {
     *bad = 0;
     init_pipeline_barriers(barriers, kSharedConversion);
@@ -1581,6 +1696,7 @@ struct TensorCoreLaunch {
   unsigned threads;
   int shared_bytes;
   SparsePlan plan;
+  int64_t steps;  // the plan's time in tile times common to both kernels
 };
 
 // One of the two tensor-core kernels over the row clusters of plan_sparse_decode: `pipelined`
@@ -1589,6 +1705,8 @@ struct TensorCoreLaunch {
 // long.
 TensorCoreLaunch plan_tensor_core(const SparseDecodeProblem& p, bool pipelined, bool forced,
                                   int device) {
+  const int sm_count =
+      hdk::detail::cached_device_attribute(cudaDevAttrMultiProcessorCount, device, kOperation);
   const bool wide = aligned_16(p.cache.data) && p.cache.page_stride % 16 == 0 &&
                     (p.num_extra_indices == 0 ||
                      (aligned_16(p.extra_cache.data) && p.extra_cache.page_stride % 16 == 0));
@@ -1614,23 +1732,49 @@ TensorCoreLaunch plan_tensor_core(const SparseDecodeProblem& p, bool pipelined, 
     const hdk::detail::ResidentClusterCounts& resident = hdk::detail::resident_clusters(
         launch.kernel, launch.threads, static_cast<size_t>(launch.shared_bytes), device,
         kOperation);
-    launch.plan = plan_sparse_decode(p.num_rows, p.num_heads, p.list_length(), resident,
-                                     use_pipelined ? kSparsePipelinedCosts : kSparseMmaCosts);
-    if (const int forced_splits = splits_override.load(); forced_splits > 0) {
-      const int most =
-          sparse_max_splits(launch.plan.groups, sparse_tiles(p.list_length()), resident.largest());
-      launch.plan.splits = forced_splits < most ? forced_splits : most;
+    const SparseKernelCosts costs = use_pipelined ? kSparsePipelinedCosts : kSparseMmaCosts;
+    launch.plan = plan_sparse_decode(p.num_rows, p.num_heads, p.list_length(), resident, costs);
+    const SparseWorkspaceChoice through = workspace_override.load();
+    if (p.workspace != nullptr && through != SparseWorkspaceChoice::kNever) {
+      const SparsePlan split =
+          plan_sparse_workspace(p.num_rows, p.num_heads, p.list_length(), sm_count, costs);
+      const bool faster =
+          sparse_plan_steps(split, p.num_rows, p.list_length(), resident, costs) <
+          sparse_plan_steps(launch.plan, p.num_rows, p.list_length(), resident, costs);
+      if (split.through_workspace && (faster || through == SparseWorkspaceChoice::kAlways)) {
+        launch.plan = split;
+      }
     }
+    if (const int forced_splits = splits_override.load(); forced_splits > 0) {
+      const int tiles = static_cast<int>(sparse_tiles(p.list_length()));
+      const int most =
+          launch.plan.through_workspace
+              ? sparse_workspace_max_splits(p.num_rows, launch.plan.groups, tiles, sm_count)
+              : sparse_max_splits(launch.plan.groups, tiles, resident.largest());
+      launch.plan.splits = forced_splits < most ? forced_splits : most;
+      launch.plan.through_workspace = launch.plan.through_workspace && launch.plan.splits > 1;
+    }
+    launch.steps = sparse_plan_steps(launch.plan, p.num_rows, p.list_length(), resident, costs) *
+                   costs.tile_time;
     return launch;
   };
   TensorCoreLaunch launch = launch_of(pipelined);
-  const int64_t tiles_per_cta =
-      (sparse_tiles(p.list_length()) + launch.plan.splits - 1) / launch.plan.splits;
-  if (pipelined && !forced && tiles_per_cta < kPipelinedMinTiles) launch = launch_of(false);
+  if (pipelined && !forced) {
+    const int64_t tiles_per_cta =
+        (sparse_tiles(p.list_length()) + launch.plan.splits - 1) / launch.plan.splits;
+    if (tiles_per_cta < kPipelinedMinTiles) {
+      launch = launch_of(false);
+    } else if (p.workspace != nullptr) {
+      // Through the workspace a few rows may take more, shorter slices than the pipelined
+      // kernel's three tiles: the other kernel runs those where its steps are fewer.
+      const TensorCoreLaunch other = launch_of(false);
+      if (other.plan.through_workspace && other.steps < launch.steps) launch = other;
+    }
+  }
   return launch;
 }
 
-void launch_tensor_core(const SparseDecodeProblem& p, const TensorCoreLaunch& launch,
+void launch_tensor_core(const SparseDecodeProblem& p, const TensorCoreLaunch& launch, int sm_count,
                         cudaStream_t stream) {
   const int64_t element = p.q.dtype == DType::kFloat32 ? 4 : 2;
   const bool q_vector = aligned_16(p.q.data) && (p.q.row_stride * element) % 16 == 0 &&
@@ -1639,11 +1783,17 @@ void launch_tensor_core(const SparseDecodeProblem& p, const TensorCoreLaunch& la
   const bool out_vector = reinterpret_cast<uintptr_t>(p.out) % (4 * out_element) == 0 &&
                           p.out_row_stride % 4 == 0 && p.out_head_stride % 4 == 0;
   const unsigned cluster = static_cast<unsigned>(launch.plan.cluster());
+  const unsigned ctas = static_cast<unsigned>(p.num_rows * launch.plan.row_ctas());
   hdk::detail::check_launch(
-      hdk::detail::launch_in_clusters(launch.kernel, static_cast<unsigned>(p.num_rows) * cluster,
-                                      launch.threads, launch.shared_bytes, stream, cluster, p,
-                                      launch.plan, q_vector, out_vector),
+      hdk::detail::launch_in_clusters(launch.kernel, ctas, launch.threads, launch.shared_bytes,
+                                      stream, cluster, p, launch.plan, q_vector, out_vector),
       kOperation, launch.pipelined ? "sparse_decode_pipelined_kernel" : "sparse_decode_mma_kernel");
+  if (!launch.plan.through_workspace) return;
+  const int slices = sparse_combine_slices(p.num_rows, launch.plan.groups, sm_count);
+  const unsigned combine_ctas = static_cast<unsigned>(p.num_rows * launch.plan.groups * slices);
+  sparse_decode_combine_kernel<<<combine_ctas, kCombineThreads, 0, stream>>>(p, launch.plan, slices,
+                                                                             out_vector);
+  hdk::detail::check_launch(cudaPeekAtLastError(), kOperation, "sparse_decode_combine_kernel");
 }
 
 // Which kernel serves a call, from the override and the problem: the CUDA-core one
@@ -1690,6 +1840,10 @@ void set_sparse_decode_splits_override(int splits) {
   splits_override.store(splits);
 }
 
+void set_sparse_decode_workspace_override(SparseWorkspaceChoice choice) {
+  workspace_override.store(choice);
+}
+
 void sparse_decode_cuda(const SparseDecodeProblem& p, int device, CudaStream stream) {
   if (p.num_rows == 0) return;
   for (const auto& [pool, name, used] :
@@ -1703,8 +1857,22 @@ void sparse_decode_cuda(const SparseDecodeProblem& p, int device, CudaStream str
   }
   const KernelChoice choice = choose_kernel(p);
   hdk::detail::CudaDeviceGuard guard(device, kOperation);
+  const int sm_count =
+      hdk::detail::cached_device_attribute(cudaDevAttrMultiProcessorCount, device, kOperation);
+  if (p.workspace != nullptr) {
+    const int64_t needed =
+        sparse_workspace_bytes(p.num_rows, p.num_heads, p.list_length(), sm_count);
+    if (p.workspace_bytes < needed) {
+      throw Error(std::string(kOperation) + ": argument 'workspace' holds " +
+                  std::to_string(p.workspace_bytes) + " bytes, but this call needs " +
+                  std::to_string(needed) + " (sparse_decode_workspace_bytes(" +
+                  std::to_string(p.num_rows) + ", " + std::to_string(p.num_heads) + ", " +
+                  std::to_string(p.list_length()) + ", device))");
+    }
+  }
   if (choice.tensor_core) {
-    launch_tensor_core(p, plan_tensor_core(p, choice.pipelined, choice.every_call, device), stream);
+    launch_tensor_core(p, plan_tensor_core(p, choice.pipelined, choice.every_call, device),
+                       sm_count, stream);
     return;
   }
   sparse_decode_simple_kernel<<<static_cast<unsigned>(p.num_rows), kThreads, 0, stream>>>(p);

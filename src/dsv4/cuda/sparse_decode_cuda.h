@@ -36,6 +36,12 @@ void set_sparse_decode_kernel_override(SparseDecodeKernel kernel);
 // tile per split allow.
 void set_sparse_decode_splits_override(int splits);
 
+// Tuning aid, affecting every later call in the process: whether a call with a workspace splits
+// its rows through it where the plan finds that faster (kAuto), never, or wherever it can split
+// (kAlways). With the splits override, the count applies to the plan chosen here.
+enum class SparseWorkspaceChoice { kAuto, kNever, kAlways };
+void set_sparse_decode_workspace_override(SparseWorkspaceChoice choice);
+
 // What sparse_decode_cuda would launch for `problem` under the current overrides, for the
 // benchmark's tables: kernel "simple" (CUDA cores; plan groups 0), "mma" or "pipelined", and
 // the tensor-core kernels' row cluster.

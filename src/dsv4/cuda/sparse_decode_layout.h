@@ -9,6 +9,7 @@
 
 #include "core/host_device.h"
 #include "core/resident_clusters.h"
+#include "dsv4/attention_workspace.h"
 #include "dsv4/e4m3_bits.h"
 
 namespace hdk {
@@ -113,10 +114,21 @@ constexpr int kSparseMaxCluster = hdk::detail::kPortableClusterSize;
 constexpr int kSparseMaxWideCluster = hdk::detail::kMaxClusterSize;  // where the device runs it
 
 // One cluster per query row: `groups` CTAs own 64 heads each, `splits` CTAs share the list.
+// A query row's CTAs: `groups` head groups x `splits` list slices. The slices are combined inside
+// the row's thread-block cluster (distributed shared memory), or, with `through_workspace`, by a
+// second kernel from the caller's workspace: a cluster is then one slice's head groups, so that a
+// row may take more CTAs than a cluster holds.
 struct SparsePlan {
   int groups = 1;
   int splits = 1;
-  HDK_HOST_DEVICE int cluster() const { return groups * splits; }
+  bool through_workspace = false;
+  HDK_HOST_DEVICE int row_ctas() const { return groups * splits; }
+  HDK_HOST_DEVICE int cluster() const { return through_workspace ? groups : groups * splits; }
+  // The cluster rank of the CTA of (split, group): consecutive blocks of the grid are a row's
+  // CTAs, split-major, and a cluster's ranks follow the blocks.
+  HDK_HOST_DEVICE int rank_of(int split, int group) const {
+    return through_workspace ? group : split * groups + group;
+  }
 };
 
 // Whether the tensor-core kernel can serve Hq heads: a multiple of 16 whose head groups fit in
@@ -146,14 +158,17 @@ HDK_HOST_DEVICE int sparse_max_splits(int groups, int64_t tiles, int max_cluster
 // What a tensor-core kernel's CTA costs the plan besides its tiles, in tile times (loading Q, the
 // first tile's round trip, the combine across the cluster), and the fewest tiles a CTA should
 // walk when the list is split.
+// `tile_time` compares kernels: the relative time of one of its tiles (the pipelined kernel's
+// steady state is 1.2-1.7x the other's from 3 tiles a CTA).
 struct SparseKernelCosts {
   int64_t cta_fixed_tiles;
   int64_t min_tiles_per_split;
+  int64_t tile_time;
 };
 // The tensor-core kernel: fitted to an H100 sweep of 1, 2, 4 and 8 splits over Flash and Pro,
 // CSA and HCA lists, N = 8..64 (2026-11-23, bench/results/2026-11-23-h100-sparse-splits), where
 // every cell's fastest count has the fewest steps for a fixed cost between 1.5 and 3.
-constexpr SparseKernelCosts kSparseMmaCosts{2, 1};
+constexpr SparseKernelCosts kSparseMmaCosts{2, 1, 7};
 // The pipelined kernel: its speed comes from the steady state, and on slices of 1 or 2 tiles the
 // other kernel is as fast (sparse_decode_cuda.cu runs that one there), so splits stop at 3 tiles
 // a CTA; its fixed cost is larger in tile times since its tiles are shorter. An H100 sweep of 1,
@@ -161,7 +176,7 @@ constexpr SparseKernelCosts kSparseMmaCosts{2, 1};
 // bench/results/2026-11-27-h100-sparse-mbarrier) has every cell's fastest count (within 1%) as
 // the fewest steps for a fixed cost between 3 and 6; without the 3-tile floor Flash CSA N = 8
 // took 8 splits of 2 tiles on the other kernel, 1.08x the time of 4 splits of 3 here.
-constexpr SparseKernelCosts kSparsePipelinedCosts{4, 3};
+constexpr SparseKernelCosts kSparsePipelinedCosts{4, 3, 5};
 
 // Splits the list where the step takes the fewest tile times: the waves of row clusters (rows
 // over the clusters of that size the device runs at once, rounded up) times what a CTA walks
@@ -203,6 +218,51 @@ HDK_HOST_DEVICE SparsePlan plan_sparse_decode(int64_t rows, int64_t heads, int64
     }
   }
   return plan;
+}
+
+// ---- splits through the caller's workspace ------------------------------------------------------
+// The combine kernel's cost in tile times of the kernel before it: its launch behind the split
+// kernel and the partial results it reads back from L2.
+constexpr int64_t kSparseCombineTiles = 1;
+
+// A plan's time in tile times of its kernel: the waves of its clusters (a row's splits are clusters
+// of their own through the workspace) times what a CTA walks, plus the combine where there is one.
+HDK_HOST_DEVICE int64_t sparse_plan_steps(const SparsePlan& plan, int64_t rows, int64_t list_length,
+                                          const hdk::detail::ResidentClusterCounts& resident,
+                                          SparseKernelCosts costs) {
+  const int64_t tiles = sparse_tiles(list_length);
+  int64_t at_once = resident.by_size[plan.cluster()];
+  if (at_once <= 0) at_once = 1;
+  const int64_t clusters = plan.through_workspace ? rows * plan.splits : rows;
+  const int64_t waves = (clusters + at_once - 1) / at_once;
+  const int64_t steps = waves * ((tiles + plan.splits - 1) / plan.splits + costs.cta_fixed_tiles);
+  return plan.through_workspace ? steps + kSparseCombineTiles : steps;
+}
+
+// Splits through the workspace: as many as fill the SMs once (sparse_workspace_max_splits), but
+// none that leaves a CTA fewer than `min_tiles_per_split` tiles; through_workspace is false where
+// that is one split.
+HDK_HOST_DEVICE SparsePlan plan_sparse_workspace(int64_t rows, int64_t heads, int64_t list_length,
+                                                 int sm_count, SparseKernelCosts costs) {
+  SparsePlan plan;
+  plan.groups = sparse_head_groups(heads);
+  const int64_t tiles = sparse_tiles(list_length);
+  int64_t splits = sparse_workspace_max_splits(rows, plan.groups, tiles, sm_count);
+  const int64_t by_length = tiles / costs.min_tiles_per_split;
+  if (splits > by_length) splits = by_length;
+  plan.splits = splits > 1 ? static_cast<int>(splits) : 1;
+  plan.through_workspace = plan.splits > 1;
+  return plan;
+}
+
+// The combine's column slices of a row's head group: enough CTAs to read the partial results back
+// from L2 over the SMs, at least 32 columns each.
+HDK_HOST_DEVICE int sparse_combine_slices(int64_t rows, int groups, int sm_count) {
+  const int64_t most = sm_count / (rows * groups);
+  int slices = 1;
+  while (slices < 16 && 2 * slices <= most)
+    slices *= 2;  // a power of two divides 512 columns
+  return slices;
 }
 
 // The combine's share of split `split` of `splits`: the column quads [first, first + count) of
