@@ -238,8 +238,12 @@ std::string check_index(const dsv4::IndexerReference& ref, const std::vector<int
 class AttentionBench {
  public:
   AttentionBench(BenchDevice& device, const TimingOptions& timing, bool verify,
-                 double verify_budget)
-      : device_(device), timing_(timing), verify_(verify), verify_budget_(verify_budget) {}
+                 double verify_budget, bool workspace)
+      : device_(device),
+        timing_(timing),
+        verify_(verify),
+        verify_budget_(verify_budget),
+        workspace_(workspace) {}
 
   // sparse_decode for N queries of `preset`, each over `compressed` entries of the compressed
   // pool plus its 128-entry ring page. CSA lists (spread > 1) pick `compressed` distinct entries
@@ -306,6 +310,15 @@ class AttentionBench {
     p.sink = TensorView::contiguous(d_sink.get(), DType::kFloat32, {H}, where);
     p.out = TensorView::contiguous(d_out.get(), DType::kBFloat16, {N, H, D}, where);
     p.lse = TensorView::contiguous(d_lse.get(), DType::kFloat32, {N, H}, where);
+    // The workspace an engine allocates once for this shape (none on the CPU).
+    const int64_t workspace_bytes =
+        workspace_ ? dsv4::sparse_decode_workspace_bytes(N, H, kWindow + compressed, where) : 0;
+    DeviceAllocation d_workspace(device_,
+                                 static_cast<size_t>(std::max<int64_t>(workspace_bytes, 1)));
+    if (workspace_bytes > 0) {
+      p.workspace =
+          TensorView::contiguous(d_workspace.get(), DType::kUInt8, {workspace_bytes}, where);
+    }
 
     Point point;
     point.op = "sparse_decode";
@@ -349,7 +362,9 @@ class AttentionBench {
       const dsv4::detail::SparseLaunchReport launch = dsv4::detail::sparse_decode_launch_report(
           dsv4::detail::validate_sparse_decode(p), where.index);
       point.kernel = launch.kernel;
-      point.cluster = std::to_string(launch.plan.groups) + "x" + std::to_string(launch.plan.splits);
+      point.cluster = std::to_string(launch.plan.groups) + "x" +
+                      std::to_string(launch.plan.splits) +
+                      (launch.plan.through_workspace ? " ws" : "");
     }
 #endif
     point.time_us = device_.time_us([&](CudaStream s) { dsv4::sparse_decode(p, s); }, timing_);
@@ -471,6 +486,7 @@ class AttentionBench {
   TimingOptions timing_;
   bool verify_;
   double verify_budget_;
+  bool workspace_;
 };
 
 void print_attention_usage() {
@@ -492,6 +508,9 @@ void print_attention_usage() {
       "  --json FILE           also write results as JSON\n"
       "  --splits S            sparse_decode on tensor cores: S list splits per row (tuning;\n"
       "                        rounded down to what the cluster and the list allow)\n"
+      "  --workspace W         on (default): pass each call the workspace an engine would\n"
+      "                        allocate (sparse_decode_workspace_bytes); off: none (rows stay in\n"
+      "                        one cluster); always: split every row through it where possible\n"
       "  --sparse-kernel K     sparse_decode on tensor cores: auto (the dispatcher's, the same as\n"
       "                        pipelined), mma (without warp specialization) or pipelined\n"
       "                        (warp-specialized where a CTA walks 3+ tiles, mma elsewhere)\n"
@@ -535,7 +554,11 @@ int attention_command(Options& options) {
   const int64_t forced_splits = options.integer("splits", 0);
   const std::string index_kernel = options.text("index-kernel", "auto");
   const std::string sparse_kernel = options.text("sparse-kernel", "auto");
+  const std::string workspace = options.text("workspace", "on");
   options.reject_unused();
+  if (workspace != "on" && workspace != "off" && workspace != "always") {
+    throw std::runtime_error("--workspace must be on, off or always, got '" + workspace + "'");
+  }
   if (forced_splits < 0) throw std::runtime_error("--splits must be at least 1");
   if (index_kernel != "auto" && index_kernel != "warp") {
     throw std::runtime_error("--index-kernel must be auto or warp, got '" + index_kernel + "'");
@@ -546,6 +569,9 @@ int attention_command(Options& options) {
   }
 #ifdef HDK_WITH_CUDA
   dsv4::detail::set_sparse_decode_splits_override(static_cast<int>(forced_splits));
+  dsv4::detail::set_sparse_decode_workspace_override(
+      workspace == "always" ? dsv4::detail::SparseWorkspaceChoice::kAlways
+                            : dsv4::detail::SparseWorkspaceChoice::kAuto);
   dsv4::detail::set_index_score_path(index_kernel == "warp"
                                          ? dsv4::detail::IndexScorePath::kWarpMma
                                          : dsv4::detail::IndexScorePath::kTensorCore);
@@ -579,8 +605,8 @@ int attention_command(Options& options) {
 
   const RunBaseline baseline = start_run(*device, "attention", timing);
   ResultTable table({"op", "preset", "list", "N", "L", "Hq", "top_k", "kernel", "cluster",
-                     "time_us", "GB/s", "%copy", "target", "check"});
-  AttentionBench bench(*device, timing, verify, verify_budget);
+                     "time_us", "GB/s", "%copy", "floor_us", "x_floor", "target", "check"});
+  AttentionBench bench(*device, timing, verify, verify_budget, workspace != "off");
   int failures = 0;
   auto add = [&](const Point& point) {
     std::string L = point.op == "sparse_decode"
@@ -597,7 +623,7 @@ int attention_command(Options& options) {
                                       point.cluster};
     if (!point.error.empty()) {
       ++failures;
-      cells.insert(cells.end(), {"error", "-", "-", "-", "error"});
+      cells.insert(cells.end(), {"error", "-", "-", "-", "-", "-", "error"});
       table.add_row(cells);
       return;
     }
@@ -614,7 +640,10 @@ int attention_command(Options& options) {
       std::fprintf(stderr, "%s %s %s N=%lld: %s\n", point.op.c_str(), point.preset.c_str(),
                    point.list.c_str(), static_cast<long long>(point.N), point.check.c_str());
     }
-    cells.insert(cells.end(), {format(point.time_us, 2), format(gbs, 1), format(percent, 1), target,
+    // What no kernel can beat: one launch, then the bytes at the copy bandwidth.
+    const double floor_us = baseline.launch_overhead_us + point.bytes / (baseline.copy_gbs * 1e3);
+    cells.insert(cells.end(), {format(point.time_us, 2), format(gbs, 1), format(percent, 1),
+                               format(floor_us, 2), format(point.time_us / floor_us, 2), target,
                                point.check.rfind("FAIL", 0) == 0 ? "FAIL" : point.check});
     table.add_row(cells);
   };
@@ -688,7 +717,9 @@ int attention_command(Options& options) {
       "\nnot counted: q (N x 64 x 128 bf16), weights, block table, the top-k indices and"
       "\nslots written (timed with topk_slots, without topk_scores). %copy = GB/s / copy bw."
       "\nkernel, cluster (sparse_decode on CUDA): the kernel that ran (pipelined, mma or simple)"
-      "\nand its row cluster, head groups x list splits."
+      "\nand its row cluster, head groups x list splits ('ws': the splits are combined through"
+      "\nthe workspace by a second kernel instead of inside one cluster)."
+      "\nfloor_us = one empty-kernel graph replay + bytes / copy bandwidth; x_floor = time / floor."
       "\ntarget: sparse_decode >= 75% of copy at N >= 32; index_topk >= 70% at 65536+ entries."
       "\ncheck (--verify): against the float64 reference with the tests' bounds, for points"
       "\nwith N*Hq*L*512 (sparse) or N*entries*64*128 (index) <= --verify-budget; '-' beyond",
