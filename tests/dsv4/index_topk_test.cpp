@@ -771,7 +771,6 @@ TEST(IndexTopkValidation, CudaTensorsWithoutACudaBuild) {
     view->device = Device::cuda(0);
   expect_error([&] { dsv4::index_topk(ip); }, "has no CUDA backend");
 #endif
-#endif
 }
 
 }  // namespace
