@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/ceil_div.h"
 #include "core/resident_clusters.h"
 #include "dsv4/index_mma_layout.h"
 #include "dsv4/index_wgmma_layout.h"
@@ -85,7 +86,7 @@ inline IndexLaunchPlan plan_index_launch(
     int64_t num_rows, int64_t num_heads, int64_t capacity, int64_t top_k, bool tensor, bool fp32_q,
     int sm_count, int shared_limit,
     const hdk::detail::ResidentClusterCounts& clusters = hdk::detail::ResidentClusterCounts()) {
-  auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+  using hdk::detail::ceil_div;
   auto at = [&](int size) { return size <= 1 ? 0 : clusters.by_size[size]; };
   IndexLaunchPlan plan;
   IndexLaunch& launch = plan.launch;

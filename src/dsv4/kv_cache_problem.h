@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "core/host_device.h"
+#include "core/index_view.h"
 #include "hdk/dsv4/kv_cache.h"
 #include "hdk/dtype.h"
 
@@ -46,19 +47,7 @@ struct PagedPool {
   }
 };
 
-// A [N] or [N, L] index tensor (slots, positions, state slots), int32 or int64.
-struct IndexView {
-  const void* data = nullptr;
-  DType dtype = DType::kInt32;
-  int64_t row_stride = 0;
-  int64_t column_stride = 0;
-
-  HDK_HOST_DEVICE int64_t at(int64_t row, int64_t column = 0) const {
-    const int64_t offset = row * row_stride + column * column_stride;
-    return dtype == DType::kInt64 ? static_cast<const int64_t*>(data)[offset]
-                                  : static_cast<int64_t>(static_cast<const int32_t*>(data)[offset]);
-  }
-};
+using hdk::detail::IndexView;
 
 // The optional invalid-row counter.
 struct Counter {

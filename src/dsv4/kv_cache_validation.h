@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/argument_checks.h"
+#include "core/named_view.h"
 #include "dsv4/kv_cache_problem.h"
 #include "hdk/dsv4/kv_cache.h"
 #include "hdk/tensor_view.h"
@@ -25,10 +26,7 @@ GatherKeysProblem validate_gather_indexer_keys(const GatherIndexerKeysParams& pa
 CompressorProblem validate_compress(const CompressorParams& params);
 
 // Pieces of the checks above that the read side (attention_validation.cpp) shares.
-struct NamedView {
-  const TensorView* view;
-  const char* name;
-};
+using hdk::detail::NamedView;
 // Every given view on `device` with a usable pointer.
 void check_devices(const hdk::detail::ArgumentChecks& check, std::initializer_list<NamedView> views,
                    const Device& device);

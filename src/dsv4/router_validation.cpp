@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/argument_checks.h"
+#include "core/named_view.h"
 #include "hdk/topk.h"
 
 namespace hdk {
@@ -14,13 +15,9 @@ namespace detail {
 namespace {
 
 using hdk::detail::ArgumentChecks;
+using hdk::detail::NamedView;
 
 constexpr const char* kOperation = "hdk::dsv4::route";
-
-struct NamedView {
-  const TensorView* view;
-  const char* name;
-};
 
 }  // namespace
 

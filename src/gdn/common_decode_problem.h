@@ -104,7 +104,7 @@ inline bool common_form_fits(const DecodeProblem& p, int64_t vector_bytes) {
   if (!p.fused_gating) return false;
   // Variable length only as a decode step: at most one token a request.
   if (p.variable_length && (p.token_capacity != 1 || p.cu_seqlens.dtype != DType::kInt32 ||
-                            p.cu_seqlens.stride0 > kMax)) {
+                            p.cu_seqlens.row_stride > kMax)) {
     return false;
   }
   if (p.index_mode == IndexMode::kPerToken) return false;
@@ -120,8 +120,8 @@ inline bool common_form_fits(const DecodeProblem& p, int64_t vector_bytes) {
   }
   if (!token_offsets_fit_32_bits(p)) return false;
   if (p.tokens_per_request > kMax || p.head_v > kMax || p.head_pitch > kMax ||
-      p.A_log_stride > kMax || p.dt_bias_stride > kMax || p.state_indices.stride0 > kMax ||
-      p.output_state_indices.stride0 > kMax) {
+      p.A_log_stride > kMax || p.dt_bias_stride > kMax || p.state_indices.row_stride > kMax ||
+      p.output_state_indices.row_stride > kMax) {
     return false;
   }
   // q and k are read as vector_bytes-wide pieces at multiples of vector_bytes from a row's start:
@@ -177,8 +177,8 @@ inline CommonDecodeProblem to_common_form(const DecodeProblem& p) {
   c.A_log_stride = static_cast<int32_t>(p.A_log_stride);
   c.dt_bias_stride = static_cast<int32_t>(p.dt_bias_stride);
   c.state_indices = static_cast<const int32_t*>(p.state_indices.data);
-  c.state_indices_stride = static_cast<int32_t>(p.state_indices.stride0);
-  c.output_state_indices_stride = static_cast<int32_t>(p.output_state_indices.stride0);
+  c.state_indices_stride = static_cast<int32_t>(p.state_indices.row_stride);
+  c.output_state_indices_stride = static_cast<int32_t>(p.output_state_indices.row_stride);
   c.state = p.state;
   c.slot_pitch = p.slot_pitch;
   c.pool_size = p.pool_size;
@@ -195,7 +195,7 @@ inline CommonDecodeStepProblem to_common_decode_step(const DecodeProblem& p) {
   CommonDecodeStepProblem step;
   static_cast<CommonDecodeProblem&>(step) = to_common_form(p);
   step.cu_seqlens = static_cast<const int32_t*>(p.cu_seqlens.data);
-  step.cu_seqlens_stride = static_cast<int32_t>(p.cu_seqlens.stride0);
+  step.cu_seqlens_stride = static_cast<int32_t>(p.cu_seqlens.row_stride);
   step.total_tokens = static_cast<int32_t>(p.total_tokens);
   return step;
 }

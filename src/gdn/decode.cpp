@@ -19,16 +19,17 @@ void decode(const DecodeParams& params) {
 
 void decode(const DecodeParams& params, CudaStream stream) {
   const detail::DecodeProblem problem = detail::validate_decode(params);
-  if (params.q.device.is_cpu()) {
+  const Device device = params.q.device;
+  if (device.is_cpu()) {
     if (params.check_indices) detail::check_index_data(problem);
     detail::decode_cpu(problem);
     return;
   }
 #ifdef HDK_WITH_CUDA
-  detail::decode_cuda(problem, params, stream);
+  detail::decode_cuda(problem, device.index, params.check_indices, stream);
 #else
   (void)stream;
-  throw Error("hdk::gdn::decode: the tensors are on " + params.q.device.str() +
+  throw Error("hdk::gdn::decode: the tensors are on " + device.str() +
               " but this build of hdk has no CUDA backend (configure with -DHDK_WITH_CUDA=ON)");
 #endif
 }

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "core/host_device.h"
+#include "core/index_view.h"
 #include "hdk/dtype.h"
 #include "hdk/gdn/decode.h"
 
@@ -28,20 +29,7 @@ struct TokenTensor {
   int64_t stride_head = 0;  // per-head scalars (a, b, g, beta) use this as their last stride
 };
 
-// A 1-D or 2-D integer tensor (indices, counts, offsets), int32 or int64.
-struct IndexTensor {
-  const void* data = nullptr;
-  DType dtype = DType::kInt32;
-  int64_t stride0 = 0;
-  int64_t stride1 = 0;
-
-  HDK_HOST_DEVICE bool given() const { return data != nullptr; }
-  HDK_HOST_DEVICE int64_t at(int64_t i, int64_t j = 0) const {
-    const int64_t offset = i * stride0 + j * stride1;
-    return dtype == DType::kInt64 ? static_cast<const int64_t*>(data)[offset]
-                                  : static_cast<int64_t>(static_cast<const int32_t*>(data)[offset]);
-  }
-};
+using hdk::detail::IndexView;
 
 struct DecodeProblem {
   // Field order: what a fixed-length, per-request-indexed step reads comes first and the rest
@@ -90,7 +78,7 @@ struct DecodeProblem {
   int64_t intermediate_stride_request = 0;
   int64_t intermediate_stride_token = 0;
 
-  IndexTensor state_indices, output_state_indices;
+  IndexView state_indices, output_state_indices;
 
   void* invalid_index_count = nullptr;
   DType invalid_index_count_dtype = DType::kInt32;
@@ -103,7 +91,7 @@ struct DecodeProblem {
   int64_t head_k = 0;          // K
   int64_t total_tokens = 0;    // size of the token dim (B * T, or total_tokens)
   TokenTensor g, beta;         // gating without fusion
-  IndexTensor num_accepted_tokens, cu_seqlens;
+  IndexView num_accepted_tokens, cu_seqlens;
 
   HDK_HOST_DEVICE int64_t qk_head_of(int64_t v_head) const {
     return v_head / (num_v_heads / num_qk_heads);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/argument_checks.h"
+#include "core/named_view.h"
 
 namespace hdk {
 namespace gdn {
@@ -15,6 +16,7 @@ namespace detail {
 namespace {
 
 using hdk::detail::ArgumentChecks;
+using hdk::detail::NamedView;
 
 constexpr const char* kOperation = "hdk::gdn::decode";
 
@@ -28,20 +30,15 @@ TokenTensor token_tensor(const TensorView& view, bool variable_length) {
   return tensor;
 }
 
-IndexTensor index_tensor(const TensorView& view) {
-  IndexTensor tensor;
-  if (!view.defined()) return tensor;
-  tensor.data = view.data;
-  tensor.dtype = view.dtype;
-  tensor.stride0 = view.ndim >= 1 ? view.strides[0] : 0;
-  tensor.stride1 = view.ndim >= 2 ? view.strides[1] : 0;
-  return tensor;
+IndexView index_view(const TensorView& view) {
+  IndexView index;
+  if (!view.defined()) return index;
+  index.data = view.data;
+  index.dtype = view.dtype;
+  index.row_stride = view.ndim >= 1 ? view.strides[0] : 0;
+  index.column_stride = view.ndim >= 2 ? view.strides[1] : 0;
+  return index;
 }
-
-struct NamedView {
-  const TensorView* view;
-  const char* name;
-};
 
 }  // namespace
 
@@ -268,10 +265,10 @@ DecodeProblem validate_decode(const DecodeParams& p) {
     check.shape_is(p.output_state_indices, "output_state_indices", {B}, "[B]");
     check.dtype_in(p.output_state_indices, "output_state_indices", index_dtypes);
   }
-  problem.state_indices = index_tensor(p.state_indices);
-  problem.output_state_indices = index_tensor(p.output_state_indices);
-  problem.num_accepted_tokens = index_tensor(p.num_accepted_tokens);
-  problem.cu_seqlens = index_tensor(p.cu_seqlens);
+  problem.state_indices = index_view(p.state_indices);
+  problem.output_state_indices = index_view(p.output_state_indices);
+  problem.num_accepted_tokens = index_view(p.num_accepted_tokens);
+  problem.cu_seqlens = index_view(p.cu_seqlens);
 
   // Per-token state cache.
   if (p.intermediate_states.defined()) {

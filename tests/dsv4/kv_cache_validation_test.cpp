@@ -10,20 +10,11 @@
 #include "hdk/dsv4/block_allocator.h"
 #include "hdk/dsv4/kv_cache.h"
 #include "hdk/error.h"
+#include "support/expect_error.h"
 
 namespace hdk {
 namespace testing {
 namespace {
-
-void expect_error(const std::function<void()>& call, const std::string& fragment) {
-  try {
-    call();
-    ADD_FAILURE() << "no hdk::Error; expected one containing '" << fragment << "'";
-  } catch (const Error& error) {
-    EXPECT_NE(std::string(error.what()).find(fragment), std::string::npos)
-        << "message: " << error.what() << "\nexpected to contain: " << fragment;
-  }
-}
 
 struct StoreBuffers {
   std::vector<float> values = std::vector<float>(4 * 512, 0.5f);

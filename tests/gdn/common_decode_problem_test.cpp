@@ -153,7 +153,7 @@ TEST(GdnCommonForm, TheCompactBlockCarriesTheCall) {
   EXPECT_EQ(s.q.data, full.q.data);
   EXPECT_EQ(s.q.stride_token, full.q.stride_token);
   EXPECT_EQ(static_cast<const void*>(s.cu_seqlens), full.cu_seqlens.data);
-  EXPECT_EQ(s.cu_seqlens_stride, full.cu_seqlens.stride0);
+  EXPECT_EQ(s.cu_seqlens_stride, full.cu_seqlens.row_stride);
   EXPECT_EQ(s.total_tokens, full.total_tokens);
   EXPECT_EQ(s.tokens_per_request, 1);
 }

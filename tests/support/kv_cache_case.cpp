@@ -46,6 +46,14 @@ std::vector<uint8_t> counter_bytes(DType dtype, int64_t value) {
   return bytes;
 }
 
+std::vector<float> normal_values(std::mt19937_64& rng, int64_t count, float scale) {
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> values(static_cast<size_t>(count));
+  for (float& v : values)
+    v = normal(rng);
+  return values;
+}
+
 std::vector<float> random_rows(std::mt19937_64& rng, int64_t rows, int64_t width, bool special,
                                int64_t group_size) {
   std::normal_distribution<float> normal(0.0f, 1.0f);

@@ -21,6 +21,9 @@ void put_index(std::vector<uint8_t>& bytes, DType dtype, size_t index, int64_t v
 int64_t read_counter(const std::vector<uint8_t>& bytes, DType dtype);
 std::vector<uint8_t> counter_bytes(DType dtype, int64_t value);
 
+// `count` values drawn from N(0, scale^2).
+std::vector<float> normal_values(std::mt19937_64& rng, int64_t count, float scale);
+
 // Rows of `width` values; row n follows pattern n % 10 (0, 1: plain; 2: a zero group; 3: values
 // up to 1e38; 4: values below the scale floor and in the float denormal range; 5: exact FP8 /
 // E2M1 rounding ties; 6: a NaN; 7: an infinity; 8: magnitudes 1e3 and 1e-5 in one group; 9:

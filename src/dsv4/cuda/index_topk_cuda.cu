@@ -32,6 +32,8 @@
 #include <cstdint>
 #include <string>
 
+#include "core/ceil_div.h"
+#include "core/cuda/shared_address.cuh"
 #include "core/cuda_helpers.h"
 #include "core/fast_divide.h"
 #include "dsv4/bf16_pairs.h"
@@ -53,11 +55,13 @@ namespace detail {
 namespace {
 
 namespace cg = cooperative_groups;
+using hdk::detail::ceil_div;
 using hdk::detail::cluster_select;
 using hdk::detail::column_of;
 using hdk::detail::FastDivide;
 using hdk::detail::ordered_key;
 using hdk::detail::select_layout;
+using hdk::detail::shared_address;
 
 constexpr const char* kOperation = "hdk::dsv4::index_topk";
 // 8 warps: with two tiles per warp the tensor-core kernels take 146-155 registers a thread.
@@ -74,10 +78,6 @@ constexpr int kWarpgroupStages = 3;
 enum class ScoreKernel { kWarpgroup, kWarp, kCudaCore };
 
 std::atomic<int> g_score_path{static_cast<int>(IndexScorePath::kTensorCore)};
-
-__host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) {
-  return (a + b - 1) / b;
-}
 
 // relu that keeps NaN, as the CPU backend's: a key stored with NaN markers must score NaN.
 __device__ __forceinline__ float relu(float x) {

@@ -674,23 +674,6 @@ void gather_indexer_keys_cuda(const GatherKeysProblem& p, int device, CudaStream
   hdk::detail::check_launch(cudaPeekAtLastError(), operation, "gather_keys_kernel");
 }
 
-IndexView copy_indices_to_host(const IndexView& index, int64_t rows, int64_t columns,
-                               std::vector<uint8_t>& storage, int device, CudaStream stream) {
-  const char* operation = "hdk::dsv4 (check_indices)";
-  IndexView host = index;
-  if (rows == 0 || columns == 0) return host;
-  const int64_t span = (rows - 1) * index.row_stride + (columns - 1) * index.column_stride + 1;
-  const size_t bytes = static_cast<size_t>(span) * (index.dtype == DType::kInt64 ? 8 : 4);
-  storage.resize(bytes);
-  hdk::detail::CudaDeviceGuard guard(device, operation);
-  hdk::detail::check_cuda(
-      cudaMemcpyAsync(storage.data(), index.data, bytes, cudaMemcpyDeviceToHost, stream), operation,
-      "cudaMemcpyAsync of the indices");
-  hdk::detail::check_cuda(cudaStreamSynchronize(stream), operation, "cudaStreamSynchronize");
-  host.data = storage.data();
-  return host;
-}
-
 void compress_cuda(const CompressorProblem& p, int device, CudaStream stream) {
   const char* operation = "hdk::dsv4::compress";
   if (p.num_rows == 0) return;

@@ -3,9 +3,7 @@
 // allocation, no synchronization. Rows with an index out of range are skipped and counted.
 #pragma once
 
-#include <cstdint>
-#include <vector>
-
+#include "core/cuda/index_view_to_host.h"
 #include "dsv4/kv_cache_problem.h"
 #include "hdk/cuda_stream.h"
 
@@ -17,10 +15,8 @@ void store_entries_cuda(const StoreEntriesProblem& problem, int device, CudaStre
 void gather_entries_cuda(const GatherEntriesProblem& problem, int device, CudaStream stream);
 void store_indexer_keys_cuda(const StoreKeysProblem& problem, int device, CudaStream stream);
 void gather_indexer_keys_cuda(const GatherKeysProblem& problem, int device, CudaStream stream);
-// check_indices: `index` ([rows, columns] with its strides) copied to `storage` on the host
-// (synchronizing `stream`); returns the view of the copy.
-IndexView copy_indices_to_host(const IndexView& index, int64_t rows, int64_t columns,
-                               std::vector<uint8_t>& storage, int device, CudaStream stream);
+// check_indices: the host copy of an index view that the data checks read.
+using hdk::detail::copy_indices_to_host;
 
 void compress_cuda(const CompressorProblem& problem, int device, CudaStream stream);
 

@@ -17,15 +17,26 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "core/cuda/async_copy.cuh"
+#include "core/cuda/mbarrier.cuh"
+#include "core/cuda/shared_address.cuh"
 #include "core/cuda_helpers.h"
 #include "dsv4/cuda/gate_mma.cuh"
-#include "dsv4/cuda/mbarrier.cuh"
 #include "dsv4/cuda/router_launch.h"
 
 namespace hdk {
 namespace dsv4 {
 namespace detail {
 namespace {
+
+using hdk::detail::bulk_copy_from_global;
+using hdk::detail::cp_async_16;
+using hdk::detail::cp_async_arrive;
+using hdk::detail::fence_shared_for_async_proxy;
+using hdk::detail::mbarrier_arrive_expect_bytes;
+using hdk::detail::mbarrier_init;
+using hdk::detail::mbarrier_wait;
+using hdk::detail::shared_address;
 
 constexpr const char* kOperation = "hdk::dsv4::route";
 constexpr int kChunk = 32;         // d values per pair of k16 MMA steps (64 bytes of a row)
@@ -48,35 +59,11 @@ struct SplitArgs : GateOperands {
   bool vector_stores;    // the workspace takes 16-byte stores (aligned base, strides % 4 == 0)
 };
 
-__device__ __forceinline__ uint32_t shared_address(const void* pointer) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
-}
-
 // Arrives on the barrier announcing `bytes` of copies, then starts one bulk copy of them.
 __device__ __forceinline__ void copy_row(void* destination, const void* source, uint32_t bytes,
                                          uint64_t* barrier) {
-  const uint32_t bar = shared_address(barrier);
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-               : "memory");
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
-          "r"(shared_address(destination)),
-      "l"(source), "r"(bytes), "r"(bar)
-      : "memory");
-}
-
-// Copies 16 bytes global -> shared on the load path (cp.async), bypassing L1.
-__device__ __forceinline__ void copy_16_bytes(uint32_t destination, const void* source) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(destination), "l"(source)
-               : "memory");
-}
-
-// The barrier's arrival for this thread happens when every cp.async it has issued so far has
-// landed (the barrier counts one arrival per thread).
-__device__ __forceinline__ void arrive_when_copied(uint64_t* barrier) {
-  asm volatile(
-      "cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(shared_address(barrier))
-      : "memory");
+  mbarrier_arrive_expect_bytes(barrier, bytes);
+  bulk_copy_from_global(shared_address(destination), source, bytes, shared_address(barrier));
 }
 
 // One CTA: kExpertTiles m16 tiles of experts by kTokenTiles n8 tiles of rows, over one slice of
@@ -144,13 +131,13 @@ __global__ void __launch_bounds__(kExpertTiles* kDWarps * 32, 1) gate_split_kern
         const uint16_t* source = args.hidden + (token_base + row) * args.hidden_stride + d;
         const uint32_t destination = shared_address(split_shared + row * args.row_pitch);
         for (int v = lane; v < row_vectors; v += 32)
-          copy_16_bytes(destination + 16 * v, source + 8 * v);
+          cp_async_16(destination + 16 * v, source + 8 * v);
       }
-      arrive_when_copied(&rows_arrived);
+      cp_async_arrive(&rows_arrived);
     } else if (threadIdx.x < valid_rows) {
       // The previous pass's rows were read through the generic proxy; order those reads
       // before the bulk copies (async proxy) overwrite them.
-      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      fence_shared_for_async_proxy();
       copy_row(split_shared + threadIdx.x * args.row_pitch,
                args.hidden + (token_base + threadIdx.x) * args.hidden_stride + d,
                static_cast<uint32_t>((d_stop - d) * 2), &rows_arrived);

@@ -30,11 +30,13 @@
 #include <tuple>
 #include <type_traits>
 
+#include "core/cuda/async_copy.cuh"
+#include "core/cuda/mbarrier.cuh"
+#include "core/cuda/shared_address.cuh"
 #include "core/cuda_helpers.h"
 #include "core/fast_divide.h"
 #include "dsv4/bf16_pairs.h"
 #include "dsv4/cuda/count_invalid.cuh"
-#include "dsv4/cuda/mbarrier.cuh"
 #include "dsv4/cuda/sparse_decode_cuda.h"
 #include "dsv4/cuda/sparse_decode_layout.h"
 #include "dsv4/cuda/wgmma.cuh"
@@ -47,6 +49,18 @@ namespace detail {
 namespace {
 
 namespace cg = cooperative_groups;
+using hdk::detail::bulk_copy_to_peer;
+using hdk::detail::cluster_shared_address;
+using hdk::detail::cp_async_16;
+using hdk::detail::cp_async_8;
+using hdk::detail::cp_async_commit;
+using hdk::detail::cp_async_wait;
+using hdk::detail::mbarrier_arrive;
+using hdk::detail::mbarrier_arrive_expect_bytes;
+using hdk::detail::mbarrier_arrive_remote;
+using hdk::detail::mbarrier_init;
+using hdk::detail::mbarrier_wait;
+using hdk::detail::shared_address;
 
 constexpr const char* kOperation = "hdk::dsv4::sparse_decode";
 constexpr unsigned kFullMask = 0xffffffffu;
@@ -89,28 +103,6 @@ static_assert(kEntryDataBytes % 16 == 0 && kRawOffset % 16 == 0 && kEOffset % 10
 static_assert(kHeads == 64 && kTile == 64, "one warpgroup's M; the m64n64 score product");
 
 // ---- PTX wrappers ---------------------------------------------------------------------------
-
-__device__ __forceinline__ void cp_async_16(void* target, const void* source) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_address(target)),
-               "l"(source)
-               : "memory");
-}
-
-__device__ __forceinline__ void cp_async_8(void* target, const void* source) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(shared_address(target)),
-               "l"(source)
-               : "memory");
-}
-
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-// Waits until at most `kPending` of this thread's cp.async groups are still in flight.
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
 
 __device__ __forceinline__ void store_output(const SparseDecodeProblem& p, int64_t offset,
                                              float value) {

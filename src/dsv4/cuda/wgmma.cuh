@@ -11,6 +11,7 @@
 
 #include <cstdint>
 
+#include "core/cuda/async_copy.cuh"
 #include "dsv4/cuda/sparse_decode_layout.h"
 
 namespace hdk {
@@ -52,12 +53,7 @@ __device__ __forceinline__ void wgmma_wait() {
 // Makes this thread's ordinary shared-memory writes (st.shared, cp.async) visible to the async
 // proxy that wgmma reads shared memory through; a barrier after it covers the other threads.
 __device__ __forceinline__ void fence_shared_for_wgmma() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-// The 32-bit shared-space address of a shared-memory pointer (what descriptors and PTX take).
-__device__ __forceinline__ uint32_t shared_address(const void* pointer) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
+  hdk::detail::fence_shared_for_async_proxy();
 }
 
 // Keeps the compiler from moving reads of accumulators above the wgmma_wait that makes them

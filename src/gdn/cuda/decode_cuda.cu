@@ -12,6 +12,9 @@
 #include <vector>
 
 #include "core/argument_checks.h"
+#include "core/ceil_div.h"
+#include "core/cuda/index_view_to_host.h"
+#include "core/cuda_helpers.h"
 #include "gdn/common_decode_problem.h"
 #include "gdn/cuda/decode_launch.h"
 #include "gdn/decode_validation.h"
@@ -24,6 +27,9 @@ namespace detail {
 namespace {
 
 using hdk::detail::ArgumentChecks;
+using hdk::detail::ceil_div;
+
+constexpr const char* kOperation = "hdk::gdn::decode";
 
 // Written by hdk-bench before its first call, read on every launch; a mutex would cost every
 // decode call a lock for a tuning aid.
@@ -37,47 +43,12 @@ std::atomic<LeanBuild> lean_build_override{LeanBuild::kAuto};
 std::atomic<bool> full_problem_override{false};
 std::atomic<LeanLoadOrder> load_order_override{LeanLoadOrder::kAuto};
 
-void check_cuda(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) {
-    throw Error(std::string("hdk::gdn::decode: ") + what +
-                " failed: " + cudaGetErrorString(status));
-  }
-}
-
-int64_t ceil_div(int64_t a, int64_t b) {
-  return (a + b - 1) / b;
-}
-
-// Switches to the tensors' device for the call and back afterwards.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
-    if (previous_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice");
-  }
-  ~DeviceGuard() { cudaSetDevice(previous_); }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = 0;
-};
-
 int multiprocessor_count(int device) {
-  // Read once per device: a driver query on every decode step is avoidable host time.
-  static std::atomic<int> cached[64] = {};
-  if (device < 0 || device >= 64) device = 0;
-  int count = cached[device].load(std::memory_order_relaxed);
-  if (count == 0) {
-    check_cuda(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device),
-               "cudaDeviceGetAttribute");
-    cached[device].store(count, std::memory_order_relaxed);
-  }
-  return count;
+  return hdk::detail::cached_device_attribute(cudaDevAttrMultiProcessorCount, device, kOperation);
 }
 
-void check_capabilities(const DecodeProblem& p, const DecodeParams& params) {
-  const ArgumentChecks check("hdk::gdn::decode");
+void check_capabilities(const DecodeProblem& p) {
+  const ArgumentChecks check(kOperation);
   if (p.head_k != 64 && p.head_k != 128 && p.head_k != 256) {
     check.fail("the CUDA backend supports K = 64, 128 or 256 (dim 3 of 'q'), got " +
                std::to_string(p.head_k) + "; CPU tensors accept any K");
@@ -100,32 +71,31 @@ void check_capabilities(const DecodeProblem& p, const DecodeParams& params) {
        (p.intermediate_stride_token * element) % 16 != 0)) {
     check.fail(
         "argument 'intermediate_states' must be 16-byte aligned with strides that are "
-        "multiples of 16 bytes for the CUDA backend, got strides " +
-        params.intermediate_states.strides_str());
+        "multiples of 16 bytes for the CUDA backend, got pointer " +
+        std::to_string(reinterpret_cast<uintptr_t>(p.intermediate_states)) +
+        " and strides of dims 0 and 1 of " + std::to_string(p.intermediate_stride_request) +
+        " and " + std::to_string(p.intermediate_stride_token) + " elements");
   }
 }
 
-// Copies an index tensor's bytes to the host and points `tensor` at the copy.
-void stage_on_host(const TensorView& view, IndexTensor& tensor, std::vector<uint8_t>& storage,
-                   cudaStream_t stream) {
-  if (!view.defined()) return;
-  const hdk::detail::MemorySpan span = hdk::detail::memory_span(view);
-  storage.resize(span.end - span.begin);
-  check_cuda(cudaMemcpyAsync(storage.data(), reinterpret_cast<const void*>(span.begin),
-                             storage.size(), cudaMemcpyDeviceToHost, stream),
-             "copying indices to the host (check_indices)");
-  tensor.data = storage.data() + (reinterpret_cast<uintptr_t>(view.data) - span.begin);
-}
-
-void check_indices_on_host(const DecodeProblem& problem, const DecodeParams& params,
-                           cudaStream_t stream) {
+// check_indices: the index tensors copied to the host (synchronizing `stream`), then checked.
+void check_indices_on_host(const DecodeProblem& problem, int device, CudaStream stream) {
+  constexpr const char* kCopy = "hdk::gdn::decode (check_indices)";
   DecodeProblem host = problem;
   std::vector<uint8_t> indices, outputs, accepted, offsets;
-  stage_on_host(params.state_indices, host.state_indices, indices, stream);
-  stage_on_host(params.output_state_indices, host.output_state_indices, outputs, stream);
-  stage_on_host(params.num_accepted_tokens, host.num_accepted_tokens, accepted, stream);
-  stage_on_host(params.cu_seqlens, host.cu_seqlens, offsets, stream);
-  check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize (check_indices)");
+  const int64_t B = problem.num_requests;
+  const int64_t columns = problem.index_mode == IndexMode::kPerToken ? problem.index_columns : 1;
+  auto stage = [&](IndexView& view, int64_t rows, int64_t view_columns,
+                   std::vector<uint8_t>& storage) {
+    if (view.given()) {
+      view = hdk::detail::copy_indices_to_host(view, rows, view_columns, storage, device, stream,
+                                               kCopy);
+    }
+  };
+  stage(host.state_indices, B, columns, indices);
+  stage(host.output_state_indices, B, 1, outputs);
+  stage(host.num_accepted_tokens, B, 1, accepted);
+  stage(host.cu_seqlens, B + 1, 1, offsets);
   check_index_data(host);
 }
 
@@ -320,15 +290,15 @@ LaunchPlan plan_launch(const DecodeProblem& p, int sm_count) {
   return plan;
 }
 
-void decode_cuda(const DecodeProblem& problem, const DecodeParams& params, CudaStream stream) {
-  check_capabilities(problem, params);
-  DeviceGuard guard(params.q.device.index);
+void decode_cuda(const DecodeProblem& problem, int device, bool check_indices, CudaStream stream) {
+  check_capabilities(problem);
+  const hdk::detail::CudaDeviceGuard guard(device, kOperation);
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
-  if (params.check_indices) check_indices_on_host(problem, params, cuda_stream);
+  if (check_indices) check_indices_on_host(problem, device, stream);
   const bool no_tokens = !problem.variable_length && problem.tokens_per_request == 0;
   if (problem.num_requests == 0 || no_tokens) return;
 
-  const LaunchPlan plan = plan_launch(problem, multiprocessor_count(params.q.device.index));
+  const LaunchPlan plan = plan_launch(problem, multiprocessor_count(device));
   if (plan.kernel != DecodeKernel::kVKLean && plan.ctas > kMaxGridX) {
     throw Error("hdk::gdn::decode: " + std::to_string(plan.ctas) +
                 " CTAs exceed the CUDA grid limit; split the batch");
@@ -370,7 +340,7 @@ void decode_cuda(const DecodeProblem& problem, const DecodeParams& params, CudaS
   } else {
     launch_decode_kv<__nv_bfloat16>(problem, plan.tiles_per_head, cuda_stream);
   }
-  check_cuda(cudaGetLastError(), "launching the decode kernel");
+  hdk::detail::check_cuda(cudaGetLastError(), kOperation, "launching the decode kernel");
 }
 
 }  // namespace detail

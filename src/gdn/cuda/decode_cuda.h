@@ -5,15 +5,15 @@
 
 #include "gdn/decode_problem.h"
 #include "hdk/cuda_stream.h"
-#include "hdk/gdn/decode.h"
 
 namespace hdk {
 namespace gdn {
 namespace detail {
 
 // Checks what the CUDA kernels need beyond the shared validation (head sizes, V multiple of 8,
-// 16-byte alignment), honours params.check_indices, then launches on `stream`.
-void decode_cuda(const DecodeProblem& problem, const DecodeParams& params, CudaStream stream);
+// 16-byte alignment), checks a host copy of the indices when `check_indices` (DecodeParams'
+// option), then launches on `stream` on CUDA device `device`.
+void decode_cuda(const DecodeProblem& problem, int device, bool check_indices, CudaStream stream);
 
 // Which decode kernel a launch uses.
 enum class DecodeKernel {

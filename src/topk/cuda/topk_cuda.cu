@@ -14,6 +14,7 @@
 #include <climits>
 #include <string>
 
+#include "core/ceil_div.h"
 #include "core/cuda_helpers.h"
 #include "topk/cuda/cluster_select.cuh"
 #include "topk/cuda/topk_cuda.h"
@@ -122,10 +123,6 @@ __global__ void __launch_bounds__(kMaxThreads)
       out_indices[j] = -1;
     }
   }
-}
-
-int64_t ceil_div(int64_t a, int64_t b) {
-  return (a + b - 1) / b;
 }
 
 }  // namespace

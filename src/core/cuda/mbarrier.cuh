@@ -1,6 +1,7 @@
-// Shared-memory barriers (mbarrier, sm_90) for the read and router kernels: a 64-bit object in
-// shared memory that completes a phase once a set number of arrivals has come in (and, for bulk
-// copies, a set number of bytes has landed). A waiter names the parity of the phase it waits for.
+// Shared-memory barriers (mbarrier, sm_90): a 64-bit object in shared memory that completes a
+// phase once a set number of arrivals has come in (and, for bulk copies, a set number of bytes
+// has landed). A waiter names the parity of the phase it waits for. The copies that complete
+// bytes on them are in core/cuda/async_copy.cuh.
 //
 // The pipelined sparse_decode kernel hands stages between its warpgroups through these rather
 // than through named barriers (bar.arrive / bar.sync): arrive releases and wait acquires the
@@ -10,15 +11,15 @@
 
 #include <cstdint>
 
+#include "core/cuda/shared_address.cuh"
+
 namespace hdk {
-namespace dsv4 {
 namespace detail {
 
 // One thread initializes; a CTA barrier (__syncthreads) must follow before any thread uses it.
 // The fence makes the initialized barrier visible to the async proxy (bulk copies) as well.
 __device__ __forceinline__ void mbarrier_init(uint64_t* barrier, int arrivals) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(
-                   static_cast<uint32_t>(__cvta_generic_to_shared(barrier))),
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(shared_address(barrier)),
                "r"(arrivals)
                : "memory");
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -26,14 +27,13 @@ __device__ __forceinline__ void mbarrier_init(uint64_t* barrier, int arrivals) {
 
 // One arrival (release: this thread's earlier memory accesses happen before the phase completes).
 __device__ __forceinline__ void mbarrier_arrive(uint64_t* barrier) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(
-                   static_cast<uint32_t>(__cvta_generic_to_shared(barrier)))
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(shared_address(barrier))
                : "memory");
 }
 
 // Returns once the phase of parity `parity` has completed (acquire).
 __device__ __forceinline__ void mbarrier_wait(uint64_t* barrier, uint32_t parity) {
-  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(barrier));
+  const uint32_t address = shared_address(barrier);
   uint32_t done = 0;
   while (!done) {
     asm volatile(
@@ -50,14 +50,6 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* barrier, uint32_t parity
 // barrier (as a TMA load does), so the peer's waiters need no more than mbarrier_wait; a peer
 // frees a buffer with a remote arrival.
 
-// The shared::cluster address of the variable at shared::cta address `address` in CTA `rank` of
-// the cluster (the same offset in that CTA's shared memory).
-__device__ __forceinline__ uint32_t cluster_shared_address(uint32_t address, int rank) {
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(address), "r"(rank));
-  return remote;
-}
-
 // One arrival on the barrier at shared::cluster address `remote` (cluster_shared_address), with
 // the instruction's default (CTA-scope) semantics: it says that this CTA no longer reads a
 // buffer, it publishes no writes. Release and acquire at cluster scope cost an L1 invalidation
@@ -70,25 +62,11 @@ __device__ __forceinline__ void mbarrier_arrive_remote(uint32_t remote) {
 // One arrival that also expects `bytes` more transaction bytes in the current phase (the phase
 // completes once they have landed too).
 __device__ __forceinline__ void mbarrier_arrive_expect_bytes(uint64_t* barrier, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(
-                   static_cast<uint32_t>(__cvta_generic_to_shared(barrier))),
-               "r"(bytes)
-               : "memory");
-}
-
-// Copies `bytes` (a multiple of 16, both addresses 16-byte aligned) of this CTA's shared memory
-// at `source` to shared::cluster address `target` in another CTA of the cluster, completing as
-// many transaction bytes on that CTA's barrier at shared::cluster address `barrier`. The writes
-// that produced the source must be fenced for the async proxy (fence.proxy.async) first.
-__device__ __forceinline__ void bulk_copy_to_peer(uint32_t target, uint32_t source, uint32_t bytes,
-                                                  uint32_t barrier) {
   asm volatile(
-      "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, "
-      "[%3];\n" ::"r"(target),
-      "r"(source), "r"(bytes), "r"(barrier)
+      "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(shared_address(barrier)),
+      "r"(bytes)
       : "memory");
 }
 
 }  // namespace detail
-}  // namespace dsv4
 }  // namespace hdk
