@@ -1,7 +1,7 @@
 // DeepSeek-V4 decode, read side: the indexer's score + top-k over the FP4 indexer keys (CSA
 // layers), and sparse MQA attention with a per-head sink over MODEL1 entries (the SWA ring plus
-// the selected or all compressed entries). The math is the spec's "Indexer" and "Sparse attention
-// decode" (shared/spec/dsv4-decode.md); the contract case by case and how an engine calls these
+// the selected or all compressed entries). The math is docs/spec.md's "Indexer" and "Sparse
+// attention decode"; the contract case by case and how an engine calls these
 // within a decode step: docs/dsv4-attention.md.
 //
 // Both read the quantized pages the write side (hdk/dsv4/kv_cache.h) stored, straight from the

@@ -1,8 +1,7 @@
 // DeepSeek-V4 KV cache, write side: quantized paged pools (FlashMLA's MODEL1 entries, the SWA
 // ring), the FP4 indexer keys, and the compressor that turns every `ratio` tokens of a request
-// into one compressed entry. Byte formats: the spec's "Exact storage formats"
-// (shared/spec/dsv4-decode.md); the contract case by case, the state layout and how an engine
-// wires the calls: docs/dsv4-kv-cache.md.
+// into one compressed entry. Byte formats: docs/spec.md, "KV cache and storage formats"; the
+// contract case by case, the state layout and how an engine wires the calls: docs/dsv4-kv-cache.md.
 //
 // Every call runs on the device its tensors live on (all on the CPU, or all on one CUDA device),
 // allocates nothing, never synchronizes the host and can be captured in a CUDA graph.

@@ -1,6 +1,5 @@
 // DeepSeek-V4 MoE routing for the decode path: the sqrt-softplus router and the hash router.
-// The contract, case by case: docs/dsv4-router.md; the math is the spec's
-// (shared/spec/dsv4-decode.md, section Router):
+// The contract, case by case: docs/dsv4-router.md; the math (docs/spec.md, section Router):
 //
 //   s        = sqrt(softplus(logits))         logits = hidden · gate_weightᵀ (fp32) or given
 //   selected = top_k of (s + bias)            or tid2eid[token_id] for hash routing

@@ -1,5 +1,5 @@
 // Gated DeltaNet decode: one recurrent-state step (or T steps) over a pool of states.
-// The contract is docs/gdn-decode-semantics.md; the math is the spec's:
+// The contract is docs/gdn-decode.md; the math (docs/spec.md, "GDN decode"):
 //
 //   g = -exp(A_log) * softplus(a + dt_bias)      beta = sigmoid(b)      (or g, beta given)
 //   S = exp(g) * S;   u = beta * (v - S k);   S = S + u k^T;   o = S q
