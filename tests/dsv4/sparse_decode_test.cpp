@@ -1194,8 +1194,9 @@ TEST_P(SparseDecodeCudaGraph, CapturedAndReplayed) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Workspace, SparseDecodeCudaGraph, ::testing::Bool(),
-                         [](const ::testing::TestParamInfo<bool>& info) {
-                           return std::string(info.param ? "through_workspace" : "in_clusters");
+                         [](const ::testing::TestParamInfo<bool>& workspace) {
+                           return std::string(workspace.param ? "through_workspace"
+                                                              : "in_clusters");
                          });
 #endif
 
