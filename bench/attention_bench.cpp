@@ -511,6 +511,8 @@ void print_attention_usage() {
       "  --workspace W         on (default): pass each call the workspace an engine would\n"
       "                        allocate (sparse_decode_workspace_bytes); off: none (rows stay in\n"
       "                        one cluster); always: split every row through it where possible\n"
+      "  --pdl on|off          sparse_decode through the workspace: launch the combine as a\n"
+      "                        programmatic dependent of the split kernel (on, the default)\n"
       "  --sparse-kernel K     sparse_decode on tensor cores: auto (the dispatcher's, the same as\n"
       "                        pipelined), mma (without warp specialization) or pipelined\n"
       "                        (warp-specialized where a CTA walks 3+ tiles, mma elsewhere)\n"
@@ -555,7 +557,11 @@ int attention_command(Options& options) {
   const std::string index_kernel = options.text("index-kernel", "auto");
   const std::string sparse_kernel = options.text("sparse-kernel", "auto");
   const std::string workspace = options.text("workspace", "on");
+  const std::string dependent = options.text("pdl", "on");
   options.reject_unused();
+  if (dependent != "on" && dependent != "off") {
+    throw std::runtime_error("--pdl must be on or off, got '" + dependent + "'");
+  }
   if (workspace != "on" && workspace != "off" && workspace != "always") {
     throw std::runtime_error("--workspace must be on, off or always, got '" + workspace + "'");
   }
@@ -569,6 +575,7 @@ int attention_command(Options& options) {
   }
 #ifdef HDK_WITH_CUDA
   dsv4::detail::set_sparse_decode_splits_override(static_cast<int>(forced_splits));
+  dsv4::detail::set_sparse_decode_dependent_launch(dependent == "on");
   dsv4::detail::set_sparse_decode_workspace_override(
       workspace == "always" ? dsv4::detail::SparseWorkspaceChoice::kAlways
                             : dsv4::detail::SparseWorkspaceChoice::kAuto);

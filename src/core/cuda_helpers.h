@@ -115,6 +115,26 @@ cudaError_t launch_in_clusters(void (*kernel)(KernelArgs...), unsigned grid, uns
   return cudaLaunchKernelEx(&launch.config, kernel, std::forward<Args>(args)...);
 }
 
+// Launches `kernel` as a programmatic dependent of the kernel before it on `stream` (Hopper):
+// its CTAs may be scheduled while that kernel's last CTAs finish, and wait for its results in
+// `griddepcontrol.wait` (wait_for_prior_grid in core/cuda/dependent_launch.cuh), so the launch's
+// latency hides behind the other's tail. Captured into a CUDA graph as a programmatic edge.
+template <typename... KernelArgs, typename... Args>
+cudaError_t launch_dependent(void (*kernel)(KernelArgs...), unsigned grid, unsigned block,
+                             size_t shared_bytes, cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  cudaLaunchAttribute attribute[1] = {};
+  config.gridDim = dim3(grid, 1, 1);
+  config.blockDim = dim3(block, 1, 1);
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
 // ResidentClusterCounts (core/resident_clusters.h) of `kernel` with `block` threads and
 // `shared_bytes` of dynamic shared memory a CTA, every size from 1 to kMaxClusterSize, asked of
 // the device once per (kernel, device, block, shared bytes) and kept, so a call's planning is one

@@ -688,6 +688,7 @@ TEST(SparseDecodeLayout, WorkspacePlansFitTheSmsAndTheWorkspace) {
             EXPECT_LE(plan.splits, dsv4::detail::kSparseMaxWorkspaceSplits);
             EXPECT_LE(rows * plan.groups * plan.splits, sm_count);  // one wave
             EXPECT_GE(tiles / plan.splits, costs.min_tiles_per_split);
+            EXPECT_GE(tiles / plan.splits, dsv4::detail::kSparseWorkspaceMinTiles);
             EXPECT_EQ(plan.cluster(), plan.groups);
             EXPECT_LE(dsv4::detail::sparse_workspace_layout(rows, plan.groups, plan.splits).bytes,
                       promise);
@@ -707,11 +708,16 @@ TEST(SparseDecodeLayout, WorkspacePlansFitTheSmsAndTheWorkspace) {
   EXPECT_EQ(layout.flags_offset % 256, 0);
   EXPECT_GE(layout.flags_offset, layout.stats_offset + 30 * 128 * 4);
   EXPECT_GE(layout.bytes, layout.flags_offset + 30 * 4);
-  // Rows of one SM each take no workspace; a Flash row of 10 tiles takes one split a tile on the
-  // kernel of one-tile slices and three on the pipelined one.
+  // Rows of one SM each take no workspace; a lone Flash HCA row of 66 tiles takes 16 splits of
+  // 4 tiles, as do eight rows of it (128 CTAs), nine rows 14.
   EXPECT_EQ(dsv4::detail::sparse_workspace_bytes(132, 64, 640, 132), 0);
-  EXPECT_EQ(dsv4::detail::plan_sparse_workspace(1, 64, 640, 132, kSparseMmaCosts).splits, 10);
-  EXPECT_EQ(dsv4::detail::plan_sparse_workspace(1, 64, 640, 132, kSparsePipelinedCosts).splits, 3);
+  EXPECT_EQ(dsv4::detail::plan_sparse_workspace(1, 64, 4224, 132, kSparsePipelinedCosts).splits,
+            16);
+  EXPECT_EQ(dsv4::detail::plan_sparse_workspace(8, 64, 4224, 132, kSparsePipelinedCosts).splits,
+            16);
+  EXPECT_EQ(dsv4::detail::plan_sparse_workspace(9, 64, 4224, 132, kSparsePipelinedCosts).splits,
+            14);
+  EXPECT_EQ(dsv4::detail::plan_sparse_workspace(1, 64, 640, 132, kSparseMmaCosts).splits, 2);
 }
 
 }  // namespace

@@ -327,10 +327,17 @@ void run_sparse_backend(const SparseCase& c, SparseInputs& in, const SparseRun& 
   // Placed last: the fetches below go by the order of the buffers above.
   std::vector<uint8_t> workspace;
   if (run.workspace) {
-    workspace = random_bytes(sparse_workspace_size(c, device), c.seed);
-    p.workspace = TensorView::contiguous(workspace.data(), DType::kUInt8,
-                                         {static_cast<int64_t>(workspace.size())});
-    place(p.workspace, workspace.data(), workspace.size());
+    const size_t bytes = sparse_workspace_size(c, device);
+    workspace = random_bytes(bytes + 256, c.seed);
+    if (run.backend == Backend::kCPU) {  // host memory: the view starts on a 256-byte boundary
+      uint8_t* aligned =
+          workspace.data() + (256 - reinterpret_cast<uintptr_t>(workspace.data()) % 256);
+      p.workspace = TensorView::contiguous(aligned, DType::kUInt8, {static_cast<int64_t>(bytes)});
+    } else {  // a device allocation starts on one
+      p.workspace =
+          TensorView::contiguous(workspace.data(), DType::kUInt8, {static_cast<int64_t>(bytes)});
+      place(p.workspace, workspace.data(), workspace.size());
+    }
   }
   {
     const ForcedSparseKernel forced(run);

@@ -31,6 +31,7 @@
 #include <type_traits>
 
 #include "core/cuda/async_copy.cuh"
+#include "core/cuda/dependent_launch.cuh"
 #include "core/cuda/mbarrier.cuh"
 #include "core/cuda/shared_address.cuh"
 #include "core/cuda_helpers.h"
@@ -76,6 +77,7 @@ constexpr int kStageStride = static_cast<int>(kHeadDim) + 8;   // floats per sta
 std::atomic<SparseDecodeKernel> kernel_override{SparseDecodeKernel::kAuto};
 std::atomic<int> splits_override{0};
 std::atomic<SparseWorkspaceChoice> workspace_override{SparseWorkspaceChoice::kAuto};
+std::atomic<bool> dependent_launch{true};
 
 // ---- shared memory of the tensor-core kernel (byte offsets from a 1024-byte boundary) --------
 constexpr int kQBytes = operand_bytes(kHeads);             // 64 heads x 512 bf16
@@ -391,6 +393,25 @@ __device__ bool queries_finite(const uint8_t* smem, int tid) {
   return finite;
 }
 
+// Which query row, head group and list split a CTA of a tensor-core kernel works on. In clusters
+// a row is one cluster and the rank says the group and split; through the workspace a cluster is
+// one split's head groups, and the row's CTAs are consecutive blocks of the grid, split-major.
+struct CtaRole {
+  int64_t n;
+  int group;
+  int split;
+};
+template <bool kThroughWorkspace>
+__device__ __forceinline__ CtaRole cta_role(const SparsePlan& plan) {
+  if constexpr (kThroughWorkspace) {
+    const int within = static_cast<int>(blockIdx.x % plan.row_ctas());
+    return CtaRole{blockIdx.x / plan.row_ctas(), within % plan.groups, within / plan.groups};
+  } else {
+    const int rank = static_cast<int>(cg::this_cluster().block_rank());
+    return CtaRole{blockIdx.x / plan.cluster(), rank % plan.groups, rank / plan.groups};
+  }
+}
+
 // Where a tensor-core kernel keeps what finish_row reads and writes in its shared memory.
 struct CtaSpace {
   float* stage;    // [64][kStageStride] fp32: the CTA's unnormalized O, over its operand tiles
@@ -406,14 +427,14 @@ struct CtaSpace {
 // partial. `o_half`: which 256 columns of O this thread's accumulators hold (-1: none);
 // `holds_stats`: whether its row_max / row_sum are the CTA's softmax statistics. Every thread of
 // the CTA calls it (it holds CTA and cluster barriers).
-template <int kCtaThreads>
+template <int kCtaThreads, bool kThroughWorkspace>
 __device__ void finish_row(const SparseDecodeProblem& p, const SparsePlan& plan,
                            const CtaSpace& space, int64_t n, int tid, int o_half, bool holds_stats,
                            const float (&o)[128], const float (&row_max)[2], float (&row_sum)[2],
                            bool out_vector) {
   cg::cluster_group cluster = cg::this_cluster();
-  const int within = static_cast<int>(blockIdx.x % plan.row_ctas());
-  const int group = within % plan.groups, split = within / plan.groups;
+  const CtaRole role = cta_role<kThroughWorkspace>(plan);
+  const int group = role.group, split = role.split;
   const int64_t head0 = int64_t{group} * kHeads;
   const int lane = tid % 32;
   const int thread = tid % 128;          // in the warpgroup (wgmma_d_coord)
@@ -463,7 +484,7 @@ __device__ void finish_row(const SparseDecodeProblem& p, const SparsePlan& plan,
       stat_l[row] = row_sum[r];
     }
   }
-  if (plan.through_workspace) {
+  if constexpr (kThroughWorkspace) {
     // The row's other splits are CTAs of other clusters: the partial goes to the workspace for
     // sparse_decode_combine_kernel. The cluster (this split's head groups) still meets at the
     // end, since a shared conversion writes into the peer's shared memory.
@@ -587,7 +608,7 @@ __device__ void finish_row(const SparseDecodeProblem& p, const SparsePlan& plan,
   } else {
     combine(std::integral_constant<int, kSparseMaxWideCluster>());
   }
-  if (within == 0 && tid == 0 && row_bad) count_invalid(p.invalid_count, 1);
+  if (split == 0 && group == 0 && tid == 0 && row_bad) count_invalid(p.invalid_count, 1);
   cluster.sync();  // no CTA leaves while a peer may still read its shared memory
 }
 
@@ -602,6 +623,7 @@ __global__ void __launch_bounds__(kCombineThreads)
     sparse_decode_combine_kernel(SparseDecodeProblem p, SparsePlan plan, int slices,
                                  bool out_vector) {
   __shared__ float factors[kSparseMaxWorkspaceSplits][kHeads];
+  hdk::detail::wait_for_prior_grid();  // the splits' partial results
   const int tid = threadIdx.x;
   const int slice = static_cast<int>(blockIdx.x % slices);
   const int group = static_cast<int>((blockIdx.x / slices) % plan.groups);
@@ -730,7 +752,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kScoreRegisters], const 
 
 // ---- tensor-core kernel -----------------------------------------------------------------------
 
-template <bool kWide>
+template <bool kWide, bool kThroughWorkspace>
 __global__ void __launch_bounds__(kThreads, 1)
     sparse_decode_mma_kernel(SparseDecodeProblem p, SparsePlan plan, bool q_vector,
                              bool out_vector) {
@@ -740,9 +762,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       shared_bytes +
       (kSwizzleAtomBytes - shared_address(shared_bytes) % kSwizzleAtomBytes) % kSwizzleAtomBytes;
   cg::cluster_group cluster = cg::this_cluster();
-  const int64_t n = blockIdx.x / plan.row_ctas();
-  const int within = static_cast<int>(blockIdx.x % plan.row_ctas());
-  const int group = within % plan.groups, split = within / plan.groups;
+  const CtaRole role = cta_role<kThroughWorkspace>(plan);
+  const int64_t n = role.n;
+  const int group = role.group, split = role.split;
   const int64_t head0 = int64_t{group} * kHeads;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int half = warp / 4;     // the warpgroup: its half of S's dims and of O's columns
@@ -835,7 +857,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   cp_async_wait<0>();
   if (q_async && !queries_finite(smem, tid)) *bad = 1;
   const CtaSpace space{reinterpret_cast<float*>(smem + kStageOffset), stat_m, stat_l, bad, factors};
-  finish_row<kThreads>(p, plan, space, n, tid, half, half == 0, o, row_max, row_sum, out_vector);
+  finish_row<kThreads, kThroughWorkspace>(p, plan, space, n, tid, half, half == 0, o, row_max,
+                                          row_sum, out_vector);
 }
 
 // ---- warp-specialized tensor-core kernel --------------------------------------------------------
@@ -1170,7 +1193,7 @@ __device__ __forceinline__ uint32_t store_share(const EntryShare& share, bool re
   return real ? (nan_sum & 0x80808080u) | nan_scales : 0u;
 }
 
-template <bool kWide, bool kSharedConversion>
+template <bool kWide, bool kSharedConversion, bool kThroughWorkspace>
 __global__ void __launch_bounds__(kPipelinedThreads, 1)
     sparse_decode_pipelined_kernel(SparseDecodeProblem p, SparsePlan plan, bool q_vector,
                                    bool out_vector) {
@@ -1179,9 +1202,9 @@ __global__ void __launch_bounds__(kPipelinedThreads, 1)
       shared_bytes +
       (kSwizzleAtomBytes - shared_address(shared_bytes) % kSwizzleAtomBytes) % kSwizzleAtomBytes;
   cg::cluster_group cluster = cg::this_cluster();
-  const int64_t n = blockIdx.x / plan.row_ctas();
-  const int within = static_cast<int>(blockIdx.x % plan.row_ctas());
-  const int group = within % plan.groups, split = within / plan.groups;
+  const CtaRole role = cta_role<kThroughWorkspace>(plan);
+  const int64_t n = role.n;
+  const int group = role.group, split = role.split;
   const int64_t head0 = int64_t{group} * kHeads;
   const int tid = threadIdx.x, lane = tid % 32;
   const int warpgroup = tid / 128;
@@ -1199,7 +1222,7 @@ __global__ void __launch_bounds__(kPipelinedThreads, 1)
   // and for its peer, the CTA of the other group walking the same slice: a stage is full once
   // this CTA's producer has arrived and the peer's half has landed, and empty once this CTA's
   // consumers and the peer's have let it go.
-  const int peer = plan.rank_of(split, 1 - group);
+  const int peer = kThroughWorkspace ? 1 - group : split * plan.groups + (1 - group);
   if (tid == 0) {
     *bad = 0;
     init_pipeline_barriers(barriers, kSharedConversion);
@@ -1532,8 +1555,9 @@ __global__ void __launch_bounds__(kPipelinedThreads, 1)
   }
   // Every warpgroup is back at the launch's register count, so the three finish in one place
   // (one set of CTA and cluster barriers, reached by every thread from the same code).
-  finish_row<kPipelinedThreads>(p, plan, space, n, tid, warpgroup < 2 ? warpgroup : -1,
-                                warpgroup == 0, o, row_max, row_sum, out_vector);
+  finish_row<kPipelinedThreads, kThroughWorkspace>(p, plan, space, n, tid,
+                                                   warpgroup < 2 ? warpgroup : -1, warpgroup == 0,
+                                                   o, row_max, row_sum, out_vector);
 }
 
 // ---- CUDA-core kernel -------------------------------------------------------------------------
@@ -1688,8 +1712,32 @@ struct TensorCoreLaunch {
   unsigned threads;
   int shared_bytes;
   SparsePlan plan;
-  int64_t steps;  // the plan's time in tile times common to both kernels
 };
+
+// The instance of a tensor-core kernel for a call's pools, head groups and combine.
+TensorCoreKernel tensor_core_kernel(bool pipelined, bool shared_conversion, bool wide,
+                                    bool through_workspace) {
+  if (!pipelined) {
+    if (through_workspace) {
+      return wide ? sparse_decode_mma_kernel<true, true> : sparse_decode_mma_kernel<false, true>;
+    }
+    return wide ? sparse_decode_mma_kernel<true, false> : sparse_decode_mma_kernel<false, false>;
+  }
+  if (through_workspace) {
+    if (shared_conversion) {
+      return wide ? sparse_decode_pipelined_kernel<true, true, true>
+                  : sparse_decode_pipelined_kernel<false, true, true>;
+    }
+    return wide ? sparse_decode_pipelined_kernel<true, false, true>
+                : sparse_decode_pipelined_kernel<false, false, true>;
+  }
+  if (shared_conversion) {
+    return wide ? sparse_decode_pipelined_kernel<true, true, false>
+                : sparse_decode_pipelined_kernel<false, true, false>;
+  }
+  return wide ? sparse_decode_pipelined_kernel<true, false, false>
+              : sparse_decode_pipelined_kernel<false, false, false>;
+}
 
 // One of the two tensor-core kernels over the row clusters of plan_sparse_decode: `pipelined`
 // false forces the other; true runs the pipelined one where the call allows it (the caller
@@ -1709,15 +1757,7 @@ TensorCoreLaunch plan_tensor_core(const SparseDecodeProblem& p, bool pipelined, 
     launch.pipelined = use_pipelined;
     launch.threads = use_pipelined ? kPipelinedThreads : kThreads;
     launch.shared_bytes = use_pipelined ? kPipelinedSharedBytes : kSharedBytes;
-    if (!use_pipelined) {
-      launch.kernel = wide ? sparse_decode_mma_kernel<true> : sparse_decode_mma_kernel<false>;
-    } else if (shared_conversion) {
-      launch.kernel = wide ? sparse_decode_pipelined_kernel<true, true>
-                           : sparse_decode_pipelined_kernel<false, true>;
-    } else {
-      launch.kernel = wide ? sparse_decode_pipelined_kernel<true, false>
-                           : sparse_decode_pipelined_kernel<false, false>;
-    }
+    launch.kernel = tensor_core_kernel(use_pipelined, shared_conversion, wide, false);
     hdk::detail::allow_dynamic_shared_memory(launch.kernel, launch.shared_bytes, device,
                                              kOperation);
     // Every cluster size (above 8 CTAs: 0 where the device does not run clusters of that size).
@@ -1746,23 +1786,17 @@ TensorCoreLaunch plan_tensor_core(const SparseDecodeProblem& p, bool pipelined, 
       launch.plan.splits = forced_splits < most ? forced_splits : most;
       launch.plan.through_workspace = launch.plan.through_workspace && launch.plan.splits > 1;
     }
-    launch.steps = sparse_plan_steps(launch.plan, p.num_rows, p.list_length(), resident, costs) *
-                   costs.tile_time;
+    if (launch.plan.through_workspace) {
+      launch.kernel = tensor_core_kernel(use_pipelined, shared_conversion, wide, true);
+      hdk::detail::allow_dynamic_shared_memory(launch.kernel, launch.shared_bytes, device,
+                                               kOperation);
+    }
     return launch;
   };
   TensorCoreLaunch launch = launch_of(pipelined);
-  if (pipelined && !forced) {
-    const int64_t tiles_per_cta =
-        (sparse_tiles(p.list_length()) + launch.plan.splits - 1) / launch.plan.splits;
-    if (tiles_per_cta < kPipelinedMinTiles) {
-      launch = launch_of(false);
-    } else if (p.workspace != nullptr) {
-      // Through the workspace a few rows may take more, shorter slices than the pipelined
-      // kernel's three tiles: the other kernel runs those where its steps are fewer.
-      const TensorCoreLaunch other = launch_of(false);
-      if (other.plan.through_workspace && other.steps < launch.steps) launch = other;
-    }
-  }
+  const int64_t tiles_per_cta =
+      (sparse_tiles(p.list_length()) + launch.plan.splits - 1) / launch.plan.splits;
+  if (pipelined && !forced && tiles_per_cta < kPipelinedMinTiles) launch = launch_of(false);
   return launch;
 }
 
@@ -1783,6 +1817,13 @@ void launch_tensor_core(const SparseDecodeProblem& p, const TensorCoreLaunch& la
   if (!launch.plan.through_workspace) return;
   const int slices = sparse_combine_slices(p.num_rows, launch.plan.groups, sm_count);
   const unsigned combine_ctas = static_cast<unsigned>(p.num_rows * launch.plan.groups * slices);
+  if (dependent_launch.load()) {
+    hdk::detail::check_launch(
+        hdk::detail::launch_dependent(sparse_decode_combine_kernel, combine_ctas, kCombineThreads,
+                                      0, stream, p, launch.plan, slices, out_vector),
+        kOperation, "sparse_decode_combine_kernel");
+    return;
+  }
   sparse_decode_combine_kernel<<<combine_ctas, kCombineThreads, 0, stream>>>(p, launch.plan, slices,
                                                                              out_vector);
   hdk::detail::check_launch(cudaPeekAtLastError(), kOperation, "sparse_decode_combine_kernel");
@@ -1834,6 +1875,10 @@ void set_sparse_decode_splits_override(int splits) {
 
 void set_sparse_decode_workspace_override(SparseWorkspaceChoice choice) {
   workspace_override.store(choice);
+}
+
+void set_sparse_decode_dependent_launch(bool enabled) {
+  dependent_launch.store(enabled);
 }
 
 void sparse_decode_cuda(const SparseDecodeProblem& p, int device, CudaStream stream) {

@@ -158,17 +158,14 @@ HDK_HOST_DEVICE int sparse_max_splits(int groups, int64_t tiles, int max_cluster
 // What a tensor-core kernel's CTA costs the plan besides its tiles, in tile times (loading Q, the
 // first tile's round trip, the combine across the cluster), and the fewest tiles a CTA should
 // walk when the list is split.
-// `tile_time` compares kernels: the relative time of one of its tiles (the pipelined kernel's
-// steady state is 1.2-1.7x the other's from 3 tiles a CTA).
 struct SparseKernelCosts {
   int64_t cta_fixed_tiles;
   int64_t min_tiles_per_split;
-  int64_t tile_time;
 };
 // The tensor-core kernel: fitted to an H100 sweep of 1, 2, 4 and 8 splits over Flash and Pro,
 // CSA and HCA lists, N = 8..64 (2026-11-23, bench/results/2026-11-23-h100-sparse-splits), where
 // every cell's fastest count has the fewest steps for a fixed cost between 1.5 and 3.
-constexpr SparseKernelCosts kSparseMmaCosts{2, 1, 7};
+constexpr SparseKernelCosts kSparseMmaCosts{2, 1};
 // The pipelined kernel: its speed comes from the steady state, and on slices of 1 or 2 tiles the
 // other kernel is as fast (sparse_decode_cuda.cu runs that one there), so splits stop at 3 tiles
 // a CTA; its fixed cost is larger in tile times since its tiles are shorter. An H100 sweep of 1,
@@ -176,7 +173,7 @@ constexpr SparseKernelCosts kSparseMmaCosts{2, 1, 7};
 // bench/results/2026-11-27-h100-sparse-mbarrier) has every cell's fastest count (within 1%) as
 // the fewest steps for a fixed cost between 3 and 6; without the 3-tile floor Flash CSA N = 8
 // took 8 splits of 2 tiles on the other kernel, 1.08x the time of 4 splits of 3 here.
-constexpr SparseKernelCosts kSparsePipelinedCosts{4, 3, 5};
+constexpr SparseKernelCosts kSparsePipelinedCosts{4, 3};
 
 // Splits the list where the step takes the fewest tile times: the waves of row clusters (rows
 // over the clusters of that size the device runs at once, rounded up) times what a CTA walks
@@ -239,16 +236,25 @@ HDK_HOST_DEVICE int64_t sparse_plan_steps(const SparsePlan& plan, int64_t rows, 
   return plan.through_workspace ? steps + kSparseCombineTiles : steps;
 }
 
+// A split through the workspace writes a 128 KiB partial result per head group and the combine
+// reads it back, as many bytes as 3.5 tiles of entries: below 4 tiles a split, more splits cost
+// more than they save (H200: Flash HCA N = 1 in 64 one-tile splits 51.3 us against 34.4 in one
+// cluster of 16; 16 splits of 4 tiles at N = 8 37.0 against 42.0).
+constexpr int64_t kSparseWorkspaceMinTiles = 4;
+
 // Splits through the workspace: as many as fill the SMs once (sparse_workspace_max_splits), but
-// none that leaves a CTA fewer than `min_tiles_per_split` tiles; through_workspace is false where
-// that is one split.
+// none that leaves a CTA fewer than kSparseWorkspaceMinTiles tiles or the kernel's
+// `min_tiles_per_split`; through_workspace is false where that is one split.
 HDK_HOST_DEVICE SparsePlan plan_sparse_workspace(int64_t rows, int64_t heads, int64_t list_length,
                                                  int sm_count, SparseKernelCosts costs) {
   SparsePlan plan;
   plan.groups = sparse_head_groups(heads);
   const int64_t tiles = sparse_tiles(list_length);
   int64_t splits = sparse_workspace_max_splits(rows, plan.groups, tiles, sm_count);
-  const int64_t by_length = tiles / costs.min_tiles_per_split;
+  const int64_t min_tiles = costs.min_tiles_per_split > kSparseWorkspaceMinTiles
+                                ? costs.min_tiles_per_split
+                                : kSparseWorkspaceMinTiles;
+  const int64_t by_length = tiles / min_tiles;
   if (splits > by_length) splits = by_length;
   plan.splits = splits > 1 ? static_cast<int>(splits) : 1;
   plan.through_workspace = plan.splits > 1;
