@@ -5,14 +5,8 @@
 # progress lines (no carriage returns) when stderr is not a terminal.
 # Usage: cli_test.sh HDK_BENCH
 set -uo pipefail
+source "$(dirname "$0")/../scripts/tests/checks.sh"
 bench=$1
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-failures=0
-fail() {
-  echo "FAIL: $*" >&2
-  failures=$((failures + 1))
-}
 
 commands=$("$bench" --help | awk '/^  [a-z]/ { print $1 }')
 [[ -n $commands ]] || fail "hdk-bench --help lists no commands"
@@ -59,8 +53,4 @@ if grep -q $'\r' "$work/err"; then
 fi
 grep -q '^\[1/1\] qwen3.5-397b B=1 T=1 fp32' "$work/err" || fail "no progress line: $(cat "$work/err")"
 
-if [[ $failures != 0 ]]; then
-  echo "$failures check(s) failed" >&2
-  exit 1
-fi
-echo "hdk-bench command line: every check passed"
+finish "hdk-bench command line"

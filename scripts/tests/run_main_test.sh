@@ -3,14 +3,8 @@
 # an nvcc on PATH: the CUDA backend is configured only where a GPU is present or HDK_WITH_CUDA
 # asks for it (nvcc alone is no reason), and every stage reports its time.
 set -uo pipefail
+source "$(dirname "$0")/checks.sh"
 repo=$(cd "$(dirname "$0")/../.." && pwd)
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-failures=0
-fail() {
-  echo "FAIL: $*" >&2
-  failures=$((failures + 1))
-}
 
 mkdir -p "$work/bin" "$work/build/bench"
 printf '#!/bin/sh\necho "$*" >> "%s/cmake.log"\n' "$work" >"$work/bin/cmake"
@@ -40,8 +34,4 @@ run_main HDK_WITH_CUDA=ON
 grep -q -- "-DHDK_WITH_CUDA=ON" "$work/cmake.log" 2>/dev/null ||
   fail "HDK_WITH_CUDA=ON did not reach cmake: $(cat "$work/cmake.log" 2>/dev/null)"
 
-if [[ $failures != 0 ]]; then
-  echo "$failures check(s) failed" >&2
-  exit 1
-fi
-echo "run-main.sh: every check passed"
+finish "run-main.sh"
