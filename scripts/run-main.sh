@@ -22,11 +22,12 @@ else
   cuda_reason="no GPU found (nvidia-smi -L, /dev/nvidia0); HDK_WITH_CUDA=ON builds CUDA anyway"
 fi
 
-stage "setup: checking the build tools" scripts/setup.sh
-stage "configure $build, CUDA backend $cuda ($cuda_reason)" \
+echo "run-main: CUDA backend $cuda: $cuda_reason"
+stage "setup: check the build tools" scripts/setup.sh
+stage "configure $build (HDK_WITH_CUDA=$cuda)" \
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DHDK_BUILD_TESTS=OFF \
   -DHDK_WITH_CUDA="$cuda"
 stage "build hdk-bench" cmake --build "$build" --target hdk-bench
-stage "run hdk-bench gdn --preset qwen3.5-397b --verify $*" \
+stage "run hdk-bench gdn --preset qwen3.5-397b --verify${*:+ $*}" \
   "$build"/bench/hdk-bench gdn --preset qwen3.5-397b --verify "$@"
 stages_summary
