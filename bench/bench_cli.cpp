@@ -1,6 +1,9 @@
 #include "bench_cli.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -116,6 +119,14 @@ void ResultTable::add_row(std::vector<std::string> cells) {
   rows_.push_back(std::move(cells));
 }
 
+size_t ResultTable::count(const std::string& column, const std::string& value) const {
+  const auto found = std::find(columns_.begin(), columns_.end(), column);
+  if (found == columns_.end()) return 0;
+  const size_t c = static_cast<size_t>(found - columns_.begin());
+  return static_cast<size_t>(
+      std::count_if(rows_.begin(), rows_.end(), [&](const auto& row) { return row[c] == value; }));
+}
+
 void ResultTable::print() const {
   std::vector<size_t> widths(columns_.size());
   for (size_t c = 0; c < columns_.size(); ++c) {
@@ -183,7 +194,8 @@ std::string format(double value, int decimals) {
 }
 
 void write_json(const std::string& path, const std::string& command_line,
-                const std::map<std::string, std::string>& fields, const std::string& records) {
+                const std::map<std::string, std::string>& fields, const std::string& records,
+                const std::map<std::string, std::string>& json_fields) {
   std::ofstream file(path);
   if (!file) throw std::runtime_error("cannot write " + path);
   file << "{\n  \"command\": \"" << json_escape(command_line) << "\"";
@@ -191,8 +203,36 @@ void write_json(const std::string& path, const std::string& command_line,
     file << ",\n  \"" << json_escape(key)
          << "\": " << (looks_numeric(value) ? value : "\"" + json_escape(value) + "\"");
   }
+  for (const auto& [key, json] : json_fields)
+    file << ",\n  \"" << json_escape(key) << "\": " << json;
   file << ",\n  \"results\": " << records << "\n}\n";
   std::printf("wrote %s\n", path.c_str());
+}
+
+namespace {
+bool stderr_is_terminal() {
+  static const bool terminal = isatty(fileno(stderr)) != 0;
+  return terminal;
+}
+}  // namespace
+
+void report_progress(const std::string& text) {
+  if (stderr_is_terminal()) {
+    std::fprintf(stderr, "\r%s ...   ", text.c_str());
+    return;
+  }
+  using Clock = std::chrono::steady_clock;
+  static Clock::time_point last_line;
+  static bool any_line = false;
+  const Clock::time_point now = Clock::now();
+  if (any_line && now - last_line < std::chrono::seconds(5)) return;
+  std::fprintf(stderr, "%s ...\n", text.c_str());
+  last_line = now;
+  any_line = true;
+}
+
+void clear_progress() {
+  if (stderr_is_terminal()) std::fprintf(stderr, "\r%60s\r", "");
 }
 
 double median(std::vector<double> samples) {

@@ -43,6 +43,8 @@ class ResultTable {
   // [{"column": value, ...}, ...]; numeric-looking cells are written as numbers.
   std::string json_records() const;
   size_t rows() const { return rows_.size(); }
+  // Rows whose `column` holds `value`; 0 when there is no such column.
+  size_t count(const std::string& column, const std::string& value) const;
 
  private:
   std::vector<std::string> columns_;
@@ -52,9 +54,18 @@ class ResultTable {
 std::string format(double value, int decimals);
 std::string json_escape(const std::string& text);
 
-// Writes {"command": ..., "device": ..., <extra fields>, "results": records} to `path`.
+// Writes {"command": ..., "device": ..., <fields>, <json_fields>, "results": records} to `path`;
+// `fields` are scalars (numeric-looking ones written as numbers), `json_fields` JSON as given.
 void write_json(const std::string& path, const std::string& command_line,
-                const std::map<std::string, std::string>& fields, const std::string& records);
+                const std::map<std::string, std::string>& fields, const std::string& records,
+                const std::map<std::string, std::string>& json_fields = {});
+
+// A long run's progress on stderr. On a terminal one line is rewritten in place; in a log (not
+// a terminal), where "\r" would run every update into one line, a plain line is written for the
+// first update and then at most one every few seconds.
+void report_progress(const std::string& text);
+// Erases the in-place progress line before the results (nothing to erase in a log).
+void clear_progress();
 
 // Median of samples (sorts a copy).
 double median(std::vector<double> samples);

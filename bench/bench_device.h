@@ -2,9 +2,11 @@
 // measures the copy bandwidth every result is judged against, and times work.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -36,7 +38,7 @@ class BenchDevice {
   virtual void download(void* host, const void* device_pointer, size_t bytes) = 0;
 
   // Read + write bytes per second of a large device-to-device copy (CPU: the best of several
-  // copy methods), in GB/s.
+  // copy methods and an in-place read-modify-write pass), in GB/s.
   virtual double copy_bandwidth_gbs() = 0;
 
   // What each copy method measured, when there are several (CPU); empty otherwise.
@@ -80,17 +82,21 @@ class DeviceAllocation {
 struct RunBaseline {
   double copy_gbs = 0.0;            // read + write bytes per second of a large copy, in GB/s
   double launch_overhead_us = 0.0;  // an empty-kernel graph replay (GPU) or call (CPU)
+  std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
 };
 
 // Measures the baseline and prints the run's header: device, copy bandwidth, empty-launch
 // cost and how points are timed.
 RunBaseline start_run(BenchDevice& device, const char* command, const TimingOptions& timing);
 
-// Prints the table and the legend of its columns, writes the JSON when `json_path` is set, and
-// returns the process exit code: 1 when any point failed.
+// Prints the table, the legend of its columns and a summary line (points, errors, checks passed
+// and failed, seconds since start_run), writes the JSON when `json_path` is set (`json_fields`:
+// extra fields as JSON text, e.g. the shapes run), and returns the process exit code: 1 when
+// any point failed.
 int finish_run(const ResultTable& table, const char* legend, const Options& options,
                const std::string& json_path, const BenchDevice& device, const RunBaseline& baseline,
-               const TimingOptions& timing, int failures);
+               const TimingOptions& timing, int failures,
+               const std::map<std::string, std::string>& json_fields = {});
 
 }  // namespace bench
 }  // namespace hdk

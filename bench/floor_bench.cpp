@@ -2,10 +2,13 @@
 // state pool (flat, per-warp blocks, per-warp blocks behind an index), next to the copy
 // bandwidth. It answers "how close to the hardware is a decode step" without any decode math.
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "bench_cli.h"
@@ -18,7 +21,25 @@
 namespace hdk {
 namespace bench {
 
+namespace {
+
+void print_floor_usage() {
+  std::printf(
+      "hdk-bench floor [options]   (needs a GPU and a CUDA build)\n"
+      "  --mib LIST       buffer sizes in MiB, e.g. 2,8,32 or 2-1024 (powers of two;\n"
+      "                   default 2,8,32,128,512,1024)\n"
+      "  --hot            keep the L2 warm between runs (default: flushed, cold)\n"
+      "  --iterations N   timed runs per point (median; default 30)\n"
+      "  --json FILE      also write results as JSON\n");
+}
+
+}  // namespace
+
 int floor_command(Options& options) {
+  if (options.flag("help")) {
+    print_floor_usage();
+    return 0;
+  }
   const std::vector<int64_t> megabytes = options.integers("mib", {2, 8, 32, 128, 512, 1024});
   TimingOptions timing;
   timing.flush_cache = !options.flag("hot");

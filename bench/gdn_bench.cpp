@@ -2,13 +2,16 @@
 // measured in the same run, over presets x batch x T x state dtype; optional oracle check.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench_cli.h"
@@ -45,11 +48,12 @@ const Preset kPresets[] = {
     {"qwen3.5-27b", "Qwen3.5-27B", 16, 48, 128, 128},
 };
 
-DType parse_dtype(const std::string& name) {
+DType parse_dtype(const char* option, const std::string& name) {
   if (name == "fp32" || name == "float32") return DType::kFloat32;
   if (name == "bf16" || name == "bfloat16") return DType::kBFloat16;
   if (name == "fp16" || name == "float16") return DType::kFloat16;
-  throw std::runtime_error("unknown dtype '" + name + "' (fp32, bf16, fp16)");
+  throw std::runtime_error(std::string(option) + ": unknown dtype '" + name +
+                           "' (fp32, bf16, fp16)");
 }
 
 // Deterministic non-zero values in [-1, 1) without the cost of a normal generator.
@@ -315,6 +319,94 @@ double tolerance_for(DType state, DType input) {
   return input == DType::kFloat32 ? 1e-5 : 5e-3;
 }
 
+// Every name in `names` as a preset; an unknown one is an error that lists the presets.
+std::vector<const Preset*> find_presets(const std::vector<std::string>& names) {
+  std::vector<const Preset*> presets;
+  for (const std::string& name : names) {
+    const Preset* found = nullptr;
+    for (const Preset& preset : kPresets) {
+      if (name == preset.name) found = &preset;
+    }
+    if (found == nullptr) {
+      std::string valid;
+      for (const Preset& preset : kPresets)
+        valid += (valid.empty() ? "" : ", ") + std::string(preset.name);
+      throw std::runtime_error("--preset: unknown preset '" + name + "' (presets: " + valid + ")");
+    }
+    presets.push_back(found);
+  }
+  return presets;
+}
+
+std::string join(const std::vector<std::string>& items, const char* separator) {
+  std::string text;
+  for (const std::string& item : items)
+    text += (text.empty() ? "" : separator) + item;
+  return text;
+}
+
+std::vector<std::string> as_texts(const std::vector<int64_t>& values) {
+  std::vector<std::string> texts;
+  for (int64_t value : values)
+    texts.push_back(std::to_string(value));
+  return texts;
+}
+
+// The shapes a run measures, as the header prints them and as the JSON's "shapes" field.
+struct RunShapes {
+  std::vector<const Preset*> presets;
+  std::vector<int64_t> batches, tokens;
+  std::vector<std::string> states;
+  std::string input, layout;
+
+  void print() const {
+    for (const Preset* preset : presets) {
+      std::printf("preset %s (%s): H=%lld HV=%lld K=%lld V=%lld\n", preset->name, preset->model,
+                  static_cast<long long>(preset->H), static_cast<long long>(preset->HV),
+                  static_cast<long long>(preset->K), static_cast<long long>(preset->V));
+    }
+    std::printf(
+        "B %s; T %s; state %s; q, k, v, a, b, out %s; pool layout %s, one slot per request\n\n",
+        join(as_texts(batches), ",").c_str(), join(as_texts(tokens), ",").c_str(),
+        join(states, ",").c_str(), input.c_str(), layout.c_str());
+  }
+
+  std::string json() const {
+    std::vector<std::string> preset_records, state_names;
+    for (const Preset* preset : presets) {
+      preset_records.push_back(
+          "{\"name\": \"" + std::string(preset->name) + "\", \"H\": " + std::to_string(preset->H) +
+          ", \"HV\": " + std::to_string(preset->HV) + ", \"K\": " + std::to_string(preset->K) +
+          ", \"V\": " + std::to_string(preset->V) + "}");
+    }
+    for (const std::string& state : states)
+      state_names.push_back("\"" + state + "\"");
+    return "{\"presets\": [" + join(preset_records, ", ") + "], \"B\": [" +
+           join(as_texts(batches), ", ") + "], \"T\": [" + join(as_texts(tokens), ", ") +
+           "], \"state\": [" + join(state_names, ", ") + "], \"input\": \"" + input +
+           "\", \"layout\": \"" + layout + "\"}";
+  }
+};
+
+// The columns' meaning, the oracle check's thresholds among them.
+std::string legend(DType input) {
+  char thresholds[160];
+  std::snprintf(thresholds, sizeof(thresholds), "bf16 state %g, fp32 state %g (%s inputs)",
+                tolerance_for(DType::kBFloat16, input), tolerance_for(DType::kFloat32, input),
+                dtype_name(input));
+  return std::string(
+             "GB/s = minimal bytes (state read + write or cache, q, k, v, a, b, out, indices) / "
+             "time;\n%copy = GB/s / copy_GB/s, the copy bandwidth (CPU, cold: measured between "
+             "this point's\ntimed calls, best of the methods above, the in-place read-modify-write "
+             "a step does\nto its state among them; GPU: device-to-device copy at the start of the "
+             "run); a few %\nabove 100 is the two medians' noise, not a step faster than memory;"
+             "\nx_floor = time / (empty launch + bytes / copy bw): below 1 where %copy is above "
+             "100;\nerr_out, err_state = relative error against the float64 oracle, "
+             "||got - oracle|| / ||oracle||,\nof out and of the updated pool (verify mode: the "
+             "cached intermediate states);\ncheck = ok when both are at most the threshold: ") +
+         thresholds + ";\n'-' = not checked (no --verify, or B above --verify-max-batch)";
+}
+
 void print_usage() {
   std::printf(
       "hdk-bench gdn [options]\n"
@@ -371,7 +463,8 @@ int gdn_command(Options& options) {
   }
   std::unique_ptr<BenchDevice> device = BenchDevice::create(options.flag("cpu"));
   const bool gpu = device->device().is_cuda();
-  const std::vector<std::string> preset_names = options.texts("preset", {"qwen3.5-397b"});
+  const std::vector<const Preset*> presets =
+      find_presets(options.texts("preset", {"qwen3.5-397b"}));
   const std::vector<int64_t> default_batches =
       gpu ? std::vector<int64_t>{1, 2, 4, 8, 16, 32, 64, 128, 256, 512}
           : std::vector<int64_t>{1, 8, 32};
@@ -379,7 +472,9 @@ int gdn_command(Options& options) {
   const std::vector<int64_t> tokens =
       options.integers("T", gpu ? std::vector<int64_t>{1, 2, 4, 8} : std::vector<int64_t>{1});
   const std::vector<std::string> states = options.texts("state", {"bf16", "fp32"});
-  const DType input = parse_dtype(options.text("input", "bf16"));
+  for (const std::string& state : states)
+    parse_dtype("--state", state);
+  const DType input = parse_dtype("--input", options.text("input", "bf16"));
   const std::string layout_name = options.text("layout", "vk");
   const std::string mode = options.text("mode", "auto");
   const bool verify = options.flag("verify");
@@ -443,8 +538,18 @@ int gdn_command(Options& options) {
   if (mode != "auto" && mode != "decode" && mode != "verify") {
     throw std::runtime_error("--mode auto|decode|verify");
   }
+  for (const auto& [name, values] : {std::pair{"--batch", &batches}, std::pair{"--T", &tokens}}) {
+    for (int64_t value : *values) {
+      if (value < 1) {
+        throw std::runtime_error(std::string(name) + " takes values >= 1, got " +
+                                 std::to_string(value));
+      }
+    }
+  }
 
   const RunBaseline baseline = start_run(*device, "gdn", timing);
+  const RunShapes shapes{presets, batches, tokens, states, dtype_name(input), layout_name};
+  shapes.print();
   const double copy_gbs = baseline.copy_gbs;
   const double overhead_us = baseline.launch_overhead_us;
 
@@ -452,35 +557,32 @@ int gdn_command(Options& options) {
                      "x_floor", "err_out", "err_state", "check"});
   GdnBench bench(*device, timing, verify, verify_limit);
   int failures = 0;
-  const size_t total = preset_names.size() * batches.size() * tokens.size() * states.size();
+  const size_t total = presets.size() * batches.size() * tokens.size() * states.size();
   size_t done = 0;
-  for (const std::string& preset_name : preset_names) {
-    const Preset* preset = nullptr;
-    for (const Preset& candidate : kPresets) {
-      if (preset_name == candidate.name) preset = &candidate;
-    }
-    if (preset == nullptr) throw std::runtime_error("unknown preset '" + preset_name + "'");
+  for (const Preset* preset : presets) {
     for (const std::string& state_name : states) {
       for (int64_t T : tokens) {
         for (int64_t B : batches) {
           Config c{*preset,
                    B,
                    T,
-                   parse_dtype(state_name),
+                   parse_dtype("--state", state_name),
                    input,
                    layout_name == "vk" ? gdn::StateLayout::kVK : gdn::StateLayout::kKV,
                    mode == "verify" || (mode == "auto" && T > 1),
                    cu_seqlens_form,
                    no_indices};
           ++done;
-          std::fprintf(stderr, "\r[%zu/%zu] %s B=%lld T=%lld %s ...   ", done, total, preset->name,
-                       static_cast<long long>(B), static_cast<long long>(T), state_name.c_str());
+          report_progress("[" + std::to_string(done) + "/" + std::to_string(total) + "] " +
+                          preset->name + " B=" + std::to_string(B) + " T=" + std::to_string(T) +
+                          " " + state_name);
           Measurement m;
           try {
             m = bench.run(c);
           } catch (const std::exception& error) {
-            std::fprintf(stderr, "\n%s B=%lld T=%lld: %s\n", preset->name,
-                         static_cast<long long>(B), static_cast<long long>(T), error.what());
+            clear_progress();
+            std::fprintf(stderr, "%s B=%lld T=%lld: %s\n", preset->name, static_cast<long long>(B),
+                         static_cast<long long>(T), error.what());
             table.add_row({preset->name, std::to_string(B), std::to_string(T), state_name,
                            c.verify_mode ? "verify" : "decode", "error"});
             ++failures;
@@ -509,13 +611,8 @@ int gdn_command(Options& options) {
       }
     }
   }
-  return finish_run(
-      table,
-      "GB/s = minimal bytes (state read + write or cache, q, k, v, a, b, out, indices) / time;"
-      "\n%copy = GB/s / copy_GB/s, the copy bandwidth (CPU, cold: measured between this point's"
-      "\ntimed calls, best of the methods above; GPU: at the start of the run);"
-      "\nx_floor = time / (empty launch + bytes / copy bw)",
-      options, json_path, *device, baseline, timing, failures);
+  return finish_run(table, legend(input).c_str(), options, json_path, *device, baseline, timing,
+                    failures, {{"shapes", shapes.json()}});
 }
 
 }  // namespace bench

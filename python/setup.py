@@ -10,7 +10,8 @@ Two ways to get libhdk into the extension:
 * default: hdk's C++ sources (every ``src/**/*.cpp`` outside ``src/**/cuda/``) are compiled into
   the extension, so the install is self-contained and needs only a C++17 compiler. This build
   has hdk's CPU backend only.
-* ``HDK_PREBUILT_LIB=/path/to/libhdk.so`` (or ``libhdk.a``): only the binding sources
+* ``HDK_PREBUILT_LIB=/path/to/libhdk.so`` (or ``libhdk.a``; a relative path is taken from the
+  directory pip was started in): only the binding sources
   (``python/csrc/*.cpp``) are compiled and the given library is linked, e.g. a CUDA build made
   with CMake. A shared library is copied next to the extension (found through
   ``$ORIGIN``); a static one links ``CUDA::cudart`` through torch's CUDA extension settings.
@@ -42,7 +43,36 @@ except ImportError as error:  # pragma: no cover - only reached without torch
 
 PYTHON_DIR = Path(__file__).resolve().parent
 REPO = Path(os.environ.get("HDK_SOURCE_DIR", PYTHON_DIR.parent)).resolve()
-PREBUILT_LIB = os.environ.get("HDK_PREBUILT_LIB", "").strip()
+
+
+def prebuilt_library():
+    """HDK_PREBUILT_LIB as an absolute path, or None when unset.
+
+    A relative path is taken from the directory pip (or setup.py) was started in. pip runs this
+    file from the project directory (python/, or a temporary copy of it), so the working
+    directory here is not the user's; the shell's $PWD, which child processes inherit, still is.
+    The working directory is the second choice, for a caller that changed it without $PWD.
+    """
+    value = os.environ.get("HDK_PREBUILT_LIB", "").strip()
+    if not value:
+        return None
+    path = Path(value).expanduser()
+    invoked_from = Path(os.environ.get("PWD", os.getcwd()))
+    bases = [Path("/")] if path.is_absolute() else [invoked_from, Path.cwd()]
+    tried = []
+    for base in bases:
+        candidate = (base / path).resolve()
+        if candidate.is_file():
+            return candidate
+        if candidate not in tried:
+            tried.append(candidate)
+    sys.exit(
+        f"hdk: HDK_PREBUILT_LIB={value} names no file (tried {', '.join(map(str, tried))}; a "
+        "relative path is taken from the directory pip was started in)"
+    )
+
+
+PREBUILT_LIB = prebuilt_library()
 
 
 def read_version():
@@ -115,11 +145,8 @@ def extension():
     extra_objects, link_args = [], []
 
     if PREBUILT_LIB:
-        library = Path(PREBUILT_LIB).resolve()
-        if not library.is_file():
-            sys.exit(f"hdk: HDK_PREBUILT_LIB={PREBUILT_LIB} is not a file")
-        extra_objects.append(str(library))
-        if library.suffix != ".a":
+        extra_objects.append(str(PREBUILT_LIB))
+        if PREBUILT_LIB.suffix != ".a":
             link_args.append("-Wl,-rpath,$ORIGIN")
     else:
         sources += hdk_sources()
@@ -146,11 +173,10 @@ class BuildExtension(cpp_extension.BuildExtension):
         # A copy left by an earlier build against another library must not ship in this one.
         for stale in target_dir.glob("libhdk.so*"):
             stale.unlink()
-        if not PREBUILT_LIB or PREBUILT_LIB.endswith(".a"):
+        if not PREBUILT_LIB or PREBUILT_LIB.suffix == ".a":
             return
-        library = Path(PREBUILT_LIB).resolve()
         target_dir.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(library, target_dir / shared_library_name(library))
+        shutil.copy2(PREBUILT_LIB, target_dir / shared_library_name(PREBUILT_LIB))
 
 
 def build_base():

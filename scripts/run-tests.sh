@@ -2,6 +2,8 @@
 # Fresh machine -> every test: builds hdk with its tests (CUDA sources too when nvcc is found;
 # GPU cases run when a GPU is present and are skipped, with the reason, otherwise) and runs
 # the C++ suite under CTest, then the Python package's tests. Exits non-zero on any failure.
+# The log stays short: passed and skipped tests are counted, not listed (CTest's whole output
+# goes to <build>/ctest.log), failures are shown with their output.
 #
 # HDK_CLANG=ON (CI sets it) adds the clang passes after those: the library, the benchmark and the
 # C++ tests built again with clang, CPU only, warnings as errors, against libstdc++ and against
@@ -20,7 +22,8 @@ build_and_test() {  # build_and_test <build dir> <cmake options...>
   cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DHDK_BUILD_TESTS=ON \
     -DHDK_WARNINGS_AS_ERRORS="$werror" "$@"
   cmake --build "$dir" --parallel "$jobs"
-  ctest --test-dir "$dir" --output-on-failure --no-tests=error --parallel "$jobs"
+  GTEST_BRIEF=1 ctest --test-dir "$dir" --output-on-failure --no-tests=error --parallel "$jobs" 2>&1 |
+    scripts/ctest-brief.sh "$dir/ctest.log"
 }
 
 build_and_test "$build" -DHDK_WITH_CUDA="${HDK_WITH_CUDA:-AUTO}"

@@ -2,7 +2,7 @@
 # Makes sure the tools hdk builds with are installed. As root with apt-get it installs what is
 # missing; otherwise it prints the exact command to run and stops.
 # Usage: scripts/setup.sh [--python | --clang | --libcxx]
-#   --python  adds what the Python package and its tests need
+#   --python  adds what the Python package, its tests and bench/plot_gdn.py need
 #   --clang   only clang (the CI's clang pass with libstdc++)
 #   --libcxx  only clang, libc++ and the GoogleTest sources (the CI's clang pass with libc++)
 set -euo pipefail
@@ -41,6 +41,7 @@ if [[ $mode == --python ]]; then
   need libtorch-dev /usr/bin/python3 -c "import os, sys, torch.utils.cpp_extension as c; sys.exit(not any(os.path.isfile(os.path.join(p, 'torch', 'library.h')) for p in c.include_paths() + ['/usr/include']))"
   need python3-pytest /usr/bin/python3 -c "import pytest"
   need python3-numpy /usr/bin/python3 -c "import numpy"
+  need python3-matplotlib /usr/bin/python3 -c "import matplotlib"
   need python3-dev test -f "$(/usr/bin/python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>/dev/null)/Python.h"
   need python3-setuptools /usr/bin/python3 -c "import setuptools"
   need python3-pip /usr/bin/python3 -m pip --version
