@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <string>
 
@@ -15,6 +16,7 @@ namespace detail {
 namespace {
 
 using hdk::detail::ArgumentChecks;
+using hdk::detail::NamedView;
 
 constexpr const char* kIndexTopk = "hdk::dsv4::index_topk";
 constexpr const char* kSparseDecode = "hdk::dsv4::sparse_decode";
@@ -50,17 +52,16 @@ IndexerProblem validate_index_topk(const IndexerParams& p) {
   check.require(p.block_table, "block_table", "([N, max_blocks] int32)");
   check.require(p.num_entries, "num_entries", "([N] int32/int64)");
   check.require(p.topk_indices, "topk_indices", "([N, top_k] int32)");
-  check_devices(check,
-                {{&p.q, "q"},
-                 {&p.weights, "weights"},
-                 {&p.key_cache, "key_cache"},
-                 {&p.block_table, "block_table"},
-                 {&p.num_entries, "num_entries"},
-                 {&p.topk_indices, "topk_indices"},
-                 {&p.topk_scores, "topk_scores"},
-                 {&p.topk_slots, "topk_slots"},
-                 {&p.invalid_count, "invalid_count"}},
-                p.topk_indices.device);
+  const std::initializer_list<NamedView> inputs = {{&p.q, "q"},
+                                                   {&p.weights, "weights"},
+                                                   {&p.key_cache, "key_cache"},
+                                                   {&p.block_table, "block_table"},
+                                                   {&p.num_entries, "num_entries"}};
+  const std::initializer_list<NamedView> outputs = {{&p.topk_indices, "topk_indices"},
+                                                    {&p.topk_scores, "topk_scores"},
+                                                    {&p.topk_slots, "topk_slots"},
+                                                    {&p.invalid_count, "invalid_count"}};
+  check.same_device(inputs, outputs);
   check_format(check, p.format, "format");
 
   IndexerProblem problem;
@@ -113,16 +114,7 @@ IndexerProblem validate_index_topk(const IndexerParams& p) {
   }
   problem.invalid_count = counter(check, p.invalid_count);
 
-  check_aliasing(check,
-                 {{&p.topk_indices, "topk_indices"},
-                  {&p.topk_scores, "topk_scores"},
-                  {&p.topk_slots, "topk_slots"},
-                  {&p.invalid_count, "invalid_count"}},
-                 {{&p.q, "q"},
-                  {&p.weights, "weights"},
-                  {&p.key_cache, "key_cache"},
-                  {&p.block_table, "block_table"},
-                  {&p.num_entries, "num_entries"}});
+  check.disjoint_outputs(outputs, inputs);
   return problem;
 }
 
@@ -132,17 +124,15 @@ SparseDecodeProblem validate_sparse_decode(const SparseDecodeParams& p) {
   check.require(p.cache, "cache", "([num_blocks, block_size * 584] uint8)");
   check.require(p.indices, "indices", "([N, L] int32/int64 flat slots)");
   check.require(p.out, "out", "([N, Hq, 512] bf16 or fp32)");
-  check_devices(check,
-                {{&p.q, "q"},
-                 {&p.cache, "cache"},
-                 {&p.indices, "indices"},
-                 {&p.extra_cache, "extra_cache"},
-                 {&p.extra_indices, "extra_indices"},
-                 {&p.sink, "sink"},
-                 {&p.out, "out"},
-                 {&p.lse, "lse"},
-                 {&p.invalid_count, "invalid_count"}},
-                p.out.device);
+  const std::initializer_list<NamedView> inputs = {{&p.q, "q"},
+                                                   {&p.cache, "cache"},
+                                                   {&p.indices, "indices"},
+                                                   {&p.extra_cache, "extra_cache"},
+                                                   {&p.extra_indices, "extra_indices"},
+                                                   {&p.sink, "sink"}};
+  const std::initializer_list<NamedView> outputs = {
+      {&p.out, "out"}, {&p.lse, "lse"}, {&p.invalid_count, "invalid_count"}};
+  check.same_device(inputs, outputs);
 
   SparseDecodeProblem problem;
   check_queries(check, p.q, kHeadDim, "[N, Hq, 512]", problem);
@@ -193,13 +183,7 @@ SparseDecodeProblem validate_sparse_decode(const SparseDecodeParams& p) {
   }
   problem.invalid_count = counter(check, p.invalid_count);
 
-  check_aliasing(check, {{&p.out, "out"}, {&p.lse, "lse"}, {&p.invalid_count, "invalid_count"}},
-                 {{&p.q, "q"},
-                  {&p.cache, "cache"},
-                  {&p.indices, "indices"},
-                  {&p.extra_cache, "extra_cache"},
-                  {&p.extra_indices, "extra_indices"},
-                  {&p.sink, "sink"}});
+  check.disjoint_outputs(outputs, inputs);
   return problem;
 }
 
@@ -226,10 +210,11 @@ void check_indexer_indices(const IndexerProblem& p) {
 }
 
 void check_sparse_indices(const SparseDecodeProblem& p) {
-  check_slots(kSparseDecode, p.indices, p.num_rows, p.num_indices, p.cache, "indices");
+  check_slots(kSparseDecode, p.indices, p.num_rows, p.num_indices, p.cache, SlotUse::kRead,
+              "indices");
   if (p.num_extra_indices > 0) {
     check_slots(kSparseDecode, p.extra_indices, p.num_rows, p.num_extra_indices, p.extra_cache,
-                "extra_indices");
+                SlotUse::kRead, "extra_indices");
   }
 }
 

@@ -793,6 +793,10 @@ TEST(IndexTopkValidation, NamesTheArgument) {
        },
        "'topk_slots'"},  // overlaps topk_indices
       {[](dsv4::IndexerParams& p) { p.weights.device = Device::cuda(0); }, "argument 'weights'"},
+      {[](dsv4::IndexerParams& p) { p.q.device = Device::cuda(0); },
+       "argument 'q' is on cuda:0 but weights, key_cache, block_table, num_entries, topk_indices"},
+      {[](dsv4::IndexerParams& p) { p.topk_indices.strides[0] = 0; },
+       "argument 'topk_indices' has stride 0 in dim 0"},  // every row's selection in one place
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     SCOPED_TRACE("case " + std::to_string(i));
@@ -1689,6 +1693,10 @@ TEST(SparseDecodeArguments, ValidationNamesTheArgument) {
        },
        "argument 'invalid_count'"},
       {[](dsv4::SparseDecodeParams& p) { p.sink.device = Device::cuda(0); }, "argument 'sink'"},
+      {[](dsv4::SparseDecodeParams& p) { p.q.device = Device::cuda(0); },
+       "argument 'q' is on cuda:0 but cache, indices"},
+      {[](dsv4::SparseDecodeParams& p) { p.out.strides[1] = 0; },
+       "argument 'out' has stride 0 in dim 1"},  // every head's output in one place
       {[](dsv4::SparseDecodeParams& p) { p.extra_indices = TensorView(); },
        "'extra_cache' and 'extra_indices' go together"},
       {[](dsv4::SparseDecodeParams& p) { p.extra_block_size = 0; }, "option 'extra_block_size'"},
