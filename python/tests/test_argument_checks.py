@@ -93,14 +93,16 @@ def test_gdn_expanded_out_is_refused_and_nothing_is_written():
 def test_expanded_outputs_of_other_operations_are_refused():
     values = torch.randn(4, 10)
     out_values = torch.full((1, 3), float("nan")).expand(4, 3)
-    refused(r"argument 'out_values' has stride 0 in dim 0", hdk.topk, values, 3,
-            out_values=out_values)
+    refused(
+        r"argument 'out_values' has stride 0 in dim 0", hdk.topk, values, 3, out_values=out_values
+    )
     assert torch.isnan(out_values).all()
     cache = torch.zeros(1, 4 * 584, dtype=torch.uint8)
     slots = torch.tensor([[0, 1]])
     out = torch.full((1, 1, 512), float("nan")).expand(1, 2, 512)
-    refused(r"argument 'out' has stride 0 in dim 1", hdk.dsv4.gather_entries, cache, 4, slots,
-            out=out)
+    refused(
+        r"argument 'out' has stride 0 in dim 1", hdk.dsv4.gather_entries, cache, 4, slots, out=out
+    )
 
 
 def test_unreadable_dtype_message_lists_what_the_argument_accepts():
@@ -109,7 +111,8 @@ def test_unreadable_dtype_message_lists_what_the_argument_accepts():
     with pytest.raises(hdk.HdkError) as caught:
         hdk.gdn_decode(**call)
     message = str(caught.value)
-    assert message.endswith("argument 'q' must have dtype bfloat16 or float16 or float32, got float64")
+    expected = "argument 'q' must have dtype bfloat16 or float16 or float32, got float64"
+    assert message.endswith(expected)
     assert "int32" not in message and "uint8" not in message
     refused(
         r"argument 'slots' must have dtype int32 or int64, got float64$",
@@ -119,8 +122,12 @@ def test_unreadable_dtype_message_lists_what_the_argument_accepts():
         torch.zeros(1, 4 * 584, dtype=torch.uint8),
         4,
     )
-    refused(r"argument 'values' must have dtype float32, got int16$", hdk.topk,
-            torch.zeros(2, 5, dtype=torch.int16), 2)
+    refused(
+        r"argument 'values' must have dtype float32, got int16$",
+        hdk.topk,
+        torch.zeros(2, 5, dtype=torch.int16),
+        2,
+    )
 
 
 @pytest.mark.parametrize("check_indices", [False, True])

@@ -183,7 +183,8 @@ def test_every_operation_has_a_section_in_the_python_docs():
             f"docs/python.md has no section for {function}"
         )
     for name in hdk.dsv4.__all__:
-        if inspect.isfunction(getattr(hdk.dsv4, name)) or inspect.isclass(getattr(hdk.dsv4, name)):
+        value = getattr(hdk.dsv4, name)
+        if inspect.isfunction(value) or inspect.isclass(value):
             assert name in text, f"docs/python.md does not mention hdk.dsv4.{name}"
 
 
@@ -217,8 +218,8 @@ def imported_modules(path, package, known, extensions):
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1]
-                                + ([node.module] if node.module else []))
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([node.module] if node.module else []))
             for alias in node.names:
                 submodule = f"{base}.{alias.name}"
                 found.add(submodule if submodule in known | extensions else base)
