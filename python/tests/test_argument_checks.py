@@ -8,6 +8,7 @@ import torch
 
 import hdk
 from cases import HV, H, K, V, fused_gating, make_generator, make_pool, randn
+from conftest import CUDA_SKIP
 
 META = torch.device("meta")
 
@@ -154,6 +155,21 @@ def test_store_indexer_keys_refuses_repeated_slots():
         hdk.dsv4.store_indexer_keys,
         torch.randn(2, 128),
         torch.tensor([2, 2]),
+        cache,
+        4,
+        check_indices=True,
+    )
+    assert not cache.any()
+
+
+@pytest.mark.skipif(CUDA_SKIP is not None, reason=str(CUDA_SKIP))
+def test_cuda_store_refuses_repeated_slots_with_check_indices():
+    cache = torch.zeros(2, 4 * 584, dtype=torch.uint8, device="cuda")
+    refused(
+        r"slots\[3\] = 5 repeats slots\[0\]",
+        hdk.dsv4.store_entries,
+        torch.randn(5, 512, device="cuda"),
+        torch.tensor([5, 0, -1, 5, -1], device="cuda"),
         cache,
         4,
         check_indices=True,
