@@ -4,7 +4,7 @@
 * router: ``hdk.dsv4.route(hidden, gate_weight, bias)`` (fused gate GEMM + epilogue) against the
   chain ``linear -> softplus -> sqrt -> (+bias) topk -> gather -> renorm`` for the Flash
   (E=256, D=4096) and Pro (E=384, D=7168) gate shapes, N in {1, 4, 16, 64, 256};
-* topk: ``hdk.topk.topk`` against ``torch.topk`` (N=64, L=65536, k=512 and a few more sizes);
+* topk: ``hdk.topk`` against ``torch.topk`` (N=64, L=65536, k=512 and a few more sizes);
 * kv: the KV cache write side against the plain PyTorch implementations of
   ``hdk.bench.dsv4_kv_torch``: ``store_entries`` (FP8 quantize-and-scatter, N in {1, 16, 64, 256,
   512}), ``gather_entries`` (gather + dequantize, N=64 x L in {128, 2048}), one CSA compressor
@@ -52,7 +52,6 @@ import torch
 try:
     import hdk
     import hdk.dsv4
-    import hdk.topk
     from hdk.bench import dsv4_attention_torch, dsv4_kv_torch
     from hdk.bench.timing import CudaTimer
 
@@ -181,7 +180,7 @@ def bench_topk(timer, shapes, iterations, copy_gbs, empty_us, results):
         out_indices = torch.empty(rows, k, dtype=torch.int32, device=timer.device)
 
         def hdk_call():
-            hdk.topk.topk(values, k, out_values=out_values, out_indices=out_indices)
+            hdk.topk(values, k, out_values=out_values, out_indices=out_indices)
 
         torch_out = {}
 

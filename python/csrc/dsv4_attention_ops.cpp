@@ -1,22 +1,13 @@
 // torch.ops.hdk.dsv4_index_topk and dsv4_sparse_decode: DeepSeek-V4's read side (the indexer's
 // score + top-k, sparse MQA attention with a sink) as torch custom ops that write their outputs
 // in place and return nothing (capturable in CUDA graphs). Argument names match the C++ params
-// structs of hdk/dsv4/attention.h; format is 0 (MXFP4) or 1 (NVFP4). hdk/dsv4.py wraps them.
+// structs of hdk/dsv4/attention.h; format is 0 (MXFP4) or 1 (NVFP4). hdk/dsv4/ops.py wraps them.
 #include <torch/library.h>
 
 #include <cstdint>
 
 #include "hdk/dsv4/attention.h"
 #include "torch_glue.h"
-
-#ifdef HDK_PYTHON_WITH_CUDA
-#include <c10/cuda/CUDAGuard.h>
-#define HDK_ATTENTION_DEVICE_GUARD(tensor)   \
-  c10::cuda::OptionalCUDAGuard device_guard; \
-  if ((tensor).is_cuda()) device_guard.set_device((tensor).device())
-#else
-#define HDK_ATTENTION_DEVICE_GUARD(tensor) (void)(tensor)
-#endif
 
 namespace hdk_python {
 namespace {
@@ -27,22 +18,23 @@ void index_topk(const at::Tensor& q, const at::Tensor& weights, const at::Tensor
                 const at::Tensor& num_entries, int64_t top_k, const at::Tensor& topk_indices,
                 const OptionalTensor& topk_scores, const OptionalTensor& topk_slots,
                 const OptionalTensor& invalid_count) {
-  if constexpr (kMeta) return;
-  call_hdk([&] {
+  CallViews views("hdk::dsv4::index_topk", kMeta);
+  call_hdk(views, [&] {
     hdk::dsv4::IndexerParams p;
-    p.q = to_view(q, "q");
-    p.weights = to_view(weights, "weights");
-    p.key_cache = to_view(key_cache, "key_cache");
+    p.q = views(q, "q");
+    p.weights = views(weights, "weights");
+    p.key_cache = views(key_cache, "key_cache");
     p.block_size = block_size;
     p.format = format == 1 ? hdk::dsv4::KeyFormat::kNVFP4 : hdk::dsv4::KeyFormat::kMXFP4;
-    p.block_table = to_view(block_table, "block_table");
-    p.num_entries = to_view(num_entries, "num_entries");
+    p.block_table = views(block_table, "block_table");
+    p.num_entries = views(num_entries, "num_entries");
     p.top_k = top_k;
-    p.topk_indices = to_view(topk_indices, "topk_indices");
-    p.topk_scores = to_view(topk_scores, "topk_scores");
-    p.topk_slots = to_view(topk_slots, "topk_slots");
-    p.invalid_count = to_view(invalid_count, "invalid_count");
-    HDK_ATTENTION_DEVICE_GUARD(topk_indices);
+    p.topk_indices = views(topk_indices, "topk_indices");
+    p.topk_scores = views(topk_scores, "topk_scores");
+    p.topk_slots = views(topk_slots, "topk_slots");
+    p.invalid_count = views(invalid_count, "invalid_count");
+    if (views.tracing()) return;
+    HDK_PYTHON_DEVICE_GUARD(topk_indices);
     hdk::dsv4::index_topk(p, current_stream(topk_indices));
   });
 }
@@ -54,23 +46,24 @@ void sparse_decode(const at::Tensor& q, const at::Tensor& cache, int64_t block_s
                    const OptionalTensor& sink, double scale, const at::Tensor& out,
                    const OptionalTensor& lse, bool lse_includes_sink,
                    const OptionalTensor& invalid_count) {
-  if constexpr (kMeta) return;
-  call_hdk([&] {
+  CallViews views("hdk::dsv4::sparse_decode", kMeta);
+  call_hdk(views, [&] {
     hdk::dsv4::SparseDecodeParams p;
-    p.q = to_view(q, "q");
-    p.cache = to_view(cache, "cache");
+    p.q = views(q, "q");
+    p.cache = views(cache, "cache");
     p.block_size = block_size;
-    p.indices = to_view(indices, "indices");
-    p.extra_cache = to_view(extra_cache, "extra_cache");
+    p.indices = views(indices, "indices");
+    p.extra_cache = views(extra_cache, "extra_cache");
     p.extra_block_size = extra_block_size;
-    p.extra_indices = to_view(extra_indices, "extra_indices");
-    p.sink = to_view(sink, "sink");
+    p.extra_indices = views(extra_indices, "extra_indices");
+    p.sink = views(sink, "sink");
     p.scale = static_cast<float>(scale);
-    p.out = to_view(out, "out");
-    p.lse = to_view(lse, "lse");
+    p.out = views(out, "out");
+    p.lse = views(lse, "lse");
     p.lse_includes_sink = lse_includes_sink;
-    p.invalid_count = to_view(invalid_count, "invalid_count");
-    HDK_ATTENTION_DEVICE_GUARD(out);
+    p.invalid_count = views(invalid_count, "invalid_count");
+    if (views.tracing()) return;
+    HDK_PYTHON_DEVICE_GUARD(out);
     hdk::dsv4::sparse_decode(p, current_stream(out));
   });
 }

@@ -1,7 +1,7 @@
 // torch.ops.hdk.dsv4_store_entries, dsv4_gather_entries, dsv4_store_indexer_keys,
 // dsv4_gather_indexer_keys and dsv4_compress: the DeepSeek-V4 KV cache operations as torch custom
 // ops that write in place and return nothing (capturable in CUDA graphs). Argument names match
-// the C++ params structs; key_format is 0 (MXFP4) or 1 (NVFP4). hdk/dsv4.py wraps them.
+// the C++ params structs; key_format is 0 (MXFP4) or 1 (NVFP4). hdk/dsv4/ops.py wraps them.
 #include <torch/library.h>
 
 #include <cstdint>
@@ -9,15 +9,6 @@
 #include "hdk/dsv4/block_allocator.h"
 #include "hdk/dsv4/kv_cache.h"
 #include "torch_glue.h"
-
-#ifdef HDK_PYTHON_WITH_CUDA
-#include <c10/cuda/CUDAGuard.h>
-#define HDK_KV_DEVICE_GUARD(tensor)          \
-  c10::cuda::OptionalCUDAGuard device_guard; \
-  if ((tensor).is_cuda()) device_guard.set_device((tensor).device())
-#else
-#define HDK_KV_DEVICE_GUARD(tensor) (void)(tensor)
-#endif
 
 namespace hdk_python {
 namespace {
@@ -29,16 +20,17 @@ hdk::dsv4::KeyFormat key_format(int64_t value) {
 template <bool kMeta>
 void store_entries(const at::Tensor& values, const at::Tensor& slots, const at::Tensor& cache,
                    int64_t block_size, const OptionalTensor& invalid_count, bool check_indices) {
-  if constexpr (kMeta) return;
-  call_hdk([&] {
+  CallViews views("hdk::dsv4::store_entries", kMeta);
+  call_hdk(views, [&] {
     hdk::dsv4::StoreEntriesParams p;
-    p.values = to_view(values, "values");
-    p.slots = to_view(slots, "slots");
-    p.cache = to_view(cache, "cache");
+    p.values = views(values, "values");
+    p.slots = views(slots, "slots");
+    p.cache = views(cache, "cache");
     p.block_size = block_size;
-    p.invalid_count = to_view(invalid_count, "invalid_count");
+    p.invalid_count = views(invalid_count, "invalid_count");
     p.check_indices = check_indices;
-    HDK_KV_DEVICE_GUARD(cache);
+    if (views.tracing()) return;
+    HDK_PYTHON_DEVICE_GUARD(cache);
     hdk::dsv4::store_entries(p, current_stream(cache));
   });
 }
@@ -47,16 +39,17 @@ template <bool kMeta>
 void gather_entries(const at::Tensor& cache, int64_t block_size, const at::Tensor& slots,
                     const at::Tensor& out, const OptionalTensor& invalid_count,
                     bool check_indices) {
-  if constexpr (kMeta) return;
-  call_hdk([&] {
+  CallViews views("hdk::dsv4::gather_entries", kMeta);
+  call_hdk(views, [&] {
     hdk::dsv4::GatherEntriesParams p;
-    p.cache = to_view(cache, "cache");
+    p.cache = views(cache, "cache");
     p.block_size = block_size;
-    p.slots = to_view(slots, "slots");
-    p.out = to_view(out, "out");
-    p.invalid_count = to_view(invalid_count, "invalid_count");
+    p.slots = views(slots, "slots");
+    p.out = views(out, "out");
+    p.invalid_count = views(invalid_count, "invalid_count");
     p.check_indices = check_indices;
-    HDK_KV_DEVICE_GUARD(out);
+    if (views.tracing()) return;
+    HDK_PYTHON_DEVICE_GUARD(out);
     hdk::dsv4::gather_entries(p, current_stream(out));
   });
 }
@@ -65,18 +58,19 @@ template <bool kMeta>
 void store_indexer_keys(const at::Tensor& keys, const at::Tensor& slots, const at::Tensor& cache,
                         int64_t block_size, int64_t format, bool rotate,
                         const OptionalTensor& invalid_count, bool check_indices) {
-  if constexpr (kMeta) return;
-  call_hdk([&] {
+  CallViews views("hdk::dsv4::store_indexer_keys", kMeta);
+  call_hdk(views, [&] {
     hdk::dsv4::StoreIndexerKeysParams p;
-    p.keys = to_view(keys, "keys");
-    p.slots = to_view(slots, "slots");
-    p.cache = to_view(cache, "cache");
+    p.keys = views(keys, "keys");
+    p.slots = views(slots, "slots");
+    p.cache = views(cache, "cache");
     p.block_size = block_size;
     p.format = key_format(format);
     p.rotate = rotate;
-    p.invalid_count = to_view(invalid_count, "invalid_count");
+    p.invalid_count = views(invalid_count, "invalid_count");
     p.check_indices = check_indices;
-    HDK_KV_DEVICE_GUARD(cache);
+    if (views.tracing()) return;
+    HDK_PYTHON_DEVICE_GUARD(cache);
     hdk::dsv4::store_indexer_keys(p, current_stream(cache));
   });
 }
@@ -85,17 +79,18 @@ template <bool kMeta>
 void gather_indexer_keys(const at::Tensor& cache, int64_t block_size, const at::Tensor& slots,
                          const at::Tensor& out, int64_t format, const OptionalTensor& invalid_count,
                          bool check_indices) {
-  if constexpr (kMeta) return;
-  call_hdk([&] {
+  CallViews views("hdk::dsv4::gather_indexer_keys", kMeta);
+  call_hdk(views, [&] {
     hdk::dsv4::GatherIndexerKeysParams p;
-    p.cache = to_view(cache, "cache");
+    p.cache = views(cache, "cache");
     p.block_size = block_size;
-    p.slots = to_view(slots, "slots");
-    p.out = to_view(out, "out");
+    p.slots = views(slots, "slots");
+    p.out = views(out, "out");
     p.format = key_format(format);
-    p.invalid_count = to_view(invalid_count, "invalid_count");
+    p.invalid_count = views(invalid_count, "invalid_count");
     p.check_indices = check_indices;
-    HDK_KV_DEVICE_GUARD(out);
+    if (views.tracing()) return;
+    HDK_PYTHON_DEVICE_GUARD(out);
     hdk::dsv4::gather_indexer_keys(p, current_stream(out));
   });
 }
@@ -107,28 +102,29 @@ void compress(const at::Tensor& kv, const at::Tensor& score, const at::Tensor& a
               const at::Tensor& block_table, const at::Tensor& cache, int64_t block_size,
               int64_t ratio, double norm_eps, int64_t key_format_value, bool rotate,
               const OptionalTensor& invalid_count, bool check_indices) {
-  if constexpr (kMeta) return;
-  call_hdk([&] {
+  CallViews views("hdk::dsv4::compress", kMeta);
+  call_hdk(views, [&] {
     hdk::dsv4::CompressorParams p;
-    p.kv = to_view(kv, "kv");
-    p.score = to_view(score, "score");
-    p.ape = to_view(ape, "ape");
-    p.positions = to_view(positions, "positions");
-    p.state_slots = to_view(state_slots, "state_slots");
-    p.state = to_view(state, "state");
-    p.norm_weight = to_view(norm_weight, "norm_weight");
-    p.rope_cos = to_view(rope_cos, "rope_cos");
-    p.rope_sin = to_view(rope_sin, "rope_sin");
-    p.block_table = to_view(block_table, "block_table");
-    p.cache = to_view(cache, "cache");
+    p.kv = views(kv, "kv");
+    p.score = views(score, "score");
+    p.ape = views(ape, "ape");
+    p.positions = views(positions, "positions");
+    p.state_slots = views(state_slots, "state_slots");
+    p.state = views(state, "state");
+    p.norm_weight = views(norm_weight, "norm_weight");
+    p.rope_cos = views(rope_cos, "rope_cos");
+    p.rope_sin = views(rope_sin, "rope_sin");
+    p.block_table = views(block_table, "block_table");
+    p.cache = views(cache, "cache");
     p.block_size = block_size;
     p.ratio = ratio;
     p.norm_eps = static_cast<float>(norm_eps);
     p.key_format = key_format(key_format_value);
     p.rotate = rotate;
-    p.invalid_count = to_view(invalid_count, "invalid_count");
+    p.invalid_count = views(invalid_count, "invalid_count");
     p.check_indices = check_indices;
-    HDK_KV_DEVICE_GUARD(state);
+    if (views.tracing()) return;
+    HDK_PYTHON_DEVICE_GUARD(state);
     hdk::dsv4::compress(p, current_stream(state));
   });
 }

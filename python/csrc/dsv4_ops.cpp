@@ -1,18 +1,14 @@
 // torch.ops.hdk.dsv4_route and torch.ops.hdk.topk: hdk::dsv4::route and hdk::topk as torch custom
 // ops. Both write their outputs in place and return nothing, as their schemas declare, so
 // torch.compile functionalizes them and CUDA graphs can capture them (no allocation, no
-// synchronization). hdk.dsv4.route() and hdk.topk.topk() are the Python APIs; they allocate the
-// outputs (and the router's logits workspace) with torch's allocator.
+// synchronization). hdk.route() (hdk.dsv4.route) and hdk.topk() are the Python APIs; they allocate
+// the outputs (and the router's logits workspace) with torch's allocator.
 // torch.ops.hdk.dsv4_route_workspace_slabs is hdk::dsv4::route_workspace_slabs.
 #include <torch/library.h>
 
 #include "hdk/dsv4/router.h"
 #include "hdk/topk.h"
 #include "torch_glue.h"
-
-#ifdef HDK_PYTHON_WITH_CUDA
-#include <c10/cuda/CUDAGuard.h>
-#endif
 
 namespace hdk_python {
 namespace {
@@ -27,18 +23,9 @@ constexpr const char* kTopkSchema =
     "topk(Tensor values, int k, Tensor(a!) out_values, Tensor(b!) out_indices, "
     "Tensor? row_lengths) -> ()";
 
-// The device a call's CUDA work belongs on: torch code expects the tensors' device, hdk launches
-// on the current one.
-#ifdef HDK_PYTHON_WITH_CUDA
-#define HDK_PYTHON_DEVICE_GUARD(tensor)      \
-  c10::cuda::OptionalCUDAGuard device_guard; \
-  if ((tensor).is_cuda()) device_guard.set_device((tensor).device())
-#else
-#define HDK_PYTHON_DEVICE_GUARD(tensor) (void)(tensor)
-#endif
-
-// One body for the CPU, CUDA and Meta dispatch keys. The Meta kernel does nothing: every output
-// already exists with its final shape, which is all tracing needs to know.
+// One body for the CPU, CUDA and Meta dispatch keys. The Meta kernel runs nothing (every output
+// already exists with its final shape, which is all tracing needs to know), once CallViews has
+// seen every tensor on meta.
 template <bool kMeta>
 void dsv4_route(const OptionalTensor& logits, const OptionalTensor& hidden,
                 const OptionalTensor& gate_weight, const OptionalTensor& bias,
@@ -46,21 +33,22 @@ void dsv4_route(const OptionalTensor& logits, const OptionalTensor& hidden,
                 const at::Tensor& topk_ids, const at::Tensor& topk_weights,
                 const OptionalTensor& logits_workspace, const OptionalTensor& invalid_count,
                 int64_t top_k, double route_scale) {
-  if constexpr (kMeta) return;
-  call_hdk([&] {
+  CallViews views("hdk::dsv4::route", kMeta);
+  call_hdk(views, [&] {
     hdk::dsv4::RouterParams params;
-    params.logits = to_view(logits, "logits");
-    params.hidden = to_view(hidden, "hidden");
-    params.gate_weight = to_view(gate_weight, "gate_weight");
-    params.bias = to_view(bias, "bias");
-    params.token_ids = to_view(token_ids, "token_ids");
-    params.tid2eid = to_view(tid2eid, "tid2eid");
-    params.topk_ids = to_view(topk_ids, "topk_ids");
-    params.topk_weights = to_view(topk_weights, "topk_weights");
-    params.logits_workspace = to_view(logits_workspace, "logits_workspace");
-    params.invalid_count = to_view(invalid_count, "invalid_count");
+    params.logits = views(logits, "logits");
+    params.hidden = views(hidden, "hidden");
+    params.gate_weight = views(gate_weight, "gate_weight");
+    params.bias = views(bias, "bias");
+    params.token_ids = views(token_ids, "token_ids");
+    params.tid2eid = views(tid2eid, "tid2eid");
+    params.topk_ids = views(topk_ids, "topk_ids");
+    params.topk_weights = views(topk_weights, "topk_weights");
+    params.logits_workspace = views(logits_workspace, "logits_workspace");
+    params.invalid_count = views(invalid_count, "invalid_count");
     params.top_k = top_k;
     params.route_scale = static_cast<float>(route_scale);
+    if (views.tracing()) return;
     HDK_PYTHON_DEVICE_GUARD(topk_ids);
     hdk::dsv4::route(params, current_stream(topk_ids));
   });
@@ -69,12 +57,15 @@ void dsv4_route(const OptionalTensor& logits, const OptionalTensor& hidden,
 template <bool kMeta>
 void topk(const at::Tensor& values, int64_t k, const at::Tensor& out_values,
           const at::Tensor& out_indices, const OptionalTensor& row_lengths) {
-  if constexpr (kMeta) return;
-  call_hdk([&] {
-    const hdk::TensorView lengths = to_view(row_lengths, "row_lengths");
+  CallViews views("hdk::topk", kMeta);
+  call_hdk(views, [&] {
+    const hdk::TensorView values_view = views(values, "values");
+    const hdk::TensorView out_values_view = views(out_values, "out_values");
+    const hdk::TensorView out_indices_view = views(out_indices, "out_indices");
+    const hdk::TensorView lengths = views(row_lengths, "row_lengths");
+    if (views.tracing()) return;
     HDK_PYTHON_DEVICE_GUARD(values);
-    hdk::topk(to_view(values, "values"), k, to_view(out_values, "out_values"),
-              to_view(out_indices, "out_indices"), lengths, current_stream(values));
+    hdk::topk(values_view, k, out_values_view, out_indices_view, lengths, current_stream(values));
   });
 }
 

@@ -12,10 +12,6 @@
 #include "hdk/gdn/decode.h"
 #include "torch_glue.h"
 
-#ifdef HDK_PYTHON_WITH_CUDA
-#include <c10/cuda/CUDAGuard.h>
-#endif
-
 namespace hdk_python {
 namespace {
 
@@ -37,8 +33,9 @@ hdk::gdn::StateLayout to_layout(int64_t layout) {
 }
 
 // One body for the CPU, CUDA and Meta dispatch keys (the signature has to match the schema
-// three times otherwise). The Meta kernel does nothing: every output already exists and keeps
-// its shape, which is all that tracing (torch.compile, fake tensors) needs to know.
+// three times otherwise). The Meta kernel runs nothing (every output already exists and keeps its
+// shape, which is all that tracing, torch.compile and fake tensors, needs to know), once CallViews
+// has seen every tensor on meta.
 template <bool kMeta>
 void gdn_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                 const at::Tensor& state, const OptionalTensor& A_log, const OptionalTensor& a,
@@ -51,26 +48,26 @@ void gdn_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                 bool use_qk_l2norm, double l2norm_eps, double softplus_beta,
                 double softplus_threshold, bool update_state, int64_t max_tokens_per_request,
                 bool check_indices) {
-  if constexpr (kMeta) return;
-  call_hdk([&] {
+  CallViews views("hdk::gdn::decode", kMeta);
+  call_hdk(views, [&] {
     hdk::gdn::DecodeParams params;
-    params.q = to_view(q, "q");
-    params.k = to_view(k, "k");
-    params.v = to_view(v, "v");
-    params.A_log = to_view(A_log, "A_log");
-    params.a = to_view(a, "a");
-    params.dt_bias = to_view(dt_bias, "dt_bias");
-    params.b = to_view(b, "b");
-    params.g = to_view(g, "g");
-    params.beta = to_view(beta, "beta");
-    params.state = to_view(state, "state");
-    params.state_indices = to_view(state_indices, "state_indices");
-    params.output_state_indices = to_view(output_state_indices, "output_state_indices");
-    params.num_accepted_tokens = to_view(num_accepted_tokens, "num_accepted_tokens");
-    params.cu_seqlens = to_view(cu_seqlens, "cu_seqlens");
-    params.intermediate_states = to_view(intermediate_states, "intermediate_states");
-    params.out = to_view(out, "out");
-    params.invalid_index_count = to_view(invalid_index_count, "invalid_index_count");
+    params.q = views(q, "q");
+    params.k = views(k, "k");
+    params.v = views(v, "v");
+    params.A_log = views(A_log, "A_log");
+    params.a = views(a, "a");
+    params.dt_bias = views(dt_bias, "dt_bias");
+    params.b = views(b, "b");
+    params.g = views(g, "g");
+    params.beta = views(beta, "beta");
+    params.state = views(state, "state");
+    params.state_indices = views(state_indices, "state_indices");
+    params.output_state_indices = views(output_state_indices, "output_state_indices");
+    params.num_accepted_tokens = views(num_accepted_tokens, "num_accepted_tokens");
+    params.cu_seqlens = views(cu_seqlens, "cu_seqlens");
+    params.intermediate_states = views(intermediate_states, "intermediate_states");
+    params.out = views(out, "out");
+    params.invalid_index_count = views(invalid_index_count, "invalid_index_count");
     params.layout = to_layout(layout);
     params.scale = static_cast<float>(scale);
     params.use_qk_l2norm = use_qk_l2norm;
@@ -80,11 +77,8 @@ void gdn_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     params.update_state = update_state;
     params.max_tokens_per_request = max_tokens_per_request;
     params.check_indices = check_indices;
-#ifdef HDK_PYTHON_WITH_CUDA
-    // hdk launches on the device that is current; torch code expects the tensors' device.
-    c10::cuda::OptionalCUDAGuard device_guard;
-    if (q.is_cuda()) device_guard.set_device(q.device());
-#endif
+    if (views.tracing()) return;
+    HDK_PYTHON_DEVICE_GUARD(q);
     hdk::gdn::decode(params, current_stream(q));
   });
 }

@@ -38,7 +38,11 @@ std::string dtype_name(const at::Tensor& tensor) {
   }
 }
 
-hdk::DType to_dtype(const at::Tensor& tensor, const char* name) {
+// What a view of a dtype hdk has no name for carries: a value outside hdk::DType's names, which
+// every operation's dtype check refuses with the dtypes the argument accepts.
+constexpr auto kUnnamedDType = static_cast<hdk::DType>(0xff);
+
+hdk::DType to_dtype(const at::Tensor& tensor) {
   switch (tensor.scalar_type()) {
     case at::ScalarType::Float:
       return hdk::DType::kFloat32;
@@ -53,8 +57,7 @@ hdk::DType to_dtype(const at::Tensor& tensor, const char* name) {
     case at::ScalarType::Byte:
       return hdk::DType::kUInt8;
     default:
-      throw hdk::Error(argument(name) + " has dtype " + dtype_name(tensor) +
-                       ", which hdk cannot read (float32, float16, bfloat16, int32, int64, uint8)");
+      return kUnnamedDType;
   }
 }
 
@@ -66,10 +69,7 @@ hdk::Device to_device(const at::Tensor& tensor, const char* name) {
                    "; hdk runs on cpu and cuda tensors");
 }
 
-}  // namespace
-
 hdk::TensorView to_view(const at::Tensor& tensor, const char* name) {
-  if (!tensor.defined()) return hdk::TensorView();
   if (tensor.layout() != c10::kStrided) {
     throw hdk::Error(argument(name) + " is a sparse or otherwise non-strided tensor; hdk needs " +
                      "a strided (dense) tensor");
@@ -84,9 +84,9 @@ hdk::TensorView to_view(const at::Tensor& tensor, const char* name) {
                      "at most " + std::to_string(hdk::TensorView::kMaxDims));
   }
   hdk::TensorView view;
-  view.data = tensor.data_ptr();
-  view.dtype = to_dtype(tensor, name);
   view.device = to_device(tensor, name);
+  view.data = tensor.data_ptr();
+  view.dtype = to_dtype(tensor);
   view.ndim = static_cast<int>(rank);
   for (int64_t d = 0; d < rank; ++d) {
     view.shape[d] = tensor.size(d);
@@ -95,9 +95,65 @@ hdk::TensorView to_view(const at::Tensor& tensor, const char* name) {
   return view;
 }
 
-hdk::TensorView to_view(const OptionalTensor& tensor, const char* name) {
+}  // namespace
+
+hdk::TensorView CallViews::operator()(const at::Tensor& tensor, const char* name) {
+  if (!tensor.defined()) return hdk::TensorView();
+  const bool unnamed = to_dtype(tensor) == kUnnamedDType;
+  given_.push_back({name, tensor.device(), unnamed ? dtype_name(tensor) : std::string()});
+  // A Meta kernel runs nothing and meta tensors have no memory: tracing() decides.
+  if (meta_kernel_) return hdk::TensorView();
+  return to_view(tensor, name);
+}
+
+hdk::TensorView CallViews::operator()(const OptionalTensor& tensor, const char* name) {
   if (!tensor.has_value()) return hdk::TensorView();
-  return to_view(*tensor, name);
+  return (*this)(*tensor, name);
+}
+
+bool CallViews::tracing() const {
+  if (!meta_kernel_) return false;
+  std::vector<const Given*> on_meta;
+  std::vector<const Given*> elsewhere;
+  for (const Given& given : given_)
+    (given.device.is_meta() ? on_meta : elsewhere).push_back(&given);
+  if (elsewhere.empty()) return true;
+  // Name the smaller group, as hdk's own device check names the tensors off the majority's
+  // device; on a tie the group without the call's first tensor.
+  const bool name_meta = on_meta.size() < elsewhere.size() ||
+                         (on_meta.size() == elsewhere.size() && !given_.front().device.is_meta());
+  const std::vector<const Given*>& odd = name_meta ? on_meta : elsewhere;
+  const std::vector<const Given*>& rest = name_meta ? elsewhere : on_meta;
+  std::string others;
+  for (const Given* given : rest) {
+    if (!others.empty()) others += ", ";
+    others += given->name;
+  }
+  std::string message = std::string(operation_) + ": argument '" + odd.front()->name + "' is on " +
+                        odd.front()->device.str() + " but " + others +
+                        (rest.size() == 1 ? " is" : " are") + " on " + rest.front()->device.str();
+  for (size_t i = 1; i < odd.size(); ++i) {
+    message +=
+        std::string(i == 1 ? " ('" : ", '") + odd[i]->name + "' is on " + odd[i]->device.str();
+  }
+  if (odd.size() > 1) message += ")";
+  throw hdk::Error(message +
+                   "; all tensors of one call must be on one device (meta tensors only trace: "
+                   "hdk runs cpu and cuda tensors)");
+}
+
+std::string CallViews::explain(const std::string& message) const {
+  const std::string unnamed = std::string("got ") + hdk::dtype_name(kUnnamedDType);
+  if (message.size() < unnamed.size() ||
+      message.compare(message.size() - unnamed.size(), unnamed.size(), unnamed) != 0) {
+    return message;
+  }
+  for (const Given& given : given_) {
+    if (given.dtype.empty()) continue;
+    if (message.find(std::string("argument '") + given.name + "'") == std::string::npos) continue;
+    return message.substr(0, message.size() - unnamed.size()) + "got " + given.dtype;
+  }
+  return message;
 }
 
 hdk::CudaStream current_stream(const at::Tensor& tensor) {

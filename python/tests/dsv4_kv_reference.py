@@ -1,4 +1,4 @@
-"""A float64 oracle of the DeepSeek-V4 KV cache formats and compressor (shared/spec/dsv4-decode.md,
+"""A float64 oracle of the DeepSeek-V4 KV cache formats and compressor (docs/spec.md,
 docs/dsv4-kv-cache.md), written from the spec for the Python tests. Encoders search the nearest
 representable value in a table (no bit tricks), the compressor keeps the raw rows and takes the
 spec's softmax over them. Slow on purpose; shares nothing with hdk's code."""

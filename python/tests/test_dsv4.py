@@ -1,4 +1,4 @@
-"""hdk.dsv4.route and hdk.topk.topk against float64 torch references, on every available
+"""hdk.dsv4.route and hdk.topk against float64 torch references, on every available
 device: dense and hash routing, logits (fp32, bf16) and the fused gate, planted ties and NaN,
 row lengths, errors, and CUDA-graph capture."""
 
@@ -9,7 +9,6 @@ import torch
 
 import hdk
 import hdk.dsv4
-import hdk.topk
 from conftest import CUDA_SKIP
 
 needs_cuda = pytest.mark.skipif(CUDA_SKIP is not None, reason=str(CUDA_SKIP))
@@ -221,7 +220,7 @@ def test_topk(device, shape, k, lengths_dtype):
     lengths = None
     if lengths_dtype is not None:
         lengths = torch.randint(-2, shape[1] + 3, (shape[0],), generator=g).to(lengths_dtype)
-    got_values, got_indices = hdk.topk.topk(
+    got_values, got_indices = hdk.topk(
         values.to(device), k, None if lengths is None else lengths.to(device)
     )
     want_values, want_indices = topk_reference(values, k, lengths)
@@ -234,11 +233,11 @@ def test_topk(device, shape, k, lengths_dtype):
 def test_topk_errors():
     values = torch.randn(2, 10)
     with pytest.raises(hdk.HdkError, match=r"argument 'k' must be in 0\.\.2048, got 4096"):
-        hdk.topk.topk(values, 4096)
+        hdk.topk(values, 4096)
     with pytest.raises(hdk.HdkError, match=r"argument 'values' must have dtype float32, got float16"):
-        hdk.topk.topk(values.half(), 3)
+        hdk.topk(values.half(), 3)
     with pytest.raises(hdk.HdkError, match=r"argument 'row_lengths' must have shape \[N\] = \[2\]"):
-        hdk.topk.topk(values, 3, torch.zeros(3, dtype=torch.int32))
+        hdk.topk(values, 3, torch.zeros(3, dtype=torch.int32))
 
 
 # ------------------------------------------------------------------------------------------
@@ -262,7 +261,7 @@ def test_cuda_graph_capture(rows):
     def step():
         hdk.dsv4.route(hidden=hidden, gate_weight=gate, bias=bias, topk_ids=ids,
                        topk_weights=weights, logits_workspace=workspace)
-        hdk.topk.topk(values, 100, out_values=top_values, out_indices=top_indices)
+        hdk.topk(values, 100, out_values=top_values, out_indices=top_indices)
 
     step()
     torch.cuda.synchronize()

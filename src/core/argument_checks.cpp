@@ -1,6 +1,8 @@
 #include "core/argument_checks.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <utility>
 
 namespace hdk {
 namespace detail {
@@ -97,16 +99,114 @@ void ArgumentChecks::innermost_contiguous(const TensorView& view, const char* na
        view.strides_str() + " for shape " + view.shape_str());
 }
 
-void ArgumentChecks::on_device(const TensorView& view, const char* name,
-                               const Device& device) const {
-  if (view.device == device) return;
-  fail(prefix(name) + " is on " + view.device.str() + " but the other tensors are on " +
-       device.str() + "; all tensors of one call must be on one device");
-}
-
 void ArgumentChecks::not_null(const TensorView& view, const char* name) const {
   if (view.data != nullptr || view.numel() == 0) return;
   fail(prefix(name) + " has a null data pointer but " + std::to_string(view.numel()) + " elements");
+}
+
+namespace {
+
+// "a, b, c": the names of `views` for messages.
+std::string name_list(const std::vector<const NamedView*>& views) {
+  std::string text;
+  for (const NamedView* named : views) {
+    if (!text.empty()) text += ", ";
+    text += named->name;
+  }
+  return text;
+}
+
+}  // namespace
+
+void ArgumentChecks::same_device(std::initializer_list<NamedView> inputs,
+                                 std::initializer_list<NamedView> outputs) const {
+  std::vector<const NamedView*> given;
+  for (const auto& list : {inputs, outputs}) {
+    for (const NamedView& named : list) {
+      if (named.view->defined()) given.push_back(&named);
+    }
+  }
+  // The reference device: the one most views are on; the earliest such device on a tie.
+  Device reference = given.empty() ? Device::cpu() : given.front()->view->device;
+  size_t reference_count = 0;
+  for (const NamedView* candidate : given) {
+    const Device device = candidate->view->device;
+    const auto count =
+        static_cast<size_t>(std::count_if(given.begin(), given.end(), [&](const NamedView* named) {
+          return named->view->device == device;
+        }));
+    if (count > reference_count) {
+      reference = device;
+      reference_count = count;
+    }
+  }
+  std::vector<const NamedView*> on_reference;
+  std::vector<const NamedView*> elsewhere;
+  for (const NamedView* named : given) {
+    (named->view->device == reference ? on_reference : elsewhere).push_back(named);
+  }
+  if (!elsewhere.empty()) {
+    const NamedView& odd = *elsewhere.front();
+    std::string message = prefix(odd.name) + " is on " + odd.view->device.str() + " but " +
+                          name_list(on_reference) + (on_reference.size() == 1 ? " is" : " are") +
+                          " on " + reference.str();
+    for (size_t i = 1; i < elsewhere.size(); ++i) {
+      message += std::string(i == 1 ? " (" : ", ") + "'" + elsewhere[i]->name + "' is on " +
+                 elsewhere[i]->view->device.str();
+    }
+    if (elsewhere.size() > 1) message += ")";
+    fail(message + "; all tensors of one call must be on one device");
+  }
+  for (const NamedView* named : given)
+    not_null(*named->view, named->name);
+}
+
+void ArgumentChecks::disjoint_outputs(std::initializer_list<NamedView> outputs,
+                                      std::initializer_list<NamedView> inputs) const {
+  for (const auto& list : {outputs, inputs}) {
+    for (const NamedView& named : list) {
+      if (named.view->defined() && named.view->element_size() == 0) {
+        fail(prefix(named.name) + " has a dtype hdk cannot read, got " +
+             dtype_name(named.view->dtype));
+      }
+    }
+  }
+  for (auto out = outputs.begin(); out != outputs.end(); ++out) {
+    no_self_overlap(*out->view, out->name);
+    for (const NamedView& input : inputs)
+      no_overlap(*out->view, out->name, *input.view, input.name);
+    for (auto other = out + 1; other != outputs.end(); ++other)
+      no_overlap(*out->view, out->name, *other->view, other->name);
+  }
+}
+
+void ArgumentChecks::no_self_overlap(const TensorView& output, const char* name) const {
+  if (!output.defined() || output.numel() == 0) return;
+  // (|stride|, extent) of the dims that hold more than one index.
+  std::vector<std::pair<int64_t, int64_t>> dims;
+  for (int d = 0; d < output.ndim; ++d) {
+    if (output.shape[d] <= 1) continue;
+    if (output.strides[d] == 0) {
+      fail(prefix(name) + " has stride 0 in dim " + std::to_string(d) + " (extent " +
+           std::to_string(output.shape[d]) + "; shape " + output.shape_str() + ", strides " +
+           output.strides_str() +
+           "), so its indices along that dim write one element; every element of an output "
+           "needs its own memory (an expand()ed tensor cannot be an output)");
+    }
+    dims.emplace_back(std::llabs(output.strides[d]), output.shape[d]);
+  }
+  std::sort(dims.begin(), dims.end());
+  // Sorted by stride, each dim must step past every element the smaller dims reach.
+  int64_t reach = 0;
+  for (const auto& [stride, extent] : dims) {
+    if (stride <= reach) {
+      fail(prefix(name) + " has strides " + output.strides_str() + " for shape " +
+           output.shape_str() +
+           ", so distinct indices may reach one element; every element of an output needs its "
+           "own memory (each stride larger than what the smaller strides reach)");
+    }
+    reach += (extent - 1) * stride;
+  }
 }
 
 void ArgumentChecks::no_overlap(const TensorView& output, const char* output_name,

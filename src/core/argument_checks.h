@@ -22,6 +22,12 @@ struct MemorySpan {
 
 MemorySpan memory_span(const TensorView& view);
 
+// A tensor argument and the name messages give it.
+struct NamedView {
+  const TensorView* view;
+  const char* name;
+};
+
 class ArgumentChecks {
  public:
   explicit ArgumentChecks(const char* operation) : operation_(operation) {}
@@ -44,8 +50,24 @@ class ArgumentChecks {
                 const char* dims_description) const;
 
   void innermost_contiguous(const TensorView& view, const char* name) const;
-  void on_device(const TensorView& view, const char* name, const Device& device) const;
   void not_null(const TensorView& view, const char* name) const;
+
+  // Every given view of the call (what it reads, then what it writes) on one device, each with a
+  // usable data pointer. A view off the device most of them are on is named with that device and
+  // the views on it; on a tie the device of the first given view is the reference, so list the
+  // call's leading tensor first.
+  void same_device(std::initializer_list<NamedView> inputs,
+                   std::initializer_list<NamedView> outputs) const;
+
+  // What a call writes: no output maps two of its indices to one element (its rows would
+  // overwrite each other), and none shares bytes with another output or with an input. Also
+  // refuses a view of a dtype hdk has no name for, so such a view never reaches a backend.
+  void disjoint_outputs(std::initializer_list<NamedView> outputs,
+                        std::initializer_list<NamedView> inputs) const;
+
+  // Throws when two distinct indices of `output` may reach one element: a stride of 0 on a dim
+  // of extent > 1, or dims that interleave (a stride within the reach of the smaller strides).
+  void no_self_overlap(const TensorView& output, const char* name) const;
 
   // Throws when `output`'s bytes may overlap `other`'s.
   void no_overlap(const TensorView& output, const char* output_name, const TensorView& other,

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <string>
 
@@ -16,6 +17,7 @@ namespace detail {
 namespace {
 
 using hdk::detail::ArgumentChecks;
+using hdk::detail::NamedView;
 
 constexpr const char* kIndexTopk = "hdk::dsv4::index_topk";
 constexpr const char* kSparseDecode = "hdk::dsv4::sparse_decode";
@@ -70,18 +72,17 @@ IndexerProblem validate_index_topk(const IndexerParams& p) {
   check.require(p.block_table, "block_table", "([N, max_blocks] int32)");
   check.require(p.num_entries, "num_entries", "([N] int32/int64)");
   check.require(p.topk_indices, "topk_indices", "([N, top_k] int32)");
-  check_devices(check,
-                {{&p.q, "q"},
-                 {&p.weights, "weights"},
-                 {&p.key_cache, "key_cache"},
-                 {&p.block_table, "block_table"},
-                 {&p.num_entries, "num_entries"},
-                 {&p.topk_indices, "topk_indices"},
-                 {&p.topk_scores, "topk_scores"},
-                 {&p.topk_slots, "topk_slots"},
-                 {&p.invalid_count, "invalid_count"},
-                 {&p.workspace, "workspace"}},
-                p.topk_indices.device);
+  const std::initializer_list<NamedView> inputs = {{&p.q, "q"},
+                                                   {&p.weights, "weights"},
+                                                   {&p.key_cache, "key_cache"},
+                                                   {&p.block_table, "block_table"},
+                                                   {&p.num_entries, "num_entries"}};
+  const std::initializer_list<NamedView> outputs = {{&p.topk_indices, "topk_indices"},
+                                                    {&p.topk_scores, "topk_scores"},
+                                                    {&p.topk_slots, "topk_slots"},
+                                                    {&p.invalid_count, "invalid_count"},
+                                                    {&p.workspace, "workspace"}};
+  check.same_device(inputs, outputs);
   check_format(check, p.format, "format");
 
   IndexerProblem problem;
@@ -135,17 +136,7 @@ IndexerProblem validate_index_topk(const IndexerParams& p) {
   problem.invalid_count = counter(check, p.invalid_count);
   check_workspace(check, p.workspace, problem.workspace, problem.workspace_bytes);
 
-  check_aliasing(check,
-                 {{&p.topk_indices, "topk_indices"},
-                  {&p.topk_scores, "topk_scores"},
-                  {&p.topk_slots, "topk_slots"},
-                  {&p.invalid_count, "invalid_count"},
-                  {&p.workspace, "workspace"}},
-                 {{&p.q, "q"},
-                  {&p.weights, "weights"},
-                  {&p.key_cache, "key_cache"},
-                  {&p.block_table, "block_table"},
-                  {&p.num_entries, "num_entries"}});
+  check.disjoint_outputs(outputs, inputs);
   return problem;
 }
 
@@ -155,18 +146,17 @@ SparseDecodeProblem validate_sparse_decode(const SparseDecodeParams& p) {
   check.require(p.cache, "cache", "([num_blocks, block_size * 584] uint8)");
   check.require(p.indices, "indices", "([N, L] int32/int64 flat slots)");
   check.require(p.out, "out", "([N, Hq, 512] bf16 or fp32)");
-  check_devices(check,
-                {{&p.q, "q"},
-                 {&p.cache, "cache"},
-                 {&p.indices, "indices"},
-                 {&p.extra_cache, "extra_cache"},
-                 {&p.extra_indices, "extra_indices"},
-                 {&p.sink, "sink"},
-                 {&p.out, "out"},
-                 {&p.lse, "lse"},
-                 {&p.invalid_count, "invalid_count"},
-                 {&p.workspace, "workspace"}},
-                p.out.device);
+  const std::initializer_list<NamedView> inputs = {{&p.q, "q"},
+                                                   {&p.cache, "cache"},
+                                                   {&p.indices, "indices"},
+                                                   {&p.extra_cache, "extra_cache"},
+                                                   {&p.extra_indices, "extra_indices"},
+                                                   {&p.sink, "sink"}};
+  const std::initializer_list<NamedView> outputs = {{&p.out, "out"},
+                                                    {&p.lse, "lse"},
+                                                    {&p.invalid_count, "invalid_count"},
+                                                    {&p.workspace, "workspace"}};
+  check.same_device(inputs, outputs);
 
   SparseDecodeProblem problem;
   check_queries(check, p.q, kHeadDim, "[N, Hq, 512]", problem);
@@ -218,17 +208,7 @@ SparseDecodeProblem validate_sparse_decode(const SparseDecodeParams& p) {
   problem.invalid_count = counter(check, p.invalid_count);
   check_workspace(check, p.workspace, problem.workspace, problem.workspace_bytes);
 
-  check_aliasing(check,
-                 {{&p.out, "out"},
-                  {&p.lse, "lse"},
-                  {&p.invalid_count, "invalid_count"},
-                  {&p.workspace, "workspace"}},
-                 {{&p.q, "q"},
-                  {&p.cache, "cache"},
-                  {&p.indices, "indices"},
-                  {&p.extra_cache, "extra_cache"},
-                  {&p.extra_indices, "extra_indices"},
-                  {&p.sink, "sink"}});
+  check.disjoint_outputs(outputs, inputs);
   return problem;
 }
 
@@ -255,10 +235,11 @@ void check_indexer_indices(const IndexerProblem& p) {
 }
 
 void check_sparse_indices(const SparseDecodeProblem& p) {
-  check_slots(kSparseDecode, p.indices, p.num_rows, p.num_indices, p.cache, "indices");
+  check_slots(kSparseDecode, p.indices, p.num_rows, p.num_indices, p.cache, SlotUse::kRead,
+              "indices");
   if (p.num_extra_indices > 0) {
     check_slots(kSparseDecode, p.extra_indices, p.num_rows, p.num_extra_indices, p.extra_cache,
-                "extra_indices");
+                SlotUse::kRead, "extra_indices");
   }
 }
 

@@ -46,11 +46,12 @@ void dispatch(const char* operation, const Device& device, Cpu&& cpu, Cuda&& cud
 template <typename Cpu, typename Cuda>
 void run_with_slots(const char* operation, const Device& device, bool check_indices,
                     CudaStream stream, const detail::IndexView& slots, int64_t rows,
-                    int64_t columns, const detail::PagedPool& pool, Cpu&& cpu, Cuda&& cuda) {
+                    int64_t columns, const detail::PagedPool& pool, detail::SlotUse use, Cpu&& cpu,
+                    Cuda&& cuda) {
   dispatch(
       operation, device,
       [&] {
-        detail::check_slots(operation, slots, rows, columns, pool);
+        detail::check_slots(operation, slots, rows, columns, pool, use);
         cpu();
       },
       [&] {
@@ -60,7 +61,7 @@ void run_with_slots(const char* operation, const Device& device, bool check_indi
           detail::check_slots(
               operation,
               detail::copy_indices_to_host(slots, rows, columns, storage, device.index, stream),
-              rows, columns, pool);
+              rows, columns, pool, use);
         }
 #else
         (void)check_indices, (void)stream;
@@ -79,7 +80,8 @@ void store_entries(const StoreEntriesParams& params, CudaStream stream) {
   const detail::StoreEntriesProblem problem = detail::validate_store_entries(params);
   run_with_slots(
       "hdk::dsv4::store_entries", params.cache.device, params.check_indices, stream, problem.slots,
-      problem.num_rows, 1, problem.cache, [&] { detail::store_entries_cpu(problem); },
+      problem.num_rows, 1, problem.cache, detail::SlotUse::kWrite,
+      [&] { detail::store_entries_cpu(problem); },
       [&] {
         HDK_KV_CUDA_ONLY(detail::store_entries_cuda(problem, params.cache.device.index, stream));
       });
@@ -93,7 +95,7 @@ void gather_entries(const GatherEntriesParams& params, CudaStream stream) {
   const detail::GatherEntriesProblem problem = detail::validate_gather_entries(params);
   run_with_slots(
       "hdk::dsv4::gather_entries", params.out.device, params.check_indices, stream, problem.slots,
-      problem.num_rows, problem.num_columns, problem.cache,
+      problem.num_rows, problem.num_columns, problem.cache, detail::SlotUse::kRead,
       [&] { detail::gather_entries_cpu(problem); },
       [&] {
         HDK_KV_CUDA_ONLY(detail::gather_entries_cuda(problem, params.out.device.index, stream));
@@ -108,7 +110,7 @@ void store_indexer_keys(const StoreIndexerKeysParams& params, CudaStream stream)
   const detail::StoreKeysProblem problem = detail::validate_store_indexer_keys(params);
   run_with_slots(
       "hdk::dsv4::store_indexer_keys", params.cache.device, params.check_indices, stream,
-      problem.slots, problem.num_rows, 1, problem.cache,
+      problem.slots, problem.num_rows, 1, problem.cache, detail::SlotUse::kWrite,
       [&] { detail::store_indexer_keys_cpu(problem); },
       [&] {
         HDK_KV_CUDA_ONLY(
@@ -124,7 +126,7 @@ void gather_indexer_keys(const GatherIndexerKeysParams& params, CudaStream strea
   const detail::GatherKeysProblem problem = detail::validate_gather_indexer_keys(params);
   run_with_slots(
       "hdk::dsv4::gather_indexer_keys", params.out.device, params.check_indices, stream,
-      problem.slots, problem.num_rows, problem.num_columns, problem.cache,
+      problem.slots, problem.num_rows, problem.num_columns, problem.cache, detail::SlotUse::kRead,
       [&] { detail::gather_indexer_keys_cpu(problem); },
       [&] {
         HDK_KV_CUDA_ONLY(

@@ -1,8 +1,10 @@
 #include "dsv4/kv_cache_validation.h"
 
+#include <algorithm>
 #include <cmath>
 #include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/argument_checks.h"
@@ -12,6 +14,7 @@ namespace dsv4 {
 namespace detail {
 
 using hdk::detail::ArgumentChecks;
+using hdk::detail::NamedView;
 using hdk::detail::shape_string;
 
 namespace {
@@ -21,25 +24,6 @@ std::string text(int64_t value) {
 }
 
 }  // namespace
-
-void check_devices(const ArgumentChecks& check, std::initializer_list<NamedView> views,
-                   const Device& device) {
-  for (const NamedView& named : views) {
-    if (!named.view->defined()) continue;
-    check.on_device(*named.view, named.name, device);
-    check.not_null(*named.view, named.name);
-  }
-}
-
-void check_aliasing(const ArgumentChecks& check, std::initializer_list<NamedView> outputs,
-                    std::initializer_list<NamedView> inputs) {
-  for (auto out = outputs.begin(); out != outputs.end(); ++out) {
-    for (const NamedView& input : inputs)
-      check.no_overlap(*out->view, out->name, *input.view, input.name);
-    for (auto other = out + 1; other != outputs.end(); ++other)
-      check.no_overlap(*out->view, out->name, *other->view, other->name);
-  }
-}
 
 PagedPool paged_pool(const ArgumentChecks& check, const TensorView& cache, int64_t block_size,
                      int64_t entry_bytes, const char* format, const char* name,
@@ -132,8 +116,8 @@ void validate_gather(const ArgumentChecks& check, const TensorView& cache, const
   problem.out_row_stride = out.strides[0];
   problem.out_column_stride = out.strides[1];
   problem.invalid_count = counter(check, invalid_count);
-  check_aliasing(check, {{&out, "out"}, {&invalid_count, "invalid_count"}},
-                 {{&cache, "cache"}, {&slots, "slots"}});
+  check.disjoint_outputs({{&out, "out"}, {&invalid_count, "invalid_count"}},
+                         {{&cache, "cache"}, {&slots, "slots"}});
 }
 
 }  // namespace
@@ -143,12 +127,10 @@ StoreEntriesProblem validate_store_entries(const StoreEntriesParams& p) {
   check.require(p.values, "values", "([N, 512] fp32 or bf16)");
   check.require(p.slots, "slots", "([N] int32/int64)");
   check.require(p.cache, "cache", "([num_blocks, block_size * 584] uint8)");
-  check_devices(check,
-                {{&p.values, "values"},
-                 {&p.slots, "slots"},
-                 {&p.cache, "cache"},
-                 {&p.invalid_count, "invalid_count"}},
-                p.cache.device);
+  const std::initializer_list<NamedView> inputs = {{&p.values, "values"}, {&p.slots, "slots"}};
+  const std::initializer_list<NamedView> outputs = {{&p.cache, "cache"},
+                                                    {&p.invalid_count, "invalid_count"}};
+  check.same_device(inputs, outputs);
   StoreEntriesProblem problem;
   check_rows(check, p.values, "values", kHeadDim, "[N, 512]");
   problem.num_rows = p.values.shape[0];
@@ -158,8 +140,7 @@ StoreEntriesProblem validate_store_entries(const StoreEntriesParams& p) {
   problem.slots = index_view(check, p.slots, "slots", {problem.num_rows}, "[N]");
   problem.cache = paged_pool(check, p.cache, p.block_size, kEntryBytes, "MODEL1 entries");
   problem.invalid_count = counter(check, p.invalid_count);
-  check_aliasing(check, {{&p.cache, "cache"}, {&p.invalid_count, "invalid_count"}},
-                 {{&p.values, "values"}, {&p.slots, "slots"}});
+  check.disjoint_outputs(outputs, inputs);
   return problem;
 }
 
@@ -168,12 +149,8 @@ GatherEntriesProblem validate_gather_entries(const GatherEntriesParams& p) {
   check.require(p.cache, "cache", "([num_blocks, block_size * 584] uint8)");
   check.require(p.slots, "slots", "([N, L] int32/int64)");
   check.require(p.out, "out", "([N, L, 512] fp32 or bf16)");
-  check_devices(check,
-                {{&p.cache, "cache"},
-                 {&p.slots, "slots"},
-                 {&p.out, "out"},
-                 {&p.invalid_count, "invalid_count"}},
-                p.out.device);
+  check.same_device({{&p.cache, "cache"}, {&p.slots, "slots"}},
+                    {{&p.out, "out"}, {&p.invalid_count, "invalid_count"}});
   GatherEntriesProblem problem;
   problem.cache = paged_pool(check, p.cache, p.block_size, kEntryBytes, "MODEL1 entries");
   validate_gather(check, p.cache, p.slots, p.out, p.invalid_count, kHeadDim, "[N, L, 512]",
@@ -186,12 +163,10 @@ StoreKeysProblem validate_store_indexer_keys(const StoreIndexerKeysParams& p) {
   check.require(p.keys, "keys", "([N, 128] fp32 or bf16)");
   check.require(p.slots, "slots", "([N] int32/int64)");
   check.require(p.cache, "cache", "([num_blocks, block_size * key bytes] uint8)");
-  check_devices(check,
-                {{&p.keys, "keys"},
-                 {&p.slots, "slots"},
-                 {&p.cache, "cache"},
-                 {&p.invalid_count, "invalid_count"}},
-                p.cache.device);
+  const std::initializer_list<NamedView> inputs = {{&p.keys, "keys"}, {&p.slots, "slots"}};
+  const std::initializer_list<NamedView> outputs = {{&p.cache, "cache"},
+                                                    {&p.invalid_count, "invalid_count"}};
+  check.same_device(inputs, outputs);
   check_format(check, p.format, "format");
   StoreKeysProblem problem;
   check_rows(check, p.keys, "keys", kIndexerKeyDim, "[N, 128]");
@@ -205,8 +180,7 @@ StoreKeysProblem validate_store_indexer_keys(const StoreIndexerKeysParams& p) {
   problem.format = p.format;
   problem.rotate = p.rotate;
   problem.invalid_count = counter(check, p.invalid_count);
-  check_aliasing(check, {{&p.cache, "cache"}, {&p.invalid_count, "invalid_count"}},
-                 {{&p.keys, "keys"}, {&p.slots, "slots"}});
+  check.disjoint_outputs(outputs, inputs);
   return problem;
 }
 
@@ -215,12 +189,8 @@ GatherKeysProblem validate_gather_indexer_keys(const GatherIndexerKeysParams& p)
   check.require(p.cache, "cache", "([num_blocks, block_size * key bytes] uint8)");
   check.require(p.slots, "slots", "([N, L] int32/int64)");
   check.require(p.out, "out", "([N, L, 128] fp32 or bf16)");
-  check_devices(check,
-                {{&p.cache, "cache"},
-                 {&p.slots, "slots"},
-                 {&p.out, "out"},
-                 {&p.invalid_count, "invalid_count"}},
-                p.out.device);
+  check.same_device({{&p.cache, "cache"}, {&p.slots, "slots"}},
+                    {{&p.out, "out"}, {&p.invalid_count, "invalid_count"}});
   check_format(check, p.format, "format");
   GatherKeysProblem problem;
   problem.cache =
@@ -244,20 +214,18 @@ CompressorProblem validate_compress(const CompressorParams& p) {
   check.require(p.rope_sin, "rope_sin", "([max_position, 32] fp32)");
   check.require(p.block_table, "block_table", "([N, max_blocks] int32)");
   check.require(p.cache, "cache", "([num_blocks, block_size * entry bytes] uint8)");
-  check_devices(check,
-                {{&p.kv, "kv"},
-                 {&p.score, "score"},
-                 {&p.ape, "ape"},
-                 {&p.positions, "positions"},
-                 {&p.state_slots, "state_slots"},
-                 {&p.state, "state"},
-                 {&p.norm_weight, "norm_weight"},
-                 {&p.rope_cos, "rope_cos"},
-                 {&p.rope_sin, "rope_sin"},
-                 {&p.block_table, "block_table"},
-                 {&p.cache, "cache"},
-                 {&p.invalid_count, "invalid_count"}},
-                p.state.device);
+  const std::initializer_list<NamedView> inputs = {{&p.kv, "kv"},
+                                                   {&p.score, "score"},
+                                                   {&p.ape, "ape"},
+                                                   {&p.positions, "positions"},
+                                                   {&p.state_slots, "state_slots"},
+                                                   {&p.norm_weight, "norm_weight"},
+                                                   {&p.rope_cos, "rope_cos"},
+                                                   {&p.rope_sin, "rope_sin"},
+                                                   {&p.block_table, "block_table"}};
+  const std::initializer_list<NamedView> outputs = {
+      {&p.state, "state"}, {&p.cache, "cache"}, {&p.invalid_count, "invalid_count"}};
+  check.same_device(inputs, outputs);
 
   CompressorProblem problem;
   if (p.ratio < 2 || p.ratio > 128) {
@@ -373,39 +341,56 @@ CompressorProblem validate_compress(const CompressorParams& p) {
   problem.norm_eps = p.norm_eps;
   problem.invalid_count = counter(check, p.invalid_count);
 
-  check_aliasing(check,
-                 {{&p.state, "state"}, {&p.cache, "cache"}, {&p.invalid_count, "invalid_count"}},
-                 {{&p.kv, "kv"},
-                  {&p.score, "score"},
-                  {&p.ape, "ape"},
-                  {&p.positions, "positions"},
-                  {&p.state_slots, "state_slots"},
-                  {&p.norm_weight, "norm_weight"},
-                  {&p.rope_cos, "rope_cos"},
-                  {&p.rope_sin, "rope_sin"},
-                  {&p.block_table, "block_table"}});
+  check.disjoint_outputs(outputs, inputs);
   return problem;
 }
 
+namespace {
+
+// "name[n]" for a one-column index tensor, "name[n, l]" otherwise.
+std::string index_position(const char* name, const IndexView& index, int64_t columns, int64_t row,
+                           int64_t column) {
+  const bool one_column = columns == 1 && index.column_stride == 0;
+  return name + (one_column ? "[" + text(row) + "]" : shape_string({row, column}));
+}
+
+}  // namespace
+
 void check_slots(const char* operation, const IndexView& slots, int64_t rows, int64_t columns,
-                 const PagedPool& pool, const char* name) {
+                 const PagedPool& pool, SlotUse use, const char* name) {
   const ArgumentChecks check(operation);
+  // (slot, flat position) of every slot the call writes, to find one written twice.
+  std::vector<std::pair<int64_t, int64_t>> written;
   for (int64_t n = 0; n < rows; ++n) {
     for (int64_t l = 0; l < columns; ++l) {
       const int64_t slot = slots.at(n, l);
       if (slot >= pool.num_slots()) {
-        const std::string where =
-            columns > 1 || slots.column_stride != 0 ? shape_string({n, l}) : "[" + text(n) + "]";
-        check.fail(name + where + " = " + text(slot) + " is beyond the cache, which has " +
-                   text(pool.num_blocks) + " blocks of " + text(pool.block_size) +
-                   " entries (expected a negative value or 0.." + text(pool.num_slots() - 1) + ")");
+        check.fail(index_position(name, slots, columns, n, l) + " = " + text(slot) +
+                   " is beyond the cache, which has " + text(pool.num_blocks) + " blocks of " +
+                   text(pool.block_size) + " entries (expected a negative value or 0.." +
+                   text(pool.num_slots() - 1) + ")");
       }
+      if (use == SlotUse::kWrite && slot >= 0) written.emplace_back(slot, n * columns + l);
     }
+  }
+  std::sort(written.begin(), written.end());
+  for (size_t i = 1; i < written.size(); ++i) {
+    if (written[i].first != written[i - 1].first) continue;
+    const int64_t first = written[i - 1].second;
+    const int64_t second = written[i].second;
+    check.fail(index_position(name, slots, columns, second / columns, second % columns) + " = " +
+               text(written[i].first) + " repeats " +
+               index_position(name, slots, columns, first / columns, first % columns) +
+               ": the slots one call writes must be distinct (two rows writing one slot race on "
+               "CUDA)");
   }
 }
 
 void check_compressor_indices(const CompressorProblem& p) {
   const ArgumentChecks check("hdk::dsv4::compress");
+  // (state slot, row) and (cache slot, row) of every live row, to find two rows sharing one.
+  std::vector<std::pair<int64_t, int64_t>> state_users;
+  std::vector<std::pair<int64_t, int64_t>> entry_writers;
   for (int64_t n = 0; n < p.num_rows; ++n) {
     const int64_t state_slot = p.state_slots.at(n);
     if (state_slot < 0) continue;
@@ -413,6 +398,7 @@ void check_compressor_indices(const CompressorProblem& p) {
       check.fail("state_slots[" + text(n) + "] = " + text(state_slot) +
                  " is beyond 'state', which has " + text(p.num_states) + " slots");
     }
+    state_users.emplace_back(state_slot, n);
     const int64_t first = p.positions.at(n);
     if (first < 0) {
       check.fail("positions[" + text(n) + "] = " + text(first) + " is negative");
@@ -438,7 +424,25 @@ void check_compressor_indices(const CompressorProblem& p) {
                    " (for entry " + text(entry) + ") is not a block of 'cache', which has " +
                    text(p.cache.num_blocks) + " blocks");
       }
+      entry_writers.emplace_back(block * p.cache.block_size + entry % p.cache.block_size, n);
     }
+  }
+  std::sort(state_users.begin(), state_users.end());
+  for (size_t i = 1; i < state_users.size(); ++i) {
+    if (state_users[i].first != state_users[i - 1].first) continue;
+    check.fail("state_slots[" + text(state_users[i].second) + "] = " + text(state_users[i].first) +
+               " repeats state_slots[" + text(state_users[i - 1].second) +
+               "]: the rows of one call must have distinct state slots (two rows updating one "
+               "state race on CUDA)");
+  }
+  std::sort(entry_writers.begin(), entry_writers.end());
+  for (size_t i = 1; i < entry_writers.size(); ++i) {
+    if (entry_writers[i].first != entry_writers[i - 1].first) continue;
+    check.fail("rows " + text(entry_writers[i - 1].second) + " and " +
+               text(entry_writers[i].second) + " both write cache slot " +
+               text(entry_writers[i].first) +
+               " (through their block tables): the slots one call writes must be distinct (two "
+               "rows writing one slot race on CUDA)");
   }
 }
 

@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "core/argument_checks.h"
-#include "core/named_view.h"
 #include "dsv4/kv_cache_problem.h"
 #include "hdk/dsv4/kv_cache.h"
 #include "hdk/tensor_view.h"
@@ -26,14 +25,6 @@ GatherKeysProblem validate_gather_indexer_keys(const GatherIndexerKeysParams& pa
 CompressorProblem validate_compress(const CompressorParams& params);
 
 // Pieces of the checks above that the read side (attention_validation.cpp) shares.
-using hdk::detail::NamedView;
-// Every given view on `device` with a usable pointer.
-void check_devices(const hdk::detail::ArgumentChecks& check, std::initializer_list<NamedView> views,
-                   const Device& device);
-// Outputs share no bytes with each other or with the inputs.
-void check_aliasing(const hdk::detail::ArgumentChecks& check,
-                    std::initializer_list<NamedView> outputs,
-                    std::initializer_list<NamedView> inputs);
 // `name`: [num_blocks, block_size * entry_bytes] uint8, last dim contiguous; `format` names the
 // entries in the message, `block_size_name` the option that gave block_size.
 PagedPool paged_pool(const hdk::detail::ArgumentChecks& check, const TensorView& cache,
@@ -47,11 +38,16 @@ Counter counter(const hdk::detail::ArgumentChecks& check, const TensorView& view
 const char* format_name(KeyFormat format);
 void check_format(const hdk::detail::ArgumentChecks& check, KeyFormat format, const char* name);
 
+// Whether a call reads the slots it is given or writes them: two rows writing one slot race on
+// CUDA and leave whichever wrote last, so the slots a call writes must be distinct.
+enum class SlotUse { kRead, kWrite };
+
 // Slot [row, column] of `slots` (called `name` in the message) must be negative or below
-// pool.num_slots().
+// pool.num_slots(); with SlotUse::kWrite no two of them may be one slot.
 void check_slots(const char* operation, const IndexView& slots, int64_t rows, int64_t columns,
-                 const PagedPool& pool, const char* name = "slots");
-// Positions, pages and slots every live token of the call will use.
+                 const PagedPool& pool, SlotUse use, const char* name = "slots");
+// Positions, pages and slots every live token of the call will use; no two rows may share a state
+// slot or write one cache entry.
 void check_compressor_indices(const CompressorProblem& host_problem);
 
 }  // namespace detail

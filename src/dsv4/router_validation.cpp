@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -28,24 +29,15 @@ RouterProblem validate_route(const RouterParams& p) {
   check.require(p.topk_ids, "topk_ids", "(the selected experts, [N, top_k] int32)");
   check.require(p.topk_weights, "topk_weights", "(the routing weights, [N, top_k] fp32)");
 
-  const NamedView all_views[] = {
-      {&p.logits, "logits"},
-      {&p.hidden, "hidden"},
-      {&p.gate_weight, "gate_weight"},
-      {&p.bias, "bias"},
-      {&p.token_ids, "token_ids"},
-      {&p.tid2eid, "tid2eid"},
-      {&p.topk_ids, "topk_ids"},
-      {&p.topk_weights, "topk_weights"},
-      {&p.logits_workspace, "logits_workspace"},
-      {&p.invalid_count, "invalid_count"},
-  };
+  const std::initializer_list<NamedView> inputs = {
+      {&p.logits, "logits"}, {&p.hidden, "hidden"},       {&p.gate_weight, "gate_weight"},
+      {&p.bias, "bias"},     {&p.token_ids, "token_ids"}, {&p.tid2eid, "tid2eid"}};
+  const std::initializer_list<NamedView> outputs = {{&p.topk_ids, "topk_ids"},
+                                                    {&p.topk_weights, "topk_weights"},
+                                                    {&p.logits_workspace, "logits_workspace"},
+                                                    {&p.invalid_count, "invalid_count"}};
+  check.same_device(inputs, outputs);
   const Device device = p.topk_ids.device;
-  for (const NamedView& named : all_views) {
-    if (!named.view->defined()) continue;
-    check.on_device(*named.view, named.name, device);
-    check.not_null(*named.view, named.name);
-  }
 
   // Scores: logits, or hidden with gate_weight.
   const bool fused = p.hidden.defined() || p.gate_weight.defined();
@@ -198,26 +190,7 @@ RouterProblem validate_route(const RouterParams& p) {
     problem.invalid_count_dtype = counter.dtype;
   }
 
-  // Aliasing: what the call writes must not share bytes with anything else it touches.
-  const NamedView inputs[] = {
-      {&p.logits, "logits"}, {&p.hidden, "hidden"},       {&p.gate_weight, "gate_weight"},
-      {&p.bias, "bias"},     {&p.token_ids, "token_ids"}, {&p.tid2eid, "tid2eid"},
-  };
-  const NamedView outputs[] = {
-      {&p.topk_ids, "topk_ids"},
-      {&p.topk_weights, "topk_weights"},
-      {&p.logits_workspace, "logits_workspace"},
-      {&p.invalid_count, "invalid_count"},
-  };
-  const size_t output_count = sizeof(outputs) / sizeof(outputs[0]);
-  for (size_t i = 0; i < output_count; ++i) {
-    for (const NamedView& input : inputs) {
-      check.no_overlap(*outputs[i].view, outputs[i].name, *input.view, input.name);
-    }
-    for (size_t j = i + 1; j < output_count; ++j) {
-      check.no_overlap(*outputs[i].view, outputs[i].name, *outputs[j].view, outputs[j].name);
-    }
-  }
+  check.disjoint_outputs(outputs, inputs);
   return problem;
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -52,7 +53,7 @@ DecodeProblem validate_decode(const DecodeParams& p) {
   check.require(p.state, "state", "(the state pool)");
   check.require(p.out, "out", "(the output, [B, T, HV, V])");
 
-  const NamedView all_views[] = {
+  const std::initializer_list<NamedView> inputs = {
       {&p.q, "q"},
       {&p.k, "k"},
       {&p.v, "v"},
@@ -62,20 +63,16 @@ DecodeProblem validate_decode(const DecodeParams& p) {
       {&p.b, "b"},
       {&p.g, "g"},
       {&p.beta, "beta"},
-      {&p.state, "state"},
       {&p.state_indices, "state_indices"},
       {&p.output_state_indices, "output_state_indices"},
       {&p.num_accepted_tokens, "num_accepted_tokens"},
-      {&p.cu_seqlens, "cu_seqlens"},
-      {&p.intermediate_states, "intermediate_states"},
-      {&p.out, "out"},
-      {&p.invalid_index_count, "invalid_index_count"},
-  };
-  for (const NamedView& named : all_views) {
-    if (!named.view->defined()) continue;
-    check.on_device(*named.view, named.name, p.q.device);
-    check.not_null(*named.view, named.name);
-  }
+      {&p.cu_seqlens, "cu_seqlens"}};
+  // The pool is read even when it is not written, so it must not alias an output either.
+  const std::initializer_list<NamedView> outputs = {{&p.out, "out"},
+                                                    {&p.intermediate_states, "intermediate_states"},
+                                                    {&p.invalid_index_count, "invalid_index_count"},
+                                                    {&p.state, "state"}};
+  check.same_device(inputs, outputs);
 
   // Per-token tensors and the sizes they define.
   const bool variable_length = p.cu_seqlens.defined();
@@ -341,34 +338,7 @@ DecodeProblem validate_decode(const DecodeParams& p) {
   problem.update_state = p.update_state;
 
   // Aliasing: what the call writes must not share bytes with anything else it touches.
-  const NamedView inputs[] = {
-      {&p.q, "q"},
-      {&p.k, "k"},
-      {&p.v, "v"},
-      {&p.A_log, "A_log"},
-      {&p.a, "a"},
-      {&p.dt_bias, "dt_bias"},
-      {&p.b, "b"},
-      {&p.g, "g"},
-      {&p.beta, "beta"},
-      {&p.state_indices, "state_indices"},
-      {&p.output_state_indices, "output_state_indices"},
-      {&p.num_accepted_tokens, "num_accepted_tokens"},
-      {&p.cu_seqlens, "cu_seqlens"},
-  };
-  std::vector<NamedView> outputs = {{&p.out, "out"},
-                                    {&p.intermediate_states, "intermediate_states"},
-                                    {&p.invalid_index_count, "invalid_index_count"}};
-  // The pool is read even when it is not written, so it must not alias an output either.
-  outputs.push_back({&p.state, "state"});
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    for (const NamedView& input : inputs) {
-      check.no_overlap(*outputs[i].view, outputs[i].name, *input.view, input.name);
-    }
-    for (size_t j = i + 1; j < outputs.size(); ++j) {
-      check.no_overlap(*outputs[i].view, outputs[i].name, *outputs[j].view, outputs[j].name);
-    }
-  }
+  check.disjoint_outputs(outputs, inputs);
   return problem;
 }
 

@@ -1,5 +1,6 @@
 #include "topk/topk_validation.h"
 
+#include <initializer_list>
 #include <limits>
 #include <string>
 
@@ -16,19 +17,11 @@ TopkProblem validate_topk(const TensorView& values, int64_t k, const TensorView&
   check.require(out_values, "out_values", "(the selected values, [N, k])");
   check.require(out_indices, "out_indices", "(the selected columns, [N, k])");
 
-  struct Named {
-    const TensorView* view;
-    const char* name;
-  };
-  const Named all[] = {{&values, "values"},
-                       {&out_values, "out_values"},
-                       {&out_indices, "out_indices"},
-                       {&row_lengths, "row_lengths"}};
-  for (const Named& named : all) {
-    if (!named.view->defined()) continue;
-    check.on_device(*named.view, named.name, values.device);
-    check.not_null(*named.view, named.name);
-  }
+  const std::initializer_list<NamedView> inputs = {{&values, "values"},
+                                                   {&row_lengths, "row_lengths"}};
+  const std::initializer_list<NamedView> outputs = {{&out_values, "out_values"},
+                                                    {&out_indices, "out_indices"}};
+  check.same_device(inputs, outputs);
 
   check.rank_in(values, "values", {2}, "[N, L]");
   check.dtype_in(values, "values", {DType::kFloat32});
@@ -70,11 +63,7 @@ TopkProblem validate_topk(const TensorView& values, int64_t k, const TensorView&
     problem.row_lengths_stride = row_lengths.strides[0];
   }
 
-  check.no_overlap(out_values, "out_values", values, "values");
-  check.no_overlap(out_values, "out_values", row_lengths, "row_lengths");
-  check.no_overlap(out_indices, "out_indices", values, "values");
-  check.no_overlap(out_indices, "out_indices", row_lengths, "row_lengths");
-  check.no_overlap(out_values, "out_values", out_indices, "out_indices");
+  check.disjoint_outputs(outputs, inputs);
   return problem;
 }
 

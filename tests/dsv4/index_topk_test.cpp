@@ -747,6 +747,10 @@ TEST(IndexTopkValidation, NamesTheArgument) {
        },
        "'topk_slots'"},  // overlaps topk_indices
       {[](dsv4::IndexerParams& p) { p.weights.device = Device::cuda(0); }, "argument 'weights'"},
+      {[](dsv4::IndexerParams& p) { p.q.device = Device::cuda(0); },
+       "argument 'q' is on cuda:0 but weights, key_cache, block_table, num_entries, topk_indices"},
+      {[](dsv4::IndexerParams& p) { p.topk_indices.strides[0] = 0; },
+       "argument 'topk_indices' has stride 0 in dim 0"},  // every row's selection in one place
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     SCOPED_TRACE("case " + std::to_string(i));

@@ -2,6 +2,7 @@
 // block allocator's rules.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -109,7 +110,60 @@ TEST(KvValidation, StoreEntriesNamesTheArgument) {
         p.values.device = Device::cuda(0);
         dsv4::store_entries(p);
       },
-      "argument 'values' is on cuda:0 but the other tensors are on cpu");
+      "argument 'values' is on cuda:0 but slots, cache are on cpu");
+  expect_error(
+      [&] {
+        auto p = b.params();  // two blocks on one page: rows of one block overwrite the other's
+        p.cache.strides[0] = 0;
+        dsv4::store_entries(p);
+      },
+      "argument 'cache' has stride 0 in dim 0 (extent 2");
+}
+
+// Two rows writing one slot race on CUDA; the CPU (always) and check_indices refuse them before
+// anything is written. Reads may repeat a slot.
+TEST(KvValidation, WrittenSlotsAreDistinct) {
+  for (bool check_indices : {false, true}) {
+    StoreBuffers b;
+    b.slots = {0, 70, 2, 70};
+    auto p = b.params();
+    p.check_indices = check_indices;
+    expect_error([&] { dsv4::store_entries(p); },
+                 "slots[3] = 70 repeats slots[1]: the slots one call writes must be distinct");
+    EXPECT_TRUE(std::all_of(b.cache.begin(), b.cache.end(), [](uint8_t x) { return x == 0; }));
+  }
+  {
+    StoreBuffers b;  // padding rows may repeat
+    b.slots = {-1, 3, -1, 4};
+    EXPECT_NO_THROW(dsv4::store_entries(b.params()));
+  }
+  {
+    std::vector<float> keys(3 * 128, 1.0f);
+    std::vector<int64_t> key_slots = {5, 1, 5};
+    std::vector<uint8_t> key_cache(2 * 16 * 68, 0);
+    dsv4::StoreIndexerKeysParams k;
+    k.keys = TensorView::contiguous(keys.data(), DType::kFloat32, {3, 128});
+    k.slots = TensorView::contiguous(key_slots.data(), DType::kInt64, {3});
+    k.cache = TensorView::contiguous(key_cache.data(), DType::kUInt8, {2, 16 * 68});
+    k.block_size = 16;
+    k.check_indices = true;
+    expect_error([&] { dsv4::store_indexer_keys(k); }, "slots[2] = 5 repeats slots[0]");
+    EXPECT_TRUE(std::all_of(key_cache.begin(), key_cache.end(), [](uint8_t x) { return x == 0; }));
+  }
+  {
+    std::vector<uint8_t> cache(2 * 64 * 584, 0);
+    std::vector<int32_t> slots = {7, 7, 7, 7};
+    std::vector<float> out(4 * 512);
+    dsv4::GatherEntriesParams g;
+    g.cache = TensorView::contiguous(cache.data(), DType::kUInt8, {2, 64 * 584});
+    g.block_size = 64;
+    g.slots = TensorView::contiguous(slots.data(), DType::kInt32, {2, 2});
+    g.out = TensorView::contiguous(out.data(), DType::kFloat32, {2, 2, 512});
+    g.check_indices = true;
+    EXPECT_NO_THROW(dsv4::gather_entries(g));
+    g.out.strides[1] = 0;  // both columns of a row into one output row
+    expect_error([&] { dsv4::gather_entries(g); }, "argument 'out' has stride 0 in dim 1");
+  }
 }
 
 TEST(KvValidation, GatherAndKeysNameTheArgument) {
@@ -205,6 +259,18 @@ TEST(KvValidation, CompressNamesTheArgument) {
   table[2] = 1;
   positions[1] = 64 * 4 - 1;
   expect_error([&] { dsv4::compress(params()); }, "beyond the RoPE tables' 64 rows");
+  positions[1] = 3;
+  state_slots = {2, 2};  // two requests folding tokens into one state
+  expect_error([&] { dsv4::compress(params()); }, "state_slots[1] = 2 repeats state_slots[0]");
+  state_slots = {0, 2};
+  table = {1, 0, 1, 0};  // both rows complete entry 0 and page 0 is block 1 for both
+  positions = {3, 3};
+  expect_error([&] { dsv4::compress(params()); }, "rows 0 and 1 both write cache slot 4");
+  table = {0, 1, 1, 0};
+  positions = {0, 3};
+  p = params();
+  p.state.strides[0] = 0;  // every state slot in one place
+  expect_error([&] { dsv4::compress(p); }, "argument 'state' has stride 0 in dim 0");
 }
 
 TEST(BlockAllocator, AllocateReleaseAndErrors) {

@@ -290,6 +290,23 @@ TEST(RouterValidation, DevicesAndAliasing) {
     expect_error(call.p, {"'bias'", "cuda:0", "one device"});
   }
   {
+    Call call;  // the odd one out is named with the tensors on the device most are on
+    call.p.topk_ids.device = Device::cuda(0);
+    expect_error(call.p, {"argument 'topk_ids' is on cuda:0 but logits, bias, topk_weights, "
+                          "invalid_count are on cpu"});
+  }
+  {
+    Call call;  // rows of the outputs in one place: tokens would overwrite each other
+    call.p.topk_weights.strides[0] = 0;
+    expect_error(call.p, {"'topk_weights'", "stride 0 in dim 0"});
+  }
+  {
+    Call call;
+    call.use_fused();
+    call.p.logits_workspace.strides[0] = 0;
+    expect_error(call.p, {"'logits_workspace'", "stride 0 in dim 0"});
+  }
+  {
     Call call;
     call.p.topk_weights.data = call.logits.data();
     expect_error(call.p, {"'topk_weights'", "overlaps 'logits'"});

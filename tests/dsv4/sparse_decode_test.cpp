@@ -988,6 +988,10 @@ TEST(SparseDecodeArguments, ValidationNamesTheArgument) {
        },
        "argument 'invalid_count'"},
       {[](dsv4::SparseDecodeParams& p) { p.sink.device = Device::cuda(0); }, "argument 'sink'"},
+      {[](dsv4::SparseDecodeParams& p) { p.q.device = Device::cuda(0); },
+       "argument 'q' is on cuda:0 but cache, indices"},
+      {[](dsv4::SparseDecodeParams& p) { p.out.strides[1] = 0; },
+       "argument 'out' has stride 0 in dim 1"},  // every head's output in one place
       {[](dsv4::SparseDecodeParams& p) { p.extra_indices = TensorView(); },
        "'extra_cache' and 'extra_indices' go together"},
       {[](dsv4::SparseDecodeParams& p) { p.extra_block_size = 0; }, "option 'extra_block_size'"},

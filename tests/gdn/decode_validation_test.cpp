@@ -355,6 +355,21 @@ TEST(GdnDecodeValidation, DevicesAndPointers) {
     expect_error(call.params, {"'v'", "cuda:0", "cpu", "one device"});
   }
   {
+    BrokenCall call;  // the odd one out is named, even when it leads the argument list
+    call.params.q.device = Device::cuda(0);
+    expect_error(call.params, {"argument 'q' is on cuda:0 but k, v, A_log", "are on cpu"});
+  }
+  {
+    BrokenCall call;  // a CPU out among CUDA tensors
+    for (TensorView* view :
+         {&call.params.q, &call.params.k, &call.params.v, &call.params.A_log, &call.params.a,
+          &call.params.dt_bias, &call.params.b, &call.params.state, &call.params.state_indices,
+          &call.params.invalid_index_count}) {
+      view->device = Device::cuda(1);
+    }
+    expect_error(call.params, {"argument 'out' is on cpu but q, k, v", "are on cuda:1"});
+  }
+  {
     BrokenCall call;
     call.params.k.data = nullptr;
     expect_error(call.params, {"'k'", "null data pointer"});
@@ -388,6 +403,36 @@ TEST(GdnDecodeValidation, Aliasing) {
     BrokenCall call;  // the pool over the indices
     call.params.state_indices.data = call.params.state.data;
     expect_error(call.params, {"'state'", "overlaps 'state_indices'"});
+  }
+}
+
+// Outputs whose indices share an element would let requests overwrite each other.
+TEST(GdnDecodeValidation, SelfOverlappingOutputs) {
+  {
+    BrokenCall call;  // torch.empty(1, 1, 1, V).expand(B, T, HV, V)
+    TensorView& out = call.params.out;
+    out.strides[0] = out.strides[1] = out.strides[2] = 0;
+    expect_error(call.params, {"'out'", "stride 0 in dim 0", "extent 3"});
+  }
+  {
+    BrokenCall call;  // heads one element apart: head h's row overlaps head h + 1's
+    TensorView& out = call.params.out;
+    out.strides[2] = 1;
+    expect_error(call.params, {"'out'", "may reach one element"});
+  }
+  {
+    GdnCaseConfig c = BrokenCall::default_config();
+    c.intermediate = true;
+    BrokenCall call(c);  // every token's state in one place
+    call.params.intermediate_states.strides[1] = 0;
+    expect_error(call.params, {"'intermediate_states'", "stride 0 in dim 1"});
+  }
+  {
+    GdnCaseConfig c = BrokenCall::default_config();
+    c.T = 1;
+    BrokenCall call(c);  // a dim of extent 1 may have any stride
+    call.params.out.strides[1] = 0;
+    EXPECT_NO_THROW(gdn::decode(call.params));
   }
 }
 

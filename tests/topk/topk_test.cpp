@@ -324,6 +324,25 @@ TEST(TopkValidation, ValidCallPasses) {
   EXPECT_NO_THROW(topk(call.v, call.k, call.ov, call.oi));
 }
 
+TEST(TopkValidation, DevicesAndSelfOverlap) {
+  {
+    TopkCall call;
+    call.v.device = Device::cuda(0);
+    expect_topk_error(call, {"argument 'values' is on cuda:0 but row_lengths, out_values, "
+                             "out_indices are on cpu"});
+  }
+  {
+    TopkCall call;  // every row's selection in one place
+    call.oi.strides[0] = 0;
+    expect_topk_error(call, {"'out_indices'", "stride 0 in dim 0"});
+  }
+  {
+    TopkCall call;  // rows two apart with k = 3: row n's last column is row n + 1's first
+    call.ov.strides[0] = 2;
+    expect_topk_error(call, {"'out_values'", "may reach one element"});
+  }
+}
+
 TEST(TopkValidation, Arguments) {
   {
     TopkCall call;

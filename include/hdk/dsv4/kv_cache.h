@@ -36,7 +36,7 @@ constexpr double kFp8RelativeErrorBound = 0.0625;
 struct StoreEntriesParams {
   TensorView
       values;  // [N, 512] fp32 or bf16: 448 non-RoPE values, then 64 RoPE; last dim contiguous
-  TensorView slots;  // [N] int32/int64: flat slot; negative: the row is skipped
+  TensorView slots;  // [N] int32/int64: flat slot, distinct; negative: the row is skipped
   TensorView cache;  // [num_blocks, block_size * 584] uint8, last dim contiguous
   int64_t block_size = 0;
   // Optional [1] or scalar int32/int64 counter; hdk adds, never clears. +1 per row that holds a
@@ -44,7 +44,8 @@ struct StoreEntriesParams {
   // the cache (skipped; the CPU throws hdk::Error for such a slot before writing anything).
   TensorView invalid_count;
   // Debug option for CUDA tensors: copy the indices to the host first (a synchronization) and
-  // throw hdk::Error for one out of range, as the CPU does. Never inside CUDA-graph capture.
+  // throw hdk::Error for one out of range or repeated, as the CPU does. Never inside CUDA-graph
+  // capture.
   bool check_indices = false;
 };
 
@@ -78,14 +79,15 @@ int64_t key_bytes(KeyFormat format);
 
 struct StoreIndexerKeysParams {
   TensorView keys;   // [N, 128] fp32 or bf16, last dim contiguous
-  TensorView slots;  // [N] int32/int64; negative: skipped
+  TensorView slots;  // [N] int32/int64, distinct; negative: skipped
   TensorView cache;  // [num_blocks, block_size * key_bytes(format)] uint8, last dim contiguous
   int64_t block_size = 0;
   KeyFormat format = KeyFormat::kMXFP4;
   bool rotate = true;  // apply H_128 / sqrt(128) (Sylvester order) before quantizing
   TensorView invalid_count;
   // Debug option for CUDA tensors: copy the indices to the host first (a synchronization) and
-  // throw hdk::Error for one out of range, as the CPU does. Never inside CUDA-graph capture.
+  // throw hdk::Error for one out of range or repeated, as the CPU does. Never inside CUDA-graph
+  // capture.
   bool check_indices = false;
 };
 
@@ -130,7 +132,7 @@ struct CompressorParams {
   TensorView score;        // same shape and dtype as kv: x·W_gateᵀ without ape
   TensorView ape;          // [ratio, coff*d] fp32: added to score of the token at pos % ratio
   TensorView positions;    // [N] int32/int64: position of the row's first token
-  TensorView state_slots;  // [N] int32/int64: the request's state; negative: padding (untouched)
+  TensorView state_slots;  // [N] int32/int64: the request's state, distinct; negative: padding
   TensorView state;        // [num_states, A, 3, d] fp32, contiguous per state slot
   TensorView norm_weight;  // [d] fp32
   TensorView rope_cos;     // [max_position, 32] fp32, row = the window's first position
@@ -147,7 +149,8 @@ struct CompressorParams {
   // skipped, its state untouched; the CPU throws hdk::Error before writing anything).
   TensorView invalid_count;
   // Debug option for CUDA tensors: copy the indices to the host first (a synchronization) and
-  // throw hdk::Error for one out of range, as the CPU does. Never inside CUDA-graph capture.
+  // throw hdk::Error for one out of range, or for two rows sharing a state slot or writing one
+  // cache slot, as the CPU does. Never inside CUDA-graph capture.
   bool check_indices = false;
 };
 

@@ -21,15 +21,15 @@ import warnings
 
 import torch
 
-import hdk
 from hdk.compat._common import pool_strides_supported, scatter_rows
+from hdk.gdn import gdn_decode
 
 
 def _decode_in_place(pool, layout, **options):
     """hdk.gdn_decode on `pool`; a pool hdk cannot address in place is staged and copied back,
     as FlashInfer does for a non-contiguous state."""
     staged = pool if pool_strides_supported(pool) else pool.contiguous()
-    out = hdk.gdn_decode(state=staged, layout=layout, **options)
+    out = gdn_decode(state=staged, layout=layout, **options)
     if staged is not pool:
         pool.copy_(staged)
     return out

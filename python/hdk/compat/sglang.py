@@ -25,13 +25,13 @@ its production decode call form: q/k/v ``[1, B, H|HV, D]`` views of the packed q
 
 import torch
 
-import hdk
 from hdk.compat._common import (
     as_per_token,
     decode_step_bound,
     require_positive_scale,
     scatter_rows,
 )
+from hdk.gdn import gdn_decode
 
 _FUNCTION = "fused_sigmoid_gating_delta_rule_update"
 
@@ -132,9 +132,9 @@ def fused_sigmoid_gating_delta_rule_update(
     )
     buffer = intermediate_states_buffer
     if buffer is None:
-        return hdk.gdn_decode(**options)
+        return gdn_decode(**options)
     if intermediate_state_indices is None:
-        return hdk.gdn_decode(intermediate_states=buffer[:num_requests], **options)
+        return gdn_decode(intermediate_states=buffer[:num_requests], **options)
 
     # Rows named by indices: hdk writes a per-request buffer, then each computed (request,
     # token) entry is scattered to [index, token] of the caller's buffer.
@@ -147,7 +147,7 @@ def fused_sigmoid_gating_delta_rule_update(
     per_request = torch.empty(
         (num_requests,) + tuple(buffer.shape[1:]), dtype=buffer.dtype, device=buffer.device
     )
-    out = hdk.gdn_decode(intermediate_states=per_request, **options)
+    out = gdn_decode(intermediate_states=per_request, **options)
     device = buffer.device
     if variable_length:
         starts, ends = cu_seqlens[:-1].long(), cu_seqlens[1:].long()

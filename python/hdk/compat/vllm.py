@@ -30,13 +30,13 @@ and ``inplace_final_state`` both ways. Differences, all deliberate (docs/python.
 
 import torch
 
-import hdk
 from hdk.compat._common import (
     as_per_token,
     decode_step_bound,
     require_positive_scale,
     scatter_rows,
 )
+from hdk.gdn import gdn_decode
 
 
 def _check_common(function, q, cu_seqlens, scale, initial_state):
@@ -91,7 +91,7 @@ def _per_token_states(pool, cu_seqlens, ssm_state_indices, num_accepted_tokens, 
     rows = torch.where(
         in_request, starts.unsqueeze(1) + step.unsqueeze(0), torch.full_like(step, -1)
     )
-    out = hdk.gdn_decode(state=states, state_indices=rows, cu_seqlens=cu_seqlens, **options)
+    out = gdn_decode(state=states, state_indices=rows, cu_seqlens=cu_seqlens, **options)
     return out, states
 
 
@@ -105,7 +105,7 @@ def _run(
     output_state_indices=None,
 ):
     if inplace_final_state:
-        out = hdk.gdn_decode(
+        out = gdn_decode(
             state=pool,
             state_indices=ssm_state_indices,
             output_state_indices=output_state_indices,
@@ -122,7 +122,7 @@ def _run(
     states = torch.empty(
         (batch * tokens,) + tuple(pool.shape[1:]), dtype=pool.dtype, device=pool.device
     )
-    out = hdk.gdn_decode(
+    out = gdn_decode(
         state=pool,
         state_indices=ssm_state_indices,
         num_accepted_tokens=num_accepted_tokens,

@@ -267,7 +267,8 @@ std::vector<double> decode_key_reference(const uint8_t* page, int64_t block_size
 
 void store_entries_reference(const StoreEntriesParams& params) {
   const detail::StoreEntriesProblem p = detail::validate_store_entries(params);
-  detail::check_slots("hdk::dsv4::store_entries", p.slots, p.num_rows, 1, p.cache);
+  detail::check_slots("hdk::dsv4::store_entries", p.slots, p.num_rows, 1, p.cache,
+                      detail::SlotUse::kWrite);
   int64_t invalid = 0;
   for (int64_t n = 0; n < p.num_rows; ++n) {
     const int64_t slot = p.slots.at(n);
@@ -282,7 +283,8 @@ void store_entries_reference(const StoreEntriesParams& params) {
 
 void gather_entries_reference(const GatherEntriesParams& params) {
   const detail::GatherEntriesProblem p = detail::validate_gather_entries(params);
-  detail::check_slots("hdk::dsv4::gather_entries", p.slots, p.num_rows, p.num_columns, p.cache);
+  detail::check_slots("hdk::dsv4::gather_entries", p.slots, p.num_rows, p.num_columns, p.cache,
+                      detail::SlotUse::kRead);
   for (int64_t n = 0; n < p.num_rows; ++n) {
     for (int64_t l = 0; l < p.num_columns; ++l) {
       const int64_t slot = p.slots.at(n, l);
@@ -299,7 +301,8 @@ void gather_entries_reference(const GatherEntriesParams& params) {
 
 void store_indexer_keys_reference(const StoreIndexerKeysParams& params) {
   const detail::StoreKeysProblem p = detail::validate_store_indexer_keys(params);
-  detail::check_slots("hdk::dsv4::store_indexer_keys", p.slots, p.num_rows, 1, p.cache);
+  detail::check_slots("hdk::dsv4::store_indexer_keys", p.slots, p.num_rows, 1, p.cache,
+                      detail::SlotUse::kWrite);
   int64_t invalid = 0;
   for (int64_t n = 0; n < p.num_rows; ++n) {
     const int64_t slot = p.slots.at(n);
@@ -315,8 +318,8 @@ void store_indexer_keys_reference(const StoreIndexerKeysParams& params) {
 
 void gather_indexer_keys_reference(const GatherIndexerKeysParams& params) {
   const detail::GatherKeysProblem p = detail::validate_gather_indexer_keys(params);
-  detail::check_slots("hdk::dsv4::gather_indexer_keys", p.slots, p.num_rows, p.num_columns,
-                      p.cache);
+  detail::check_slots("hdk::dsv4::gather_indexer_keys", p.slots, p.num_rows, p.num_columns, p.cache,
+                      detail::SlotUse::kRead);
   for (int64_t n = 0; n < p.num_rows; ++n) {
     for (int64_t l = 0; l < p.num_columns; ++l) {
       const int64_t slot = p.slots.at(n, l);

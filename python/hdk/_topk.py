@@ -1,5 +1,5 @@
-"""``hdk.topk.topk``: the largest k entries per row, the selection primitive of DeepSeek-V4's
-router and indexer, over ``torch.ops.hdk.topk``."""
+"""``hdk.topk``: the largest k entries per row, the selection primitive of DeepSeek-V4's router
+and indexer, over ``torch.ops.hdk.topk`` (exported as ``hdk.topk``; this module is private)."""
 
 import torch
 

@@ -15,7 +15,7 @@ import dataclasses
 
 import torch
 
-import hdk.dsv4 as dsv4
+from hdk.dsv4 import ops
 from hdk._ops import HdkError
 
 SWA_WINDOW = 128
@@ -31,7 +31,7 @@ def _pro_kinds(num_layers):
     return tuple("hca" if i < 2 else ("csa" if i % 2 == 0 else "hca") for i in range(num_layers))
 
 
-# The spec's model constants (shared/spec/dsv4-decode.md): layer counts without the MTP layer.
+# The spec's model constants (docs/spec.md, "Model constants"): layer counts without the MTP layer.
 PRESETS = {"flash": (43, _flash_kinds), "pro": (61, _pro_kinds)}
 
 
@@ -184,7 +184,7 @@ class KVCacheManager:
         kinds = layer_kinds(preset, num_layers) if isinstance(preset, str) else tuple(preset)
         if any(kind not in ("swa", "csa", "hca") for kind in kinds):
             raise HdkError(f"hdk.dsv4.KVCacheManager: layer kinds must be swa/csa/hca: {kinds}")
-        dsv4._key_format(key_format)
+        ops._key_format(key_format)
         self.kinds = kinds
         self.max_requests = int(max_requests)
         self.block_size = {CSA_RATIO: int(block_size), HCA_RATIO: int(hca_block_size)}
@@ -216,18 +216,18 @@ class KVCacheManager:
         def zeros(*shape, dtype=torch.uint8):
             return torch.zeros(shape, dtype=dtype, device=self.device)
 
-        layer = LayerCache(index, kind, zeros(self.max_requests, SWA_WINDOW * dsv4.ENTRY_BYTES))
+        layer = LayerCache(index, kind, zeros(self.max_requests, SWA_WINDOW * ops.ENTRY_BYTES))
         if kind == "swa":
             return layer
         ratio = CSA_RATIO if kind == "csa" else HCA_RATIO
         blocks = csa_blocks if kind == "csa" else hca_blocks
         size = self.block_size[ratio]
         layer.ratio = ratio
-        layer.cache = zeros(blocks, size * dsv4.ENTRY_BYTES)
-        accumulators = dsv4.compressor_accumulators(ratio)
+        layer.cache = zeros(blocks, size * ops.ENTRY_BYTES)
+        accumulators = ops.compressor_accumulators(ratio)
         layer.state = zeros(self.max_requests, accumulators, 3, 512, dtype=torch.float32)
         if kind == "csa":
-            layer.index_cache = zeros(blocks, size * dsv4.KEY_BYTES[self.key_format])
+            layer.index_cache = zeros(blocks, size * ops.KEY_BYTES[self.key_format])
             layer.index_state = zeros(
                 self.max_requests, accumulators, 3, INDEX_DIM, dtype=torch.float32
             )
@@ -237,7 +237,7 @@ class KVCacheManager:
 
     def _need(self, before, after):
         return {
-            ratio: dsv4.blocks_to_reserve(ratio, self.block_size[ratio], before, after)
+            ratio: ops.blocks_to_reserve(ratio, self.block_size[ratio], before, after)
             for ratio in self.block_size
         }
 
@@ -456,7 +456,7 @@ class KVCacheManager:
         """store_entries of the step's rows ([N, 512], or [N * T, 512] in row-major (n, t)
         order) into the layer's SWA ring."""
         layer = self.layers[layer] if isinstance(layer, int) else layer
-        return dsv4.store_entries(
+        return ops.store_entries(
             values, step.swa_slots.reshape(-1), layer.swa, SWA_WINDOW, **options
         )
 
@@ -486,7 +486,7 @@ class KVCacheManager:
         table = step.csa_block_table if layer.kind == "csa" else step.hca_block_table
         if indexer:
             options.setdefault("key_format", self.key_format)
-        return dsv4.compress(
+        return ops.compress(
             kv,
             score,
             ape,
@@ -518,7 +518,7 @@ class KVCacheManager:
             rows = step.csa_entries.shape[0]
             topk_slots = torch.empty((rows, int(top_k)), dtype=torch.int32, device=self.device)
         options.setdefault("format", self.key_format)
-        indices, scores = dsv4.index_topk(
+        indices, scores = ops.index_topk(
             q,
             weights,
             layer.index_cache,
@@ -538,7 +538,7 @@ class KVCacheManager:
         :func:`hdk.dsv4.sparse_decode`."""
         layer = self.layers[layer] if isinstance(layer, int) else layer
         if layer.kind == "swa":
-            return dsv4.sparse_decode(
+            return ops.sparse_decode(
                 q, layer.swa, SWA_WINDOW, step.swa_window, sink=sink, **options
             )
         if layer.kind == "csa" and selected is None:
@@ -551,7 +551,7 @@ class KVCacheManager:
                 f"hdk.dsv4.KVCacheManager.attend: layer {layer.index} is HCA: it attends to every "
                 "compressed entry, selected= is not taken"
             )
-        return dsv4.sparse_decode(
+        return ops.sparse_decode(
             q,
             layer.cache,
             self.block_size[layer.ratio],

@@ -1,6 +1,8 @@
-"""DeepSeek-V4 on the decode path: routing (``torch.ops.hdk.dsv4_route``), the KV cache's write
-side (``dsv4_store_*``, ``dsv4_gather_*``, ``dsv4_compress``) and its read side
-(``dsv4_index_topk``, ``dsv4_sparse_decode``), with the C++ field names."""
+"""DeepSeek-V4's operations on the decode path: routing (``torch.ops.hdk.dsv4_route``), the KV
+cache's write side (``dsv4_store_*``, ``dsv4_gather_*``, ``dsv4_compress``) and its read side
+(``dsv4_index_topk``, ``dsv4_sparse_decode``), with the C++ field names. Exported as
+``hdk.dsv4.*``; the model-level owner of the pools (kv_cache_manager.py) builds on these, never
+the other way round."""
 
 import torch
 
@@ -523,12 +525,3 @@ def sparse_decode(
     )
     return out, lse
 
-
-# The model-level owner of the pools (imported last: it uses the functions above).
-from hdk.dsv4_kv_cache_manager import (  # noqa: E402
-    BlockAllocator,
-    KVCacheManager,
-    LayerCache,
-    StepInputs,
-    layer_kinds,
-)

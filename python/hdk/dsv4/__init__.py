@@ -1,0 +1,55 @@
+"""DeepSeek-V4 on the decode path (docs/python.md, section hdk.dsv4).
+
+* ops.py: the operations over ``torch.ops.hdk.dsv4_*`` (routing, the KV cache's write side, the
+  indexer and sparse attention), with the C++ field names.
+* kv_cache_manager.py: :class:`KVCacheManager`, the model-level owner of the pools, built on the
+  operations (ops.py never imports it).
+"""
+
+from hdk.dsv4.kv_cache_manager import (
+    BlockAllocator,
+    KVCacheManager,
+    LayerCache,
+    StepInputs,
+    layer_kinds,
+)
+from hdk.dsv4.ops import (
+    ENTRY_BYTES,
+    FP8_RELATIVE_ERROR_BOUND,
+    KEY_BYTES,
+    KEY_FORMATS,
+    blocks_to_reserve,
+    compress,
+    compressor_accumulators,
+    gather_entries,
+    gather_indexer_keys,
+    index_topk,
+    route,
+    route_workspace_slabs,
+    sparse_decode,
+    store_entries,
+    store_indexer_keys,
+)
+
+__all__ = [
+    "BlockAllocator",
+    "ENTRY_BYTES",
+    "FP8_RELATIVE_ERROR_BOUND",
+    "KEY_BYTES",
+    "KEY_FORMATS",
+    "KVCacheManager",
+    "LayerCache",
+    "StepInputs",
+    "blocks_to_reserve",
+    "compress",
+    "compressor_accumulators",
+    "gather_entries",
+    "gather_indexer_keys",
+    "index_topk",
+    "layer_kinds",
+    "route",
+    "route_workspace_slabs",
+    "sparse_decode",
+    "store_entries",
+    "store_indexer_keys",
+]
