@@ -244,8 +244,7 @@ int router_command(Options& options) {
     for (const std::string& path_name : paths) {
       const Path path = parse_path(path_name);
       for (int64_t N : rows) {
-        std::fprintf(stderr, "\r%s N=%lld %s ...   ", preset->name, static_cast<long long>(N),
-                     path_name.c_str());
+        report_progress(std::string(preset->name) + " N=" + std::to_string(N) + " " + path_name);
         Measurement m;
         try {
           m = bench.run(*preset, N, path);
@@ -270,6 +269,7 @@ int router_command(Options& options) {
       }
     }
   }
+  clear_progress();
   return finish_run(
       table,
       "gate_GB/s = gate_weight bytes (E x D bf16) / time; %copy = gate_GB/s / copy bandwidth;"

@@ -131,7 +131,7 @@ int topk_command(Options& options) {
   int failures = 0;
   for (const std::string& text : shape_texts) {
     const TopkShape shape = parse_shape(text);
-    std::fprintf(stderr, "\r%s ...   ", text.c_str());
+    report_progress(text);
     Measurement m;
     try {
       m = run_shape(*device, shape, lengths, timing, verify);
@@ -149,6 +149,7 @@ int topk_command(Options& options) {
                    lengths ? "yes" : "no", format(m.time_us, 2), format(gbs, 1),
                    format(100.0 * gbs / copy_gbs, 1), format(m.time_us / floor_us, 2), m.check});
   }
+  clear_progress();
   return finish_run(
       table,
       "GB/s = (valid values read + outputs written) / time; %copy = GB/s / copy bandwidth;"
