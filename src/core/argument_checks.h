@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/named_view.h"
 #include "hdk/error.h"
 #include "hdk/tensor_view.h"
 
@@ -21,12 +22,6 @@ struct MemorySpan {
 };
 
 MemorySpan memory_span(const TensorView& view);
-
-// A tensor argument and the name messages give it.
-struct NamedView {
-  const TensorView* view;
-  const char* name;
-};
 
 class ArgumentChecks {
  public:

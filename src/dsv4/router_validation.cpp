@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "core/argument_checks.h"
-#include "core/named_view.h"
 #include "hdk/topk.h"
 
 namespace hdk {

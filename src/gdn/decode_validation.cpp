@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "core/argument_checks.h"
-#include "core/named_view.h"
 
 namespace hdk {
 namespace gdn {
