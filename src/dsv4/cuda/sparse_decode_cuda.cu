@@ -50,8 +50,6 @@ constexpr bool kPipelinedByDefault = true;
 // forced split count, leave it fewer.
 constexpr int64_t kPipelinedMinTiles = kSparsePipelinedCosts.min_tiles_per_split;
 
-using TensorCoreKernel = void (*)(SparseDecodeProblem, SparsePlan, bool, bool);
-
 // What a tensor-core launch runs: which kernel, its shared memory and threads, and the plan.
 struct TensorCoreLaunch {
   TensorCoreKernel kernel;
@@ -64,26 +62,8 @@ struct TensorCoreLaunch {
 // The instance of a tensor-core kernel for a call's pools, head groups and combine.
 TensorCoreKernel tensor_core_kernel(bool pipelined, bool shared_conversion, bool wide,
                                     bool through_workspace) {
-  if (!pipelined) {
-    if (through_workspace) {
-      return wide ? sparse_decode_mma_kernel<true, true> : sparse_decode_mma_kernel<false, true>;
-    }
-    return wide ? sparse_decode_mma_kernel<true, false> : sparse_decode_mma_kernel<false, false>;
-  }
-  if (through_workspace) {
-    if (shared_conversion) {
-      return wide ? sparse_decode_pipelined_kernel<true, true, true>
-                  : sparse_decode_pipelined_kernel<false, true, true>;
-    }
-    return wide ? sparse_decode_pipelined_kernel<true, false, true>
-                : sparse_decode_pipelined_kernel<false, false, true>;
-  }
-  if (shared_conversion) {
-    return wide ? sparse_decode_pipelined_kernel<true, true, false>
-                : sparse_decode_pipelined_kernel<false, true, false>;
-  }
-  return wide ? sparse_decode_pipelined_kernel<true, false, false>
-              : sparse_decode_pipelined_kernel<false, false, false>;
+  return pipelined ? sparse_decode_pipelined_instance(wide, shared_conversion, through_workspace)
+                   : sparse_decode_mma_instance(wide, through_workspace);
 }
 
 // One of the two tensor-core kernels over the row clusters of plan_sparse_decode: `pipelined`

@@ -192,8 +192,6 @@ __device__ bool dequantize_tile(uint8_t* smem, const int* valid, int tid) {
   return nan_bits != 0;
 }
 
-}  // namespace
-
 template <bool kWide, bool kThroughWorkspace>
 __global__ void __launch_bounds__(kSparseThreads, 1)
     sparse_decode_mma_kernel(SparseDecodeProblem p, SparsePlan plan, bool q_vector,
@@ -304,14 +302,14 @@ __global__ void __launch_bounds__(kSparseThreads, 1)
                                                 row_sum, out_vector);
 }
 
-template __global__ void sparse_decode_mma_kernel<false, false>(SparseDecodeProblem, SparsePlan,
-                                                                bool, bool);
-template __global__ void sparse_decode_mma_kernel<true, false>(SparseDecodeProblem, SparsePlan,
-                                                               bool, bool);
-template __global__ void sparse_decode_mma_kernel<false, true>(SparseDecodeProblem, SparsePlan,
-                                                               bool, bool);
-template __global__ void sparse_decode_mma_kernel<true, true>(SparseDecodeProblem, SparsePlan, bool,
-                                                              bool);
+}  // namespace
+
+TensorCoreKernel sparse_decode_mma_instance(bool wide, bool through_workspace) {
+  if (through_workspace) {
+    return wide ? sparse_decode_mma_kernel<true, true> : sparse_decode_mma_kernel<false, true>;
+  }
+  return wide ? sparse_decode_mma_kernel<true, false> : sparse_decode_mma_kernel<false, false>;
+}
 
 int sparse_decode_mma_shared_bytes() {
   return kSharedBytes;

@@ -155,8 +155,6 @@ __device__ __forceinline__ void lower_registers() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
 }
 
-}  // namespace
-
 template <bool kWide, bool kSharedConversion, bool kThroughWorkspace>
 __global__ void __launch_bounds__(kSparsePipelinedThreads, 1)
     sparse_decode_pipelined_kernel(SparseDecodeProblem p, SparsePlan plan, bool q_vector,
@@ -523,23 +521,25 @@ __global__ void __launch_bounds__(kSparsePipelinedThreads, 1)
       out_vector);
 }
 
-template __global__ void sparse_decode_pipelined_kernel<false, false, false>(SparseDecodeProblem,
-                                                                             SparsePlan, bool,
-                                                                             bool);
-template __global__ void sparse_decode_pipelined_kernel<true, false, false>(SparseDecodeProblem,
-                                                                            SparsePlan, bool, bool);
-template __global__ void sparse_decode_pipelined_kernel<false, true, false>(SparseDecodeProblem,
-                                                                            SparsePlan, bool, bool);
-template __global__ void sparse_decode_pipelined_kernel<true, true, false>(SparseDecodeProblem,
-                                                                           SparsePlan, bool, bool);
-template __global__ void sparse_decode_pipelined_kernel<false, false, true>(SparseDecodeProblem,
-                                                                            SparsePlan, bool, bool);
-template __global__ void sparse_decode_pipelined_kernel<true, false, true>(SparseDecodeProblem,
-                                                                           SparsePlan, bool, bool);
-template __global__ void sparse_decode_pipelined_kernel<false, true, true>(SparseDecodeProblem,
-                                                                           SparsePlan, bool, bool);
-template __global__ void sparse_decode_pipelined_kernel<true, true, true>(SparseDecodeProblem,
-                                                                          SparsePlan, bool, bool);
+}  // namespace
+
+TensorCoreKernel sparse_decode_pipelined_instance(bool wide, bool shared_conversion,
+                                                  bool through_workspace) {
+  if (through_workspace) {
+    if (shared_conversion) {
+      return wide ? sparse_decode_pipelined_kernel<true, true, true>
+                  : sparse_decode_pipelined_kernel<false, true, true>;
+    }
+    return wide ? sparse_decode_pipelined_kernel<true, false, true>
+                : sparse_decode_pipelined_kernel<false, false, true>;
+  }
+  if (shared_conversion) {
+    return wide ? sparse_decode_pipelined_kernel<true, true, false>
+                : sparse_decode_pipelined_kernel<false, true, false>;
+  }
+  return wide ? sparse_decode_pipelined_kernel<true, false, false>
+              : sparse_decode_pipelined_kernel<false, false, false>;
+}
 
 int sparse_decode_pipelined_shared_bytes() {
   return kPipelinedSharedBytes;
