@@ -8,4 +8,8 @@ list(APPEND HDK_CUDA_SOURCES
   dsv4/cuda/kv_cache_cuda.cu
   dsv4/cuda/index_topk_cuda.cu
   dsv4/cuda/sparse_decode_cuda.cu
+  dsv4/cuda/sparse_decode_mma_kernel.cu
+  dsv4/cuda/sparse_decode_pipelined_kernel.cu
+  dsv4/cuda/sparse_decode_combine_kernel.cu
+  dsv4/cuda/sparse_decode_simple_kernel.cu
   topk/cuda/topk_cuda.cu)

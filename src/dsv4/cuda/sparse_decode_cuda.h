@@ -6,7 +6,7 @@
 #pragma once
 
 #include "dsv4/attention_problem.h"
-#include "dsv4/cuda/sparse_decode_layout.h"
+#include "dsv4/cuda/sparse_decode_plan.h"
 #include "hdk/cuda_stream.h"
 
 namespace hdk {

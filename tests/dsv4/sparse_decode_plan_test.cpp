@@ -1,0 +1,232 @@
+// The launch plan of sparse_decode's tensor-core kernels (src/dsv4/cuda/sparse_decode_plan.h),
+// checked on the CPU: the combine's column slices, the split counts against measured H100 cases,
+// and the splits through the workspace against the SMs and the workspace size.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+
+#include "core/resident_clusters.h"
+#include "dsv4/attention_workspace.h"
+#include "dsv4/cuda/sparse_decode_plan.h"
+
+namespace hdk {
+namespace testing {
+namespace {
+
+// The combine's column slices of any split count cover a row's 128 column quads once, and
+// head_of_job recovers every job's head exactly.
+TEST(SparseDecodePlan, CombineSlicesCoverTheColumnsAndFindEveryHead) {
+  for (int splits = 1; splits <= dsv4::detail::kSparseMaxWideCluster; ++splits) {
+    int covered = 0;
+    for (int split = 0; split < splits; ++split) {
+      const dsv4::detail::CombineSlice slice = dsv4::detail::combine_slice(split, splits);
+      ASSERT_EQ(slice.first, covered) << splits << " " << split;
+      ASSERT_GE(slice.count, 128 / splits);
+      ASSERT_LE(slice.count, 128 / splits + 1);
+      covered += slice.count;
+      for (uint32_t job = 0; job < 64u * static_cast<uint32_t>(slice.count); ++job) {
+        ASSERT_EQ(dsv4::detail::head_of_job(job, slice.inverse),
+                  static_cast<int>(job / static_cast<uint32_t>(slice.count)))
+            << splits << " " << split << " " << job;
+      }
+    }
+    ASSERT_EQ(covered, 128) << splits;
+  }
+  // Beyond the combine's jobs too: every count from 2 (ceil(2^32 / 1) needs 33 bits; a slice
+  // has at least 8 quads) to 128, up to 2^16 jobs.
+  for (int count = 2; count <= 128; ++count) {
+    const uint32_t inverse = 0xffffffffu / static_cast<uint32_t>(count) + 1u;
+    for (uint32_t job = 0; job < (1u << 16); job += 7) {
+      ASSERT_EQ(dsv4::detail::head_of_job(job, inverse), static_cast<int>(job / count)) << count;
+    }
+  }
+}
+
+TEST(SparseDecodePlan, PlanTakesTheFewestTileSteps) {
+  using dsv4::detail::plan_sparse_decode;
+  // What an H100 runs at once (cudaOccupancyMaxActiveClusters, 2026-11-23): clusters of 1, 2, 4
+  // and 8 CTAs.
+  hdk::detail::ResidentClusterCounts h100;
+  h100.by_size[1] = 132, h100.by_size[2] = 66, h100.by_size[4] = 31, h100.by_size[8] = 15;
+  struct Case {
+    int64_t rows, heads, length;
+    int groups, splits;
+  };
+  for (const Case& c : {
+           Case{32, 64, 640, 1, 2},     // Flash CSA: 4 splits would need 2 waves of 3 tiles
+           Case{32, 128, 1152, 2, 1},   // Pro CSA: 1 x (18 + 2) against 3 waves x (5 + 2)
+           Case{32, 128, 4224, 2, 4},   // Pro HCA: 3 x (17 + 2) against 1 x (66 + 2)
+           Case{32, 64, 4224, 1, 8},    // Flash HCA: 3 x (9 + 2) against 1 x (33 + 2)
+           Case{16, 64, 640, 1, 4},     // 8 splits: 2 waves of 2 tiles, 4: 1 of 3
+           Case{128, 64, 640, 1, 1},    // 2 splits: 2 waves of 5, a tie: fewer splits
+           Case{128, 128, 4224, 2, 1},  // Pro HCA: 2 waves of 66 against 5 of 33
+           Case{1, 128, 4224, 2, 4},    // the cluster limit: 2 groups x 4 splits
+           Case{1, 64, 4224, 1, 8},     //
+           Case{1, 64, 100, 1, 2},      // one tile per split
+           Case{4, 512, 4224, 8, 1},    // 8 head groups fill the cluster
+           Case{1, 16, 0, 1, 1},        // an empty list
+       }) {
+    const dsv4::detail::SparsePlan plan = plan_sparse_decode(c.rows, c.heads, c.length, h100);
+    EXPECT_EQ(plan.groups, c.groups) << c.rows << " " << c.heads << " " << c.length;
+    EXPECT_EQ(plan.splits, c.splits) << c.rows << " " << c.heads << " " << c.length;
+  }
+  // The pipelined kernel's costs: a fixed 4 tiles a CTA and no split below 3 tiles.
+  for (const Case& c : {
+           Case{8, 64, 640, 1, 4},     // Flash CSA: 8 splits would leave 2 tiles a CTA
+           Case{32, 64, 4224, 1, 2},   // Flash HCA: 1 x (33 + 4) against 3 waves x (9 + 4)
+           Case{32, 128, 4224, 2, 4},  // Pro HCA: 3 x (17 + 4) against 1 x (66 + 4)
+           Case{32, 128, 1152, 2, 1},  // Pro CSA
+           Case{1, 64, 100, 1, 1},     // 2 tiles: no split leaves 3
+           Case{1, 64, 4224, 1, 8},    // 9 tiles a CTA
+       }) {
+    const dsv4::detail::SparsePlan plan =
+        plan_sparse_decode(c.rows, c.heads, c.length, h100, dsv4::detail::kSparsePipelinedCosts);
+    EXPECT_EQ(plan.groups, c.groups) << c.rows << " " << c.heads << " " << c.length;
+    EXPECT_EQ(plan.splits, c.splits) << c.rows << " " << c.heads << " " << c.length;
+  }
+  // Where the device runs clusters of 16 (a non-portable size; 7 at once here), a row may take
+  // 16 CTAs; without them, never more than 8.
+  hdk::detail::ResidentClusterCounts wide = h100;
+  wide.by_size[16] = 7;
+  for (const Case& c : {
+           Case{1, 64, 4224, 1, 16},  // Flash HCA: 1 x (5 + 4) against 1 x (9 + 4)
+           Case{4, 64, 4224, 1, 16},  // 4 clusters of 16 at once
+           Case{8, 64, 4224, 1, 8},   // 8 of 16 need 2 waves: 2 x (5 + 4) against 13
+           Case{1, 128, 1152, 2, 8},  // Pro CSA: 2 groups x 8 splits of 3 tiles
+           Case{1, 128, 4224, 2, 8},  // Pro HCA: 9 + 4 against 17 + 4
+           Case{1, 64, 640, 1, 4},    // Flash CSA: 8 splits would leave 2 tiles a CTA
+       }) {
+    const dsv4::detail::SparsePlan plan =
+        plan_sparse_decode(c.rows, c.heads, c.length, wide, dsv4::detail::kSparsePipelinedCosts);
+    EXPECT_EQ(plan.groups, c.groups) << c.rows << " " << c.heads << " " << c.length;
+    EXPECT_EQ(plan.splits, c.splits) << c.rows << " " << c.heads << " " << c.length;
+    EXPECT_EQ(
+        plan_sparse_decode(c.rows, c.heads, c.length, h100, dsv4::detail::kSparsePipelinedCosts)
+                .cluster() <= dsv4::detail::kSparseMaxCluster,
+        true);
+  }
+  // A cluster size the device cannot run is never planned.
+  hdk::detail::ResidentClusterCounts small = h100;
+  small.by_size[8] = 0;
+  EXPECT_EQ(plan_sparse_decode(1, 64, 4224, small).splits, 4);
+  for (int64_t rows : {1, 2, 7, 33, 200}) {
+    for (int64_t heads : {16, 48, 64, 128, 320, 512}) {
+      for (int64_t length : {0, 1, 64, 65, 700, 4224, 9000}) {
+        const dsv4::detail::SparsePlan plan = plan_sparse_decode(rows, heads, length, h100);
+        EXPECT_LE(plan.cluster(), dsv4::detail::kSparseMaxCluster);
+        EXPECT_EQ(plan.groups * 64 >= heads && (plan.groups - 1) * 64 < heads, true);
+        EXPECT_GE(plan.splits, 1);
+        // The splits' tiles partition the list.
+        const int64_t tiles = (length + dsv4::detail::kSparseTile - 1) / dsv4::detail::kSparseTile;
+        int64_t covered = 0;
+        for (int s = 0; s < plan.splits; ++s) {
+          const int64_t first = dsv4::detail::split_first_tile(tiles, s, plan.splits);
+          const int64_t last = dsv4::detail::split_first_tile(tiles, s + 1, plan.splits);
+          EXPECT_EQ(first, covered);
+          EXPECT_LE(first, last);
+          covered = last;
+        }
+        EXPECT_EQ(covered, tiles);
+      }
+    }
+  }
+  // Every cluster size an H100 runs (cudaOccupancyMaxActiveClusters for the pipelined kernel,
+  // 2026-11-27): a split count between the powers of two is taken where it saves a wave.
+  hdk::detail::ResidentClusterCounts every;
+  const int h100_every[] = {0, 132, 66, 39, 30, 22, 17, 15, 15, 9, 7, 7, 7, 7, 7, 7, 7};
+  for (int size = 1; size <= 16; ++size)
+    every.by_size[size] = h100_every[size];
+  for (const Case& c : {
+           Case{32, 64, 4224, 1, 3},   // Flash HCA: 1 x (22 + 4) against 1 x (33 + 4)
+           Case{16, 64, 4224, 1, 6},   // 1 x (11 + 4) against 2 x (10 + 4) in 7
+           Case{8, 64, 4224, 1, 9},    // 1 x (8 + 4) against 1 x (9 + 4) in 8
+           Case{1, 64, 4224, 1, 16},   // 16 slices of 4-5 tiles: the steps of 14, fewer on average
+           Case{16, 128, 4224, 2, 3},  // Pro: clusters of 6, 1 x (22 + 4) against 1 x (33 + 4)
+           Case{32, 128, 4224, 2, 3},  // 2 x (22 + 4) against 3 x (17 + 4) in clusters of 8
+           Case{16, 128, 1152, 2, 3},  // Pro CSA: 1 x (6 + 4) against 1 x (9 + 4)
+           Case{64, 64, 4224, 1, 2},   // 3 splits would take 2 waves
+           Case{128, 64, 4224, 1, 1},  //
+       }) {
+    const dsv4::detail::SparsePlan plan =
+        plan_sparse_decode(c.rows, c.heads, c.length, every, dsv4::detail::kSparsePipelinedCosts);
+    EXPECT_EQ(plan.groups, c.groups) << c.rows << " " << c.heads << " " << c.length;
+    EXPECT_EQ(plan.splits, c.splits) << c.rows << " " << c.heads << " " << c.length;
+  }
+  EXPECT_EQ(dsv4::detail::sparse_max_splits(1, 66, 8), 8);
+  EXPECT_EQ(dsv4::detail::sparse_max_splits(3, 66, 16), 5);  // 15 CTAs
+  EXPECT_EQ(dsv4::detail::sparse_max_splits(2, 3, 16), 3);   // one tile a split
+  EXPECT_EQ(dsv4::detail::sparse_max_splits(1, 0, 8), 1);
+  EXPECT_EQ(dsv4::detail::sparse_max_splits(5, 66, 8), 1);
+  EXPECT_TRUE(dsv4::detail::sparse_mma_supports(16));
+  EXPECT_TRUE(dsv4::detail::sparse_mma_supports(512));
+  EXPECT_FALSE(dsv4::detail::sparse_mma_supports(8));
+  EXPECT_FALSE(dsv4::detail::sparse_mma_supports(17));
+  EXPECT_FALSE(dsv4::detail::sparse_mma_supports(528));
+}
+
+// Splits through the workspace fill the SMs once, keep the kernel's fewest tiles a CTA, and need
+// no more bytes than the public size promises for any row count up to the call's.
+TEST(SparseDecodePlan, WorkspacePlansFitTheSmsAndTheWorkspace) {
+  using dsv4::detail::kSparseMmaCosts;
+  using dsv4::detail::kSparsePipelinedCosts;
+  using dsv4::detail::SparsePlan;
+  for (int sm_count : {132, 114, 78}) {
+    for (int64_t heads : {64, 128, 96, 512}) {
+      for (int64_t length : {1, 64, 65, 640, 1152, 4224, 16512}) {
+        int64_t previous_promise = 0;
+        for (int64_t rows = 1; rows <= 160; rows += rows < 8 ? 1 : 7) {
+          SCOPED_TRACE(std::to_string(sm_count) + " SMs, " + std::to_string(rows) + " x " +
+                       std::to_string(heads) + " heads x " + std::to_string(length));
+          const int64_t promise =
+              dsv4::detail::sparse_workspace_bytes_up_to(rows, heads, length, sm_count);
+          EXPECT_GE(promise, previous_promise);  // grows with the rows
+          previous_promise = promise;
+          for (const auto& costs : {kSparseMmaCosts, kSparsePipelinedCosts}) {
+            const SparsePlan plan =
+                dsv4::detail::plan_sparse_workspace(rows, heads, length, sm_count, costs);
+            const int64_t tiles = dsv4::detail::sparse_tiles(length);
+            EXPECT_EQ(plan.groups, dsv4::detail::sparse_head_groups(heads));
+            if (!plan.through_workspace) {
+              EXPECT_EQ(plan.splits, 1);
+              continue;
+            }
+            EXPECT_GE(plan.splits, 2);
+            EXPECT_LE(plan.splits, dsv4::detail::kSparseMaxWorkspaceSplits);
+            EXPECT_LE(rows * plan.groups * plan.splits, sm_count);  // one wave
+            EXPECT_GE(tiles / plan.splits, costs.min_tiles_per_split);
+            EXPECT_GE(tiles / plan.splits, dsv4::detail::kSparseWorkspaceMinTiles);
+            EXPECT_EQ(plan.cluster(), plan.groups);
+            EXPECT_LE(dsv4::detail::sparse_workspace_layout(rows, plan.groups, plan.splits).bytes,
+                      promise);
+          }
+          const int slices = dsv4::detail::sparse_combine_slices(
+              rows, dsv4::detail::sparse_head_groups(heads), sm_count);
+          EXPECT_EQ(512 % slices, 0);
+          EXPECT_LE(slices, 16);
+        }
+      }
+    }
+  }
+  // Each part of the layout on its own 256-byte boundary, past the one before.
+  const dsv4::detail::SparseWorkspaceLayout layout = dsv4::detail::sparse_workspace_layout(3, 2, 5);
+  EXPECT_EQ(layout.records, 30);
+  EXPECT_EQ(layout.stats_offset, 30 * 64 * 512 * 4);
+  EXPECT_EQ(layout.flags_offset % 256, 0);
+  EXPECT_GE(layout.flags_offset, layout.stats_offset + 30 * 128 * 4);
+  EXPECT_GE(layout.bytes, layout.flags_offset + 30 * 4);
+  // Rows of one SM each take no workspace; a lone Flash HCA row of 66 tiles takes 16 splits of
+  // 4 tiles, as do eight rows of it (128 CTAs), nine rows 14.
+  EXPECT_EQ(dsv4::detail::sparse_workspace_bytes(132, 64, 640, 132), 0);
+  EXPECT_EQ(dsv4::detail::plan_sparse_workspace(1, 64, 4224, 132, kSparsePipelinedCosts).splits,
+            16);
+  EXPECT_EQ(dsv4::detail::plan_sparse_workspace(8, 64, 4224, 132, kSparsePipelinedCosts).splits,
+            16);
+  EXPECT_EQ(dsv4::detail::plan_sparse_workspace(9, 64, 4224, 132, kSparsePipelinedCosts).splits,
+            14);
+  EXPECT_EQ(dsv4::detail::plan_sparse_workspace(1, 64, 640, 132, kSparseMmaCosts).splits, 2);
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace hdk
