@@ -1,5 +1,7 @@
 #include "bench_device.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -202,6 +204,7 @@ class CpuDevice : public BenchDevice {
     if (options.flush_cache) copy_meter().clear();
     std::vector<double> samples;
     for (int i = 0; i < options.iterations; ++i) {
+      if (options.before_each) options.before_each(nullptr);
       if (options.flush_cache) copy_meter().sample();
       const auto start = std::chrono::steady_clock::now();
       work(nullptr);
@@ -214,7 +217,7 @@ class CpuDevice : public BenchDevice {
   double interleaved_copy_gbs() const override { return interleaved_copy_gbs_; }
 
   double launch_overhead_us() override {
-    return time_us([](CudaStream) {}, TimingOptions{false, 101, 5});
+    return time_us([](CudaStream) {}, TimingOptions{false, 101, 5, {}});
   }
 
  private:
@@ -311,6 +314,7 @@ class CudaDevice : public BenchDevice {
     check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
     std::vector<double> samples;
     for (int i = 0; i < options.warmup + options.iterations; ++i) {
+      if (options.before_each) options.before_each(stream_);
       if (options.flush_cache) {
         check(cudaMemsetAsync(flush_buffer_, i & 0xff, flush_bytes_, stream_), "L2 flush");
       }
@@ -337,7 +341,7 @@ class CudaDevice : public BenchDevice {
     double best = 0.0;
     for (int attempt = 0; attempt < 3; ++attempt) {
       const double median_us = time_us([](CudaStream stream) { launch_empty_kernel(stream); },
-                                       TimingOptions{true, 101, 20});
+                                       TimingOptions{true, 101, 20, {}});
       best = attempt == 0 ? median_us : std::min(best, median_us);
     }
     return best;
@@ -388,7 +392,7 @@ RunBaseline start_run(BenchDevice& device, const char* command, const TimingOpti
 int finish_run(const ResultTable& table, const char* legend, const Options& options,
                const std::string& json_path, const BenchDevice& device, const RunBaseline& baseline,
                const TimingOptions& timing, int failures) {
-  std::fprintf(stderr, "\r%60s\r", "");  // clears the progress line
+  if (isatty(fileno(stderr))) std::fprintf(stderr, "\r%60s\r", "");  // clears the progress line
   table.print();
   std::printf("\n%s\n", legend);
   if (!json_path.empty()) {

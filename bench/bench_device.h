@@ -19,6 +19,9 @@ struct TimingOptions {
   bool flush_cache = true;  // evict caches before each timed run (cold); false: hot
   int iterations = 50;
   int warmup = 5;
+  // Optional work run before each run and its cache flush, outside the timed span: it puts back
+  // state the timed work consumes (a compressor's window), so every run does the same step.
+  std::function<void(CudaStream)> before_each;
 };
 
 class BenchDevice {
