@@ -197,14 +197,15 @@ class CpuDevice : public BenchDevice {
   // Cold timing measures the copy bandwidth before every timed call: the copy evicts the caches
   // (it moves far more than they hold), and the baseline sees the same machine state, other
   // processes included, as the calls it is compared with.
-  double time_us(const std::function<void(CudaStream)>& work,
-                 const TimingOptions& options) override {
+  using BenchDevice::time_us;
+  double time_us(const std::function<void(CudaStream)>& work, const TimingOptions& options,
+                 const std::function<void(CudaStream)>& before_each) override {
     for (int i = 0; i < options.warmup; ++i)
       work(nullptr);
     if (options.flush_cache) copy_meter().clear();
     std::vector<double> samples;
     for (int i = 0; i < options.iterations; ++i) {
-      if (options.before_each) options.before_each(nullptr);
+      if (before_each) before_each(nullptr);
       if (options.flush_cache) copy_meter().sample();
       const auto start = std::chrono::steady_clock::now();
       work(nullptr);
@@ -217,7 +218,7 @@ class CpuDevice : public BenchDevice {
   double interleaved_copy_gbs() const override { return interleaved_copy_gbs_; }
 
   double launch_overhead_us() override {
-    return time_us([](CudaStream) {}, TimingOptions{false, 101, 5, {}});
+    return time_us([](CudaStream) {}, TimingOptions{false, 101, 5});
   }
 
  private:
@@ -298,8 +299,9 @@ class CudaDevice : public BenchDevice {
     return median(samples);
   }
 
-  double time_us(const std::function<void(CudaStream)>& work,
-                 const TimingOptions& options) override {
+  using BenchDevice::time_us;
+  double time_us(const std::function<void(CudaStream)>& work, const TimingOptions& options,
+                 const std::function<void(CudaStream)>& before_each) override {
     cudaGraph_t graph = nullptr;
     check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "begin capture");
     try {
@@ -314,7 +316,7 @@ class CudaDevice : public BenchDevice {
     check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
     std::vector<double> samples;
     for (int i = 0; i < options.warmup + options.iterations; ++i) {
-      if (options.before_each) options.before_each(stream_);
+      if (before_each) before_each(stream_);
       if (options.flush_cache) {
         check(cudaMemsetAsync(flush_buffer_, i & 0xff, flush_bytes_, stream_), "L2 flush");
       }
@@ -341,7 +343,7 @@ class CudaDevice : public BenchDevice {
     double best = 0.0;
     for (int attempt = 0; attempt < 3; ++attempt) {
       const double median_us = time_us([](CudaStream stream) { launch_empty_kernel(stream); },
-                                       TimingOptions{true, 101, 20, {}});
+                                       TimingOptions{true, 101, 20});
       best = attempt == 0 ? median_us : std::min(best, median_us);
     }
     return best;

@@ -303,42 +303,46 @@ class ContextInputs {
     device_.upload(counter_->get(), &zero, 8);
   }
 
-  // Poisons (or, check = true, tests) the value bytes of the entries the step writes for its
-  // first N rows: the SWA entry, the CSA entry and key, the HCA entry. Returns the number of
-  // entries still poisoned.
-  int64_t poison_step_entries(int64_t N, bool check) const {
-    int64_t poisoned = 0;
-    auto visit = [&](const Buffer& pool, int64_t page_entries, int64_t value_bytes,
+  // The value bytes of every entry the step writes for its first N rows, row by row: the SWA
+  // entry (576), the CSA entry (576) and key (64), the HCA entry (576).
+  std::vector<uint8_t> step_entries(int64_t N) const {
+    std::vector<uint8_t> bytes;
+    for_each_step_entry(N, [&](uint8_t* values, int64_t count) {
+      bytes.resize(bytes.size() + static_cast<size_t>(count));
+      device_.download(bytes.data() + bytes.size() - count, values, static_cast<size_t>(count));
+    });
+    return bytes;
+  }
+
+  void poison_step_entries(int64_t N) const {
+    for_each_step_entry(N, [&](uint8_t* values, int64_t count) {
+      const std::vector<uint8_t> poison(static_cast<size_t>(count), kPoison);
+      device_.upload(values, poison.data(), poison.size());
+    });
+  }
+
+ private:
+  template <typename Visit>
+  void for_each_step_entry(int64_t N, const Visit& visit) const {
+    auto values = [](const Buffer& pool, int64_t page_entries, int64_t value_bytes,
                      int64_t entry_bytes, int64_t slot) {
-      uint8_t* page =
-          static_cast<uint8_t*>(pool->get()) + slot / page_entries * page_entries * entry_bytes;
-      uint8_t* values = page + slot % page_entries * value_bytes;
-      std::vector<uint8_t> bytes(static_cast<size_t>(value_bytes), kPoison);
-      if (!check) {
-        device_.upload(values, bytes.data(), bytes.size());
-        return;
-      }
-      device_.download(bytes.data(), values, bytes.size());
-      if (std::all_of(bytes.begin(), bytes.end(), [](uint8_t b) { return b == kPoison; })) {
-        ++poisoned;
-      }
+      return static_cast<uint8_t*>(pool->get()) + slot / page_entries * page_entries * entry_bytes +
+             slot % page_entries * value_bytes;
     };
-    const int64_t p = step_position();
+    const int64_t p = step_position(), csa = csa_entries_ - 1, hca = hca_entries_ - 1;
     for (int64_t n = 0; n < N; ++n) {
-      const int64_t csa = csa_entries_ - 1, hca = hca_entries_ - 1;
       const int64_t csa_slot =
           csa_table_host_[n * csa_pages_ + csa / kBlockSize] * kBlockSize + csa % kBlockSize;
       const int64_t hca_slot =
           hca_table_host_[n * hca_pages_ + hca / kBlockSize] * kBlockSize + hca % kBlockSize;
-      visit(ring_, kWindow, 576, dsv4::kEntryBytes, ring_pages_[n] * kWindow + p % kWindow);
-      visit(csa_pool_, kBlockSize, 576, dsv4::kEntryBytes, csa_slot);
-      visit(key_pool_, kBlockSize, 64, kKeyBytes, csa_slot);
-      visit(hca_pool_, kBlockSize, 576, dsv4::kEntryBytes, hca_slot);
+      const int64_t ring_slot = ring_pages_[n] * kWindow + p % kWindow;
+      visit(values(ring_, kWindow, 576, dsv4::kEntryBytes, ring_slot), 576);
+      visit(values(csa_pool_, kBlockSize, 576, dsv4::kEntryBytes, csa_slot), 576);
+      visit(values(key_pool_, kBlockSize, 64, kKeyBytes, csa_slot), 64);
+      visit(values(hca_pool_, kBlockSize, 576, dsv4::kEntryBytes, hca_slot), 576);
     }
-    return poisoned;
   }
 
- private:
   Buffer make(size_t bytes, const void* host) {
     auto allocation = std::make_unique<DeviceAllocation>(device_, std::max<size_t>(bytes, 1));
     if (host != nullptr && bytes > 0) device_.upload(allocation->get(), host, bytes);
@@ -514,8 +518,8 @@ class StepBench {
       const std::vector<std::string> key = {preset.name, std::to_string(in.context()),
                                             std::to_string(N), layer};
       try {
-        const std::string check = check_step(in, N, layer, calls);
-        if (check != "ok") ++failures_;
+        std::vector<uint8_t> written;
+        std::string check = check_step(in, N, layer, calls, written);
         for (const Call& call : calls) {
           const double us =
               time([&call](CudaStream s) { call.run(s, TensorView()); }, call.compresses, in, N);
@@ -533,6 +537,10 @@ class StepBench {
                 call.run(s, TensorView());
             },
             compresses, in, N);
+        if (check == "ok" && in.step_entries(N) != written) {
+          check = "FAIL (the replays wrote other entries than the checked step)";
+        }
+        if (check != "ok") ++failures_;
         add_row(key, "step", step_us, bytes, ws_text, check);
       } catch (const std::exception& error) {
         ++failures_;
@@ -595,28 +603,35 @@ class StepBench {
  private:
   // Runs the layer's calls once outside a graph (errors surface here, not inside a capture),
   // counted, after poisoning the entries the step writes: "ok" when no call counted an invalid
-  // row and the layer's entries (SWA; CSA entry and key; HCA entry) were written.
+  // row and the layer's entries (SWA; CSA entry and key; HCA entry) were written. `written` gets
+  // the entries' bytes, which every replay must write again.
   std::string check_step(const ContextInputs& in, int64_t N, const std::string& layer,
-                         const std::vector<Call>& calls) {
-    in.poison_step_entries(N, false);
+                         const std::vector<Call>& calls, std::vector<uint8_t>& written) {
+    in.poison_step_entries(N);
     in.prime(N, nullptr);
     in.clear_counter();
     for (const Call& call : calls)
       call.run(nullptr, in.counter());
     const int64_t invalid = in.read_counter();
-    const int64_t still_poisoned = in.poison_step_entries(N, true);
+    written = in.step_entries(N);
     // Entries of the other layer kinds stay poisoned: 3 per row (swa), 1 (csa), 2 (hca).
+    int64_t poisoned = 0;
+    for (size_t at = 0; at < written.size();) {
+      const size_t count = at % 1792 == 1152 ? 64 : 576;  // the key between the CSA and HCA entries
+      poisoned += std::all_of(written.begin() + at, written.begin() + at + count,
+                              [](uint8_t b) { return b == kPoison; });
+      at += count;
+    }
     const int64_t expected = layer == "swa" ? 3 * N : layer == "csa" ? N : 2 * N;
     if (invalid != 0) return "FAIL (" + std::to_string(invalid) + " invalid rows)";
-    if (still_poisoned != expected) return "FAIL (an entry was not written)";
+    if (poisoned != expected) return "FAIL (an entry was not written)";
     return "ok";
   }
 
   double time(const std::function<void(CudaStream)>& work, bool compresses, const ContextInputs& in,
               int64_t N) {
-    TimingOptions timing = timing_;
-    if (compresses) timing.before_each = [&in, N](CudaStream s) { in.prime(N, s); };
-    return device_.time_us(work, timing);
+    if (!compresses) return device_.time_us(work, timing_);
+    return device_.time_us(work, timing_, [&in, N](CudaStream s) { in.prime(N, s); });
   }
 
   void add_row(const std::vector<std::string>& key, const std::string& kernel, double us,
@@ -774,7 +789,8 @@ int dsv4_step_command(Options& options) {
       "bias + ids and weights; step: the sum of its calls. floor_us = empty-kernel replay +\n"
       "MB / copy bandwidth (the step: one replay for the whole graph); x_floor = time / floor.\n"
       "ws_MiB: the workspace of the point (off: none passed). check (step rows): every call\n"
-      "counted no invalid row and the step wrote real entries over poisoned ones.",
+      "counted no invalid row, the step wrote real entries over poisoned ones, and the timed\n"
+      "replays left the same entry bytes as that checked run.",
       options, json_path, *device, baseline, timing, bench.failures());
 }
 
