@@ -85,6 +85,7 @@ int router_command(Options& options);
 int topk_command(Options& options);
 int kv_command(Options& options);
 int attention_command(Options& options);
+int dsv4_step_command(Options& options);
 
 }  // namespace bench
 }  // namespace hdk

@@ -1,5 +1,7 @@
 #include "bench_device.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -212,13 +214,15 @@ class CpuDevice : public BenchDevice {
   // Cold timing measures the copy bandwidth before every timed call: the copy evicts the caches
   // (it moves far more than they hold), and the baseline sees the same machine state, other
   // processes included, as the calls it is compared with.
-  double time_us(const std::function<void(CudaStream)>& work,
-                 const TimingOptions& options) override {
+  using BenchDevice::time_us;
+  double time_us(const std::function<void(CudaStream)>& work, const TimingOptions& options,
+                 const std::function<void(CudaStream)>& before_each) override {
     for (int i = 0; i < options.warmup; ++i)
       work(nullptr);
     if (options.flush_cache) copy_meter().clear();
     std::vector<double> samples;
     for (int i = 0; i < options.iterations; ++i) {
+      if (before_each) before_each(nullptr);
       if (options.flush_cache) copy_meter().sample();
       const auto start = std::chrono::steady_clock::now();
       work(nullptr);
@@ -312,8 +316,9 @@ class CudaDevice : public BenchDevice {
     return median(samples);
   }
 
-  double time_us(const std::function<void(CudaStream)>& work,
-                 const TimingOptions& options) override {
+  using BenchDevice::time_us;
+  double time_us(const std::function<void(CudaStream)>& work, const TimingOptions& options,
+                 const std::function<void(CudaStream)>& before_each) override {
     cudaGraph_t graph = nullptr;
     check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "begin capture");
     try {
@@ -328,6 +333,7 @@ class CudaDevice : public BenchDevice {
     check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
     std::vector<double> samples;
     for (int i = 0; i < options.warmup + options.iterations; ++i) {
+      if (before_each) before_each(stream_);
       if (options.flush_cache) {
         check(cudaMemsetAsync(flush_buffer_, i & 0xff, flush_bytes_, stream_), "L2 flush");
       }

@@ -47,8 +47,15 @@ class BenchDevice {
   // Median microseconds of `work`. On CUDA, work is captured once into a CUDA graph and the
   // graph is replayed; each timed replay sits between two events. On the CPU, cold timing
   // copies buffers far larger than the caches before each run (see interleaved_copy_gbs).
-  virtual double time_us(const std::function<void(CudaStream)>& work,
-                         const TimingOptions& options) = 0;
+  double time_us(const std::function<void(CudaStream)>& work, const TimingOptions& options) {
+    return time_us(work, options, nullptr);
+  }
+
+  // Same, with `before_each` (when given) run before each run and its cache flush, outside the
+  // timed span: it puts back state the work consumes (a compressor's window), so every run does
+  // the same step.
+  virtual double time_us(const std::function<void(CudaStream)>& work, const TimingOptions& options,
+                         const std::function<void(CudaStream)>& before_each) = 0;
 
   // The copy bandwidth measured between the timed runs of the last time_us call (CPU, cold
   // timing: a copy precedes every timed run), in GB/s; 0 when it was not measured that way.

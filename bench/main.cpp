@@ -22,6 +22,9 @@ const hdk::bench::Command kCommands[] = {
     {"attention",
      "DeepSeek-V4 sparse_decode and index_topk (time, % of copy bw on KV bytes, --verify)",
      hdk::bench::attention_command},
+    {"dsv4-step",
+     "DeepSeek-V4 one layer's decode step in one CUDA graph, per kernel and whole (x floor)",
+     hdk::bench::dsv4_step_command},
 };
 
 void print_commands() {

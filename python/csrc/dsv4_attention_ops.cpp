@@ -2,12 +2,18 @@
 // score + top-k, sparse MQA attention with a sink) as torch custom ops that write their outputs
 // in place and return nothing (capturable in CUDA graphs). Argument names match the C++ params
 // structs of hdk/dsv4/attention.h; format is 0 (MXFP4) or 1 (NVFP4). hdk/dsv4/ops.py wraps them.
+// dsv4_index_topk_workspace_bytes / dsv4_sparse_decode_workspace_bytes are the size functions of
+// their optional workspace (pure host functions of the shapes and the device).
 #include <torch/library.h>
 
 #include <cstdint>
 
 #include "hdk/dsv4/attention.h"
 #include "torch_glue.h"
+
+#ifdef HDK_PYTHON_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
 
 namespace hdk_python {
 namespace {
@@ -17,7 +23,7 @@ void index_topk(const at::Tensor& q, const at::Tensor& weights, const at::Tensor
                 int64_t block_size, int64_t format, const at::Tensor& block_table,
                 const at::Tensor& num_entries, int64_t top_k, const at::Tensor& topk_indices,
                 const OptionalTensor& topk_scores, const OptionalTensor& topk_slots,
-                const OptionalTensor& invalid_count) {
+                const OptionalTensor& invalid_count, const OptionalTensor& workspace) {
   CallViews views("hdk::dsv4::index_topk", kMeta);
   call_hdk(views, [&] {
     hdk::dsv4::IndexerParams p;
@@ -33,6 +39,7 @@ void index_topk(const at::Tensor& q, const at::Tensor& weights, const at::Tensor
     p.topk_scores = views(topk_scores, "topk_scores");
     p.topk_slots = views(topk_slots, "topk_slots");
     p.invalid_count = views(invalid_count, "invalid_count");
+    p.workspace = views(workspace, "workspace");
     if (views.tracing()) return;
     HDK_PYTHON_DEVICE_GUARD(topk_indices);
     hdk::dsv4::index_topk(p, current_stream(topk_indices));
@@ -45,7 +52,7 @@ void sparse_decode(const at::Tensor& q, const at::Tensor& cache, int64_t block_s
                    int64_t extra_block_size, const OptionalTensor& extra_indices,
                    const OptionalTensor& sink, double scale, const at::Tensor& out,
                    const OptionalTensor& lse, bool lse_includes_sink,
-                   const OptionalTensor& invalid_count) {
+                   const OptionalTensor& invalid_count, const OptionalTensor& workspace) {
   CallViews views("hdk::dsv4::sparse_decode", kMeta);
   call_hdk(views, [&] {
     hdk::dsv4::SparseDecodeParams p;
@@ -62,10 +69,39 @@ void sparse_decode(const at::Tensor& q, const at::Tensor& cache, int64_t block_s
     p.lse = views(lse, "lse");
     p.lse_includes_sink = lse_includes_sink;
     p.invalid_count = views(invalid_count, "invalid_count");
+    p.workspace = views(workspace, "workspace");
     if (views.tracing()) return;
     HDK_PYTHON_DEVICE_GUARD(out);
     hdk::dsv4::sparse_decode(p, current_stream(out));
   });
+}
+
+// The device a size function plans for; a CUDA device without an index is the current one.
+hdk::Device to_device(const c10::Device& device) {
+  if (!device.is_cuda()) return hdk::Device::cpu();
+#ifdef HDK_PYTHON_WITH_CUDA
+  return hdk::Device::cuda(device.has_index() ? device.index() : c10::cuda::current_device());
+#else
+  return hdk::Device::cuda(device.has_index() ? device.index() : 0);
+#endif
+}
+
+int64_t index_topk_workspace_bytes(int64_t num_rows, int64_t max_entries, c10::Device device) {
+  int64_t bytes = 0;
+  call_hdk([&] {
+    bytes = hdk::dsv4::index_topk_workspace_bytes(num_rows, max_entries, to_device(device));
+  });
+  return bytes;
+}
+
+int64_t sparse_decode_workspace_bytes(int64_t num_rows, int64_t num_heads, int64_t list_length,
+                                      c10::Device device) {
+  int64_t bytes = 0;
+  call_hdk([&] {
+    bytes = hdk::dsv4::sparse_decode_workspace_bytes(num_rows, num_heads, list_length,
+                                                     to_device(device));
+  });
+  return bytes;
 }
 
 }  // namespace
@@ -75,12 +111,19 @@ TORCH_LIBRARY_FRAGMENT(hdk, m) {
   m.def(
       "dsv4_index_topk(Tensor q, Tensor weights, Tensor key_cache, int block_size, int format, "
       "Tensor block_table, Tensor num_entries, int top_k, Tensor(a!) topk_indices, "
-      "Tensor(b!)? topk_scores, Tensor(c!)? topk_slots, Tensor(d!)? invalid_count) -> ()");
+      "Tensor(b!)? topk_scores, Tensor(c!)? topk_slots, Tensor(d!)? invalid_count, "
+      "Tensor(e!)? workspace=None) -> ()");
   m.def(
       "dsv4_sparse_decode(Tensor q, Tensor cache, int block_size, Tensor indices, "
       "Tensor? extra_cache, int extra_block_size, Tensor? extra_indices, Tensor? sink, "
       "float scale, Tensor(a!) out, Tensor(b!)? lse, bool lse_includes_sink, "
-      "Tensor(c!)? invalid_count) -> ()");
+      "Tensor(c!)? invalid_count, Tensor(d!)? workspace=None) -> ()");
+  m.def("dsv4_index_topk_workspace_bytes(int num_rows, int max_entries, Device device) -> int",
+        &hdk_python::index_topk_workspace_bytes);
+  m.def(
+      "dsv4_sparse_decode_workspace_bytes(int num_rows, int num_heads, int list_length, "
+      "Device device) -> int",
+      &hdk_python::sparse_decode_workspace_bytes);
 }
 
 #define HDK_ATTENTION_REGISTER(key, meta)                           \

@@ -1,8 +1,9 @@
-"""python -m hdk.bench <benchmark> [options]. Benchmarks: gdn (``--help`` for its options)."""
+"""python -m hdk.bench <benchmark> [options]. Benchmarks: gdn, dsv4-step (``--help`` for their
+options)."""
 
 import sys
 
-USAGE = "usage: python -m hdk.bench gdn [--help | options]"
+USAGE = "usage: python -m hdk.bench {gdn,dsv4-step} [--help | options]"
 
 
 def main(argv=None):
@@ -15,6 +16,10 @@ def main(argv=None):
         from hdk.bench import gdn
 
         return gdn.main(rest)
+    if name == "dsv4-step":
+        from hdk.bench import dsv4_step
+
+        return dsv4_step.main(rest)
     print(f"unknown benchmark {name!r}; {USAGE}", file=sys.stderr)
     return 2
 

@@ -21,6 +21,8 @@ from hdk._ops import HdkError
 SWA_WINDOW = 128
 CSA_RATIO, HCA_RATIO = 4, 128
 INDEX_DIM = 128
+MAX_HEADS = 128  # sparse_decode query heads of the larger preset (Pro)
+MAX_TOP_K = 2048  # index_topk's largest top_k
 
 
 def _flash_kinds(num_layers):
@@ -165,6 +167,11 @@ class KVCacheManager:
         max_context: the longest request (tokens); sizes the block tables' columns.
         key_format: 'mxfp4' or 'nvfp4' for the indexer keys.
         device: where the pools live.
+
+    ``workspace`` is the one workspace (uint8, on CUDA; None on the CPU) that every
+    :meth:`index_topk` and :meth:`attend` call of the manager gets: sized at construction for
+    ``max_requests`` query rows of up to 128 heads, top-k 2048 and the longest HCA list, and grown
+    by a call that needs more (before graph capture, run such a call once outside it).
     """
 
     def __init__(
@@ -211,6 +218,40 @@ class KVCacheManager:
         self.layers = [
             self._make_layer(i, kind, csa_blocks, hca_blocks) for i, kind in enumerate(kinds)
         ]
+        self.workspace = None
+        longest = SWA_WINDOW + max(MAX_TOP_K, self._capacity(HCA_RATIO))
+        self._workspace_for(
+            lambda: max(
+                ops.index_topk_workspace_bytes(
+                    self.max_requests, self._capacity(CSA_RATIO), self.device
+                ),
+                ops.sparse_decode_workspace_bytes(
+                    self.max_requests, MAX_HEADS, longest, self.device
+                ),
+            )
+        )
+
+    def _capacity(self, ratio):
+        """Entries a request's block table row of the ratio's pool addresses."""
+        return self.max_blocks[ratio] * self.block_size[ratio]
+
+    def _workspace_for(self, size):
+        """The manager's workspace, first grown to ``size()`` bytes if it holds fewer; None on
+        the CPU (which uses none)."""
+        if self.device.type != "cuda":
+            return None
+        try:
+            needed = size()
+        except (AttributeError, IndexError, TypeError):
+            return self.workspace  # malformed arguments: the call's validation names them
+        if needed > (0 if self.workspace is None else self.workspace.numel()):
+            self.workspace = torch.empty(needed, dtype=torch.uint8, device=self.device)
+        return self.workspace
+
+    def _pass_workspace(self, options, size):
+        """Gives a call the manager's workspace unless the caller passed one."""
+        if "workspace" not in options:
+            options["workspace"] = self._workspace_for(size)
 
     def _make_layer(self, index, kind, csa_blocks, hca_blocks):
         def zeros(*shape, dtype=torch.uint8):
@@ -518,7 +559,17 @@ class KVCacheManager:
             rows = step.csa_entries.shape[0]
             topk_slots = torch.empty((rows, int(top_k)), dtype=torch.int32, device=self.device)
         options.setdefault("format", self.key_format)
+<<<<<<< HEAD:python/hdk/dsv4/kv_cache_manager.py
         indices, scores = ops.index_topk(
+=======
+        self._pass_workspace(
+            options,
+            lambda: ops.index_topk_workspace_bytes(
+                q.shape[0], self._capacity(CSA_RATIO), self.device
+            ),
+        )
+        indices, scores = ops.index_topk(
+>>>>>>> h-step:python/hdk/dsv4_kv_cache_manager.py
             q,
             weights,
             layer.index_cache,
@@ -538,7 +589,17 @@ class KVCacheManager:
         :func:`hdk.dsv4.sparse_decode`."""
         layer = self.layers[layer] if isinstance(layer, int) else layer
         if layer.kind == "swa":
+<<<<<<< HEAD:python/hdk/dsv4/kv_cache_manager.py
             return ops.sparse_decode(
+=======
+            self._pass_workspace(
+                options,
+                lambda: ops.sparse_decode_workspace_bytes(
+                    q.shape[0], q.shape[1], SWA_WINDOW, self.device
+                ),
+            )
+            return ops.sparse_decode(
+>>>>>>> h-step:python/hdk/dsv4_kv_cache_manager.py
                 q, layer.swa, SWA_WINDOW, step.swa_window, sink=sink, **options
             )
         if layer.kind == "csa" and selected is None:
@@ -551,7 +612,18 @@ class KVCacheManager:
                 f"hdk.dsv4.KVCacheManager.attend: layer {layer.index} is HCA: it attends to every "
                 "compressed entry, selected= is not taken"
             )
+<<<<<<< HEAD:python/hdk/dsv4/kv_cache_manager.py
         return ops.sparse_decode(
+=======
+        listed = selected if layer.kind == "csa" else step.hca_list
+        self._pass_workspace(
+            options,
+            lambda: ops.sparse_decode_workspace_bytes(
+                q.shape[0], q.shape[1], SWA_WINDOW + listed.shape[-1], self.device
+            ),
+        )
+        return ops.sparse_decode(
+>>>>>>> h-step:python/hdk/dsv4_kv_cache_manager.py
             q,
             layer.cache,
             self.block_size[layer.ratio],

@@ -337,6 +337,59 @@ def _check_tensors(operation, arguments):
             )
 
 
+def _device(device):
+    """torch.device of ``device``; a CUDA device without an index is the current one."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def index_topk_workspace_bytes(num_rows, max_entries, device):
+    """Bytes of the workspace :func:`index_topk` may use for up to ``num_rows`` rows of up to
+    ``max_entries`` entries (``max_blocks * block_size``) on ``device``: 0 on the CPU and where
+    CUDA would not use one. Pure (reads only the device's SM count); grows with both arguments."""
+    return int(
+        run_op(
+            torch.ops.hdk.dsv4_index_topk_workspace_bytes,
+            int(num_rows),
+            int(max_entries),
+            _device(device),
+        )
+    )
+
+
+def sparse_decode_workspace_bytes(num_rows, num_heads, list_length, device):
+    """Bytes of the workspace :func:`sparse_decode` may use for up to ``num_rows`` query rows of
+    ``num_heads`` heads over lists of up to ``list_length`` entries (both lists together) on
+    ``device``: 0 on the CPU and where CUDA would not use one. Pure; grows with every argument."""
+    return int(
+        run_op(
+            torch.ops.hdk.dsv4_sparse_decode_workspace_bytes,
+            int(num_rows),
+            int(num_heads),
+            int(list_length),
+            _device(device),
+        )
+    )
+
+
+def _workspace(size, device):
+    """A workspace of ``size()`` bytes from torch's caching allocator for a CUDA call (also
+    under graph capture, where it comes from the graph's pool), None on the CPU or when the
+    call needs none. ``size`` is only called on CUDA, after the arguments' shapes were found
+    usable; hdk's validation reports any other mistake."""
+    if device.type != "cuda":
+        return None
+    try:
+        bytes_needed = size()
+    except (AttributeError, IndexError, TypeError, HdkError):
+        return None  # malformed arguments or no CUDA backend: the call itself says so
+    if bytes_needed <= 0:
+        return None
+    return torch.empty(bytes_needed, dtype=torch.uint8, device=device)
+
+
 def index_topk(
     q,
     weights,
@@ -352,6 +405,7 @@ def index_topk(
     return_scores=True,
     topk_slots=None,
     invalid_count=None,
+    workspace=None,
 ):
     r"""The indexer's top-k for N query rows (hdk::dsv4::index_topk)::
 
@@ -382,6 +436,12 @@ def index_topk(
             compressed pool of :class:`KVCacheManager`).
         invalid_count: ``[1]`` int32/int64 counter; +1 per row whose q or weights hold a NaN or
             infinity (the row gets only padding). hdk adds, never clears.
+        workspace: optional 1-D uint8 tensor on the call's device, 256-byte aligned, of at least
+            :func:`index_topk_workspace_bytes` ``(N, max_blocks * block_size, device)`` bytes,
+            sharing no memory with the other arguments: allocate one for the largest call and
+            pass it to every call (calls sharing it run in stream order). None: on CUDA one is
+            taken from torch's caching allocator for this call; the CPU uses none. The results
+            are the same with any workspace; its contents before and after do not matter.
 
     Returns:
         ``(topk_indices, topk_scores)`` (``topk_scores`` None when not asked for).
@@ -402,10 +462,18 @@ def index_topk(
             ("topk_scores", topk_scores),
             ("topk_slots", topk_slots),
             ("invalid_count", invalid_count),
+            ("workspace", workspace),
         ),
     )
     rows = q.shape[0] if q is not None and q.dim() >= 1 else 0
     device = q.device if q is not None else key_cache.device
+    if workspace is None:
+        workspace = _workspace(
+            lambda: index_topk_workspace_bytes(
+                rows, block_table.shape[1] * int(block_size), device
+            ),
+            device,
+        )
     # An out-of-range top_k gets hdk's message, not an allocation failure.
     columns = int(top_k) if 0 <= int(top_k) <= 2048 else 0
     if topk_indices is None:
@@ -426,6 +494,7 @@ def index_topk(
         topk_scores,
         topk_slots,
         invalid_count,
+        workspace,
     )
     return topk_indices, topk_scores
 
@@ -446,6 +515,7 @@ def sparse_decode(
     return_lse=True,
     lse_includes_sink=True,
     invalid_count=None,
+    workspace=None,
 ):
     r"""Sparse MQA attention decode with a per-head sink (hdk::dsv4::sparse_decode). For query
     n and head h, over the slots j of ``indices[n]`` that are not negative::
@@ -477,6 +547,10 @@ def sparse_decode(
             for an empty list), FlashMLA's convention; ``out`` is the same either way.
         invalid_count: ``[1]`` int32/int64 counter; +1 per row whose q holds a NaN or infinity
             or whose result is NaN (the row gets o = 0, lse = NaN). hdk adds, never clears.
+        workspace: optional 1-D uint8 tensor on the call's device, 256-byte aligned, of at least
+            :func:`sparse_decode_workspace_bytes` ``(N, Hq, L + L2, device)`` bytes, sharing no
+            memory with the other arguments; None: on CUDA one is taken from torch's caching
+            allocator for this call, the CPU uses none (as for :func:`index_topk`).
 
     Returns:
         ``(out, lse)`` (``lse`` None when not asked for).
@@ -497,9 +571,20 @@ def sparse_decode(
             ("out", out),
             ("lse", lse),
             ("invalid_count", invalid_count),
+            ("workspace", workspace),
         ),
     )
     device = q.device if q is not None else cache.device
+    if workspace is None:
+        workspace = _workspace(
+            lambda: sparse_decode_workspace_bytes(
+                q.shape[0],
+                q.shape[1],
+                indices.shape[1] + (extra_indices.shape[1] if extra_indices is not None else 0),
+                device,
+            ),
+            device,
+        )
     if out is None:
         dtype = q.dtype if q is not None and q.dtype == torch.float32 else torch.bfloat16
         shape = tuple(q.shape) if q is not None else (0, 0, 512)
@@ -522,6 +607,7 @@ def sparse_decode(
         lse,
         bool(lse_includes_sink),
         invalid_count,
+        workspace,
     )
     return out, lse
 
