@@ -1,5 +1,5 @@
 // Gated DeltaNet decode: one recurrent-state step (or T steps) over a pool of states.
-// The contract is docs/gdn-decode-semantics.md; the math is the spec's:
+// The contract is docs/gdn-decode.md; the math is the spec's:
 //
 //   g = -exp(A_log) * softplus(a + dt_bias)      beta = sigmoid(b)      (or g, beta given)
 //   S = exp(g) * S;   u = beta * (v - S k);   S = S + u k^T;   o = S q
@@ -60,6 +60,13 @@ struct DecodeParams {
   // count, or cu_seqlens range) that cannot be honoured is run as a padding row and adds 1 here.
   // hdk adds to it and never clears it.
   TensorView invalid_index_count;
+
+  // Optional [1] or scalar int32/int64 counter of refused heads. A (request, value head) whose
+  // inputs hold a NaN or an infinity (q and k of its query/key head, v, a and b or g and beta, at
+  // any of the request's tokens) is refused: its state in every slot it would write (and its
+  // intermediate_states) is left as it was, its output rows are NaN, and 1 is added here. The
+  // request's other heads run normally. hdk adds to it and never clears it.
+  TensorView nonfinite_head_count;
 
   StateLayout layout = StateLayout::kVK;
   float scale = 0.0f;  // 0 means K^-0.5

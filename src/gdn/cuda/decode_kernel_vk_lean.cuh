@@ -248,6 +248,27 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
                ? load_input_bits<InputT>(p.v.data, token_at(p.v, token, hv) + row_of(owned_row))
                : 0u;
   };
+  // Whether the head's inputs of `token` hold a NaN or an infinity, this lane's share: the whole
+  // v row and, unless they are in `next` already, q and k (typed loads, token offsets in the
+  // call's offset type: what the token loop holds live is tight against the register caps).
+  auto lane_share_nonfinite = [&](Offset token, bool with_qk) {
+    bool nonfinite = false;
+    const Offset v_base = token_at(p.v, token, hv);
+    for (int i = lane; i < head_v; i += 32) {
+      nonfinite |= raw_is_nonfinite(load_input_bits<InputT>(p.v.data, v_base + i), Input::kDType);
+    }
+    if (with_qk) {
+      const Offset q_base = token_at(p.q, token, h);
+      const Offset k_base = token_at(p.k, token, h);
+#pragma unroll
+      for (int j = lane; j < K; j += 32) {
+        nonfinite |=
+            raw_is_nonfinite(load_input_bits<InputT>(p.q.data, q_base + j), Input::kDType) |
+            raw_is_nonfinite(load_input_bits<InputT>(p.k.data, k_base + j), Input::kDType);
+      }
+    }
+    return nonfinite;
+  };
 
   // Per-token scalars, token j of the request in lane j (at most kLeanMaxTokens tokens): the
   // gate inputs (raw bits), turned into decay and beta once they arrived, and with per-token
@@ -319,6 +340,7 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
   // instances differently from the code that was measured.
   TokenQK next;
   uint32_t next_v = 0;
+  bool input_nonfinite = false;  // OR'd in as the inputs are loaded
   if constexpr (!kStateFirst) {
     // Before the plan is known: the token range from cu_seqlens only.
     const TokenRange range = request_tokens(p, n);
@@ -326,6 +348,7 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
     if (range.count > 0) {
       load_qk(first_token, next);
       next_v = load_v(first_token);
+      if constexpr (kOneToken) input_nonfinite = lane_share_nonfinite(first_token, false);
     }
     load_token_scalars(first_token, static_cast<Offset>(range.count));
   }
@@ -378,6 +401,7 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
     if (range.count > 0) {
       load_qk(first_token, next);
       next_v = load_v(first_token);
+      if constexpr (kOneToken) input_nonfinite = lane_share_nonfinite(first_token, false);
     }
     load_token_scalars(first_token, static_cast<Offset>(range.count));
     if (p.fused_gating) {
@@ -385,6 +409,34 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
       dt_bias = load_element(p.dt_bias, p.dt_bias_dtype, hv * p.dt_bias_stride);
     }
   }
+  // A head with a NaN or an infinity among its inputs is refused before anything is stored:
+  // NaN outputs, no state written, counted once (by the head's first warp).
+  // docs/gdn-decode.md, "Non-finite inputs".
+  // q and k of the first token as loaded, the gates of every token (lane t holds token t's,
+  // lanes past the request's tokens hold zeros), then the rest.
+  const DType gate_a_type = kCommonForm ? Input::kDType : gate_a_dtype;
+  const DType gate_b_type = kCommonForm ? Input::kDType : gate_b_dtype;
+  if (num_tokens > 0) {
+    input_nonfinite |= words_are_nonfinite<kWords>(next.q, sizeof(InputT), Input::kDType) |
+                       words_are_nonfinite<kWords>(next.k, sizeof(InputT), Input::kDType) |
+                       raw_is_nonfinite(gate_a_bits, gate_a_type) |
+                       raw_is_nonfinite(gate_b_bits, gate_b_type);
+  }
+  if constexpr (!kOneToken) {
+    for (Offset t = 0; t < num_tokens; ++t)
+      input_nonfinite |= lane_share_nonfinite(origin + t, t > 0);
+  }
+  const bool refused = __any_sync(0xffffffffu, input_nonfinite);
+  if (refused) {
+    for (Offset t = 0; t < num_tokens; ++t) {
+      if (finishes_row) {
+        store_out(token_at(p.out, origin + t, hv) + row_of(owned_row), __int_as_float(0x7fffffff));
+      }
+    }
+    if (tile == 0 && lane == 0) count_refused_head(p);
+    return;
+  }
+
   float lane_decay, lane_beta;
   finish_gates(A_log, dt_bias, lane_decay, lane_beta);
 
