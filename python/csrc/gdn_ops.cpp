@@ -26,8 +26,8 @@ constexpr const char* kGdnDecodeSchema =
     "Tensor? dt_bias, Tensor? b, Tensor? g, Tensor? beta, Tensor? state_indices, "
     "Tensor? output_state_indices, Tensor? num_accepted_tokens, Tensor? cu_seqlens, "
     "Tensor(b!)? intermediate_states, Tensor(c!) out, Tensor(d!)? invalid_index_count, "
-    "Tensor(e!)? nonfinite_head_count, int layout, float scale, bool use_qk_l2norm, float "
-    "l2norm_eps, float softplus_beta, "
+    "Tensor(e!)? nonfinite_head_count, "
+    "int layout, float scale, bool use_qk_l2norm, float l2norm_eps, float softplus_beta, "
     "float softplus_threshold, bool update_state, int max_tokens_per_request, "
     "bool check_indices) -> ()";
 
