@@ -248,24 +248,26 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
                ? load_input_bits<InputT>(p.v.data, token_at(p.v, token, hv) + row_of(owned_row))
                : 0u;
   };
-  // Whether the head's inputs of `token` hold a NaN or an infinity, this lane's share: the whole
-  // v row and, unless they are in `next` already, q and k (typed loads, token offsets in the
-  // call's offset type: what the token loop holds live is tight against the register caps).
-  auto lane_share_nonfinite = [&](Offset token, bool with_qk) {
+  // This lane's share of the check for NaN and infinities in the head's inputs (the q and k of
+  // the first token and the gates are checked as loaded, below): typed loads, token offsets in
+  // the call's offset type, one base live at a time, because the token-loop builds run this
+  // with their state in registers, tight against their caps.
+  auto v_row_nonfinite = [&](Offset token) {
     bool nonfinite = false;
-    const Offset v_base = token_at(p.v, token, hv);
-    for (int i = lane; i < head_v; i += 32) {
-      nonfinite |= raw_is_nonfinite(load_input_bits<InputT>(p.v.data, v_base + i), Input::kDType);
-    }
-    if (with_qk) {
-      const Offset q_base = token_at(p.q, token, h);
-      const Offset k_base = token_at(p.k, token, h);
+    const Offset base = token_at(p.v, token, hv);
+    for (int i = lane; i < head_v; i += 32)
+      nonfinite |= raw_is_nonfinite(load_input_bits<InputT>(p.v.data, base + i), Input::kDType);
+    return nonfinite;
+  };
+  auto qk_nonfinite = [&](Offset token) {
+    bool nonfinite = false;
 #pragma unroll
-      for (int j = lane; j < K; j += 32) {
-        nonfinite |=
-            raw_is_nonfinite(load_input_bits<InputT>(p.q.data, q_base + j), Input::kDType) |
-            raw_is_nonfinite(load_input_bits<InputT>(p.k.data, k_base + j), Input::kDType);
-      }
+    for (int which = 0; which < 2; ++which) {
+      const auto& x = which == 0 ? p.q : p.k;
+      const Offset base = token_at(x, token, h);
+#pragma unroll
+      for (int j = lane; j < K; j += 32)
+        nonfinite |= raw_is_nonfinite(load_input_bits<InputT>(x.data, base + j), Input::kDType);
     }
     return nonfinite;
   };
@@ -348,7 +350,7 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
     if (range.count > 0) {
       load_qk(first_token, next);
       next_v = load_v(first_token);
-      if constexpr (kOneToken) input_nonfinite = lane_share_nonfinite(first_token, false);
+      if constexpr (kOneToken) input_nonfinite = v_row_nonfinite(first_token);
     }
     load_token_scalars(first_token, static_cast<Offset>(range.count));
   }
@@ -401,7 +403,7 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
     if (range.count > 0) {
       load_qk(first_token, next);
       next_v = load_v(first_token);
-      if constexpr (kOneToken) input_nonfinite = lane_share_nonfinite(first_token, false);
+      if constexpr (kOneToken) input_nonfinite = v_row_nonfinite(first_token);
     }
     load_token_scalars(first_token, static_cast<Offset>(range.count));
     if (p.fused_gating) {
@@ -423,8 +425,10 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
                        raw_is_nonfinite(gate_b_bits, gate_b_type);
   }
   if constexpr (!kOneToken) {
-    for (Offset t = 0; t < num_tokens; ++t)
-      input_nonfinite |= lane_share_nonfinite(origin + t, t > 0);
+    for (Offset t = 0; t < num_tokens; ++t) {
+      if (t > 0) input_nonfinite |= qk_nonfinite(origin + t);
+      input_nonfinite |= v_row_nonfinite(origin + t);
+    }
   }
   const bool refused = __any_sync(0xffffffffu, input_nonfinite);
   if (refused) {
