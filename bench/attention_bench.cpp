@@ -393,11 +393,15 @@ class AttentionBench {
     return in;
   }
 
-  Point index(IndexInputs& in, const char* preset, int64_t top_k) {
+  // `workspace`: pass one of index_topk_workspace_bytes, allocated once for the point.
+  Point index(IndexInputs& in, const char* preset, int64_t top_k, bool workspace) {
     const int64_t N = in.N, H = dsv4::kIndexerHeads, K = top_k;
     const Device where = device_.device();
     DeviceAllocation d_indices(device_, N * K * 4), d_slots(device_, N * K * 4),
         d_scores(device_, N * K * 4), d_counter(device_, 4);
+    const int64_t workspace_bytes =
+        workspace ? dsv4::index_topk_workspace_bytes(N, in.pages_per_row * kBlockSize, where) : 0;
+    DeviceAllocation d_workspace(device_, static_cast<size_t>(workspace_bytes));
     dsv4::IndexerParams p;
     p.q = TensorView::contiguous(in.d_q->get(), DType::kBFloat16, {N, H, dsv4::kIndexerKeyDim},
                                  where);
@@ -413,6 +417,10 @@ class AttentionBench {
     p.topk_indices = TensorView::contiguous(d_indices.get(), DType::kInt32, {N, K}, where);
     // The selected entries' slots as well: sparse_decode's list, what an engine asks for.
     p.topk_slots = TensorView::contiguous(d_slots.get(), DType::kInt32, {N, K}, where);
+    if (workspace_bytes > 0) {
+      p.workspace =
+          TensorView::contiguous(d_workspace.get(), DType::kUInt8, {workspace_bytes}, where);
+    }
 
     Point point;
     point.op = "index_topk";
@@ -462,6 +470,15 @@ class AttentionBench {
     } else {
       dsv4::index_topk(p);  // errors surface here, not inside a graph capture
     }
+#ifdef HDK_WITH_CUDA
+    if (where.type == Device::Type::kCUDA) {
+      const dsv4::detail::IndexLaunchReport launch =
+          dsv4::detail::index_topk_launch_report(dsv4::detail::validate_index_topk(p), where.index);
+      point.kernel = launch.segments > 0 ? "workspace" : "cluster";
+      point.cluster = (launch.segments > 0 ? std::to_string(launch.segments) : std::string("-")) +
+                      "/" + std::to_string(launch.cluster_size);
+    }
+#endif
     point.time_us = device_.time_us([&](CudaStream s) { dsv4::index_topk(p, s); }, timing_);
     return point;
   }
@@ -497,6 +514,8 @@ void print_attention_usage() {
       "                        (warp-specialized where a CTA walks 3+ tiles, mma elsewhere)\n"
       "  --index-kernel K      index_topk on tensor cores: auto (warpgroups up to 64 heads) or\n"
       "                        warp (the mma.sync kernel at any head count; comparison)\n"
+      "  --workspace on|off    index_topk with a workspace of index_topk_workspace_bytes (default\n"
+      "                        on: few rows score over every SM) or without (one launch)\n"
       "  --cpu                 run on the CPU even when a GPU is present\n");
 }
 
@@ -535,7 +554,11 @@ int attention_command(Options& options) {
   const int64_t forced_splits = options.integer("splits", 0);
   const std::string index_kernel = options.text("index-kernel", "auto");
   const std::string sparse_kernel = options.text("sparse-kernel", "auto");
+  const std::string index_workspace = options.text("workspace", "on");
   options.reject_unused();
+  if (index_workspace != "on" && index_workspace != "off") {
+    throw std::runtime_error("--workspace must be on or off, got '" + index_workspace + "'");
+  }
   if (forced_splits < 0) throw std::runtime_error("--splits must be at least 1");
   if (index_kernel != "auto" && index_kernel != "warp") {
     throw std::runtime_error("--index-kernel must be auto or warp, got '" + index_kernel + "'");
@@ -671,7 +694,7 @@ int attention_command(Options& options) {
           base.top_k = preset.csa_length;
           attempt(base, [&] {
             if (!inputs) inputs = bench.index_inputs(N, entries);
-            return bench.index(*inputs, preset.name, preset.csa_length);
+            return bench.index(*inputs, preset.name, preset.csa_length, index_workspace == "on");
           });
         }
       }
@@ -689,6 +712,8 @@ int attention_command(Options& options) {
       "\nslots written (timed with topk_slots, without topk_scores). %copy = GB/s / copy bw."
       "\nkernel, cluster (sparse_decode on CUDA): the kernel that ran (pipelined, mma or simple)"
       "\nand its row cluster, head groups x list splits."
+      "\nkernel, cluster (index_topk on CUDA): workspace (scoring CTAs over every SM, then a"
+      "\nselect; --workspace on) or cluster (one launch), and scoring CTAs / select cluster a row."
       "\ntarget: sparse_decode >= 75% of copy at N >= 32; index_topk >= 70% at 65536+ entries."
       "\ncheck (--verify): against the float64 reference with the tests' bounds, for points"
       "\nwith N*Hq*L*512 (sparse) or N*entries*64*128 (index) <= --verify-budget; '-' beyond",
