@@ -157,8 +157,10 @@ RandomCase draw_case(std::mt19937_64& rng, uint64_t seed) {
   c.format = rng() % 2 ? KeyFormat::kMXFP4 : KeyFormat::kNVFP4;
   c.q_dtype = rng() % 2 ? DType::kBFloat16 : DType::kFloat32;
   c.count_dtype = rng() % 2 ? DType::kInt32 : DType::kInt64;
-  c.distinct_keys = rng() % 4 == 0 ? 50 : 0;
-  c.spread_key_scales = rng() % 5 == 0;
+  // Exact ties among few distinct keys (the reference's order must come back exactly: with many
+  // distinct keys two could be closer than the tolerance and swap).
+  c.distinct_keys = rng() % 4 == 0 ? pick(std::vector<int64_t>{1, 3, 5}) : 0;
+  c.spread_key_scales = c.distinct_keys == 0 && rng() % 5 == 0;
   c.scores = rng() % 6 != 0;
   c.slots = rng() % 6 != 0;
   c.seed = seed;
@@ -267,15 +269,7 @@ void random_cases_equal_the_one_launch_path_and_the_reference(IndexBackend backe
     got.slots = zeroed.slots;
     got.counter = zeroed.counter;
     EXPECT_EQ(read_counter(got.counter, DType::kInt32), 3 + ref.invalid_rows + extra_invalid);
-    if (r.breakage == Breakage::kBlockBeyondTheCache) {
-      // The slots check reads the block table: the broken row's outputs are all padding.
-      got.block_table = reference_inputs.block_table;
-    }
     check_index_outputs(reference_case, got, ref, index_tolerance(backend, c.q_dtype));
-    if (r.breakage != Breakage::kNone && extra_invalid + ref.invalid_rows > 0) {
-      for (int64_t j = 0; j < c.top_k; ++j)
-        ASSERT_EQ(got.indices[r.broken_row * c.top_k + j], -1) << "broken row's padding at " << j;
-    }
   }
   // The draws are mostly few rows: the plan must have scored most of them over every SM.
   EXPECT_GE(through_workspace, kCases / 2);
