@@ -65,7 +65,7 @@ struct Point {
   std::string error;
 };
 
-// The tests' sparse_decode bounds (tests/dsv4/attention_test.cpp, docs/dsv4-attention.md
+// The tests' sparse_decode bounds (tests/dsv4/sparse_decode_test.cpp, docs/dsv4-attention.md
 // "Accuracy") for bf16 out: |o - ref| <= 2^-8 |ref| + 1e-4 (1 + S) max|E|, |lse - ref| <=
 // 1e-4 (1 + S). Returns "ok" or a short description of the first failure.
 std::string check_sparse(const dsv4::SparseDecodeReference& ref, const std::vector<uint16_t>& out,
@@ -321,11 +321,15 @@ class AttentionBench {
     return in;
   }
 
-  Point index(IndexInputs& in, const char* preset, int64_t top_k) {
+  // `workspace`: pass one of index_topk_workspace_bytes, allocated once for the point.
+  Point index(IndexInputs& in, const char* preset, int64_t top_k, bool workspace) {
     const int64_t N = in.N, H = dsv4::kIndexerHeads, K = top_k;
     const Device where = device_.device();
     DeviceAllocation d_indices(device_, N * K * 4), d_slots(device_, N * K * 4),
         d_scores(device_, N * K * 4), d_counter(device_, 4);
+    const int64_t workspace_bytes =
+        workspace ? dsv4::index_topk_workspace_bytes(N, in.pages_per_row * kBlockSize, where) : 0;
+    DeviceAllocation d_workspace(device_, static_cast<size_t>(workspace_bytes));
     dsv4::IndexerParams p;
     p.q = TensorView::contiguous(in.d_q->get(), DType::kBFloat16, {N, H, dsv4::kIndexerKeyDim},
                                  where);
@@ -341,6 +345,10 @@ class AttentionBench {
     p.topk_indices = TensorView::contiguous(d_indices.get(), DType::kInt32, {N, K}, where);
     // The selected entries' slots as well: sparse_decode's list, what an engine asks for.
     p.topk_slots = TensorView::contiguous(d_slots.get(), DType::kInt32, {N, K}, where);
+    if (workspace_bytes > 0) {
+      p.workspace =
+          TensorView::contiguous(d_workspace.get(), DType::kUInt8, {workspace_bytes}, where);
+    }
 
     Point point;
     point.op = "index_topk";
@@ -390,6 +398,15 @@ class AttentionBench {
     } else {
       dsv4::index_topk(p);  // errors surface here, not inside a graph capture
     }
+#ifdef HDK_WITH_CUDA
+    if (where.type == Device::Type::kCUDA) {
+      const dsv4::detail::IndexLaunchReport launch =
+          dsv4::detail::index_topk_launch_report(dsv4::detail::validate_index_topk(p), where.index);
+      point.kernel = launch.segments > 0 ? "workspace" : "cluster";
+      point.cluster = (launch.segments > 0 ? std::to_string(launch.segments) : std::string("-")) +
+                      "/" + std::to_string(launch.cluster_size);
+    }
+#endif
     point.time_us = device_.time_us([&](CudaStream s) { dsv4::index_topk(p, s); }, timing_);
     return point;
   }
@@ -422,8 +439,10 @@ void print_attention_usage() {
       "  --splits S            sparse_decode on tensor cores: S list splits per row (tuning;\n"
       "                        rounded down to what the cluster and the list allow)\n"
       "  --workspace W         on (default): pass each call the workspace an engine would\n"
-      "                        allocate (sparse_decode_workspace_bytes); off: none (rows stay in\n"
-      "                        one cluster); always: split every row through it where possible\n"
+      "                        allocate (sparse_decode_workspace_bytes, "
+      "index_topk_workspace_bytes:\n"
+      "                        few rows over every SM); off: none (a row stays in one cluster);\n"
+      "                        always: sparse_decode splits every row through it where it can\n"
       "  --pdl on|off          sparse_decode through the workspace: launch the combine as a\n"
       "                        programmatic dependent of the split kernel (on, the default)\n"
       "  --sparse-kernel K     sparse_decode on tensor cores: auto (the dispatcher's, the same as\n"
@@ -431,6 +450,7 @@ void print_attention_usage() {
       "                        (warp-specialized where a CTA walks 3+ tiles, mma elsewhere)\n"
       "  --index-kernel K      index_topk on tensor cores: auto (warpgroups up to 64 heads) or\n"
       "                        warp (the mma.sync kernel at any head count; comparison)\n"
+
       "  --cpu                 run on the CPU even when a GPU is present\n");
 }
 
@@ -620,7 +640,7 @@ int attention_command(Options& options) {
           base.top_k = preset.csa_length;
           attempt(base, [&] {
             if (!inputs) inputs = bench.index_inputs(N, entries);
-            return bench.index(*inputs, preset.name, preset.csa_length);
+            return bench.index(*inputs, preset.name, preset.csa_length, workspace != "off");
           });
         }
       }
@@ -639,6 +659,8 @@ int attention_command(Options& options) {
       "\nkernel, cluster (sparse_decode on CUDA): the kernel that ran (pipelined, mma or simple)"
       "\nand its row cluster, head groups x list splits ('ws': the splits are combined through"
       "\nthe workspace by a second kernel instead of inside one cluster)."
+      "\nkernel, cluster (index_topk on CUDA): workspace (scoring CTAs over every SM, then a"
+      "\nselect; --workspace on) or cluster (one launch), and scoring CTAs / select cluster a row."
       "\nfloor_us = one empty-kernel graph replay + bytes / copy bandwidth; x_floor = time / floor."
       "\ntarget: sparse_decode >= 75% of copy at N >= 32; index_topk >= 70% at 65536+ entries."
       "\ncheck (--verify): against the float64 reference with the tests' bounds, for points"

@@ -1,7 +1,8 @@
 // Host planning of index_topk's CUDA launch (cuda/index_topk_cuda.cu): CTAs per row (a cluster)
-// and the kernel's shared-memory layout. Plain C++ so that tests/dsv4/index_launch_plan_test.cpp
-// checks it on the CPU: regions that must not overlap do not, everything fits the device's
-// shared memory, and up to 8 x 32768 entries per row the scores stay resident.
+// and the kernel's shared-memory layout, and whether a few rows are scored over every SM through
+// the caller's workspace instead. Plain C++ so that tests/dsv4/index_launch_plan_test.cpp checks
+// it on the CPU: regions that must not overlap do not, everything fits the device's shared
+// memory, and up to 8 x 32768 entries per row the scores stay resident.
 #pragma once
 
 #include <algorithm>
@@ -10,7 +11,10 @@
 #include <string>
 
 #include "core/ceil_div.h"
+
+#include "core/host_device.h"
 #include "core/resident_clusters.h"
+#include "dsv4/attention_workspace.h"
 #include "dsv4/index_mma_layout.h"
 #include "dsv4/index_wgmma_layout.h"
 #include "hdk/dsv4/kv_cache.h"
@@ -76,6 +80,16 @@ inline size_t align16(size_t bytes) {
   return (bytes + 15) / 16 * 16;
 }
 
+// The staged queries' bytes: bf16 staged_heads x 128 (the warp kernel's m_tiles x 8 steps x 32
+// lanes x 16 bytes), twice for fp32 q (hi, then lo), on tensor cores; H x 128 fp32 on CUDA cores.
+inline size_t index_fragment_bytes(int64_t staged_heads) {
+  return static_cast<size_t>(staged_heads) * kIndexerKeyDim * 2;
+}
+inline size_t index_query_bytes(int64_t num_heads, int64_t staged_heads, bool tensor, bool fp32_q) {
+  return tensor ? index_fragment_bytes(staged_heads) * (fp32_q ? 2 : 1)
+                : static_cast<size_t>(num_heads) * static_cast<size_t>(kIndexerKeyDim) * 4;
+}
+
 // Sizes from the validated call (capacity = max_blocks * block_size) and the device (its SMs, its
 // opt-in shared memory per CTA and the clusters of each size it runs at once, one CTA per SM).
 // In `clusters`, 0 for a size of 2 to 8 CTAs means unknown, no limit (the default, for plans
@@ -96,11 +110,8 @@ inline IndexLaunchPlan plan_index_launch(
   // Either tensor-core kernel can run the plan (tests force the warp kernel at any H).
   launch.staged_heads =
       tensor && warpgroup_scoring_fits(num_heads) ? kWarpgroupHeads : launch.m_tiles * kMmaM;
-  // bf16 staged_heads x 128: the warp kernel's m_tiles x 8 steps x 32 lanes x 16 bytes.
-  const size_t fragment_bytes = static_cast<size_t>(launch.staged_heads) * kIndexerKeyDim * 2;
-  const size_t q_bytes =
-      tensor ? fragment_bytes * (fp32_q ? 2 : 1)
-             : static_cast<size_t>(num_heads) * static_cast<size_t>(kIndexerKeyDim) * 4;
+  const size_t fragment_bytes = index_fragment_bytes(launch.staged_heads);
+  const size_t q_bytes = index_query_bytes(num_heads, launch.staged_heads, tensor, fp32_q);
   const size_t weight_bytes = align16(static_cast<size_t>(launch.staged_heads) * 4);
   const size_t select_bytes = align16(hdk::detail::select_layout(launch.sort_capacity).bytes);
   const int64_t usable = static_cast<int64_t>(shared_limit) - kIndexSharedAlignment;
@@ -186,6 +197,73 @@ inline IndexLaunchPlan plan_index_launch(
       {launch.q + align16(q_bytes), launch.weights + weight_bytes, launch.pages + page_bytes});
   launch.count_first_level =
       !launch.overlay || staged_end <= hdk::detail::select_layout(launch.sort_capacity).histogram;
+  return plan;
+}
+
+// ---- Scoring over every SM through the workspace -------------------------------------------
+// A row whose cluster would leave most SMs idle is scored by `segments` CTAs of its own (no
+// cluster), each writing its entries' keys to the row's workspace score row; a second launch of
+// one cluster per row (`select`, planned as above) loads them in place of scoring and selects.
+// Fewest entries a scoring CTA takes: its two warpgroups hold three 64-entry tiles each in
+// flight (kWarpgroupStages), so below a few hundred entries another CTA adds its staging
+// (queries, weights, block ids: about 3 us on an H100) but saves no memory round trip.
+constexpr int64_t kIndexScoreMinEntries = 256;
+
+struct IndexWorkspacePlan {
+  int64_t segments = 0;  // scoring CTAs per row; 0: the one-cluster plan runs, no workspace
+  IndexLaunch score;     // the scoring kernel's shared memory: queries, weights, block ids
+  IndexLaunchPlan select;
+  IndexWorkspaceLayout layout;  // where the keys and the rows' invalid flags lie
+};
+
+// Entries of scoring CTA `segment`'s share of a row of `length` entries split `segments` ways:
+// whole 64-entry tiles (the warpgroup kernel's), the last CTAs possibly empty.
+HDK_HOST_DEVICE int64_t index_score_segment(int64_t length, int64_t segments) {
+  const int64_t share = (length + segments - 1) / segments;
+  return (share + 63) / 64 * 64;
+}
+
+// The plan for a call with a workspace, given its one-cluster plan (`cluster_plan`, for the
+// scoring kernel's clusters) and the clusters the select kernel runs at once: segments = 0 where
+// the rows are more than kIndexMaxWorkspaceRows or their clusters already keep half the SMs or
+// more busy, or where scoring CTAs of kIndexScoreMinEntries or more would be no more than the
+// cluster's.
+inline IndexWorkspacePlan plan_index_workspace(
+    int64_t num_rows, int64_t num_heads, int64_t capacity, int64_t top_k, bool tensor, bool fp32_q,
+    int sm_count, int shared_limit, const IndexLaunchPlan& cluster_plan,
+    const hdk::detail::ResidentClusterCounts& select_clusters =
+        hdk::detail::ResidentClusterCounts()) {
+  IndexWorkspacePlan plan;
+  if (num_rows <= 0 || num_rows > kIndexMaxWorkspaceRows || capacity <= 0) return plan;
+  const int64_t busy = std::min<int64_t>(num_rows * cluster_plan.cluster_size, sm_count);
+  if (2 * busy > sm_count) return plan;
+  const int64_t segments = std::min<int64_t>(
+      sm_count / num_rows, (capacity + kIndexScoreMinEntries - 1) / kIndexScoreMinEntries);
+  if (segments <= cluster_plan.cluster_size) return plan;
+  plan.segments = segments;
+  // The scoring kernel stages what the cluster kernel does (queries on a 1024-byte boundary)
+  // and keeps no scores: they go to the workspace.
+  const IndexLaunch& staged = cluster_plan.launch;
+  IndexLaunch& score = plan.score;
+  score.sort_capacity = staged.sort_capacity;
+  score.m_tiles = staged.m_tiles;
+  score.staged_heads = staged.staged_heads;
+  score.page_capacity = staged.page_capacity;
+  const size_t query_bytes = index_query_bytes(num_heads, staged.staged_heads, tensor, fp32_q);
+  score.q = 0;
+  score.q_lo = index_fragment_bytes(staged.staged_heads);
+  score.weights = align16(query_bytes);
+  score.pages = score.weights + align16(static_cast<size_t>(staged.staged_heads) * 4);
+  score.scores = score.pages + static_cast<size_t>(staged.page_capacity) * 4;
+  score.chunk = 0;
+  score.bytes = score.scores + kIndexSharedAlignment;
+  // The select stages nothing: planned with the fewest staged queries (one bf16 head), its
+  // shared memory is the select's and the scores'; nothing else lies in its first-level
+  // histogram, so it counts that level while it loads the keys.
+  plan.select = plan_index_launch(num_rows, 1, capacity, top_k, true, false, sm_count, shared_limit,
+                                  select_clusters);
+  plan.select.launch.count_first_level = true;
+  plan.layout = index_workspace_layout(num_rows, capacity);
   return plan;
 }
 

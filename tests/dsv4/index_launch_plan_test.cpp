@@ -1,13 +1,16 @@
 // index_topk's CUDA launch plan (src/dsv4/index_launch_plan.h), checked on the CPU over a grid of
 // calls and two devices' limits: the shared-memory regions the kernel uses at the same time do not
 // overlap, the total fits the device, the scores of rows up to 8 x 32768 entries stay resident
-// (no rescoring), and the planner refuses head counts that leave no room for scores.
+// (no rescoring), and the planner refuses head counts that leave no room for scores; with the
+// caller's workspace, which calls score over every SM, in how many CTAs, and that the scoring and
+// select kernels' regions fit.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <string>
 
+#include "dsv4/attention_workspace.h"
 #include "dsv4/index_launch_plan.h"
 #include "dsv4/index_mma_layout.h"
 #include "hdk/error.h"
@@ -258,6 +261,145 @@ TEST(IndexLaunchPlan, TooManyHeadsIsAnError) {
   EXPECT_THROW(plan_index_launch(1, 4096, 1 << 20, 512, true, true, kH100Sms, kH100Shared), Error);
   EXPECT_THROW(plan_index_launch(1, 4096, 1 << 20, 512, false, false, kH100Sms, kH100Shared),
                Error);
+}
+
+// ---- Scoring over every SM through the workspace ------------------------------------------
+
+// The workspace plan of a call that the one-launch plan accepts: used only for few rows whose
+// clusters leave most SMs idle, one wave of scoring CTAs that outnumber the cluster's, shares of
+// whole tiles that cover the row, regions of the scoring and select kernels that fit.
+void check_workspace_plan(const Call& c, const hdk::detail::ResidentClusterCounts& clusters) {
+  SCOPED_TRACE(c.describe());
+  IndexLaunchPlan cluster;
+  try {
+    cluster = plan_index_launch(c.rows, c.heads, c.capacity, c.top_k, c.tensor, c.fp32_q, c.sms,
+                                c.shared, clusters);
+  } catch (const Error&) {
+    return;  // check_plan covers the refusal
+  }
+  const IndexWorkspacePlan plan = plan_index_workspace(
+      c.rows, c.heads, c.capacity, c.top_k, c.tensor, c.fp32_q, c.sms, c.shared, cluster, clusters);
+  const bool idle = std::min<int64_t>(c.rows * cluster.cluster_size, c.sms) * 2 <= c.sms;
+  if (c.rows > kIndexMaxWorkspaceRows || c.capacity == 0 || !idle) {
+    ASSERT_EQ(plan.segments, 0);
+    return;
+  }
+  if (plan.segments == 0) {
+    // Only where CTAs of kIndexScoreMinEntries or more would be no more than the cluster's.
+    ASSERT_LE(std::min<int64_t>(c.sms / c.rows,
+                                (c.capacity + kIndexScoreMinEntries - 1) / kIndexScoreMinEntries),
+              cluster.cluster_size);
+    return;
+  }
+  ASSERT_GT(plan.segments, cluster.cluster_size);
+  ASSERT_LE(plan.segments * c.rows, c.sms);  // one wave, one CTA an SM
+  // Every entry of any row up to the capacity in exactly one share of whole 64-entry tiles.
+  for (int64_t length : {int64_t{0}, int64_t{1}, c.capacity / 3, c.capacity - 1, c.capacity}) {
+    const int64_t share = index_score_segment(length, plan.segments);
+    ASSERT_EQ(share % 64, 0);
+    ASSERT_GE(share * plan.segments, length);
+  }
+  const IndexLaunch& s = plan.score;
+  ASSERT_EQ(s.q, 0u);  // on the 1024-byte boundary, for wgmma's swizzle
+  ASSERT_EQ(s.staged_heads, cluster.launch.staged_heads);
+  ASSERT_EQ(s.m_tiles, cluster.launch.m_tiles);
+  ASSERT_EQ(s.page_capacity, cluster.launch.page_capacity);
+  const size_t fragment_bytes = static_cast<size_t>(s.staged_heads) * 128 * 2;
+  ASSERT_EQ(s.q_lo, fragment_bytes);
+  const size_t q_end = c.tensor ? fragment_bytes * (c.fp32_q ? 2 : 1) : c.heads * 128 * size_t{4};
+  ASSERT_GE(s.weights, q_end);
+  ASSERT_EQ(s.weights % 16, 0u);
+  ASSERT_GE(s.pages, s.weights + static_cast<size_t>(s.staged_heads) * 4);
+  ASSERT_EQ(s.pages % 16, 0u);
+  ASSERT_EQ(s.bytes, s.pages + static_cast<size_t>(s.page_capacity) * 4 + 1024);
+  ASSERT_LE(s.bytes, static_cast<size_t>(c.shared));
+  // The select: the one-launch plan's sizes, its first level counted while it loads the keys.
+  const IndexLaunch& l = plan.select.launch;
+  ASSERT_TRUE(l.count_first_level);
+  ASSERT_LE(l.bytes, static_cast<size_t>(c.shared));
+  ASSERT_GE(l.sort_capacity, std::min<int64_t>(c.top_k, c.capacity));
+  const int C = plan.select.cluster_size;
+  ASSERT_TRUE(C >= 1 && C <= clusters.largest());
+  ASSERT_LE(c.rows * C, c.sms);
+  const size_t histogram = hdk::detail::select_layout(l.sort_capacity).histogram;
+  ASSERT_TRUE(l.scores >= histogram + hdk::detail::kSelectBins * size_t{4} ||
+              l.scores + static_cast<size_t>(l.chunk) * 4 <= histogram);
+  if (l.overlay) {
+    ASSERT_GE(l.chunk * C, c.capacity);
+  }
+  // The keys of every row and the rows' flags, within what index_topk_workspace_bytes promises.
+  ASSERT_EQ(plan.layout.rows, c.rows);
+  ASSERT_GE(plan.layout.row_stride, c.capacity);
+  ASSERT_GE(plan.layout.flags_offset,
+            plan.layout.keys_offset + c.rows * plan.layout.row_stride * 4);
+  ASSERT_GE(plan.layout.bytes, plan.layout.flags_offset + c.rows * 4);
+  ASSERT_EQ(plan.layout.bytes, index_workspace_layout(c.rows, c.capacity).bytes);
+}
+
+TEST(IndexWorkspacePlan, RegionsFitAndFewRowsFillTheSms) {
+  hdk::detail::ResidentClusterCounts h100;  // with clusters of 9..16 (9 of 9, 7 of 10..16)
+  const int sizes[] = {132, 132, 66, 39, 30, 22, 17, 15, 15, 9, 7, 7, 7, 7, 7, 7, 7};
+  for (int size = 1; size <= 16; ++size)
+    h100.by_size[size] = sizes[size];
+  for (const hdk::detail::ResidentClusterCounts& clusters :
+       {hdk::detail::ResidentClusterCounts(), h100}) {
+    for (int64_t rows : {1, 2, 3, 4, 7, 8, 16, 64, 65, 1000}) {
+      for (int64_t heads : {1, 17, 64, 128}) {
+        for (int64_t capacity : {0, 1, 100, 1000, 4096, 16384, 65536, 262144 + 64, 1 << 21}) {
+          for (int64_t top_k : {1, 512, 2048}) {
+            for (bool tensor : {true, false}) {
+              for (bool fp32_q : {false, true}) {
+                for (int sms : {kH100Sms, 78}) {
+                  check_workspace_plan(
+                      Call{rows, heads, capacity, top_k, tensor, fp32_q, sms, kH100Shared},
+                      clusters);
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The issue's shapes on an H100 that runs clusters of 16: one row of 16384 entries in 64 CTAs of
+// 256 (its cluster: 16), of 65536 over all 132 SMs; 4 rows in 33 CTAs each; from 8 rows of 16384
+// (clusters of 16 on 128 SMs) and 16 rows of 65536 (clusters of 6 on 96) the one-launch plan.
+TEST(IndexWorkspacePlan, IssueShapesOnAnH100) {
+  hdk::detail::ResidentClusterCounts h100;
+  const int sizes[] = {132, 132, 66, 39, 30, 22, 17, 15, 15, 9, 7, 7, 7, 7, 7, 7, 7};
+  for (int size = 1; size <= 16; ++size)
+    h100.by_size[size] = sizes[size];
+  auto segments = [&](int64_t rows, int64_t capacity) {
+    const IndexLaunchPlan cluster =
+        plan_index_launch(rows, 64, capacity, 512, true, false, kH100Sms, kH100Shared, h100);
+    return plan_index_workspace(rows, 64, capacity, 512, true, false, kH100Sms, kH100Shared,
+                                cluster, h100)
+        .segments;
+  };
+  EXPECT_EQ(segments(1, 16384), 64);
+  EXPECT_EQ(segments(1, 65536), 132);
+  EXPECT_EQ(segments(1, 262144), 132);
+  EXPECT_EQ(segments(4, 16384), 33);
+  EXPECT_EQ(segments(4, 65536), 33);
+  EXPECT_EQ(segments(8, 16384), 0);
+  EXPECT_EQ(segments(16, 65536), 0);
+  EXPECT_EQ(segments(64, 16384), 0);
+  EXPECT_EQ(segments(1, 2048), 8);  // 8 CTAs of 256 against a cluster of 2
+  EXPECT_EQ(segments(1, 256), 0);   // one CTA either way
+}
+
+// index_topk_workspace_bytes promises enough for every call up to its arguments.
+TEST(IndexWorkspacePlan, WorkspaceBytesGrowWithRowsAndEntries) {
+  for (int64_t rows = 1; rows <= 80; ++rows) {
+    for (int64_t capacity : {1, 63, 64, 65, 16384, 65536, 262144}) {
+      const int64_t bytes = index_workspace_layout(rows, capacity).bytes;
+      EXPECT_GE(index_workspace_layout(rows + 1, capacity).bytes, bytes);
+      EXPECT_GE(index_workspace_layout(rows, capacity + 1).bytes, bytes);
+      EXPECT_EQ(bytes % 256, 0);
+    }
+  }
 }
 
 }  // namespace

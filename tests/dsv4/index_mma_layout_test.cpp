@@ -4,7 +4,7 @@
 // emulated lane by lane with the very fragment builders the kernel calls (query staging, key
 // dequantization, the head reduction over C fragments), equals a plain float64 matmul of the
 // same queries and keys. What this cannot check: that the hardware follows the PTX layout the
-// functions transcribe (the CUDA tests in attention_test.cpp do, against the CUDA-core path and
+// functions transcribe (the CUDA tests in index_topk_test.cpp do, against the CUDA-core path and
 // the reference).
 #include <gtest/gtest.h>
 

@@ -36,6 +36,7 @@
 #include "core/cuda/shared_address.cuh"
 #include "core/cuda_helpers.h"
 #include "core/fast_divide.h"
+#include "dsv4/attention_workspace.h"
 #include "dsv4/bf16_pairs.h"
 #include "dsv4/cuda/count_invalid.cuh"
 #include "dsv4/cuda/gate_mma.cuh"
@@ -570,29 +571,77 @@ __device__ void score_cuda_core(const IndexerProblem& p, int64_t row, int64_t fi
   }
 }
 
+// Scores entries first .. first + count - 1 of the row into out[0 .. count) (shared or global
+// memory) on the kernel's path; the warpgroup kernel also counts them into `first_level` when
+// given.
 template <ScoreKernel kScore, bool kFp32Q, KeyFormat kFormat>
-__global__ void __launch_bounds__(kThreads, 1)
-    index_topk_kernel(IndexerProblem p, IndexLaunch launch, FastDivide page_divide, bool wide) {
-  cg::cluster_group cluster = cg::this_cluster();
-  const int cluster_size = static_cast<int>(cluster.num_blocks());
-  const int rank = static_cast<int>(cluster.block_rank());
-  const int64_t row = blockIdx.x / cluster_size;
-  const int tid = threadIdx.x;
-  extern __shared__ __align__(16) uint8_t shared_bytes[];
-  // wgmma swizzles by shared-address bits: offsets count from a 1024-byte boundary (the same in
-  // every CTA of the cluster, whose select addresses its peers' memory by these offsets).
-  uint8_t* shared = shared_bytes +
-                    (kIndexSharedAlignment - shared_address(shared_bytes) % kIndexSharedAlignment) %
-                        kIndexSharedAlignment;
-  float* weights = reinterpret_cast<float*>(shared + launch.weights);
-  uint32_t* scores = reinterpret_cast<uint32_t*>(shared + launch.scores);
+__device__ __forceinline__ void score_entries(const IndexerProblem& p, int64_t row, int64_t first,
+                                              int64_t count, const IndexLaunch& launch,
+                                              const uint8_t* shared, uint32_t* out, bool wide,
+                                              const KeyPages& pages, uint32_t* first_level) {
+  if (kScore == ScoreKernel::kWarpgroup) {
+    score_warpgroup<kFp32Q, kFormat>(p, row, first, count, launch, shared, out, wide, pages,
+                                     first_level);
+  } else if (kScore == ScoreKernel::kWarp) {
+    score_warp<kFp32Q, kFormat>(p, row, first, count, launch, shared, out, wide, pages);
+  } else {
+    score_cuda_core<kFormat>(p, row, first, count, launch, shared, out, pages);
+  }
+}
 
-  // 1. Weights and queries to shared memory; the row's validity. A load does not pass a store to
-  // shared memory through a generic pointer, so the loads go out in batches ahead of the stores
-  // they feed: num_entries, this thread's weight and the block ids of the row's first pages
-  // (any page below max_blocks is in the table) together with the queries.
+// The dynamic shared memory from its first 1024-byte boundary: wgmma swizzles by shared-address
+// bits, and a cluster's select addresses its peers' memory by offsets from there (the same in
+// every CTA of the cluster).
+__device__ __forceinline__ uint8_t* aligned_shared(uint8_t* bytes) {
+  return bytes + (kIndexSharedAlignment - shared_address(bytes) % kIndexSharedAlignment) %
+                     kIndexSharedAlignment;
+}
+
+// The select's first-level histogram (select_layout's buffer 0) where a kernel counts that level
+// while it fills the keys (`counted`), else nullptr.
+__device__ __forceinline__ uint32_t* first_level_of(uint8_t* shared, const IndexLaunch& launch,
+                                                    bool counted) {
+  return counted
+             ? reinterpret_cast<uint32_t*>(shared + select_layout(launch.sort_capacity).histogram)
+             : nullptr;
+}
+
+__device__ __forceinline__ void zero_first_level(uint32_t* first_level) {
+  if (first_level == nullptr) return;
+  for (int bin = threadIdx.x; bin < hdk::detail::kSelectBins; bin += kThreads)
+    first_level[bin] = 0;
+}
+
+// A CTA's contiguous share of a row: entries first .. last - 1.
+struct Segment {
+  int64_t first, last;
+};
+
+// Share `part` of a row of `length` entries split evenly over `parts` CTAs (a cluster's).
+__device__ __forceinline__ Segment cluster_segment(int64_t length, int parts, int part) {
+  const int64_t share = ceil_div(length, parts);
+  const int64_t first = min(length, part * share);
+  return Segment{first, min(length, first + share)};
+}
+
+// 1. Weights and queries to shared memory; the row's validity (finite queries and weights,
+// num_entries in range, block ids of the used pages in range), which every CTA of the row reaches
+// alike from the same values. `segment_of(length)` is this CTA's share of a row of `length`
+// entries: the block ids of its pages are kept in shared memory when they fit (`pages`). Zeroes
+// `first_level` when given. Every thread calls it; it ends with a barrier and returns whether the
+// row is invalid, with num_entries in `length`.
+template <ScoreKernel kScore, bool kFp32Q, typename SegmentOf>
+__device__ bool stage_row(const IndexerProblem& p, int64_t row, const IndexLaunch& launch,
+                          uint8_t* shared, uint32_t* first_level, SegmentOf&& segment_of,
+                          int64_t& length, KeyPages& pages) {
+  const int tid = threadIdx.x;
+  float* weights = reinterpret_cast<float*>(shared + launch.weights);
+  // A load does not pass a store to shared memory through a generic pointer, so the loads go out
+  // in batches ahead of the stores they feed: num_entries, this thread's weight and the block ids
+  // of the row's first pages (any page below max_blocks is in the table) together with the
+  // queries.
   bool bad = false;
-  int64_t length = p.num_entries.at(row);
+  length = p.num_entries.at(row);
   const float own_weight = tid < p.num_heads
                                ? p.weights[row * p.weights_row_stride + tid * p.weights_head_stride]
                                : 0.0f;
@@ -607,16 +656,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   load_blocks(0);
   bad |= stage_queries<kScore, kFp32Q>(p, row, launch, shared);
-  // The warpgroup kernel counts the select's first level while it scores (from zero; the barrier
-  // below orders this before any count).
-  uint32_t* const first_level =
-      kScore == ScoreKernel::kWarpgroup && launch.count_first_level
-          ? reinterpret_cast<uint32_t*>(shared + select_layout(launch.sort_capacity).histogram)
-          : nullptr;
-  if (first_level != nullptr) {
-    for (int bin = tid; bin < hdk::detail::kSelectBins; bin += kThreads)
-      first_level[bin] = 0;
-  }
+  // A caller that counts the select's first level while it scores counts from zero (the barrier
+  // at the end orders this before any count).
+  zero_first_level(first_level);
   for (int64_t h = tid; h < launch.staged_heads; h += kThreads) {
     const float w = h == tid ? own_weight
                     : h < p.num_heads
@@ -626,18 +668,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     weights[h] = w;
   }
   const int64_t block_size = p.keys.block_size;
-  // This CTA's segment of the row (recomputed below if the row turns out invalid) and its pages.
-  KeyPages pages;
-  pages.divide = page_divide;
   if (length < 0 || length > p.max_blocks * block_size) {
     bad = true;
   } else {
-    const int64_t segment = ceil_div(length, cluster_size);
-    const int64_t first = min(length, rank * segment);
-    const int64_t last = min(length, first + segment);  // exclusive
-    if (last > first) {
-      pages.first_cached = first / block_size;
-      if ((last - 1) / block_size - pages.first_cached < launch.page_capacity)
+    const Segment segment = segment_of(length);
+    if (segment.last > segment.first) {
+      pages.first_cached = segment.first / block_size;
+      if ((segment.last - 1) / block_size - pages.first_cached < launch.page_capacity)
         pages.cached = reinterpret_cast<const int32_t*>(shared + launch.pages);
     }
     int32_t* cache = reinterpret_cast<int32_t*>(shared + launch.pages);
@@ -656,10 +693,24 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   }
-  if (__syncthreads_or(bad ? 1 : 0) != 0) {  // also the barrier after staging
-    length = 0;
-    if (rank == 0 && tid == 0) count_invalid(p.invalid_count);
-  }
+  return __syncthreads_or(bad ? 1 : 0) != 0;  // also the barrier after staging
+}
+
+// 2 and 3, for the one-launch kernel and the workspace's select kernel alike: every CTA of the
+// row's cluster takes its share of the row (cluster_segment), whose keys `fill(first, count, out,
+// counts)` puts in out[0 .. count) for entries first .. first + count - 1 (counting each into
+// `counts`, the select's first level, when that is not null), and the cluster selects; the leader
+// writes the outputs. `length` is 0 for an invalid row (padding only). `first_level`: the
+// first-level histogram, zeroed before the caller's last barrier, where `fill` may count it.
+template <typename Fill>
+__device__ void select_row(const IndexerProblem& p, int64_t row, int64_t length,
+                           const IndexLaunch& launch, uint8_t* shared, uint32_t* first_level,
+                           Fill&& fill) {
+  cg::cluster_group cluster = cg::this_cluster();
+  const int cluster_size = static_cast<int>(cluster.num_blocks());
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int tid = threadIdx.x;
+  uint32_t* scores = reinterpret_cast<uint32_t*>(shared + launch.scores);
 
   const int64_t want = length < p.top_k ? length : p.top_k;
   int32_t* out_indices = p.topk_indices + row * p.topk_indices_row_stride;
@@ -678,34 +729,23 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
 
-  // 2. Scores of the segment, kept in shared memory when they fit (always up to 8 x chunk).
-  const int64_t segment = ceil_div(length, cluster_size);
-  const int64_t begin = min(length, rank * segment);
-  const int64_t size = min(length, begin + segment) - begin;
+  // 2. Keys of the segment, kept in shared memory when they fit (always up to 8 x chunk).
+  const Segment segment = cluster_segment(length, cluster_size, rank);
+  const int64_t begin = segment.first;
+  const int64_t size = segment.last - segment.first;
   const bool resident = size <= launch.chunk;
-  // Counted while scoring only when every score is scored once, before the select.
+  // Counted while filled only when every key is filled once, before the select.
   uint32_t* const counts = resident ? first_level : nullptr;
-  auto score = [&](int64_t first, int64_t count) {
-    if (kScore == ScoreKernel::kWarpgroup) {
-      score_warpgroup<kFp32Q, kFormat>(p, row, begin + first, count, launch, shared, scores, wide,
-                                       pages, counts);
-    } else if (kScore == ScoreKernel::kWarp) {
-      score_warp<kFp32Q, kFormat>(p, row, begin + first, count, launch, shared, scores, wide,
-                                  pages);
-    } else {
-      score_cuda_core<kFormat>(p, row, begin + first, count, launch, shared, scores, pages);
-    }
-  };
-  if (resident && size > 0) score(0, size);
+  if (resident && size > 0) fill(begin, size, scores, counts);
   __syncthreads();
 
-  // 3. The cluster's select over the scores; rounds of one score per thread.
+  // 3. The cluster's select over the keys; rounds of one key per thread.
   auto for_each_entry = [&](bool /*first*/, auto&& visit) {
     for (int64_t chunk = 0; chunk < size; chunk += launch.chunk) {
       const int count = static_cast<int>(min(launch.chunk, size - chunk));
       if (!resident) {
-        __syncthreads();  // the previous chunk's scores are all visited
-        score(chunk, count);
+        __syncthreads();  // the previous chunk's keys are all visited
+        fill(begin + chunk, count, scores, nullptr);
         __syncthreads();
       }
       for (int base = 0; base < count; base += kThreads) {
@@ -739,28 +779,143 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-using Kernel = void (*)(IndexerProblem, IndexLaunch, FastDivide, bool);
-
-template <ScoreKernel kScore>
-Kernel pick_kernel(bool fp32_q, KeyFormat format) {
-  if (fp32_q) {
-    return format == KeyFormat::kMXFP4 ? index_topk_kernel<kScore, true, KeyFormat::kMXFP4>
-                                       : index_topk_kernel<kScore, true, KeyFormat::kNVFP4>;
+// The one-launch kernel: a cluster per row stages, scores its segments into shared memory (again
+// on every pass of the select where they do not fit) and selects.
+template <ScoreKernel kScore, bool kFp32Q, KeyFormat kFormat>
+__global__ void __launch_bounds__(kThreads, 1)
+    index_topk_kernel(IndexerProblem p, IndexLaunch launch, FastDivide page_divide, bool wide) {
+  cg::cluster_group cluster = cg::this_cluster();
+  const int cluster_size = static_cast<int>(cluster.num_blocks());
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int64_t row = blockIdx.x / cluster_size;
+  extern __shared__ __align__(16) uint8_t shared_bytes[];
+  uint8_t* shared = aligned_shared(shared_bytes);
+  // The warpgroup kernel counts the select's first level while it scores, where the plan keeps
+  // that histogram apart from the staged data.
+  uint32_t* const first_level =
+      first_level_of(shared, launch, kScore == ScoreKernel::kWarpgroup && launch.count_first_level);
+  KeyPages pages;
+  pages.divide = page_divide;
+  int64_t length = 0;
+  const bool bad = stage_row<kScore, kFp32Q>(
+      p, row, launch, shared, first_level,
+      [&](int64_t entries) { return cluster_segment(entries, cluster_size, rank); }, length, pages);
+  if (bad) {
+    length = 0;
+    if (rank == 0 && threadIdx.x == 0) count_invalid(p.invalid_count);
   }
-  return format == KeyFormat::kMXFP4 ? index_topk_kernel<kScore, false, KeyFormat::kMXFP4>
-                                     : index_topk_kernel<kScore, false, KeyFormat::kNVFP4>;
+  select_row(p, row, length, launch, shared, first_level,
+             [&](int64_t first, int64_t count, uint32_t* out, uint32_t* counts) {
+               score_entries<kScore, kFp32Q, kFormat>(p, row, first, count, launch, shared, out,
+                                                      wide, pages, counts);
+             });
 }
 
-Kernel pick_kernel(ScoreKernel score, bool fp32_q, KeyFormat format) {
+// Scoring through the workspace, over every SM: CTA `segment` of the row's `segments` scores its
+// share (index_score_segment) straight into the row's workspace keys; segment 0 writes the row's
+// invalid flag, the only word of the row that every call writes whatever the row holds.
+template <ScoreKernel kScore, bool kFp32Q, KeyFormat kFormat>
+__global__ void __launch_bounds__(kThreads, 1)
+    index_score_kernel(IndexerProblem p, IndexLaunch launch, IndexWorkspaceLayout layout,
+                       int segments, FastDivide page_divide, bool wide) {
+  const int64_t row = blockIdx.x / segments;
+  const int segment = static_cast<int>(blockIdx.x % segments);
+  auto segment_of = [&](int64_t entries) {
+    const int64_t share = index_score_segment(entries, segments);
+    const int64_t first = min(entries, segment * share);
+    return Segment{first, min(entries, first + share)};
+  };
+  // A CTA past the row's entries has nothing to do (segment 0 always runs, for the flag); one
+  // with entries stages and checks the row itself rather than wait for segment 0's verdict.
+  const int64_t entries = p.num_entries.at(row);
+  if (segment > 0 && (entries < 0 || entries > p.max_blocks * p.keys.block_size ||
+                      segment_of(entries).first >= entries)) {
+    return;
+  }
+  extern __shared__ __align__(16) uint8_t shared_bytes[];
+  uint8_t* shared = aligned_shared(shared_bytes);
+  KeyPages pages;
+  pages.divide = page_divide;
+  int64_t length = 0;
+  const bool bad =
+      stage_row<kScore, kFp32Q>(p, row, launch, shared, nullptr, segment_of, length, pages);
+  if (segment == 0 && threadIdx.x == 0)
+    reinterpret_cast<int32_t*>(p.workspace + layout.flags_offset)[row] = bad ? 1 : 0;
+  if (bad) return;
+  const Segment share = segment_of(length);
+  if (share.last <= share.first) return;
+  uint32_t* keys =
+      reinterpret_cast<uint32_t*>(p.workspace + layout.keys_offset) + row * layout.row_stride;
+  score_entries<kScore, kFp32Q, kFormat>(p, row, share.first, share.last - share.first, launch,
+                                         shared, keys + share.first, wide, pages, nullptr);
+}
+
+// The select through the workspace: a cluster per row loads its segments' keys from the row's
+// workspace keys in place of scoring them (counting the first level as it goes) and selects
+// as the one-launch kernel does.
+__global__ void __launch_bounds__(kThreads, 1)
+    index_select_kernel(IndexerProblem p, IndexLaunch launch, IndexWorkspaceLayout layout) {
+  cg::cluster_group cluster = cg::this_cluster();
+  const int cluster_size = static_cast<int>(cluster.num_blocks());
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int64_t row = blockIdx.x / cluster_size;
+  extern __shared__ __align__(16) uint8_t shared_bytes[];
+  uint8_t* shared = aligned_shared(shared_bytes);
+  uint32_t* const first_level = first_level_of(shared, launch, launch.count_first_level);
+  zero_first_level(first_level);
+  const bool bad = reinterpret_cast<const int32_t*>(p.workspace + layout.flags_offset)[row] != 0;
+  const int64_t length = bad ? 0 : p.num_entries.at(row);
+  if (bad && rank == 0 && threadIdx.x == 0) count_invalid(p.invalid_count);
+  __syncthreads();  // the histogram is zero before any count
+  const uint32_t* keys =
+      reinterpret_cast<const uint32_t*>(p.workspace + layout.keys_offset) + row * layout.row_stride;
+  select_row(p, row, length, launch, shared, first_level,
+             [&](int64_t first, int64_t count, uint32_t* out, uint32_t* counts) {
+               for (int64_t i = threadIdx.x; i < count; i += kThreads) {
+                 const uint32_t key = keys[first + i];
+                 out[i] = key;
+                 if (counts != nullptr)
+                   atomicAdd(&counts[key >> (32 - hdk::detail::kSelectDigitBits)], 1u);
+               }
+             });
+}
+
+using OneLaunchKernel = void (*)(IndexerProblem, IndexLaunch, FastDivide, bool);
+using ScoringKernel = void (*)(IndexerProblem, IndexLaunch, IndexWorkspaceLayout, int, FastDivide,
+                               bool);
+
+// The kernels of one scoring path, query dtype and key format.
+struct Kernels {
+  OneLaunchKernel one_launch;
+  ScoringKernel scoring;
+};
+
+template <ScoreKernel kScore, bool kFp32Q, KeyFormat kFormat>
+Kernels kernels_of() {
+  return Kernels{index_topk_kernel<kScore, kFp32Q, kFormat>,
+                 index_score_kernel<kScore, kFp32Q, kFormat>};
+}
+
+template <ScoreKernel kScore>
+Kernels pick_kernels(bool fp32_q, KeyFormat format) {
+  if (fp32_q) {
+    return format == KeyFormat::kMXFP4 ? kernels_of<kScore, true, KeyFormat::kMXFP4>()
+                                       : kernels_of<kScore, true, KeyFormat::kNVFP4>();
+  }
+  return format == KeyFormat::kMXFP4 ? kernels_of<kScore, false, KeyFormat::kMXFP4>()
+                                     : kernels_of<kScore, false, KeyFormat::kNVFP4>();
+}
+
+Kernels pick_kernels(ScoreKernel score, bool fp32_q, KeyFormat format) {
   switch (score) {
     case ScoreKernel::kWarpgroup:
-      return pick_kernel<ScoreKernel::kWarpgroup>(fp32_q, format);
+      return pick_kernels<ScoreKernel::kWarpgroup>(fp32_q, format);
     case ScoreKernel::kWarp:
-      return pick_kernel<ScoreKernel::kWarp>(fp32_q, format);
+      return pick_kernels<ScoreKernel::kWarp>(fp32_q, format);
     case ScoreKernel::kCudaCore:
       break;
   }
-  return pick_kernel<ScoreKernel::kCudaCore>(fp32_q, format);
+  return pick_kernels<ScoreKernel::kCudaCore>(fp32_q, format);
 }
 
 }  // namespace
@@ -773,8 +928,19 @@ IndexScorePath index_score_path() {
   return static_cast<IndexScorePath>(g_score_path.load(std::memory_order_relaxed));
 }
 
-void index_topk_cuda(const IndexerProblem& p, int device, CudaStream stream) {
-  if (p.num_rows == 0) return;
+namespace {
+
+// What a call launches: the kernels of its scoring path, the one-launch plan and, with a
+// workspace, the workspace plan (segments > 0 where it is used).
+struct IndexLaunchChoice {
+  Kernels kernels;
+  IndexLaunchPlan plan;
+  IndexWorkspacePlan workspace;
+  FastDivide pages;
+  bool wide = false;
+};
+
+IndexLaunchChoice choose_launch(const IndexerProblem& p, int device) {
   const int64_t block_size = p.keys.block_size;
   const int64_t capacity = p.max_blocks * block_size;
   if (capacity > INT_MAX) {
@@ -792,7 +958,8 @@ void index_topk_cuda(const IndexerProblem& p, int device, CudaStream stream) {
                 "-byte aligned with a page stride that is a multiple of " +
                 std::to_string(alignment) + " bytes on CUDA");
   }
-  const bool wide = base % 16 == 0 && p.keys.page_stride % 16 == 0;
+  IndexLaunchChoice choice;
+  choice.wide = base % 16 == 0 && p.keys.page_stride % 16 == 0;
   const IndexScorePath path = index_score_path();
   const bool tensor = path != IndexScorePath::kCudaCore;
   const ScoreKernel score =
@@ -802,35 +969,92 @@ void index_topk_cuda(const IndexerProblem& p, int device, CudaStream stream) {
           : ScoreKernel::kWarp;
   const bool fp32_q = p.q.dtype == DType::kFloat32;
 
-  hdk::detail::CudaDeviceGuard guard(device, kOperation);
   const int sm_count =
       hdk::detail::cached_device_attribute(cudaDevAttrMultiProcessorCount, device, kOperation);
   const int shared_limit = hdk::detail::cached_device_attribute(
       cudaDevAttrMaxSharedMemoryPerBlockOptin, device, kOperation);
 
-  const Kernel kernel = pick_kernel(score, fp32_q, p.format);
-  // The kernel runs one CTA per SM (its registers), whatever shared memory it takes.
-  hdk::detail::allow_dynamic_shared_memory(kernel, shared_limit, device, kOperation);
+  choice.kernels = pick_kernels(score, fp32_q, p.format);
+  // The kernels run one CTA per SM (their registers), whatever shared memory they take.
+  hdk::detail::allow_dynamic_shared_memory(choice.kernels.one_launch, shared_limit, device,
+                                           kOperation);
   // Every size; above 8 the non-portable sizes, 0 where the device does not run them.
   const hdk::detail::ResidentClusterCounts& clusters = hdk::detail::resident_clusters(
-      kernel, kThreads, static_cast<size_t>(shared_limit), device, kOperation);
-  const IndexLaunchPlan plan = plan_index_launch(p.num_rows, p.num_heads, capacity, p.top_k, tensor,
-                                                 fp32_q, sm_count, shared_limit, clusters);
-  const IndexLaunch& launch = plan.launch;
-  const int cluster_size = plan.cluster_size;
+      choice.kernels.one_launch, kThreads, static_cast<size_t>(shared_limit), device, kOperation);
+  choice.plan = plan_index_launch(p.num_rows, p.num_heads, capacity, p.top_k, tensor, fp32_q,
+                                  sm_count, shared_limit, clusters);
+  if (p.workspace != nullptr) {
+    hdk::detail::allow_dynamic_shared_memory(index_select_kernel, shared_limit, device, kOperation);
+    const hdk::detail::ResidentClusterCounts& select_clusters = hdk::detail::resident_clusters(
+        index_select_kernel, kThreads, static_cast<size_t>(shared_limit), device, kOperation);
+    choice.workspace =
+        plan_index_workspace(p.num_rows, p.num_heads, capacity, p.top_k, tensor, fp32_q, sm_count,
+                             shared_limit, choice.plan, select_clusters);
+    if (choice.workspace.segments > 0) {
+      hdk::detail::allow_dynamic_shared_memory(choice.kernels.scoring, shared_limit, device,
+                                               kOperation);
+    }
+  }
   // Entry ordinals are below capacity <= INT_MAX; a larger block size comes only with no pages
   // (nothing is ever located then).
-  const FastDivide pages(static_cast<uint32_t>(std::min<int64_t>(block_size, INT_MAX)));
+  choice.pages = FastDivide(static_cast<uint32_t>(std::min<int64_t>(block_size, INT_MAX)));
+  const int cluster_size = choice.plan.cluster_size;
   if (p.num_rows > INT_MAX / cluster_size) {
     throw Error(std::string(kOperation) + ": the CUDA backend takes at most " +
                 std::to_string(INT_MAX / cluster_size) + " rows per call, got " +
                 std::to_string(p.num_rows));
   }
-  hdk::detail::check_launch(hdk::detail::launch_in_clusters(
-                                kernel, static_cast<unsigned>(p.num_rows * cluster_size), kThreads,
-                                launch.bytes, reinterpret_cast<cudaStream_t>(stream),
-                                static_cast<unsigned>(cluster_size), p, launch, pages, wide),
-                            kOperation, "launching index_topk_kernel");
+  return choice;
+}
+
+}  // namespace
+
+IndexLaunchReport index_topk_launch_report(const IndexerProblem& p, int device) {
+  IndexLaunchReport report;
+  if (p.num_rows == 0) return report;
+  hdk::detail::CudaDeviceGuard guard(device, kOperation);
+  const IndexLaunchChoice choice = choose_launch(p, device);
+  report.segments = choice.workspace.segments;
+  report.cluster_size =
+      report.segments > 0 ? choice.workspace.select.cluster_size : choice.plan.cluster_size;
+  return report;
+}
+
+void index_topk_cuda(const IndexerProblem& p, int device, CudaStream stream) {
+  if (p.num_rows == 0) return;
+  hdk::detail::CudaDeviceGuard guard(device, kOperation);
+  const IndexLaunchChoice choice = choose_launch(p, device);
+  const cudaStream_t cuda_stream = reinterpret_cast<cudaStream_t>(stream);
+  const IndexWorkspacePlan& workspace = choice.workspace;
+  if (workspace.segments > 0) {
+    if (p.workspace_bytes < workspace.layout.bytes) {
+      throw Error(
+          std::string(kOperation) + ": argument 'workspace' must hold at least " +
+          std::to_string(workspace.layout.bytes) + " bytes for " + std::to_string(p.num_rows) +
+          " rows of up to " + std::to_string(p.max_blocks * p.keys.block_size) +
+          " entries (index_topk_workspace_bytes), got " + std::to_string(p.workspace_bytes));
+    }
+    const unsigned score_grid = static_cast<unsigned>(p.num_rows * workspace.segments);
+    choice.kernels.scoring<<<score_grid, kThreads, workspace.score.bytes, cuda_stream>>>(
+        p, workspace.score, workspace.layout, static_cast<int>(workspace.segments), choice.pages,
+        choice.wide);
+    hdk::detail::check_launch(cudaGetLastError(), kOperation, "launching index_score_kernel");
+    const IndexLaunchPlan& select = workspace.select;
+    hdk::detail::check_launch(
+        hdk::detail::launch_in_clusters(
+            index_select_kernel, static_cast<unsigned>(p.num_rows * select.cluster_size), kThreads,
+            select.launch.bytes, cuda_stream, static_cast<unsigned>(select.cluster_size), p,
+            select.launch, workspace.layout),
+        kOperation, "launching index_select_kernel");
+    return;
+  }
+  const IndexLaunchPlan& plan = choice.plan;
+  hdk::detail::check_launch(
+      hdk::detail::launch_in_clusters(
+          choice.kernels.one_launch, static_cast<unsigned>(p.num_rows * plan.cluster_size),
+          kThreads, plan.launch.bytes, cuda_stream, static_cast<unsigned>(plan.cluster_size), p,
+          plan.launch, choice.pages, choice.wide),
+      kOperation, "launching index_topk_kernel");
 }
 
 }  // namespace detail

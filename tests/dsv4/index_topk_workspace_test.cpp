@@ -1,0 +1,398 @@
+// index_topk on CUDA with the caller's workspace, where few rows are scored over every SM into the
+// workspace and a cluster per row selects from there: on random cases (1 to 8 rows of up to 70000
+// entries, top_k up to 2048, bf16 and fp32 queries, MXFP4 and NVFP4 keys, exact ties, keys stored
+// with NaN markers, invalid rows of every kind) its outputs equal the one-launch path's bit for
+// bit (indices, scores, slots, invalid_count), whatever bytes the workspace held before, and
+// match the float64 reference (index_topk_test.cpp's tolerances); a workspace too small is an
+// error naming it before anything is written; a CUDA graph replays it to the same bytes. Every
+// case skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "hdk/dsv4/attention.h"
+#include "hdk/dsv4/kv_cache.h"
+#include "hdk/error.h"
+#include "support/device_memory.h"
+#include "support/index_topk_case.h"
+#include "support/kv_cache_case.h"
+
+#ifdef HDK_WITH_CUDA
+#include <cuda_runtime.h>
+
+#include "dsv4/attention_validation.h"
+#include "dsv4/cuda/index_topk_cuda.h"
+#endif
+
+namespace hdk {
+namespace testing {
+namespace {
+
+using dsv4::KeyFormat;
+
+class IndexTopkWorkspace : public ::testing::TestWithParam<IndexBackend> {
+ protected:
+  void SetUp() override {
+    const std::string reason = backend_unavailable_reason(Backend::kCUDA);
+    if (!reason.empty()) GTEST_SKIP() << "cuda backend skipped: " << reason;
+  }
+  IndexBackend backend() const { return GetParam(); }
+};
+
+#ifdef HDK_WITH_CUDA
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// The outputs of one run, as bytes.
+struct Outputs {
+  std::vector<int32_t> indices, slots;
+  std::vector<float> scores;
+  std::vector<uint8_t> counter;
+};
+
+Outputs outputs_of(const IndexInputs& in) {
+  return Outputs{in.indices, in.slots, in.scores, in.counter};
+}
+
+void expect_same_bytes(const Outputs& got, const Outputs& want, const std::string& what) {
+  auto same = [](const auto& a, const auto& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0;
+  };
+  EXPECT_TRUE(same(got.indices, want.indices)) << what << ": topk_indices differ";
+  EXPECT_TRUE(same(got.scores, want.scores)) << what << ": topk_scores differ";
+  EXPECT_TRUE(same(got.slots, want.slots)) << what << ": topk_slots differ";
+  EXPECT_TRUE(same(got.counter, want.counter)) << what << ": invalid_count differs";
+}
+
+std::vector<uint8_t> random_bytes(uint64_t seed, size_t count) {
+  std::mt19937_64 rng(seed);
+  std::vector<uint8_t> bytes(count);
+  for (uint8_t& b : bytes)
+    b = static_cast<uint8_t>(rng());
+  return bytes;
+}
+
+// A workspace of `bytes` holding zeros or the random bytes of `poison`.
+struct Workspace {
+  int64_t bytes = 0;
+  uint64_t poison = 0;  // 0: zeroed
+};
+
+int64_t workspace_bytes_for(const IndexInputs& in, const IndexCase& c) {
+  return dsv4::index_topk_workspace_bytes(in.N, in.max_blocks * c.block_size,
+                                          backend_device(Backend::kCUDA));
+}
+
+// index_topk of `in` on `backend`, without a workspace (`workspace` null) or with one filled as
+// it says; returns the outputs. `workspace_used` receives whether the plan scored through it.
+Outputs run_on_cuda(const IndexCase& c, const IndexInputs& in, IndexBackend backend,
+                    const Workspace* workspace, bool* workspace_used = nullptr) {
+  ScorePathScope scope(backend);
+  IndexDeviceCall call(c, in, Backend::kCUDA);
+  const int64_t bytes = workspace != nullptr ? std::max<int64_t>(workspace->bytes, 16) : 16;
+  DeviceBuffer space(Backend::kCUDA, static_cast<size_t>(bytes));
+  if (workspace != nullptr) {
+    if (workspace->poison == 0) {
+      space.fill(0);
+    } else {
+      const std::vector<uint8_t> poison = random_bytes(workspace->poison, space.size());
+      space.upload(poison.data(), poison.size());
+    }
+    call.params.workspace = TensorView::contiguous(space.data(), DType::kUInt8, {workspace->bytes},
+                                                   backend_device(Backend::kCUDA));
+  }
+  if (workspace_used != nullptr) {
+    *workspace_used =
+        dsv4::detail::index_topk_launch_report(dsv4::detail::validate_index_topk(call.params),
+                                               backend_device(Backend::kCUDA).index)
+            .segments > 0;
+  }
+  dsv4::index_topk(call.params);
+  IndexInputs out = in;
+  call.download(out);
+  return outputs_of(out);
+}
+
+// What a random case breaks in one row (the kernels check these on the device).
+enum class Breakage {
+  kNone,
+  kNaNQuery,
+  kInfiniteWeight,
+  kCountAboveCapacity,
+  kNegativeCount,
+  kBlockBeyondTheCache
+};
+
+struct RandomCase {
+  IndexCase c;
+  Breakage breakage = Breakage::kNone;
+  int64_t broken_row = 0;
+  int64_t nan_key_row = -1;  // a row with an entry whose key is stored with NaN markers
+};
+
+RandomCase draw_case(std::mt19937_64& rng, uint64_t seed) {
+  RandomCase r;
+  IndexCase& c = r.c;
+  auto pick = [&](auto&& values) { return values[rng() % values.size()]; };
+  // Mostly rows few enough to spread over the SMs (up to 4: clusters of 16 leave half idle).
+  const int64_t rows = pick(std::vector<int64_t>{1, 1, 2, 2, 3, 4, 4, 6, 8});
+  // The float64 reference scores every entry: about 100000 entries a case keep it to seconds.
+  const int64_t longest = rows <= 1 ? 70000 : 100000 / rows;
+  c.counts.resize(static_cast<size_t>(rows));
+  for (int64_t& count : c.counts) {
+    const uint64_t kind = rng() % 4;
+    count = kind == 0   ? longest
+            : kind == 1 ? static_cast<int64_t>(rng() % 2000)
+                        : static_cast<int64_t>(rng() % static_cast<uint64_t>(longest + 1));
+  }
+  c.heads = pick(std::vector<int64_t>{64, 64, 24, 128});
+  c.top_k = pick(std::vector<int64_t>{1, 7, 512, 1024, 2048});
+  c.block_size = pick(std::vector<int64_t>{64, 64, 32, 16});
+  c.format = rng() % 2 ? KeyFormat::kMXFP4 : KeyFormat::kNVFP4;
+  c.q_dtype = rng() % 2 ? DType::kBFloat16 : DType::kFloat32;
+  c.count_dtype = rng() % 2 ? DType::kInt32 : DType::kInt64;
+  // Exact ties among few distinct keys (the reference's order must come back exactly: with many
+  // distinct keys two could be closer than the tolerance and swap).
+  c.distinct_keys = rng() % 4 == 0 ? pick(std::vector<int64_t>{1, 3, 5}) : 0;
+  c.spread_key_scales = c.distinct_keys == 0 && rng() % 5 == 0;
+  c.scores = rng() % 6 != 0;
+  c.slots = rng() % 6 != 0;
+  c.seed = seed;
+  if (rng() % 3 == 0) {
+    r.breakage = static_cast<Breakage>(1 + rng() % 5);
+    r.broken_row = static_cast<int64_t>(rng() % static_cast<uint64_t>(rows));
+  }
+  if (rng() % 3 == 0) r.nan_key_row = static_cast<int64_t>(rng() % static_cast<uint64_t>(rows));
+  return r;
+}
+
+// Stores a key holding a NaN over entry `entry` of row `row` (it then scores NaN, ranking last).
+void store_nan_key(const IndexCase& c, IndexInputs& in, int64_t row, int64_t entry) {
+  std::vector<float> key(dsv4::kIndexerKeyDim, 1.0f);
+  key[40] = kNaN;
+  const int64_t slot = in.block_table[row * in.max_blocks + entry / c.block_size] * c.block_size +
+                       entry % c.block_size;
+  std::vector<uint8_t> slot_bytes = index_bytes({slot}, DType::kInt64);
+  dsv4::StoreIndexerKeysParams store;
+  store.keys = TensorView::contiguous(key.data(), DType::kFloat32, {1, dsv4::kIndexerKeyDim});
+  store.slots = TensorView::contiguous(slot_bytes.data(), DType::kInt64, {1});
+  store.cache = TensorView::contiguous(in.cache.data(), DType::kUInt8,
+                                       {in.num_blocks, c.block_size * dsv4::key_bytes(c.format)});
+  store.block_size = c.block_size;
+  store.format = c.format;
+  dsv4::store_indexer_keys(store);
+}
+
+// Breaks the row as `breakage` says. The reference sees the inputs as broken where it counts
+// the row itself (non-finite queries or weights); where it would refuse them (counts and block
+// ids out of range) it sees the row as empty, and `extra_invalid` is the row it does not count.
+void apply_breakage(const RandomCase& r, IndexInputs& in, IndexCase& reference_case,
+                    IndexInputs& reference_inputs, int64_t& extra_invalid) {
+  const IndexCase& c = r.c;
+  const int64_t n = r.broken_row, D = dsv4::kIndexerKeyDim;
+  const int64_t capacity = in.max_blocks * c.block_size;
+  bool refused = true;
+  switch (r.breakage) {
+    case Breakage::kNone:
+      return;
+    case Breakage::kNaNQuery:
+      in.q[n * c.heads * D + 77] = kNaN;
+      in.q_bytes = encode_rows(in.q, c.q_dtype);
+      refused = false;
+      break;
+    case Breakage::kInfiniteWeight:
+      in.weights[n * c.heads + c.heads - 1] = -kInf;
+      refused = false;
+      break;
+    case Breakage::kCountAboveCapacity:
+      put_index(in.counts, c.count_dtype, static_cast<size_t>(n), capacity + 1);
+      break;
+    case Breakage::kNegativeCount:
+      put_index(in.counts, c.count_dtype, static_cast<size_t>(n), -1);
+      break;
+    case Breakage::kBlockBeyondTheCache:
+      if (c.counts[n] == 0) return;  // no used page to break
+      in.block_table[n * in.max_blocks] = static_cast<int32_t>(in.num_blocks);
+      break;
+  }
+  reference_inputs = in;
+  if (refused) {
+    reference_case.counts[n] = 0;
+    put_index(reference_inputs.counts, c.count_dtype, static_cast<size_t>(n), 0);
+    extra_invalid = 1;
+  }
+}
+
+void random_cases_equal_the_one_launch_path_and_the_reference(IndexBackend backend) {
+  std::mt19937_64 rng(4040);
+  const int kCases = 10;
+  int through_workspace = 0;
+  for (int i = 0; i < kCases; ++i) {
+    const RandomCase r = draw_case(rng, 900 + static_cast<uint64_t>(i));
+    const IndexCase& c = r.c;
+    SCOPED_TRACE("case " + std::to_string(i) + ": " + c.describe() + " breakage " +
+                 std::to_string(static_cast<int>(r.breakage)) + " row " +
+                 std::to_string(r.broken_row) + " nan key row " + std::to_string(r.nan_key_row) +
+                 " on " + index_backend_name(backend));
+    IndexInputs in = make_index_inputs(c);
+    if (r.nan_key_row >= 0 && c.counts[r.nan_key_row] > 0)
+      store_nan_key(c, in, r.nan_key_row, c.counts[r.nan_key_row] / 2);
+    IndexCase reference_case = c;
+    IndexInputs reference_inputs = in;
+    int64_t extra_invalid = 0;
+    apply_breakage(r, in, reference_case, reference_inputs, extra_invalid);
+
+    const Outputs one_launch = run_on_cuda(c, in, backend, nullptr);
+    const int64_t bytes = workspace_bytes_for(in, c);
+    bool used = false;
+    const Workspace clean{bytes, 0};
+    const Outputs zeroed = run_on_cuda(c, in, backend, &clean, &used);
+    const Workspace poisoned{bytes, 77 + static_cast<uint64_t>(i)};
+    const Outputs garbage = run_on_cuda(c, in, backend, &poisoned);
+    through_workspace += used ? 1 : 0;
+    expect_same_bytes(zeroed, one_launch, "zeroed workspace against no workspace");
+    expect_same_bytes(garbage, zeroed, "poisoned workspace against a zeroed one");
+
+    std::vector<uint8_t> ref_counter = counter_bytes(DType::kInt32, 3);
+    dsv4::IndexerParams ref_params = reference_inputs.params(reference_case);
+    ref_params.invalid_count = TensorView::contiguous(ref_counter.data(), DType::kInt32, {1});
+    const dsv4::IndexerReference ref = dsv4::index_topk_reference(ref_params);
+    IndexInputs got = in;
+    got.indices = zeroed.indices;
+    got.scores = zeroed.scores;
+    got.slots = zeroed.slots;
+    got.counter = zeroed.counter;
+    EXPECT_EQ(read_counter(got.counter, DType::kInt32), 3 + ref.invalid_rows + extra_invalid);
+    check_index_outputs(reference_case, got, ref, index_tolerance(backend, c.q_dtype));
+  }
+  // The draws are mostly few rows: the plan must have scored most of them over every SM.
+  EXPECT_GE(through_workspace, kCases / 2);
+}
+
+// Too small a workspace, where the plan would use one: an error naming it, with the bytes
+// needed and given, and nothing written. Where the plan does not use one (64 rows fill the
+// SMs), any workspace is accepted and changes nothing.
+void too_small_is_an_error_before_any_write(IndexBackend backend) {
+  IndexCase c;
+  c.counts = std::vector<int64_t>{16384};
+  IndexInputs in = make_index_inputs(c);
+  const int64_t needed = workspace_bytes_for(in, c);
+  ASSERT_GT(needed, 0);
+  bool used = false;
+  const Workspace enough{needed, 5};
+  run_on_cuda(c, in, backend, &enough, &used);
+  ASSERT_TRUE(used) << "one row of 16384 entries is meant to spread over the SMs";
+  {
+    ScorePathScope scope(backend);
+    IndexDeviceCall call(c, in, Backend::kCUDA);
+    DeviceBuffer space(Backend::kCUDA, static_cast<size_t>(needed));
+    call.params.workspace = TensorView::contiguous(space.data(), DType::kUInt8, {needed - 256},
+                                                   backend_device(Backend::kCUDA));
+    try {
+      dsv4::index_topk(call.params);
+      ADD_FAILURE() << "no error for a workspace of " << needed - 256 << " bytes";
+    } catch (const Error& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find("argument 'workspace'"), std::string::npos) << message;
+      EXPECT_NE(message.find(std::to_string(needed)), std::string::npos) << message;
+      EXPECT_NE(message.find(std::to_string(needed - 256)), std::string::npos) << message;
+    }
+    // Nothing written: the outputs and the counter keep their poison.
+    IndexInputs out = in;
+    call.download(out);
+    expect_same_bytes(outputs_of(out), outputs_of(in), "after the error");
+  }
+
+  IndexCase many;
+  many.counts = std::vector<int64_t>(64, 2048);
+  many.top_k = 64;
+  IndexInputs many_in = make_index_inputs(many);
+  const Workspace tiny{16, 9};
+  bool many_used = true;
+  const Outputs with = run_on_cuda(many, many_in, backend, &tiny, &many_used);
+  EXPECT_FALSE(many_used);
+  expect_same_bytes(with, run_on_cuda(many, many_in, backend, nullptr), "64 rows");
+}
+
+// Captured in a CUDA graph, the two launches replay to the one-launch path's bytes, also after
+// the workspace and the outputs were poisoned again between replays.
+void graph_replay_gives_the_same_bytes(IndexBackend backend) {
+  IndexCase c;
+  c.counts = std::vector<int64_t>{40000, 3, 9000};
+  c.top_k = 512;
+  c.q_dtype = DType::kFloat32;
+  c.format = KeyFormat::kNVFP4;
+  IndexInputs in = make_index_inputs(c);
+  const Outputs one_launch = run_on_cuda(c, in, backend, nullptr);
+  const int64_t bytes = workspace_bytes_for(in, c);
+
+  ScorePathScope scope(backend);
+  IndexDeviceCall call(c, in, Backend::kCUDA);
+  DeviceBuffer space(Backend::kCUDA, static_cast<size_t>(bytes));
+  call.params.workspace =
+      TensorView::contiguous(space.data(), DType::kUInt8, {bytes}, backend_device(Backend::kCUDA));
+  ASSERT_GT(dsv4::detail::index_topk_launch_report(dsv4::detail::validate_index_topk(call.params),
+                                                   backend_device(Backend::kCUDA).index)
+                .segments,
+            0);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  dsv4::index_topk(call.params, stream);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (uint64_t replay = 1; replay <= 2; ++replay) {
+    const std::vector<uint8_t> poison = random_bytes(replay, static_cast<size_t>(bytes));
+    space.upload(poison.data(), poison.size());
+    call.reset_outputs(in);
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    IndexInputs out = in;
+    call.download(out);
+    expect_same_bytes(outputs_of(out), one_launch, "replay " + std::to_string(replay));
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+#endif  // HDK_WITH_CUDA
+
+TEST_P(IndexTopkWorkspace, RandomCasesEqualTheOneLaunchPathAndTheReference) {
+#ifdef HDK_WITH_CUDA
+  random_cases_equal_the_one_launch_path_and_the_reference(backend());
+#endif
+}
+
+TEST_P(IndexTopkWorkspace, TooSmallIsAnErrorBeforeAnyWrite) {
+#ifdef HDK_WITH_CUDA
+  too_small_is_an_error_before_any_write(backend());
+#endif
+}
+
+TEST_P(IndexTopkWorkspace, GraphReplayGivesTheSameBytes) {
+#ifdef HDK_WITH_CUDA
+  graph_replay_gives_the_same_bytes(backend());
+#endif
+}
+
+std::string backend_param_name(const ::testing::TestParamInfo<IndexBackend>& param) {
+  return index_backend_name(param.param);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, IndexTopkWorkspace,
+                         ::testing::Values(IndexBackend::kCudaTensorCore,
+                                           IndexBackend::kCudaWarpMma, IndexBackend::kCudaCore),
+                         backend_param_name);
+
+}  // namespace
+}  // namespace testing
+}  // namespace hdk

@@ -1,0 +1,280 @@
+#include "support/index_topk_case.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "hdk/dsv4/attention.h"
+#include "hdk/dsv4/kv_cache.h"
+
+#ifdef HDK_WITH_CUDA
+#include "dsv4/cuda/index_topk_cuda.h"
+#endif
+
+namespace hdk {
+namespace testing {
+
+namespace {
+
+using dsv4::KeyFormat;
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+}  // namespace
+
+IndexInputs make_index_inputs(const IndexCase& c) {
+  std::mt19937_64 rng(c.seed);
+  IndexInputs in;
+  in.N = static_cast<int64_t>(c.counts.size());
+  const int64_t bs = c.block_size;
+  int64_t pages = 0;
+  for (int64_t count : c.counts) {
+    in.max_blocks = std::max(in.max_blocks, (count + bs - 1) / bs + 1);
+    pages += (count + bs - 1) / bs;
+  }
+  in.num_blocks = pages + 2;
+  std::vector<int32_t> blocks(static_cast<size_t>(in.num_blocks));
+  std::iota(blocks.begin(), blocks.end(), 0);
+  std::shuffle(blocks.begin(), blocks.end(), rng);
+  in.block_table.assign(static_cast<size_t>(in.N * in.max_blocks), -1);
+  std::vector<int64_t> slots;
+  int64_t next = 0;
+  for (int64_t n = 0; n < in.N; ++n) {
+    for (int64_t page = 0; page * bs < c.counts[n]; ++page)
+      in.block_table[n * in.max_blocks + page] = blocks[next++];
+    for (int64_t s = 0; s < c.counts[n]; ++s)
+      slots.push_back(in.block_table[n * in.max_blocks + s / bs] * bs + s % bs);
+  }
+  const int64_t entries = static_cast<int64_t>(slots.size());
+  std::vector<float> keys = normal_values(rng, entries * dsv4::kIndexerKeyDim, 1.0f);
+  if (c.distinct_keys > 0) {
+    for (int64_t e = 0; e < entries; ++e) {
+      const int64_t source = (e * 7) % c.distinct_keys;
+      for (int64_t i = 0; i < dsv4::kIndexerKeyDim; ++i)
+        keys[e * dsv4::kIndexerKeyDim + i] = keys[source * dsv4::kIndexerKeyDim + i];
+    }
+  }
+  if (c.spread_key_scales) {
+    for (int64_t e = 0; e < entries; ++e) {
+      for (int64_t i = 0; i < dsv4::kIndexerKeyDim; ++i)
+        keys[e * dsv4::kIndexerKeyDim + i] *= std::ldexp(1.0f, static_cast<int>(e % 17) - 8);
+    }
+  }
+  in.cache.resize(static_cast<size_t>(in.num_blocks * bs * dsv4::key_bytes(c.format)));
+  for (auto& byte : in.cache)
+    byte = static_cast<uint8_t>(rng());
+  if (entries > 0) {
+    std::vector<uint8_t> slot_bytes = index_bytes(slots, DType::kInt64);
+    dsv4::StoreIndexerKeysParams store;
+    store.keys =
+        TensorView::contiguous(keys.data(), DType::kFloat32, {entries, dsv4::kIndexerKeyDim});
+    store.slots = TensorView::contiguous(slot_bytes.data(), DType::kInt64, {entries});
+    store.cache = TensorView::contiguous(in.cache.data(), DType::kUInt8,
+                                         {in.num_blocks, bs * dsv4::key_bytes(c.format)});
+    store.block_size = bs;
+    store.format = c.format;
+    dsv4::store_indexer_keys(store);
+  }
+  in.q = normal_values(rng, in.N * c.heads * dsv4::kIndexerKeyDim, 1.0f);
+  in.weights = normal_values(rng, in.N * c.heads, 0.1f);
+  in.q_bytes = encode_rows(in.q, c.q_dtype);
+  in.q_bytes.insert(in.q_bytes.begin(), static_cast<size_t>(c.q_pad_bytes()), uint8_t{0x7f});
+  in.counts = index_bytes(c.counts, c.count_dtype);
+  in.indices.assign(static_cast<size_t>(in.N * c.top_k), 0x5a5a5a5a);
+  in.scores.assign(static_cast<size_t>(in.N * c.top_k), kNaN);
+  in.slots.assign(static_cast<size_t>(in.N * c.top_k), 0x5a5a5a5a);
+  return in;
+}
+
+void check_index_outputs(const IndexCase& c, const IndexInputs& in,
+                         const dsv4::IndexerReference& ref, double relative_tolerance) {
+  const int64_t K = c.top_k;
+  for (int64_t n = 0; n < in.N; ++n) {
+    SCOPED_TRACE("row " + std::to_string(n));
+    const int32_t* got = &in.indices[n * K];
+    const float* got_scores = &in.scores[n * K];
+    const int64_t count = ref.invalid[n] ? 0 : c.counts[n];
+    const int64_t kept = std::min(K, count);
+    for (int64_t j = 0; j < K && c.slots; ++j) {
+      const int32_t s = got[j];
+      const int64_t want =
+          s < 0 ? -1
+                : in.block_table[n * in.max_blocks + s / c.block_size] * c.block_size +
+                      s % c.block_size;
+      ASSERT_EQ(in.slots[n * K + j], want) << "slot of position " << j << " (entry " << s << ")";
+    }
+    for (int64_t j = kept; j < K; ++j) {
+      ASSERT_EQ(got[j], -1) << "padding at " << j;
+      if (c.scores) {
+        ASSERT_EQ(got_scores[j], -kInf) << "padding at " << j;
+      }
+    }
+    if (kept == 0) continue;
+    const std::vector<double>& score = ref.scores[n];
+    std::vector<double> tol(static_cast<size_t>(count));
+    for (int64_t s = 0; s < count; ++s)
+      tol[s] = relative_tolerance * ref.magnitudes[n][s] + 1e-30;
+    if (c.distinct_keys > 0) {
+      for (int64_t j = 0; j < kept; ++j)
+        ASSERT_EQ(got[j], ref.indices[n * K + j]) << "exact ties: position " << j;
+    }
+    std::vector<uint8_t> chosen(static_cast<size_t>(count), 0);
+    double lowest_chosen = std::numeric_limits<double>::infinity();
+    for (int64_t j = 0; j < kept; ++j) {
+      const int32_t s = got[j];
+      ASSERT_TRUE(s >= 0 && s < count) << "index " << s << " at " << j;
+      ASSERT_FALSE(chosen[s]) << "index " << s << " twice";
+      chosen[s] = 1;
+      lowest_chosen = std::min(lowest_chosen, score[s] + tol[s]);
+      if (j > 0) {  // best first: a later entry may beat an earlier one only within tolerance
+        const int32_t before = got[j - 1];
+        ASSERT_LE(score[s], score[before] + tol[s] + tol[before]) << "order at " << j;
+      }
+      if (c.scores) {
+        ASSERT_NEAR(got_scores[j], score[s], tol[s]) << "score of entry " << s;
+        if (j > 0) {
+          ASSERT_GE(got_scores[j - 1], got_scores[j]) << "not best first at " << j;
+          if (got_scores[j - 1] == got_scores[j]) {
+            ASSERT_LT(got[j - 1], got[j]) << "tie order";
+          }
+        }
+      }
+    }
+    for (int64_t s = 0; s < count; ++s) {
+      if (!chosen[s]) {
+        ASSERT_LE(score[s] - tol[s], lowest_chosen) << "entry " << s << " should have been chosen";
+      }
+    }
+  }
+}
+
+const char* index_backend_name(IndexBackend backend) {
+  switch (backend) {
+    case IndexBackend::kCPU:
+      return "cpu";
+    case IndexBackend::kCudaTensorCore:
+      return "cuda_tensor_core";
+    case IndexBackend::kCudaWarpMma:
+      return "cuda_warp_mma";
+    case IndexBackend::kCudaCore:
+      return "cuda_core";
+  }
+  return "?";
+}
+
+Backend memory_of(IndexBackend backend) {
+  return backend == IndexBackend::kCPU ? Backend::kCPU : Backend::kCUDA;
+}
+
+double index_tolerance(IndexBackend backend, DType q_dtype) {
+  const bool split_queries =
+      backend == IndexBackend::kCudaTensorCore || backend == IndexBackend::kCudaWarpMma;
+  return split_queries && q_dtype == DType::kFloat32 ? 2.6e-5 : 1e-5;
+}
+
+ScorePathScope::ScorePathScope(IndexBackend backend) {
+#ifdef HDK_WITH_CUDA
+  dsv4::detail::set_index_score_path(
+      backend == IndexBackend::kCudaCore      ? dsv4::detail::IndexScorePath::kCudaCore
+      : backend == IndexBackend::kCudaWarpMma ? dsv4::detail::IndexScorePath::kWarpMma
+                                              : dsv4::detail::IndexScorePath::kTensorCore);
+#else
+  (void)backend;
+#endif
+}
+
+ScorePathScope::~ScorePathScope() {
+#ifdef HDK_WITH_CUDA
+  dsv4::detail::set_index_score_path(dsv4::detail::IndexScorePath::kTensorCore);
+#endif
+}
+
+namespace {
+
+DeviceBuffer copy_to(Backend memory, const void* host, size_t bytes) {
+  DeviceBuffer b(memory, std::max<size_t>(bytes, 16));
+  if (bytes > 0) b.upload(host, bytes);
+  return b;
+}
+
+}  // namespace
+
+IndexDeviceCall::IndexDeviceCall(const IndexCase& c, const IndexInputs& in, Backend memory)
+    : memory_(memory),
+      q_(copy_to(memory, in.q_bytes.data(), in.q_bytes.size())),
+      weights_(copy_to(memory, in.weights.data(), in.weights.size() * 4)),
+      cache_(copy_to(memory, in.cache.data(), in.cache.size())),
+      table_(copy_to(memory, in.block_table.data(), in.block_table.size() * 4)),
+      counts_(copy_to(memory, in.counts.data(), in.counts.size())),
+      indices_(copy_to(memory, in.indices.data(), in.indices.size() * 4)),
+      scores_(copy_to(memory, in.scores.data(), in.scores.size() * 4)),
+      slots_(copy_to(memory, in.slots.data(), in.slots.size() * 4)),
+      counter_(copy_to(memory, in.counter.data(), in.counter.size())) {
+  IndexInputs& views = const_cast<IndexInputs&>(in);  // params() only reads the host arrays
+  params = views.params(c);
+  const Device device = backend_device(memory);
+  auto to_device = [&](TensorView& view, const DeviceBuffer& b) {
+    view.data = b.data();
+    view.device = device;
+  };
+  to_device(params.q, q_);
+  params.q.data = static_cast<uint8_t*>(q_.data()) + c.q_pad_bytes();
+  to_device(params.weights, weights_);
+  to_device(params.key_cache, cache_);
+  to_device(params.block_table, table_);
+  to_device(params.num_entries, counts_);
+  to_device(params.topk_indices, indices_);
+  if (params.topk_scores.defined()) to_device(params.topk_scores, scores_);
+  if (params.topk_slots.defined()) to_device(params.topk_slots, slots_);
+  to_device(params.invalid_count, counter_);
+}
+
+void IndexDeviceCall::reset_outputs(const IndexInputs& in) {
+  indices_.upload(in.indices.data(), in.indices.size() * 4);
+  scores_.upload(in.scores.data(), in.scores.size() * 4);
+  slots_.upload(in.slots.data(), in.slots.size() * 4);
+  counter_.upload(in.counter.data(), in.counter.size());
+}
+
+void IndexDeviceCall::download(IndexInputs& in) const {
+  synchronize(memory_);
+  indices_.download(in.indices.data(), in.indices.size() * 4);
+  scores_.download(in.scores.data(), in.scores.size() * 4);
+  slots_.download(in.slots.data(), in.slots.size() * 4);
+  counter_.download(in.counter.data(), in.counter.size());
+}
+
+void run_index_topk(const IndexCase& c, IndexInputs& in, IndexBackend backend) {
+  if (backend == IndexBackend::kCPU) {
+    dsv4::index_topk(in.params(c));
+    return;
+  }
+  ScorePathScope scope(backend);
+  IndexDeviceCall call(c, in, memory_of(backend));
+  dsv4::index_topk(call.params);
+  call.download(in);
+}
+
+void run_index_case(const IndexCase& c, IndexBackend backend) {
+  SCOPED_TRACE(c.describe() + " on " + index_backend_name(backend));
+  IndexInputs in = make_index_inputs(c);
+  std::vector<uint8_t> ref_counter = counter_bytes(DType::kInt32, 3);
+  dsv4::IndexerParams ref_params = in.params(c);
+  ref_params.invalid_count = TensorView::contiguous(ref_counter.data(), DType::kInt32, {1});
+  const dsv4::IndexerReference ref = dsv4::index_topk_reference(ref_params);
+  run_index_topk(c, in, backend);
+  EXPECT_EQ(read_counter(in.counter, DType::kInt32), 3 + ref.invalid_rows);
+  EXPECT_EQ(read_counter(ref_counter, DType::kInt32), 3 + ref.invalid_rows);
+  check_index_outputs(c, in, ref, index_tolerance(backend, c.q_dtype));
+}
+
+}  // namespace testing
+}  // namespace hdk
