@@ -27,15 +27,15 @@
 #include "bench_cli.h"
 #include "bench_device.h"
 #include "core/float_convert.h"
-#include "dsv4/reference/attention_reference.h"
+#include "dsv4/attention/reference/attention_reference.h"
 #include "dsv4_bench_data.h"
 #include "hdk/dsv4/attention.h"
 #include "hdk/dsv4/kv_cache.h"
 
 #ifdef HDK_WITH_CUDA
-#include "dsv4/attention_validation.h"
-#include "dsv4/cuda/index_topk_cuda.h"
-#include "dsv4/cuda/sparse_decode_cuda.h"
+#include "dsv4/attention/attention_validation.h"
+#include "dsv4/index_topk/cuda/index_topk_cuda.h"
+#include "dsv4/sparse_decode/cuda/sparse_decode_cuda.h"
 #endif
 
 namespace hdk {

@@ -16,7 +16,7 @@
 
 #include "bench_cli.h"
 #include "bench_device.h"
-#include "dsv4/reference/kv_cache_reference.h"
+#include "dsv4/kv_cache/reference/kv_cache_reference.h"
 #include "hdk/dsv4/kv_cache.h"
 
 namespace hdk {

@@ -13,7 +13,7 @@
 #include "bench_cli.h"
 #include "bench_device.h"
 #include "core/float_convert.h"
-#include "dsv4/reference/router_reference.h"
+#include "dsv4/router/reference/router_reference.h"
 #include "hdk/dsv4/router.h"
 #include "hdk/error.h"
 

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "core/float_convert.h"
-#include "dsv4/reference/attention_reference.h"
+#include "dsv4/attention/reference/attention_reference.h"
 #include "hdk/dsv4/attention.h"
 #include "hdk/dsv4/kv_cache.h"
 #include "support/device_memory.h"

@@ -1,18 +1,18 @@
-// index_topk's CUDA launch plan (src/dsv4/index_launch_plan.h), checked on the CPU over a grid of
-// calls and two devices' limits: the shared-memory regions the kernel uses at the same time do not
-// overlap, the total fits the device, the scores of rows up to 8 x 32768 entries stay resident
-// (no rescoring), and the planner refuses head counts that leave no room for scores; with the
-// caller's workspace, which calls score over every SM, in how many CTAs, and that the scoring and
-// select kernels' regions fit.
+// index_topk's CUDA launch plan (src/dsv4/index_topk/index_launch_plan.h), checked on the CPU over
+// a grid of calls and two devices' limits: the shared-memory regions the kernel uses at the same
+// time do not overlap, the total fits the device, the scores of rows up to 8 x 32768 entries stay
+// resident (no rescoring), and the planner refuses head counts that leave no room for scores; with
+// the caller's workspace, which calls score over every SM, in how many CTAs, and that the scoring
+// and select kernels' regions fit.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <string>
 
-#include "dsv4/attention_workspace.h"
-#include "dsv4/index_launch_plan.h"
-#include "dsv4/index_mma_layout.h"
+#include "dsv4/attention/attention_workspace.h"
+#include "dsv4/index_topk/index_launch_plan.h"
+#include "dsv4/index_topk/index_mma_layout.h"
 #include "hdk/error.h"
 #include "topk/select_layout.h"
 

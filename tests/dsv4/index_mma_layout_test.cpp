@@ -1,7 +1,7 @@
 // The tensor-core scoring of index_topk's CUDA kernel, checked on the CPU: the fragment ownership
-// functions of dsv4/index_mma_layout.h (the PTX ISA's m16n8k16 layout) cover each matrix element
-// once, the k permutation covers each key dim once, and a warp's scoring of an 8-entry tile,
-// emulated lane by lane with the very fragment builders the kernel calls (query staging, key
+// functions of dsv4/index_topk/index_mma_layout.h (the PTX ISA's m16n8k16 layout) cover each matrix
+// element once, the k permutation covers each key dim once, and a warp's scoring of an 8-entry
+// tile, emulated lane by lane with the very fragment builders the kernel calls (query staging, key
 // dequantization, the head reduction over C fragments), equals a plain float64 matmul of the
 // same queries and keys. What this cannot check: that the hardware follows the PTX layout the
 // functions transcribe (the CUDA tests in index_topk_test.cpp do, against the CUDA-core path and
@@ -18,11 +18,11 @@
 #include <utility>
 #include <vector>
 
-#include "dsv4/bf16_pairs.h"
-#include "dsv4/index_mma_layout.h"
-#include "dsv4/index_wgmma_layout.h"
-#include "dsv4/kv_cache_problem.h"
-#include "dsv4/kv_formats.h"
+#include "core/bf16_pairs.h"
+#include "dsv4/index_topk/index_mma_layout.h"
+#include "dsv4/index_topk/index_wgmma_layout.h"
+#include "dsv4/kv_cache/kv_cache_problem.h"
+#include "dsv4/kv_cache/kv_formats.h"
 #include "hdk/dsv4/kv_cache.h"
 
 namespace hdk {

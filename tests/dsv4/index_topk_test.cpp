@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "dsv4/reference/attention_reference.h"
+#include "dsv4/attention/reference/attention_reference.h"
 #include "hdk/dsv4/attention.h"
 #include "hdk/dsv4/kv_cache.h"
 #include "hdk/error.h"
@@ -38,7 +38,7 @@
 #ifdef HDK_WITH_CUDA
 #include <cuda_runtime.h>
 
-#include "dsv4/cuda/index_topk_cuda.h"
+#include "dsv4/index_topk/cuda/index_topk_cuda.h"
 #endif
 
 namespace hdk {

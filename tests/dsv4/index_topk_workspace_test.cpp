@@ -25,8 +25,8 @@
 #ifdef HDK_WITH_CUDA
 #include <cuda_runtime.h>
 
-#include "dsv4/attention_validation.h"
-#include "dsv4/cuda/index_topk_cuda.h"
+#include "dsv4/attention/attention_validation.h"
+#include "dsv4/index_topk/cuda/index_topk_cuda.h"
 #endif
 
 namespace hdk {

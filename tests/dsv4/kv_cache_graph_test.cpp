@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "dsv4/reference/kv_cache_reference.h"
+#include "dsv4/kv_cache/reference/kv_cache_reference.h"
 #include "hdk/dsv4/kv_cache.h"
 #include "support/device_memory.h"
 #include "support/kv_cache_case.h"

@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "dsv4/reference/kv_cache_reference.h"
+#include "dsv4/kv_cache/reference/kv_cache_reference.h"
 #include "hdk/dsv4/kv_cache.h"
 #include "hdk/error.h"
 #include "support/device_memory.h"

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "core/float_convert.h"
-#include "dsv4/reference/router_reference.h"
+#include "dsv4/router/reference/router_reference.h"
 #include "hdk/dsv4/router.h"
 #include "hdk/error.h"
 #include "support/device_memory.h"

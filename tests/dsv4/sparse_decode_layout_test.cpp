@@ -1,5 +1,6 @@
-// The index math of sparse_decode's tensor-core kernel (src/dsv4/cuda/sparse_decode_layout.h),
-// checked on the CPU so it holds before any GPU runs the kernel:
+// The index math of sparse_decode's tensor-core kernel
+// (src/dsv4/sparse_decode/cuda/sparse_decode_layout.h), checked on the CPU so it holds before any
+// GPU runs the kernel:
 // - the wgmma m64nNk16 fragment ownership against entries of the PTX ISA's figures, and as
 //   bijections; the score accumulators as the output product's A fragments;
 // - the operand tiles: every chunk stored once, bank-conflict-free stores, and both warpgroups
@@ -19,11 +20,11 @@
 #include <utility>
 #include <vector>
 
-#include "dsv4/cuda/sparse_decode_layout.h"
-#include "dsv4/cuda/sparse_decode_plan.h"
-#include "dsv4/e4m3_bits.h"
-#include "dsv4/kv_cache_problem.h"
-#include "dsv4/kv_formats.h"
+#include "dsv4/kv_cache/e4m3_bits.h"
+#include "dsv4/kv_cache/kv_cache_problem.h"
+#include "dsv4/kv_cache/kv_formats.h"
+#include "dsv4/sparse_decode/cuda/sparse_decode_layout.h"
+#include "dsv4/sparse_decode/cuda/sparse_decode_plan.h"
 #include "hdk/dsv4/kv_cache.h"
 
 namespace hdk {

@@ -1,14 +1,15 @@
-// The launch plan of sparse_decode's tensor-core kernels (src/dsv4/cuda/sparse_decode_plan.h),
-// checked on the CPU: the combine's column slices, the split counts against measured H100 cases,
-// and the splits through the workspace against the SMs and the workspace size.
+// The launch plan of sparse_decode's tensor-core kernels
+// (src/dsv4/sparse_decode/cuda/sparse_decode_plan.h), checked on the CPU: the combine's column
+// slices, the split counts against measured H100 cases, and the splits through the workspace
+// against the SMs and the workspace size.
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <string>
 
 #include "core/resident_clusters.h"
-#include "dsv4/attention_workspace.h"
-#include "dsv4/cuda/sparse_decode_plan.h"
+#include "dsv4/attention/attention_workspace.h"
+#include "dsv4/sparse_decode/cuda/sparse_decode_plan.h"
 
 namespace hdk {
 namespace testing {

@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "core/float_convert.h"
-#include "dsv4/reference/attention_reference.h"
+#include "dsv4/attention/reference/attention_reference.h"
 #include "hdk/dsv4/attention.h"
 #include "hdk/dsv4/kv_cache.h"
 #include "hdk/error.h"
@@ -37,8 +37,8 @@
 #ifdef HDK_WITH_CUDA
 #include <cuda_runtime.h>
 
-#include "dsv4/attention_validation.h"
-#include "dsv4/cuda/sparse_decode_cuda.h"
+#include "dsv4/attention/attention_validation.h"
+#include "dsv4/sparse_decode/cuda/sparse_decode_cuda.h"
 #endif
 
 namespace hdk {

@@ -15,7 +15,7 @@
 #include "hdk/dsv4/kv_cache.h"
 
 #ifdef HDK_WITH_CUDA
-#include "dsv4/cuda/index_topk_cuda.h"
+#include "dsv4/index_topk/cuda/index_topk_cuda.h"
 #endif
 
 namespace hdk {

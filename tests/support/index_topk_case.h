@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "dsv4/reference/attention_reference.h"
+#include "dsv4/attention/reference/attention_reference.h"
 #include "hdk/dsv4/attention.h"
 #include "hdk/dsv4/kv_cache.h"
 #include "hdk/dtype.h"

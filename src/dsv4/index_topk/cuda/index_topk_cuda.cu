@@ -1,0 +1,1062 @@
+// CUDA backend of hdk::dsv4::index_topk: one launch, a cluster of C CTAs (C = 1..8) per row, each
+// CTA owning a contiguous segment of the row's entries. A CTA
+//  1. stages the row's weights and queries in shared memory (the queries already in the mma
+//     fragment order of dsv4/index_topk/index_mma_layout.h), checks that they are finite and that
+//     the row's num_entries and the block ids of its used pages are in range (every CTA of the
+//     cluster reads the same values and reaches the same verdict, so no cluster barrier is
+//     needed before an invalid row returns);
+//  2. scores its segment straight from the paged FP4 key cache into shared memory, as the
+//     order-preserving uint32 keys of topk_key.h: on tensor cores, up to 64 heads by warpgroups
+//     (a warpgroup takes 64 entries at a time: each thread dequantizes 32 dims of two keys by
+//     bit placement into bf16 A fragments, wgmma m64n64k16 against the staged q, then relu,
+//     weight and a sum over heads within a quad; dsv4/index_topk/index_wgmma_layout.h), above 64
+//     heads by warps (two 8-entry tiles at a time: mma.sync m16n8k16 for every 16 heads;
+//     dsv4/index_topk/index_mma_layout.h), or, as a test cross-check, on CUDA cores (one warp per
+//     entry, fp32 FMAs);
+//  3. runs hdk::topk's cluster radix select (topk/cuda/cluster_select.cuh) over those scores
+//     (the warpgroup kernel has counted its first level while scoring, where the launch plan
+//     keeps that histogram apart from the staged data); the leader CTA writes the row's outputs.
+// The scores never leave shared memory: the cluster holds up to 8 x 32768 of them, which covers
+// 262144 entries per row with no workspace. A longer row still gets exact results: each CTA
+// then scores its segment in chunks again on every pass of the select (usually 2 or 3 passes,
+// at most 7).
+// docs/dsv4-attention.md has the reasoning and the numbers.
+#include "dsv4/index_topk/cuda/index_topk_cuda.h"
+
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstdint>
+#include <string>
+
+#include "core/bf16_pairs.h"
+#include "core/ceil_div.h"
+#include "core/cuda/count_invalid.cuh"
+#include "core/cuda/gate_mma.cuh"
+#include "core/cuda/shared_address.cuh"
+#include "core/cuda/wgmma.cuh"
+#include "core/cuda_helpers.h"
+#include "core/fast_divide.h"
+#include "dsv4/attention/attention_workspace.h"
+#include "dsv4/index_topk/index_launch_plan.h"
+#include "dsv4/index_topk/index_mma_layout.h"
+#include "dsv4/index_topk/index_wgmma_layout.h"
+#include "dsv4/kv_cache/kv_cache_problem.h"
+#include "dsv4/kv_cache/kv_formats.h"
+#include "hdk/error.h"
+#include "topk/cuda/cluster_select.cuh"
+#include "topk/topk_key.h"
+
+namespace hdk {
+namespace dsv4 {
+namespace detail {
+namespace {
+
+namespace cg = cooperative_groups;
+using hdk::detail::ceil_div;
+using hdk::detail::cluster_select;
+using hdk::detail::column_of;
+using hdk::detail::FastDivide;
+using hdk::detail::ordered_key;
+using hdk::detail::select_layout;
+using hdk::detail::shared_address;
+
+constexpr const char* kOperation = "hdk::dsv4::index_topk";
+// 8 warps: with two tiles per warp the tensor-core kernels take 146-155 registers a thread.
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kTilesPerWarp = 2;  // 8-entry tiles per warp per query fragment read
+constexpr unsigned kFullMask = 0xffffffffu;
+constexpr int kWarpgroups = kThreads / 128;
+// Tiles of raw key bytes a warpgroup thread holds in registers ahead of the one it converts:
+// with 3, an SM has about 26 KiB of key loads in flight (and the kernel 234-254 registers).
+constexpr int kWarpgroupStages = 3;
+
+// Which kernel scores: the warpgroup's wgmma (up to 64 heads), the warp's mma.sync, CUDA cores.
+enum class ScoreKernel { kWarpgroup, kWarp, kCudaCore };
+
+std::atomic<int> g_score_path{static_cast<int>(IndexScorePath::kTensorCore)};
+
+// relu that keeps NaN, as the CPU backend's: a key stored with NaN markers must score NaN.
+__device__ __forceinline__ float relu(float x) {
+  return x < 0.0f ? 0.0f : x;
+}
+
+// The same in one instruction (max.NaN; -0 may come back as +0, which scores the same).
+__device__ __forceinline__ float relu_keep_nan(float x) {
+  float y;
+  asm("max.NaN.f32 %0, %1, 0f00000000;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// The score a ranked key stands for (ordered_key's inverse; -0 comes back as +0).
+__device__ __forceinline__ float value_of_key(uint32_t key) {
+  if (key == 0u) return __uint_as_float(0x7fc00000u);
+  return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
+}
+
+// q[row, head, dim] as fp32 (exact for bf16).
+__device__ __forceinline__ float query_value(const IndexerProblem& p, int64_t row, int64_t head,
+                                             int dim) {
+  const int64_t offset = row * p.q.row_stride + head * p.q.head_stride + dim;
+  if (p.q.dtype == DType::kFloat32) return static_cast<const float*>(p.q.data)[offset];
+  return bf16_bits_value(static_cast<const uint16_t*>(p.q.data)[offset]);
+}
+
+// One 16-byte chunk of a q row (dims 8 c .. 8 c + 7) as it is stored: 4 words of bf16 pairs or
+// 8 fp32 words; zero for heads past H.
+template <bool kFp32Q>
+struct QueryChunk {
+  uint32_t words[kFp32Q ? 8 : 4];
+};
+
+template <bool kFp32Q>
+__device__ __forceinline__ QueryChunk<kFp32Q> load_query_chunk(const IndexerProblem& p, int64_t row,
+                                                               int head, int chunk, bool vector) {
+  QueryChunk<kFp32Q> c{};
+  if (head >= p.num_heads) return c;
+  const int64_t offset = row * p.q.row_stride + head * p.q.head_stride + 8 * chunk;
+  if constexpr (kFp32Q) {
+    const float* q = static_cast<const float*>(p.q.data) + offset;
+    if (vector) {
+      const uint4 a = __ldg(reinterpret_cast<const uint4*>(q));
+      const uint4 b = __ldg(reinterpret_cast<const uint4*>(q) + 1);
+      c = {{a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w}};
+    } else {
+#pragma unroll
+      for (int d = 0; d < 8; ++d)
+        c.words[d] = __float_as_uint(q[d]);
+    }
+  } else {
+    const uint16_t* q = static_cast<const uint16_t*>(p.q.data) + offset;
+    if (vector) {
+      const uint4 a = __ldg(reinterpret_cast<const uint4*>(q));
+      c = {{a.x, a.y, a.z, a.w}};
+    } else {
+#pragma unroll
+      for (int w = 0; w < 4; ++w)
+        c.words[w] = q[2 * w] | static_cast<uint32_t>(q[2 * w + 1]) << 16;
+    }
+  }
+  return c;
+}
+
+// Stages the row's queries; returns true when this thread saw a value that is not finite.
+template <ScoreKernel kScore, bool kFp32Q>
+__device__ bool stage_queries(const IndexerProblem& p, int64_t row, const IndexLaunch& launch,
+                              uint8_t* shared) {
+  bool bad = false;
+  if (kScore == ScoreKernel::kWarpgroup) {
+    // The B tile from 16-byte chunks of the q rows, each stored as four bf16 pairs
+    // (warpgroup_chunk_pair_k); heads past H are zero. Every load is issued before the first
+    // store: a load does not pass a store to shared memory through a generic pointer, and when
+    // each pair was stored before the next was loaded the staging took one memory round trip
+    // per pair, 11 us of a row's fixed cost on an H100 (globaltimer probes, 2026-11-27).
+    constexpr int kChunksPerHead = kIndexerKeyDim / 8;
+    constexpr int kChunksPerThread = kWarpgroupHeads * kChunksPerHead / kThreads;
+    static_assert(kWarpgroupHeads * kChunksPerHead % kThreads == 0, "whole rounds of chunks");
+    constexpr int64_t kValuesPer16Bytes = kFp32Q ? 4 : 8;
+    const bool vector = reinterpret_cast<uintptr_t>(p.q.data) % 16 == 0 &&
+                        p.q.row_stride % kValuesPer16Bytes == 0 &&
+                        p.q.head_stride % kValuesPer16Bytes == 0;
+    QueryChunk<kFp32Q> chunks[kChunksPerThread];
+#pragma unroll
+    for (int i = 0; i < kChunksPerThread; ++i) {
+      const int chunk = static_cast<int>(threadIdx.x) + i * kThreads;
+      chunks[i] =
+          load_query_chunk<kFp32Q>(p, row, chunk / kChunksPerHead, chunk % kChunksPerHead, vector);
+    }
+#pragma unroll
+    for (int i = 0; i < kChunksPerThread; ++i) {
+      const int chunk = static_cast<int>(threadIdx.x) + i * kThreads;
+      const int head = chunk / kChunksPerHead;
+      const uint32_t* w = chunks[i].words;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int offset =
+            warpgroup_query_offset(head, warpgroup_chunk_pair_k(chunk % kChunksPerHead, j));
+        uint32_t hi, lo = 0;
+        if constexpr (kFp32Q) {
+          uint32_t hi_bits[2], lo_bits[2];
+          const float first = __uint_as_float(w[j]), second = __uint_as_float(w[j + 4]);
+          bad |= !is_finite(first) || !is_finite(second);
+          split_bf16(first, hi_bits[0], lo_bits[0]);
+          split_bf16(second, hi_bits[1], lo_bits[1]);
+          hi = pack_bf16x2(hi_bits[0], hi_bits[1]);
+          lo = pack_bf16x2(lo_bits[0], lo_bits[1]);
+        } else {
+          // Dims j and j + 4: halves j % 2 of words j / 2 and j / 2 + 2.
+          hi = __byte_perm(w[j / 2], w[j / 2 + 2], j % 2 == 0 ? 0x5410 : 0x7632);
+          bad |= !bf16x2_finite(hi);
+        }
+        *reinterpret_cast<uint32_t*>(shared + launch.q + offset) = hi;
+        if (kFp32Q) *reinterpret_cast<uint32_t*>(shared + launch.q_lo + offset) = lo;
+      }
+    }
+    fence_shared_for_wgmma();  // the caller's barrier then covers every thread's writes
+  } else if (kScore == ScoreKernel::kWarp) {
+    uint32_t* hi = reinterpret_cast<uint32_t*>(shared + launch.q);
+    uint32_t* lo = reinterpret_cast<uint32_t*>(shared + launch.q_lo);
+    const int64_t registers = launch.m_tiles * kKeySteps * 32 * 4;
+    for (int64_t r = threadIdx.x; r < registers; r += kThreads) {
+      const int64_t word = r / 4;  // q_fragment_word(m_tile, step, lane)
+      const int reg = static_cast<int>(r % 4);
+      const int lane = static_cast<int>(word % 32);
+      const int step = static_cast<int>((word / 32) % kKeySteps);
+      const int64_t m_tile = word / (32 * kKeySteps);
+      uint32_t hi_bits[2], lo_bits[2];
+      for (int e = 0; e < 2; ++e) {
+        const int i = 2 * reg + e;
+        const int head = q_fragment_head(m_tile, lane, i);
+        const float value =
+            head < p.num_heads ? query_value(p, row, head, q_fragment_dim(step, lane, i)) : 0.0f;
+        bad |= !is_finite(value);
+        if (kFp32Q) {
+          split_bf16(value, hi_bits[e], lo_bits[e]);
+        } else {
+          hi_bits[e] = bf16_rn_bits(value);  // exact: the value came from bf16
+        }
+      }
+      hi[r] = pack_bf16x2(hi_bits[0], hi_bits[1]);
+      if (kFp32Q) lo[r] = pack_bf16x2(lo_bits[0], lo_bits[1]);
+    }
+  } else {
+    float* q = reinterpret_cast<float*>(shared + launch.q);
+    const int64_t values = p.num_heads * kIndexerKeyDim;
+    for (int64_t i = threadIdx.x; i < values; i += kThreads) {
+      const float value = query_value(p, row, i / kIndexerKeyDim, static_cast<int>(i % 128));
+      bad |= !is_finite(value);
+      q[i] = value;
+    }
+  }
+  return bad;
+}
+
+// Where entry s of the row lives: its page and its offset in the page (s < 2^31, checked).
+struct EntryPlace {
+  const uint8_t* page;
+  int64_t offset;
+};
+
+// How a CTA finds its entries' pages: the division by the block size, and the block ids of its
+// segment's pages, copied to shared memory while the row is validated when they fit there
+// (launch.page_capacity). Read from global memory, a block id is a round trip that the key load
+// behind it has to wait for; from shared memory it is a few cycles, so the key loads in flight
+// are not held up by it.
+struct KeyPages {
+  FastDivide divide;
+  const int32_t* cached = nullptr;  // block ids of pages first_cached .., or nullptr
+  int64_t first_cached = 0;
+};
+
+__device__ __forceinline__ EntryPlace place_of(const IndexerProblem& p, int64_t row, int64_t s,
+                                               const KeyPages& pages) {
+  const uint32_t entry = static_cast<uint32_t>(s);
+  const uint32_t page = pages.divide.quotient(entry);
+  const int64_t block = pages.cached != nullptr ? pages.cached[page - pages.first_cached]
+                                                : p.block_table.at(row, page);
+  return EntryPlace{p.keys.data + block * p.keys.page_stride,
+                    static_cast<int64_t>(entry - page * pages.divide.divisor)};
+}
+
+// One lane's 16 bytes of an entry's key (dims 32t .. 32t + 31 for quad lane t) and their scale
+// bytes (MXFP4: byte t; NVFP4: bytes 2t and 2t + 1, the first in the low bits).
+struct RawPiece {
+  uint32_t words[4];
+  uint32_t scale_bytes;
+};
+
+// Loads entry s of the row for quad lane t. Past the end of a segment the callers load its first
+// entry and drop its score; its codes stay as they are: the entries of a product (rows of a
+// wgmma, columns of an mma.sync) do not mix, and zeroing them would put a select on the loaded
+// words right behind the load, where it waits for the data (one memory latency per tile: the
+// kernels took 3-17% longer with it on an H100, docs/dsv4-attention.md).
+template <KeyFormat kFormat>
+__device__ __forceinline__ RawPiece load_raw_piece(const IndexerProblem& p, int64_t row, int64_t s,
+                                                   int t, bool wide, const KeyPages& pages) {
+  const EntryPlace place = place_of(p, row, s, pages);
+  const uint8_t* data = place.page + place.offset * kKeyDataBytes + 16 * t;
+  RawPiece piece;
+  if (wide) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(data));
+    piece.words[0] = v.x, piece.words[1] = v.y, piece.words[2] = v.z, piece.words[3] = v.w;
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      piece.words[i] = __ldg(reinterpret_cast<const uint32_t*>(data) + i);
+  }
+  const uint8_t* scales =
+      place.page + p.keys.block_size * kKeyDataBytes + place.offset * key_scale_bytes(kFormat);
+  piece.scale_bytes = kFormat == KeyFormat::kMXFP4
+                          ? __ldg(scales + t)
+                          : __ldg(reinterpret_cast<const unsigned short*>(scales) + t);
+  return piece;
+}
+
+// One lane's share of an 8-entry tile of the warp kernel: 16 bytes of its key and their scales.
+struct KeyPiece {
+  uint32_t words[4];
+  uint32_t scale_lo, scale_hi;  // bf16x2 scales of dims 32t .. 32t + 15 and 32t + 16 .. 32t + 31
+};
+
+// The piece of entry `first + e` (e = tile * 8 + group) for quad lane t; entries past `count`
+// read entry `first` (load_raw_piece).
+template <KeyFormat kFormat>
+__device__ __forceinline__ KeyPiece load_key_piece(const IndexerProblem& p, int64_t row,
+                                                   int64_t first, int64_t count, int64_t tile,
+                                                   int group, int t, bool wide,
+                                                   const KeyPages& pages) {
+  const int64_t e = tile * kMmaN + group;
+  const RawPiece raw = load_raw_piece<kFormat>(p, row, first + (e < count ? e : 0), t, wide, pages);
+  KeyPiece piece;
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    piece.words[i] = raw.words[i];
+  if (kFormat == KeyFormat::kMXFP4) {
+    const float scale = decode_ue8m0(static_cast<uint8_t>(raw.scale_bytes));
+    piece.scale_lo = piece.scale_hi = pack_floats_bf16x2(scale, scale);
+  } else {
+    const float lo = decode_e4m3(static_cast<uint8_t>(raw.scale_bytes & 0xffu));
+    const float hi = decode_e4m3(static_cast<uint8_t>(raw.scale_bytes >> 8));
+    piece.scale_lo = pack_floats_bf16x2(lo, lo);
+    piece.scale_hi = pack_floats_bf16x2(hi, hi);
+  }
+  return piece;
+}
+
+// Tensor cores, up to 64 heads: scores entries first .. first + count - 1 of the row into
+// out[0 .. count). Warpgroup g takes the 64-entry tiles g, g + 2, ...; a thread converts rows r
+// and r + 8 of its warp's 16 (dsv4/index_topk/index_wgmma_layout.h) into the A fragments of the
+// tile's 8 k-steps, the warpgroup multiplies them by the staged q (twice for fp32 q: hi and lo),
+// and the 4 threads of a quad sum relu(D) x weight over their 16 heads each. The raw bytes of the
+// next kWarpgroupStages tiles are in flight meanwhile. With `first_level`, each score is also
+// counted into the select's first-level histogram (the pass the select would otherwise make over
+// the scores).
+template <bool kFp32Q, KeyFormat kFormat>
+__device__ void score_warpgroup(const IndexerProblem& p, int64_t row, int64_t first, int64_t count,
+                                const IndexLaunch& launch, const uint8_t* shared, uint32_t* out,
+                                bool wide, const KeyPages& pages, uint32_t* first_level) {
+  const int warpgroup = threadIdx.x / 128, thread = threadIdx.x % 128;
+  const int lane = threadIdx.x & 31, t = lane & 3;
+  const int upper = wgmma_d_coord(thread, 0).row;  // this thread's rows: upper and upper + 8
+  // This thread's accumulator columns are heads 8 j + 2t + (0, 1): their weights, for good.
+  const float* staged_weights = reinterpret_cast<const float*>(shared + launch.weights);
+  float weight[kWarpgroupHeads / 4];
+#pragma unroll
+  for (int i = 0; i < kWarpgroupHeads / 4; ++i)
+    weight[i] = staged_weights[wgmma_d_coord(thread, 4 * (i / 2) + i % 2).col];
+  // The B descriptors of k-step 0; the other steps' are fixed byte offsets from them.
+  const uint64_t q_hi =
+      wgmma_descriptor(shared_address(shared + launch.q), scores_operand(0, kWarpgroupHeads));
+  const uint64_t q_lo =
+      wgmma_descriptor(shared_address(shared + launch.q_lo), scores_operand(0, kWarpgroupHeads));
+  const int64_t tiles = ceil_div(count, kWarpgroupEntries);
+
+  auto load = [&](int64_t tile, RawPiece(&rows)[2]) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int64_t e = tile * kWarpgroupEntries + upper + 8 * r;
+      rows[r] = load_raw_piece<kFormat>(p, row, first + (e < count ? e : 0), t, wide, pages);
+    }
+  };
+  RawPiece stage[kWarpgroupStages][2];
+#pragma unroll
+  for (int u = 0; u < kWarpgroupStages; ++u)
+    load(warpgroup + u * kWarpgroups, stage[u]);
+
+  constexpr int64_t kStride = int64_t{kWarpgroupStages} * kWarpgroups;
+  for (int64_t base = warpgroup; base < tiles; base += kStride) {
+#pragma unroll
+    for (int u = 0; u < kWarpgroupStages; ++u) {
+      const int64_t tile = base + u * kWarpgroups;
+      if (tile >= tiles) break;  // the same for the whole warpgroup
+      uint32_t a[2][16];
+      if (kFormat == KeyFormat::kMXFP4) {
+        // Scale bytes above 136 (scales above 2^9, NaN) take two multiplies; a warp that has one
+        // converts every piece that way (the same exact values).
+        const uint32_t s0 = stage[u][0].scale_bytes, s1 = stage[u][1].scale_bytes;
+        if (__any_sync(kFullMask, mxfp4_needs_two_steps(s0) || mxfp4_needs_two_steps(s1))) {
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const uint32_t scale =
+                scale_pair(decode_ue8m0(static_cast<uint8_t>(stage[u][r].scale_bytes)));
+            entry_fragments<true>(stage[u][r].words, scale, scale, a[r]);
+          }
+        } else {
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const uint32_t scale = mxfp4_placed_multiplier(stage[u][r].scale_bytes);
+            entry_fragments<false>(stage[u][r].words, scale, scale, a[r]);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const uint32_t bytes = stage[u][r].scale_bytes;
+          entry_fragments<false>(
+              stage[u][r].words,
+              nvfp4_placed_multiplier(decode_e4m3(static_cast<uint8_t>(bytes & 0xffu))),
+              nvfp4_placed_multiplier(decode_e4m3(static_cast<uint8_t>(bytes >> 8))), a[r]);
+        }
+      }
+      load(tile + kStride, stage[u]);  // past the end: entry `first`, dropped
+
+      float d[32];
+      wgmma_fence();
+#pragma unroll
+      for (int step = 0; step < kWarpgroupSteps; ++step) {
+        const uint32_t fragment[4] = {
+            step_fragment(a[0], a[1], step, 0), step_fragment(a[0], a[1], step, 1),
+            step_fragment(a[0], a[1], step, 2), step_fragment(a[0], a[1], step, 3)};
+        const int offset = scores_operand(step, kWarpgroupHeads).start;
+        wgmma_m64n64k16_a_registers(d, fragment, wgmma_descriptor_advance(q_hi, offset), step > 0);
+        if (kFp32Q) {
+          wgmma_m64n64k16_a_registers(d, fragment, wgmma_descriptor_advance(q_lo, offset), true);
+        }
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_fence_accumulators(d);
+
+      // Accumulator i is row upper + 8 ((i / 2) % 2), head wgmma_d_coord(thread, i).col.
+      float sum[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int i = 0; i < 32; ++i)
+        sum[(i / 2) % 2] += relu_keep_nan(d[i]) * weight[2 * (i / 4) + i % 2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        sum[r] += __shfl_xor_sync(kFullMask, sum[r], 1);
+        sum[r] += __shfl_xor_sync(kFullMask, sum[r], 2);
+      }
+      if (t < 2) {  // lane t = 0 writes the upper row, t = 1 the lower one
+        const int64_t e = tile * kWarpgroupEntries + upper + 8 * t;
+        // A carried 2^-kPlacedShift: exact back (a power of two), not folded into the weights,
+        // which could then overflow.
+        if (e < count) {
+          const uint32_t key = ordered_key((t == 0 ? sum[0] : sum[1]) * kPlacedScoreFactor);
+          out[e] = key;
+          if (first_level != nullptr)
+            atomicAdd(&first_level[key >> (32 - hdk::detail::kSelectDigitBits)], 1u);
+        }
+      }
+    }
+  }
+}
+
+// Tensor cores, any head count: scores entries first .. first + count - 1 of the row into
+// out[0 .. count). A warp
+// takes kTilesPerWarp consecutive 8-entry tiles at a time (warp w: tile groups w, w + 8, ...),
+// so each query fragment read from shared memory feeds kTilesPerWarp mma; the next group's key
+// bytes are loaded while the current group is computed.
+template <bool kFp32Q, KeyFormat kFormat>
+__device__ void score_warp(const IndexerProblem& p, int64_t row, int64_t first, int64_t count,
+                           const IndexLaunch& launch, const uint8_t* shared, uint32_t* out,
+                           bool wide, const KeyPages& pages) {
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int group = lane >> 2, t = lane & 3;
+  const uint4* q_hi = reinterpret_cast<const uint4*>(shared + launch.q);
+  const uint4* q_lo = reinterpret_cast<const uint4*>(shared + launch.q_lo);
+  const float* weights = reinterpret_cast<const float*>(shared + launch.weights);
+  const int m_tiles = static_cast<int>(launch.m_tiles);
+  const int64_t tile_groups = ceil_div(ceil_div(count, kMmaN), kTilesPerWarp);
+  if (warp >= tile_groups) return;
+  // Tiles past the end load entry `first`; their scores are not written.
+  KeyPiece next[kTilesPerWarp];
+#pragma unroll
+  for (int u = 0; u < kTilesPerWarp; ++u) {
+    next[u] = load_key_piece<kFormat>(p, row, first, count, warp * kTilesPerWarp + u, group, t,
+                                      wide, pages);
+  }
+  for (int64_t tile_group = warp; tile_group < tile_groups; tile_group += kWarps) {
+    uint32_t b[kTilesPerWarp][kKeySteps][2];
+#pragma unroll
+    for (int u = 0; u < kTilesPerWarp; ++u) {
+#pragma unroll
+      for (int step = 0; step < kKeySteps; ++step) {
+        key_fragment(next[u].words, step,
+                     step < kKeySteps / 2 ? next[u].scale_lo : next[u].scale_hi, b[u][step][0],
+                     b[u][step][1]);
+      }
+    }
+    const int64_t ahead = tile_group + kWarps < tile_groups ? tile_group + kWarps : tile_group;
+#pragma unroll
+    for (int u = 0; u < kTilesPerWarp; ++u) {
+      next[u] = load_key_piece<kFormat>(p, row, first, count, ahead * kTilesPerWarp + u, group, t,
+                                        wide, pages);
+    }
+
+    float sum[kTilesPerWarp][2] = {};  // entries 2t and 2t + 1 of each tile, this lane's heads
+    for (int m_tile = 0; m_tile < m_tiles; ++m_tile) {
+      float c[kTilesPerWarp][4] = {};
+#pragma unroll
+      for (int step = 0; step < kKeySteps; ++step) {
+        const uint4 a = q_hi[q_fragment_word(m_tile, step, lane)];
+#pragma unroll
+        for (int u = 0; u < kTilesPerWarp; ++u)
+          mma_bf16_16816(c[u], a.x, a.y, a.z, a.w, b[u][step][0], b[u][step][1]);
+        if (kFp32Q) {
+          const uint4 l = q_lo[q_fragment_word(m_tile, step, lane)];
+#pragma unroll
+          for (int u = 0; u < kTilesPerWarp; ++u)
+            mma_bf16_16816(c[u], l.x, l.y, l.z, l.w, b[u][step][0], b[u][step][1]);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float w = weights[m_tile * kMmaM + mma_c_row(lane, i)];
+#pragma unroll
+        for (int u = 0; u < kTilesPerWarp; ++u)
+          sum[u][i & 1] += relu(c[u][i]) * w;
+      }
+    }
+    // The 8 lanes of one quad position hold the same entries for different heads.
+#pragma unroll
+    for (int u = 0; u < kTilesPerWarp; ++u) {
+#pragma unroll
+      for (int offset = 4; offset < 32; offset <<= 1) {
+        sum[u][0] += __shfl_xor_sync(kFullMask, sum[u][0], offset);
+        sum[u][1] += __shfl_xor_sync(kFullMask, sum[u][1], offset);
+      }
+    }
+    if (group == 0) {
+#pragma unroll
+      for (int u = 0; u < kTilesPerWarp; ++u) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int64_t e = (tile_group * kTilesPerWarp + u) * kMmaN + mma_c_col(lane, i);
+          if (e < count) out[e] = ordered_key(sum[u][i]);
+        }
+      }
+    }
+  }
+}
+
+// CUDA cores, the plain way: one warp per entry, lane l holds dims 4l .. 4l + 3 (decoded like
+// the CPU backend does), fp32 dot per head, heads summed in order.
+template <KeyFormat kFormat>
+__device__ void score_cuda_core(const IndexerProblem& p, int64_t row, int64_t first, int64_t count,
+                                const IndexLaunch& launch, const uint8_t* shared, uint32_t* out,
+                                const KeyPages& pages) {
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const float* q = reinterpret_cast<const float*>(shared + launch.q);
+  const float* weights = reinterpret_cast<const float*>(shared + launch.weights);
+  for (int64_t e = warp; e < count; e += kWarps) {
+    const EntryPlace place = place_of(p, row, first + e, pages);
+    const uint8_t* data = place.page + place.offset * kKeyDataBytes;
+    const uint8_t* scales =
+        place.page + p.keys.block_size * kKeyDataBytes + place.offset * key_scale_bytes(kFormat);
+    const float scale = kFormat == KeyFormat::kMXFP4 ? decode_ue8m0(scales[lane / 8])
+                                                     : decode_e4m3(scales[lane / 4]);
+    float key[4];
+    for (int i = 0; i < 4; ++i) {
+      const uint8_t byte = data[2 * lane + i / 2];
+      key[i] = decode_e2m1(static_cast<uint8_t>((byte >> (4 * (i & 1))) & 0xf)) * scale;
+    }
+    float score = 0.0f;
+    for (int64_t h = 0; h < p.num_heads; ++h) {
+      const float* qh = q + h * kIndexerKeyDim + 4 * lane;
+      float dot = 0.0f;
+      for (int i = 0; i < 4; ++i)
+        dot += qh[i] * key[i];
+      for (int offset = 16; offset > 0; offset >>= 1)
+        dot += __shfl_xor_sync(kFullMask, dot, offset);
+      score += relu(dot) * weights[h];
+    }
+    if (lane == 0) out[e] = ordered_key(score);
+  }
+}
+
+// Scores entries first .. first + count - 1 of the row into out[0 .. count) (shared or global
+// memory) on the kernel's path; the warpgroup kernel also counts them into `first_level` when
+// given.
+template <ScoreKernel kScore, bool kFp32Q, KeyFormat kFormat>
+__device__ __forceinline__ void score_entries(const IndexerProblem& p, int64_t row, int64_t first,
+                                              int64_t count, const IndexLaunch& launch,
+                                              const uint8_t* shared, uint32_t* out, bool wide,
+                                              const KeyPages& pages, uint32_t* first_level) {
+  if (kScore == ScoreKernel::kWarpgroup) {
+    score_warpgroup<kFp32Q, kFormat>(p, row, first, count, launch, shared, out, wide, pages,
+                                     first_level);
+  } else if (kScore == ScoreKernel::kWarp) {
+    score_warp<kFp32Q, kFormat>(p, row, first, count, launch, shared, out, wide, pages);
+  } else {
+    score_cuda_core<kFormat>(p, row, first, count, launch, shared, out, pages);
+  }
+}
+
+// The dynamic shared memory from its first 1024-byte boundary: wgmma swizzles by shared-address
+// bits, and a cluster's select addresses its peers' memory by offsets from there (the same in
+// every CTA of the cluster).
+__device__ __forceinline__ uint8_t* aligned_shared(uint8_t* bytes) {
+  return bytes + (kIndexSharedAlignment - shared_address(bytes) % kIndexSharedAlignment) %
+                     kIndexSharedAlignment;
+}
+
+// The select's first-level histogram (select_layout's buffer 0) where a kernel counts that level
+// while it fills the keys (`counted`), else nullptr.
+__device__ __forceinline__ uint32_t* first_level_of(uint8_t* shared, const IndexLaunch& launch,
+                                                    bool counted) {
+  return counted
+             ? reinterpret_cast<uint32_t*>(shared + select_layout(launch.sort_capacity).histogram)
+             : nullptr;
+}
+
+__device__ __forceinline__ void zero_first_level(uint32_t* first_level) {
+  if (first_level == nullptr) return;
+  for (int bin = threadIdx.x; bin < hdk::detail::kSelectBins; bin += kThreads)
+    first_level[bin] = 0;
+}
+
+// A CTA's contiguous share of a row: entries first .. last - 1.
+struct Segment {
+  int64_t first, last;
+};
+
+// Share `part` of a row of `length` entries split evenly over `parts` CTAs (a cluster's).
+__device__ __forceinline__ Segment cluster_segment(int64_t length, int parts, int part) {
+  const int64_t share = ceil_div(length, parts);
+  const int64_t first = min(length, part * share);
+  return Segment{first, min(length, first + share)};
+}
+
+// 1. Weights and queries to shared memory; the row's validity (finite queries and weights,
+// num_entries in range, block ids of the used pages in range), which every CTA of the row reaches
+// alike from the same values. `segment_of(length)` is this CTA's share of a row of `length`
+// entries: the block ids of its pages are kept in shared memory when they fit (`pages`). Zeroes
+// `first_level` when given. Every thread calls it; it ends with a barrier and returns whether the
+// row is invalid, with num_entries in `length`.
+template <ScoreKernel kScore, bool kFp32Q, typename SegmentOf>
+__device__ bool stage_row(const IndexerProblem& p, int64_t row, const IndexLaunch& launch,
+                          uint8_t* shared, uint32_t* first_level, SegmentOf&& segment_of,
+                          int64_t& length, KeyPages& pages) {
+  const int tid = threadIdx.x;
+  float* weights = reinterpret_cast<float*>(shared + launch.weights);
+  // A load does not pass a store to shared memory through a generic pointer, so the loads go out
+  // in batches ahead of the stores they feed: num_entries, this thread's weight and the block ids
+  // of the row's first pages (any page below max_blocks is in the table) together with the
+  // queries.
+  bool bad = false;
+  length = p.num_entries.at(row);
+  const float own_weight = tid < p.num_heads
+                               ? p.weights[row * p.weights_row_stride + tid * p.weights_head_stride]
+                               : 0.0f;
+  constexpr int kPageBatch = 4;  // block ids a thread loads before it checks them
+  int64_t blocks[kPageBatch];
+  auto load_blocks = [&](int64_t first_page) {
+#pragma unroll
+    for (int i = 0; i < kPageBatch; ++i) {
+      const int64_t page = first_page + tid + i * kThreads;
+      blocks[i] = page < p.max_blocks ? p.block_table.at(row, page) : 0;
+    }
+  };
+  load_blocks(0);
+  bad |= stage_queries<kScore, kFp32Q>(p, row, launch, shared);
+  // A caller that counts the select's first level while it scores counts from zero (the barrier
+  // at the end orders this before any count).
+  zero_first_level(first_level);
+  for (int64_t h = tid; h < launch.staged_heads; h += kThreads) {
+    const float w = h == tid ? own_weight
+                    : h < p.num_heads
+                        ? p.weights[row * p.weights_row_stride + h * p.weights_head_stride]
+                        : 0.0f;
+    bad |= !is_finite(w);
+    weights[h] = w;
+  }
+  const int64_t block_size = p.keys.block_size;
+  if (length < 0 || length > p.max_blocks * block_size) {
+    bad = true;
+  } else {
+    const Segment segment = segment_of(length);
+    if (segment.last > segment.first) {
+      pages.first_cached = segment.first / block_size;
+      if ((segment.last - 1) / block_size - pages.first_cached < launch.page_capacity)
+        pages.cached = reinterpret_cast<const int32_t*>(shared + launch.pages);
+    }
+    int32_t* cache = reinterpret_cast<int32_t*>(shared + launch.pages);
+    const int64_t page_count = ceil_div(length, block_size);
+    for (int64_t base = 0; base < page_count; base += kPageBatch * kThreads) {
+      if (base > 0) load_blocks(base);
+#pragma unroll
+      for (int i = 0; i < kPageBatch; ++i) {
+        const int64_t page = base + tid + i * kThreads;
+        if (page >= page_count) break;
+        const int64_t block = blocks[i];
+        bad |= block < 0 || block >= p.keys.num_blocks;
+        const int64_t slot = page - pages.first_cached;
+        if (pages.cached != nullptr && slot >= 0 && slot < launch.page_capacity)
+          cache[slot] = static_cast<int32_t>(block);  // block_table is int32
+      }
+    }
+  }
+  return __syncthreads_or(bad ? 1 : 0) != 0;  // also the barrier after staging
+}
+
+// 2 and 3, for the one-launch kernel and the workspace's select kernel alike: every CTA of the
+// row's cluster takes its share of the row (cluster_segment), whose keys `fill(first, count, out,
+// counts)` puts in out[0 .. count) for entries first .. first + count - 1 (counting each into
+// `counts`, the select's first level, when that is not null), and the cluster selects; the leader
+// writes the outputs. `length` is 0 for an invalid row (padding only). `first_level`: the
+// first-level histogram, zeroed before the caller's last barrier, where `fill` may count it.
+template <typename Fill>
+__device__ void select_row(const IndexerProblem& p, int64_t row, int64_t length,
+                           const IndexLaunch& launch, uint8_t* shared, uint32_t* first_level,
+                           Fill&& fill) {
+  cg::cluster_group cluster = cg::this_cluster();
+  const int cluster_size = static_cast<int>(cluster.num_blocks());
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int tid = threadIdx.x;
+  uint32_t* scores = reinterpret_cast<uint32_t*>(shared + launch.scores);
+
+  const int64_t want = length < p.top_k ? length : p.top_k;
+  int32_t* out_indices = p.topk_indices + row * p.topk_indices_row_stride;
+  float* out_scores =
+      p.topk_scores != nullptr ? p.topk_scores + row * p.topk_scores_row_stride : nullptr;
+  int32_t* out_slots =
+      p.topk_slots != nullptr ? p.topk_slots + row * p.topk_slots_row_stride : nullptr;
+  if (want == 0) {  // the same in every CTA of the cluster: none touches another's memory
+    if (rank == 0) {
+      for (int64_t j = tid; j < p.top_k; j += kThreads) {
+        out_indices[j] = -1;
+        if (out_scores != nullptr) out_scores[j] = -INFINITY;
+        if (out_slots != nullptr) out_slots[j] = -1;
+      }
+    }
+    return;
+  }
+
+  // 2. Keys of the segment, kept in shared memory when they fit (always up to 8 x chunk).
+  const Segment segment = cluster_segment(length, cluster_size, rank);
+  const int64_t begin = segment.first;
+  const int64_t size = segment.last - segment.first;
+  const bool resident = size <= launch.chunk;
+  // Counted while filled only when every key is filled once, before the select.
+  uint32_t* const counts = resident ? first_level : nullptr;
+  if (resident && size > 0) fill(begin, size, scores, counts);
+  __syncthreads();
+
+  // 3. The cluster's select over the keys; rounds of one key per thread.
+  auto for_each_entry = [&](bool /*first*/, auto&& visit) {
+    for (int64_t chunk = 0; chunk < size; chunk += launch.chunk) {
+      const int count = static_cast<int>(min(launch.chunk, size - chunk));
+      if (!resident) {
+        __syncthreads();  // the previous chunk's keys are all visited
+        fill(begin + chunk, count, scores, nullptr);
+        __syncthreads();
+      }
+      for (int base = 0; base < count; base += kThreads) {
+        const int i = base + tid;
+        visit(scores[min(i, count - 1)], static_cast<uint32_t>(begin + chunk + i), i < count);
+      }
+    }
+  };
+  // Winners and candidates go to the leader in batches of 4 rounds (cluster_select.cuh): the
+  // select runs after the scoring, whose registers it reuses.
+  if (!cluster_select<4>(shared, launch.sort_capacity, want, length, for_each_entry,
+                         counts != nullptr)) {
+    return;
+  }
+
+  const uint64_t* sorted =
+      reinterpret_cast<const uint64_t*>(shared + select_layout(launch.sort_capacity).sorted);
+  for (int64_t j = tid; j < p.top_k; j += kThreads) {
+    if (j < want) {
+      const uint32_t s = column_of(sorted[j]);
+      out_indices[j] = static_cast<int32_t>(s);
+      if (out_scores != nullptr)
+        out_scores[j] = value_of_key(static_cast<uint32_t>(sorted[j] >> 32));
+      // The key cache's slot of entry s: validation checked that every slot fits int32.
+      if (out_slots != nullptr) out_slots[j] = static_cast<int32_t>(p.slot(row, s));
+    } else {
+      out_indices[j] = -1;
+      if (out_scores != nullptr) out_scores[j] = -INFINITY;
+      if (out_slots != nullptr) out_slots[j] = -1;
+    }
+  }
+}
+
+// The one-launch kernel: a cluster per row stages, scores its segments into shared memory (again
+// on every pass of the select where they do not fit) and selects.
+template <ScoreKernel kScore, bool kFp32Q, KeyFormat kFormat>
+__global__ void __launch_bounds__(kThreads, 1)
+    index_topk_kernel(IndexerProblem p, IndexLaunch launch, FastDivide page_divide, bool wide) {
+  cg::cluster_group cluster = cg::this_cluster();
+  const int cluster_size = static_cast<int>(cluster.num_blocks());
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int64_t row = blockIdx.x / cluster_size;
+  extern __shared__ __align__(16) uint8_t shared_bytes[];
+  uint8_t* shared = aligned_shared(shared_bytes);
+  // The warpgroup kernel counts the select's first level while it scores, where the plan keeps
+  // that histogram apart from the staged data.
+  uint32_t* const first_level =
+      first_level_of(shared, launch, kScore == ScoreKernel::kWarpgroup && launch.count_first_level);
+  KeyPages pages;
+  pages.divide = page_divide;
+  int64_t length = 0;
+  const bool bad = stage_row<kScore, kFp32Q>(
+      p, row, launch, shared, first_level,
+      [&](int64_t entries) { return cluster_segment(entries, cluster_size, rank); }, length, pages);
+  if (bad) {
+    length = 0;
+    if (rank == 0 && threadIdx.x == 0) count_invalid(p.invalid_count);
+  }
+  select_row(p, row, length, launch, shared, first_level,
+             [&](int64_t first, int64_t count, uint32_t* out, uint32_t* counts) {
+               score_entries<kScore, kFp32Q, kFormat>(p, row, first, count, launch, shared, out,
+                                                      wide, pages, counts);
+             });
+}
+
+// Scoring through the workspace, over every SM: CTA `segment` of the row's `segments` scores its
+// share (index_score_segment) straight into the row's workspace keys; segment 0 writes the row's
+// invalid flag, the only word of the row that every call writes whatever the row holds.
+template <ScoreKernel kScore, bool kFp32Q, KeyFormat kFormat>
+__global__ void __launch_bounds__(kThreads, 1)
+    index_score_kernel(IndexerProblem p, IndexLaunch launch, IndexWorkspaceLayout layout,
+                       int segments, FastDivide page_divide, bool wide) {
+  const int64_t row = blockIdx.x / segments;
+  const int segment = static_cast<int>(blockIdx.x % segments);
+  auto segment_of = [&](int64_t entries) {
+    const int64_t share = index_score_segment(entries, segments);
+    const int64_t first = min(entries, segment * share);
+    return Segment{first, min(entries, first + share)};
+  };
+  // A CTA past the row's entries has nothing to do (segment 0 always runs, for the flag); one
+  // with entries stages and checks the row itself rather than wait for segment 0's verdict.
+  const int64_t entries = p.num_entries.at(row);
+  if (segment > 0 && (entries < 0 || entries > p.max_blocks * p.keys.block_size ||
+                      segment_of(entries).first >= entries)) {
+    return;
+  }
+  extern __shared__ __align__(16) uint8_t shared_bytes[];
+  uint8_t* shared = aligned_shared(shared_bytes);
+  KeyPages pages;
+  pages.divide = page_divide;
+  int64_t length = 0;
+  const bool bad =
+      stage_row<kScore, kFp32Q>(p, row, launch, shared, nullptr, segment_of, length, pages);
+  if (segment == 0 && threadIdx.x == 0)
+    reinterpret_cast<int32_t*>(p.workspace + layout.flags_offset)[row] = bad ? 1 : 0;
+  if (bad) return;
+  const Segment share = segment_of(length);
+  if (share.last <= share.first) return;
+  uint32_t* keys =
+      reinterpret_cast<uint32_t*>(p.workspace + layout.keys_offset) + row * layout.row_stride;
+  score_entries<kScore, kFp32Q, kFormat>(p, row, share.first, share.last - share.first, launch,
+                                         shared, keys + share.first, wide, pages, nullptr);
+}
+
+// The select through the workspace: a cluster per row loads its segments' keys from the row's
+// workspace keys in place of scoring them (counting the first level as it goes) and selects
+// as the one-launch kernel does.
+__global__ void __launch_bounds__(kThreads, 1)
+    index_select_kernel(IndexerProblem p, IndexLaunch launch, IndexWorkspaceLayout layout) {
+  cg::cluster_group cluster = cg::this_cluster();
+  const int cluster_size = static_cast<int>(cluster.num_blocks());
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int64_t row = blockIdx.x / cluster_size;
+  extern __shared__ __align__(16) uint8_t shared_bytes[];
+  uint8_t* shared = aligned_shared(shared_bytes);
+  uint32_t* const first_level = first_level_of(shared, launch, launch.count_first_level);
+  zero_first_level(first_level);
+  const bool bad = reinterpret_cast<const int32_t*>(p.workspace + layout.flags_offset)[row] != 0;
+  const int64_t length = bad ? 0 : p.num_entries.at(row);
+  if (bad && rank == 0 && threadIdx.x == 0) count_invalid(p.invalid_count);
+  __syncthreads();  // the histogram is zero before any count
+  const uint32_t* keys =
+      reinterpret_cast<const uint32_t*>(p.workspace + layout.keys_offset) + row * layout.row_stride;
+  select_row(p, row, length, launch, shared, first_level,
+             [&](int64_t first, int64_t count, uint32_t* out, uint32_t* counts) {
+               for (int64_t i = threadIdx.x; i < count; i += kThreads) {
+                 const uint32_t key = keys[first + i];
+                 out[i] = key;
+                 if (counts != nullptr)
+                   atomicAdd(&counts[key >> (32 - hdk::detail::kSelectDigitBits)], 1u);
+               }
+             });
+}
+
+using OneLaunchKernel = void (*)(IndexerProblem, IndexLaunch, FastDivide, bool);
+using ScoringKernel = void (*)(IndexerProblem, IndexLaunch, IndexWorkspaceLayout, int, FastDivide,
+                               bool);
+
+// The kernels of one scoring path, query dtype and key format.
+struct Kernels {
+  OneLaunchKernel one_launch;
+  ScoringKernel scoring;
+};
+
+template <ScoreKernel kScore, bool kFp32Q, KeyFormat kFormat>
+Kernels kernels_of() {
+  return Kernels{index_topk_kernel<kScore, kFp32Q, kFormat>,
+                 index_score_kernel<kScore, kFp32Q, kFormat>};
+}
+
+template <ScoreKernel kScore>
+Kernels pick_kernels(bool fp32_q, KeyFormat format) {
+  if (fp32_q) {
+    return format == KeyFormat::kMXFP4 ? kernels_of<kScore, true, KeyFormat::kMXFP4>()
+                                       : kernels_of<kScore, true, KeyFormat::kNVFP4>();
+  }
+  return format == KeyFormat::kMXFP4 ? kernels_of<kScore, false, KeyFormat::kMXFP4>()
+                                     : kernels_of<kScore, false, KeyFormat::kNVFP4>();
+}
+
+Kernels pick_kernels(ScoreKernel score, bool fp32_q, KeyFormat format) {
+  switch (score) {
+    case ScoreKernel::kWarpgroup:
+      return pick_kernels<ScoreKernel::kWarpgroup>(fp32_q, format);
+    case ScoreKernel::kWarp:
+      return pick_kernels<ScoreKernel::kWarp>(fp32_q, format);
+    case ScoreKernel::kCudaCore:
+      break;
+  }
+  return pick_kernels<ScoreKernel::kCudaCore>(fp32_q, format);
+}
+
+}  // namespace
+
+void set_index_score_path(IndexScorePath path) {
+  g_score_path.store(static_cast<int>(path), std::memory_order_relaxed);
+}
+
+IndexScorePath index_score_path() {
+  return static_cast<IndexScorePath>(g_score_path.load(std::memory_order_relaxed));
+}
+
+namespace {
+
+// What a call launches: the kernels of its scoring path, the one-launch plan and, with a
+// workspace, the workspace plan (segments > 0 where it is used).
+struct IndexLaunchChoice {
+  Kernels kernels;
+  IndexLaunchPlan plan;
+  IndexWorkspacePlan workspace;
+  FastDivide pages;
+  bool wide = false;
+};
+
+IndexLaunchChoice choose_launch(const IndexerProblem& p, int device) {
+  const int64_t block_size = p.keys.block_size;
+  const int64_t capacity = p.max_blocks * block_size;
+  if (capacity > INT_MAX) {
+    throw Error(std::string(kOperation) + ": block_table's " + std::to_string(p.max_blocks) +
+                " pages of " + std::to_string(block_size) + " entries exceed the " +
+                std::to_string(INT_MAX) + " entries per row the int32 indices can name");
+  }
+  // Key pages hold 4-byte (MXFP4) or 8-byte (NVFP4) scale words read whole (as the KV cache
+  // kernels do); 16-byte code loads when the pool allows them.
+  const int64_t alignment = p.format == KeyFormat::kMXFP4 ? 4 : 8;
+  const uintptr_t base = reinterpret_cast<uintptr_t>(p.keys.data);
+  if (base % alignment != 0 || p.keys.page_stride % alignment != 0) {
+    throw Error(std::string(kOperation) + ": argument 'key_cache' must be " +
+                std::to_string(alignment) +
+                "-byte aligned with a page stride that is a multiple of " +
+                std::to_string(alignment) + " bytes on CUDA");
+  }
+  IndexLaunchChoice choice;
+  choice.wide = base % 16 == 0 && p.keys.page_stride % 16 == 0;
+  const IndexScorePath path = index_score_path();
+  const bool tensor = path != IndexScorePath::kCudaCore;
+  const ScoreKernel score =
+      path == IndexScorePath::kCudaCore ? ScoreKernel::kCudaCore
+      : path == IndexScorePath::kTensorCore && warpgroup_scoring_fits(p.num_heads)
+          ? ScoreKernel::kWarpgroup
+          : ScoreKernel::kWarp;
+  const bool fp32_q = p.q.dtype == DType::kFloat32;
+
+  const int sm_count =
+      hdk::detail::cached_device_attribute(cudaDevAttrMultiProcessorCount, device, kOperation);
+  const int shared_limit = hdk::detail::cached_device_attribute(
+      cudaDevAttrMaxSharedMemoryPerBlockOptin, device, kOperation);
+
+  choice.kernels = pick_kernels(score, fp32_q, p.format);
+  // The kernels run one CTA per SM (their registers), whatever shared memory they take.
+  hdk::detail::allow_dynamic_shared_memory(choice.kernels.one_launch, shared_limit, device,
+                                           kOperation);
+  // Every size; above 8 the non-portable sizes, 0 where the device does not run them.
+  const hdk::detail::ResidentClusterCounts& clusters = hdk::detail::resident_clusters(
+      choice.kernels.one_launch, kThreads, static_cast<size_t>(shared_limit), device, kOperation);
+  choice.plan = plan_index_launch(p.num_rows, p.num_heads, capacity, p.top_k, tensor, fp32_q,
+                                  sm_count, shared_limit, clusters);
+  if (p.workspace != nullptr) {
+    hdk::detail::allow_dynamic_shared_memory(index_select_kernel, shared_limit, device, kOperation);
+    const hdk::detail::ResidentClusterCounts& select_clusters = hdk::detail::resident_clusters(
+        index_select_kernel, kThreads, static_cast<size_t>(shared_limit), device, kOperation);
+    choice.workspace =
+        plan_index_workspace(p.num_rows, p.num_heads, capacity, p.top_k, tensor, fp32_q, sm_count,
+                             shared_limit, choice.plan, select_clusters);
+    if (choice.workspace.segments > 0) {
+      hdk::detail::allow_dynamic_shared_memory(choice.kernels.scoring, shared_limit, device,
+                                               kOperation);
+    }
+  }
+  // Entry ordinals are below capacity <= INT_MAX; a larger block size comes only with no pages
+  // (nothing is ever located then).
+  choice.pages = FastDivide(static_cast<uint32_t>(std::min<int64_t>(block_size, INT_MAX)));
+  const int cluster_size = choice.plan.cluster_size;
+  if (p.num_rows > INT_MAX / cluster_size) {
+    throw Error(std::string(kOperation) + ": the CUDA backend takes at most " +
+                std::to_string(INT_MAX / cluster_size) + " rows per call, got " +
+                std::to_string(p.num_rows));
+  }
+  return choice;
+}
+
+}  // namespace
+
+IndexLaunchReport index_topk_launch_report(const IndexerProblem& p, int device) {
+  IndexLaunchReport report;
+  if (p.num_rows == 0) return report;
+  hdk::detail::CudaDeviceGuard guard(device, kOperation);
+  const IndexLaunchChoice choice = choose_launch(p, device);
+  report.segments = choice.workspace.segments;
+  report.cluster_size =
+      report.segments > 0 ? choice.workspace.select.cluster_size : choice.plan.cluster_size;
+  return report;
+}
+
+void index_topk_cuda(const IndexerProblem& p, int device, CudaStream stream) {
+  if (p.num_rows == 0) return;
+  hdk::detail::CudaDeviceGuard guard(device, kOperation);
+  const IndexLaunchChoice choice = choose_launch(p, device);
+  const cudaStream_t cuda_stream = reinterpret_cast<cudaStream_t>(stream);
+  const IndexWorkspacePlan& workspace = choice.workspace;
+  if (workspace.segments > 0) {
+    if (p.workspace_bytes < workspace.layout.bytes) {
+      throw Error(
+          std::string(kOperation) + ": argument 'workspace' must hold at least " +
+          std::to_string(workspace.layout.bytes) + " bytes for " + std::to_string(p.num_rows) +
+          " rows of up to " + std::to_string(p.max_blocks * p.keys.block_size) +
+          " entries (index_topk_workspace_bytes), got " + std::to_string(p.workspace_bytes));
+    }
+    const unsigned score_grid = static_cast<unsigned>(p.num_rows * workspace.segments);
+    choice.kernels.scoring<<<score_grid, kThreads, workspace.score.bytes, cuda_stream>>>(
+        p, workspace.score, workspace.layout, static_cast<int>(workspace.segments), choice.pages,
+        choice.wide);
+    hdk::detail::check_launch(cudaGetLastError(), kOperation, "launching index_score_kernel");
+    const IndexLaunchPlan& select = workspace.select;
+    hdk::detail::check_launch(
+        hdk::detail::launch_in_clusters(
+            index_select_kernel, static_cast<unsigned>(p.num_rows * select.cluster_size), kThreads,
+            select.launch.bytes, cuda_stream, static_cast<unsigned>(select.cluster_size), p,
+            select.launch, workspace.layout),
+        kOperation, "launching index_select_kernel");
+    return;
+  }
+  const IndexLaunchPlan& plan = choice.plan;
+  hdk::detail::check_launch(
+      hdk::detail::launch_in_clusters(
+          choice.kernels.one_launch, static_cast<unsigned>(p.num_rows * plan.cluster_size),
+          kThreads, plan.launch.bytes, cuda_stream, static_cast<unsigned>(plan.cluster_size), p,
+          plan.launch, choice.pages, choice.wide),
+      kOperation, "launching index_topk_kernel");
+}
+
+}  // namespace detail
+}  // namespace dsv4
+}  // namespace hdk

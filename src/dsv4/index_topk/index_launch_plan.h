@@ -1,0 +1,272 @@
+// Host planning of index_topk's CUDA launch (cuda/index_topk_cuda.cu): CTAs per row (a cluster)
+// and the kernel's shared-memory layout, and whether a few rows are scored over every SM through
+// the caller's workspace instead. Plain C++ so that tests/dsv4/index_launch_plan_test.cpp checks
+// it on the CPU: regions that must not overlap do not, everything fits the device's shared
+// memory, and up to 8 x 32768 entries per row the scores stay resident.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "core/ceil_div.h"
+
+#include "core/host_device.h"
+#include "core/resident_clusters.h"
+#include "dsv4/attention/attention_workspace.h"
+#include "dsv4/index_topk/index_mma_layout.h"
+#include "dsv4/index_topk/index_wgmma_layout.h"
+#include "hdk/dsv4/kv_cache.h"
+#include "hdk/error.h"
+#include "topk/select_layout.h"
+
+namespace hdk {
+namespace dsv4 {
+namespace detail {
+
+constexpr int kIndexMaxCluster = hdk::detail::kPortableClusterSize;
+constexpr int kIndexMaxSpreadCluster = hdk::detail::kMaxClusterSize;  // where the device runs it
+constexpr int64_t kIndexMaxChunk = 32768;      // scores a CTA holds at once: 128 KiB
+constexpr int64_t kIndexMinChunk = 1024;       // below this a CTA would rescore too often
+constexpr int64_t kIndexSpreadEntries = 1024;  // fewest entries per CTA when spreading rows
+// What a CTA costs besides its entries, in entry times, when rows take waves: a wave of clusters
+// of 16 CTAs of 4096 entries took 75-79 us on an H100, of 16384 entries 196-205 us (a line
+// through both: 32 us at 0 entries, about 3000 entry times); a wave of clusters of 8 CTAs of
+// 32768 entries 347 us (7300 from the line through it and 16384's).
+constexpr int64_t kIndexCtaFixedEntries = 4096;
+
+// The kernel's shared memory (byte offsets from its first 1024-byte boundary; queries on such a
+// boundary for wgmma's swizzle, the rest on 16 bytes) and sizes. Weights (staged_heads fp32) and
+// queries (tensor cores: staged_heads x 128 bf16, hi then lo for fp32 q, as the warp kernel's
+// fragment words or the warpgroup kernel's B tile; CUDA cores: H x 128 fp32) sit in the select's
+// space when `overlay` (every row's scores resident, so scoring ends before the select starts),
+// else after it.
+struct IndexLaunch {
+  int sort_capacity = 1;     // power of two >= the most winners a row can have
+  int64_t m_tiles = 0;       // ceil(H / 16): the warp kernel's 16-head tiles
+  int64_t staged_heads = 0;  // heads staged, padded with zero weights and queries
+  int64_t chunk = 0;         // scores a CTA holds at once (a multiple of 32)
+  bool overlay = false;
+  size_t weights = 0;
+  size_t q = 0;
+  size_t q_lo = 0;
+  size_t pages = 0;           // page_capacity int32 block ids of the CTA's segment
+  int64_t page_capacity = 0;  // more pages than this are looked up in the block table
+  size_t scores = 0;          // chunk uint32 keys
+  size_t bytes = 0;           // dynamic shared memory, with the room to reach a 1024-byte boundary
+  // The select's first-level histogram (select_layout's, buffer 0) lies apart from everything
+  // staging and scoring use, so resident CTAs count it while they score.
+  bool count_first_level = false;
+};
+
+// Up to 64 heads the tensor-core kernel scores a warpgroup's 64 entries per wgmma product
+// (cuda/index_topk_cuda.cu); above, the warp kernel's mma.sync tiles of 16 heads.
+inline bool warpgroup_scoring_fits(int64_t num_heads) {
+  return num_heads <= kWarpgroupHeads;
+}
+
+constexpr size_t kIndexSharedAlignment = 1024;  // wgmma's 128-byte swizzle atom
+// Block ids a CTA keeps in shared memory (4 KiB): a segment of 32768 entries in pages of 64 needs
+// 513; smaller pages fall back to the block table.
+constexpr int64_t kIndexCachedPages = 1024;
+
+struct IndexLaunchPlan {
+  IndexLaunch launch;
+  int cluster_size = 1;  // CTAs per row: 1 to 16
+};
+
+inline size_t align16(size_t bytes) {
+  return (bytes + 15) / 16 * 16;
+}
+
+// The staged queries' bytes: bf16 staged_heads x 128 (the warp kernel's m_tiles x 8 steps x 32
+// lanes x 16 bytes), twice for fp32 q (hi, then lo), on tensor cores; H x 128 fp32 on CUDA cores.
+inline size_t index_fragment_bytes(int64_t staged_heads) {
+  return static_cast<size_t>(staged_heads) * kIndexerKeyDim * 2;
+}
+inline size_t index_query_bytes(int64_t num_heads, int64_t staged_heads, bool tensor, bool fp32_q) {
+  return tensor ? index_fragment_bytes(staged_heads) * (fp32_q ? 2 : 1)
+                : static_cast<size_t>(num_heads) * static_cast<size_t>(kIndexerKeyDim) * 4;
+}
+
+// Sizes from the validated call (capacity = max_blocks * block_size) and the device (its SMs, its
+// opt-in shared memory per CTA and the clusters of each size it runs at once, one CTA per SM).
+// In `clusters`, 0 for a size of 2 to 8 CTAs means unknown, no limit (the default, for plans
+// without a device); above 8, that the device does not run the size, and 16 decides whether any
+// of them is used. Size 1 is never limited. Throws hdk::Error when the queries leave too little
+// shared memory for scores.
+inline IndexLaunchPlan plan_index_launch(
+    int64_t num_rows, int64_t num_heads, int64_t capacity, int64_t top_k, bool tensor, bool fp32_q,
+    int sm_count, int shared_limit,
+    const hdk::detail::ResidentClusterCounts& clusters = hdk::detail::ResidentClusterCounts()) {
+  using hdk::detail::ceil_div;
+  auto at = [&](int size) { return size <= 1 ? 0 : clusters.by_size[size]; };
+  IndexLaunchPlan plan;
+  IndexLaunch& launch = plan.launch;
+  while (launch.sort_capacity < std::min<int64_t>(top_k, std::max<int64_t>(capacity, 1)))
+    launch.sort_capacity <<= 1;
+  launch.m_tiles = ceil_div(num_heads, kMmaM);
+  // Either tensor-core kernel can run the plan (tests force the warp kernel at any H).
+  launch.staged_heads =
+      tensor && warpgroup_scoring_fits(num_heads) ? kWarpgroupHeads : launch.m_tiles * kMmaM;
+  const size_t fragment_bytes = index_fragment_bytes(launch.staged_heads);
+  const size_t q_bytes = index_query_bytes(num_heads, launch.staged_heads, tensor, fp32_q);
+  const size_t weight_bytes = align16(static_cast<size_t>(launch.staged_heads) * 4);
+  const size_t select_bytes = align16(hdk::detail::select_layout(launch.sort_capacity).bytes);
+  const int64_t usable = static_cast<int64_t>(shared_limit) - kIndexSharedAlignment;
+  auto scores_room = [&](size_t scores_offset) {  // whole multiples of 32 scores
+    return (usable - static_cast<int64_t>(scores_offset)) / 4 / 32 * 32;
+  };
+  auto align_queries = [](size_t offset) {
+    return (offset + kIndexSharedAlignment - 1) / kIndexSharedAlignment * kIndexSharedAlignment;
+  };
+  const size_t page_bytes = static_cast<size_t>(kIndexCachedPages) * 4;
+  launch.page_capacity = kIndexCachedPages;
+  const size_t overlay_offset =
+      std::max(select_bytes, align16(q_bytes) + weight_bytes + page_bytes);
+  const int64_t overlay_chunk = std::min(kIndexMaxChunk, scores_room(overlay_offset));
+
+  // Enough CTAs to keep a row's scores in shared memory; then, for few rows, more to use the SMs
+  // (the CTAs of a cluster run at once, one per SM).
+  int& cluster_size = plan.cluster_size;
+  while (cluster_size < kIndexMaxCluster && ceil_div(capacity, cluster_size) > overlay_chunk)
+    cluster_size *= 2;
+  // Spreading takes the largest cluster whose rows' clusters all run at once (a second wave
+  // costs more than the wider clusters save: H100, 16 rows x 65536 in clusters of 8 took 315 us,
+  // 4 rows 163 us), whose CTAs keep 1024+ entries and fit the SMs. Any size counts, not only
+  // powers of two (16 rows: clusters of 6, 17 of which an H100 runs at once, where 8 would need a
+  // second wave and 4 leave half the SMs idle); above 8 only where the device runs clusters of 16.
+  auto all_at_once = [&](int size) {
+    const int limit = at(size);
+    if (size > kIndexMaxCluster) return limit > 0 && num_rows <= limit;
+    return limit == 0 || num_rows <= limit;
+  };
+  for (int size = clusters.largest(); size > cluster_size; --size) {
+    if (num_rows * size <= sm_count && ceil_div(capacity, size) >= kIndexSpreadEntries &&
+        all_at_once(size)) {
+      cluster_size = size;
+      break;
+    }
+  }
+  // Rows whose scores need more CTAs than the clusters of that size the device runs at once can
+  // hold take waves; a wider cluster, where the device runs it, takes more waves of shorter CTAs.
+  // Each choice costs waves x (entries a CTA + kIndexCtaFixedEntries), the fewest wins (16 rows
+  // of 262144 entries on an H100: 3 waves of 16 CTAs, rather than 2 of 8).
+  if (!all_at_once(cluster_size) && at(cluster_size) > 0) {
+    auto cost = [&](int size) {
+      const int64_t waves = ceil_div(num_rows, at(size));
+      return waves * (ceil_div(capacity, size) + kIndexCtaFixedEntries);
+    };
+    int64_t best = cost(cluster_size);
+    for (int size = cluster_size + 1; size <= clusters.largest(); ++size) {
+      if (at(size) <= 0 || ceil_div(capacity, size) < kIndexSpreadEntries) continue;
+      if (cost(size) < best) {
+        best = cost(size);
+        cluster_size = size;
+      }
+    }
+  }
+  const int64_t per_cta = std::max<int64_t>(ceil_div(capacity, cluster_size), 1);
+
+  int64_t chunk_limit = overlay_chunk;
+  launch.overlay = per_cta <= overlay_chunk;
+  if (launch.overlay) {
+    launch.q = 0;
+    launch.weights = align16(q_bytes);
+    launch.pages = launch.weights + weight_bytes;
+    launch.scores = overlay_offset;
+  } else {
+    launch.weights = select_bytes;
+    launch.pages = select_bytes + weight_bytes;
+    launch.q = align_queries(launch.pages + page_bytes);
+    launch.scores = launch.q + align16(q_bytes);
+    chunk_limit = std::min(kIndexMaxChunk, scores_room(launch.scores));
+    if (chunk_limit < kIndexMinChunk) {
+      throw Error("hdk::dsv4::index_topk: " + std::to_string(num_heads) +
+                  " heads leave too little of the device's " + std::to_string(shared_limit) +
+                  " bytes of shared memory per CTA for scores on CUDA");
+    }
+  }
+  launch.q_lo = launch.q + fragment_bytes;
+  launch.chunk = std::min(chunk_limit, ceil_div(per_cta, 32) * 32);
+  launch.bytes = launch.scores + static_cast<size_t>(launch.chunk) * 4 + kIndexSharedAlignment;
+  // Overlaid, the queries, weights and pages sit in the select's space: fp32 queries (32 KiB)
+  // with a sort capacity of 512 reach the histogram.
+  const size_t staged_end = std::max(
+      {launch.q + align16(q_bytes), launch.weights + weight_bytes, launch.pages + page_bytes});
+  launch.count_first_level =
+      !launch.overlay || staged_end <= hdk::detail::select_layout(launch.sort_capacity).histogram;
+  return plan;
+}
+
+// ---- Scoring over every SM through the workspace -------------------------------------------
+// A row whose cluster would leave most SMs idle is scored by `segments` CTAs of its own (no
+// cluster), each writing its entries' keys to the row's workspace score row; a second launch of
+// one cluster per row (`select`, planned as above) loads them in place of scoring and selects.
+// Fewest entries a scoring CTA takes: its two warpgroups hold three 64-entry tiles each in
+// flight (kWarpgroupStages), so below a few hundred entries another CTA adds its staging
+// (queries, weights, block ids: about 3 us on an H100) but saves no memory round trip.
+constexpr int64_t kIndexScoreMinEntries = 256;
+
+struct IndexWorkspacePlan {
+  int64_t segments = 0;  // scoring CTAs per row; 0: the one-cluster plan runs, no workspace
+  IndexLaunch score;     // the scoring kernel's shared memory: queries, weights, block ids
+  IndexLaunchPlan select;
+  IndexWorkspaceLayout layout;  // where the keys and the rows' invalid flags lie
+};
+
+// Entries of scoring CTA `segment`'s share of a row of `length` entries split `segments` ways:
+// whole 64-entry tiles (the warpgroup kernel's), the last CTAs possibly empty.
+HDK_HOST_DEVICE int64_t index_score_segment(int64_t length, int64_t segments) {
+  const int64_t share = (length + segments - 1) / segments;
+  return (share + 63) / 64 * 64;
+}
+
+// The plan for a call with a workspace, given its one-cluster plan (`cluster_plan`, for the
+// scoring kernel's clusters) and the clusters the select kernel runs at once: segments = 0 where
+// the rows are more than kIndexMaxWorkspaceRows or their clusters already keep half the SMs or
+// more busy, or where scoring CTAs of kIndexScoreMinEntries or more would be no more than the
+// cluster's.
+inline IndexWorkspacePlan plan_index_workspace(
+    int64_t num_rows, int64_t num_heads, int64_t capacity, int64_t top_k, bool tensor, bool fp32_q,
+    int sm_count, int shared_limit, const IndexLaunchPlan& cluster_plan,
+    const hdk::detail::ResidentClusterCounts& select_clusters =
+        hdk::detail::ResidentClusterCounts()) {
+  IndexWorkspacePlan plan;
+  if (num_rows <= 0 || num_rows > kIndexMaxWorkspaceRows || capacity <= 0) return plan;
+  const int64_t busy = std::min<int64_t>(num_rows * cluster_plan.cluster_size, sm_count);
+  if (2 * busy > sm_count) return plan;
+  const int64_t segments = std::min<int64_t>(
+      sm_count / num_rows, (capacity + kIndexScoreMinEntries - 1) / kIndexScoreMinEntries);
+  if (segments <= cluster_plan.cluster_size) return plan;
+  plan.segments = segments;
+  // The scoring kernel stages what the cluster kernel does (queries on a 1024-byte boundary)
+  // and keeps no scores: they go to the workspace.
+  const IndexLaunch& staged = cluster_plan.launch;
+  IndexLaunch& score = plan.score;
+  score.sort_capacity = staged.sort_capacity;
+  score.m_tiles = staged.m_tiles;
+  score.staged_heads = staged.staged_heads;
+  score.page_capacity = staged.page_capacity;
+  const size_t query_bytes = index_query_bytes(num_heads, staged.staged_heads, tensor, fp32_q);
+  score.q = 0;
+  score.q_lo = index_fragment_bytes(staged.staged_heads);
+  score.weights = align16(query_bytes);
+  score.pages = score.weights + align16(static_cast<size_t>(staged.staged_heads) * 4);
+  score.scores = score.pages + static_cast<size_t>(staged.page_capacity) * 4;
+  score.chunk = 0;
+  score.bytes = score.scores + kIndexSharedAlignment;
+  // The select stages nothing: planned with the fewest staged queries (one bf16 head), its
+  // shared memory is the select's and the scores'; nothing else lies in its first-level
+  // histogram, so it counts that level while it loads the keys.
+  plan.select = plan_index_launch(num_rows, 1, capacity, top_k, true, false, sm_count, shared_limit,
+                                  select_clusters);
+  plan.select.launch.count_first_level = true;
+  plan.layout = index_workspace_layout(num_rows, capacity);
+  return plan;
+}
+
+}  // namespace detail
+}  // namespace dsv4
+}  // namespace hdk

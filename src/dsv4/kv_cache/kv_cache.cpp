@@ -1,0 +1,170 @@
+// Entry points of the KV cache operations: validate once, then hand the problem to the backend of
+// the device the tensors live on. The CPU checks index ranges on the host first (an hdk::Error
+// before anything is written); the CUDA kernels skip and count such rows instead.
+#include "hdk/dsv4/kv_cache.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dsv4/kv_cache/cpu/kv_cache_cpu.h"
+#include "dsv4/kv_cache/kv_cache_validation.h"
+#include "hdk/error.h"
+
+#ifdef HDK_WITH_CUDA
+#include "dsv4/kv_cache/cuda/kv_cache_cuda.h"
+#endif
+
+namespace hdk {
+namespace dsv4 {
+namespace {
+
+#ifdef HDK_WITH_CUDA
+#define HDK_KV_CUDA_ONLY(statement) statement
+#else
+#define HDK_KV_CUDA_ONLY(statement) (void)0
+#endif
+
+// Runs `cpu` or `cuda` on the device of `device`.
+template <typename Cpu, typename Cuda>
+void dispatch(const char* operation, const Device& device, Cpu&& cpu, Cuda&& cuda) {
+  if (device.is_cpu()) {
+    cpu();
+    return;
+  }
+#ifdef HDK_WITH_CUDA
+  cuda();
+#else
+  (void)cuda;
+  throw Error(std::string(operation) + ": the tensors are on " + device.str() +
+              " but this build of hdk has no CUDA backend (configure with -DHDK_WITH_CUDA=ON)");
+#endif
+}
+
+// The store and gather calls: the CPU checks `slots` ([rows, columns]) against `pool` before
+// running `cpu`; CUDA checks a host copy only with `check_indices`, then runs `cuda`.
+template <typename Cpu, typename Cuda>
+void run_with_slots(const char* operation, const Device& device, bool check_indices,
+                    CudaStream stream, const detail::IndexView& slots, int64_t rows,
+                    int64_t columns, const detail::PagedPool& pool, detail::SlotUse use, Cpu&& cpu,
+                    Cuda&& cuda) {
+  dispatch(
+      operation, device,
+      [&] {
+        detail::check_slots(operation, slots, rows, columns, pool, use);
+        cpu();
+      },
+      [&] {
+#ifdef HDK_WITH_CUDA
+        if (check_indices) {
+          std::vector<uint8_t> storage;
+          detail::check_slots(
+              operation,
+              detail::copy_indices_to_host(slots, rows, columns, storage, device.index, stream),
+              rows, columns, pool, use);
+        }
+#else
+        (void)check_indices, (void)stream;
+#endif
+        cuda();
+      });
+}
+
+}  // namespace
+
+void store_entries(const StoreEntriesParams& params) {
+  store_entries(params, nullptr);
+}
+
+void store_entries(const StoreEntriesParams& params, CudaStream stream) {
+  const detail::StoreEntriesProblem problem = detail::validate_store_entries(params);
+  run_with_slots(
+      "hdk::dsv4::store_entries", params.cache.device, params.check_indices, stream, problem.slots,
+      problem.num_rows, 1, problem.cache, detail::SlotUse::kWrite,
+      [&] { detail::store_entries_cpu(problem); },
+      [&] {
+        HDK_KV_CUDA_ONLY(detail::store_entries_cuda(problem, params.cache.device.index, stream));
+      });
+}
+
+void gather_entries(const GatherEntriesParams& params) {
+  gather_entries(params, nullptr);
+}
+
+void gather_entries(const GatherEntriesParams& params, CudaStream stream) {
+  const detail::GatherEntriesProblem problem = detail::validate_gather_entries(params);
+  run_with_slots(
+      "hdk::dsv4::gather_entries", params.out.device, params.check_indices, stream, problem.slots,
+      problem.num_rows, problem.num_columns, problem.cache, detail::SlotUse::kRead,
+      [&] { detail::gather_entries_cpu(problem); },
+      [&] {
+        HDK_KV_CUDA_ONLY(detail::gather_entries_cuda(problem, params.out.device.index, stream));
+      });
+}
+
+void store_indexer_keys(const StoreIndexerKeysParams& params) {
+  store_indexer_keys(params, nullptr);
+}
+
+void store_indexer_keys(const StoreIndexerKeysParams& params, CudaStream stream) {
+  const detail::StoreKeysProblem problem = detail::validate_store_indexer_keys(params);
+  run_with_slots(
+      "hdk::dsv4::store_indexer_keys", params.cache.device, params.check_indices, stream,
+      problem.slots, problem.num_rows, 1, problem.cache, detail::SlotUse::kWrite,
+      [&] { detail::store_indexer_keys_cpu(problem); },
+      [&] {
+        HDK_KV_CUDA_ONLY(
+            detail::store_indexer_keys_cuda(problem, params.cache.device.index, stream));
+      });
+}
+
+void gather_indexer_keys(const GatherIndexerKeysParams& params) {
+  gather_indexer_keys(params, nullptr);
+}
+
+void gather_indexer_keys(const GatherIndexerKeysParams& params, CudaStream stream) {
+  const detail::GatherKeysProblem problem = detail::validate_gather_indexer_keys(params);
+  run_with_slots(
+      "hdk::dsv4::gather_indexer_keys", params.out.device, params.check_indices, stream,
+      problem.slots, problem.num_rows, problem.num_columns, problem.cache, detail::SlotUse::kRead,
+      [&] { detail::gather_indexer_keys_cpu(problem); },
+      [&] {
+        HDK_KV_CUDA_ONLY(
+            detail::gather_indexer_keys_cuda(problem, params.out.device.index, stream));
+      });
+}
+
+void compress(const CompressorParams& params) {
+  compress(params, nullptr);
+}
+
+void compress(const CompressorParams& params, CudaStream stream) {
+  const detail::CompressorProblem problem = detail::validate_compress(params);
+  const Device device = params.state.device;
+  dispatch(
+      "hdk::dsv4::compress", device,
+      [&] {
+        detail::check_compressor_indices(problem);
+        detail::compress_cpu(problem);
+      },
+      [&] {
+#ifdef HDK_WITH_CUDA
+        if (params.check_indices) {
+          std::vector<uint8_t> positions, state_slots, table;
+          detail::CompressorProblem host = problem;
+          const int64_t N = problem.num_rows;
+          host.positions = detail::copy_indices_to_host(problem.positions, N, 1, positions,
+                                                        device.index, stream);
+          host.state_slots = detail::copy_indices_to_host(problem.state_slots, N, 1, state_slots,
+                                                          device.index, stream);
+          host.block_table = detail::copy_indices_to_host(
+              problem.block_table, N, problem.max_blocks, table, device.index, stream);
+          detail::check_compressor_indices(host);
+        }
+        detail::compress_cuda(problem, device.index, stream);
+#endif
+      });
+}
+
+}  // namespace dsv4
+}  // namespace hdk

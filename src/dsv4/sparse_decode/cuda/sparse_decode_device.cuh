@@ -1,0 +1,261 @@
+// Device pieces that several of sparse_decode's kernels share (included by their .cu files only):
+// the output stores, the FP8-to-bf16 conversion of stored entries, the query tile of the
+// tensor-core kernels and their online softmax over a tile. finish_row, the end of a
+// tensor-core CTA, is sparse_decode_finish.cuh.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "core/bf16_pairs.h"
+#include "core/cuda/async_copy.cuh"
+#include "core/cuda/shared_address.cuh"
+#include "dsv4/attention/attention_problem.h"
+#include "dsv4/kv_cache/e4m3_bits.h"
+#include "dsv4/kv_cache/kv_cache_problem.h"
+#include "dsv4/kv_cache/kv_formats.h"
+#include "dsv4/sparse_decode/cuda/sparse_decode_kernels.cuh"
+#include "dsv4/sparse_decode/cuda/sparse_decode_layout.h"
+#include "dsv4/sparse_decode/cuda/sparse_decode_plan.h"
+#include "hdk/dsv4/kv_cache.h"
+#include "hdk/dtype.h"
+
+namespace hdk {
+namespace dsv4 {
+namespace detail {
+namespace {
+
+// In an anonymous namespace: each kernel's translation unit has its own copy, inlined there.
+using hdk::detail::cp_async_16;
+using hdk::detail::shared_address;
+
+constexpr unsigned kFullMask = 0xffffffffu;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr int kHeads = kSparseHeadsPerCta;
+constexpr int kTile = kSparseTile;
+constexpr int kChunksPerRow = static_cast<int>(kHeadDim / 8);  // 16-byte chunks of a bf16 row
+constexpr int kStageStride = static_cast<int>(kHeadDim) + 8;   // floats per staged O row
+constexpr int kQBytes = operand_bytes(kHeads);                 // 64 heads x 512 bf16
+constexpr int kEBytes = operand_bytes(kTile);                  // 64 entries x 512 bf16
+constexpr int kScoreRegisters = kTile / 2;                     // S accumulators per thread
+static_assert(kHeads == 64 && kTile == 64, "one warpgroup's M; the m64n64 score product");
+
+// ---- output stores ------------------------------------------------------------------------------
+
+__device__ __forceinline__ void store_output(const SparseDecodeProblem& p, int64_t offset,
+                                             float value) {
+  if (p.out_dtype == DType::kFloat32) {
+    static_cast<float*>(p.out)[offset] = value;
+  } else {
+    static_cast<uint16_t*>(p.out)[offset] = static_cast<uint16_t>(pack_floats_bf16x2(value, 0.0f));
+  }
+}
+
+// Four consecutive outputs; `vector`: one 16-byte (fp32) or 8-byte (bf16) store is aligned.
+__device__ __forceinline__ void store_output4(const SparseDecodeProblem& p, int64_t offset,
+                                              float4 value, bool vector) {
+  if (!vector) {
+    store_output(p, offset, value.x);
+    store_output(p, offset + 1, value.y);
+    store_output(p, offset + 2, value.z);
+    store_output(p, offset + 3, value.w);
+  } else if (p.out_dtype == DType::kFloat32) {
+    *reinterpret_cast<float4*>(static_cast<float*>(p.out) + offset) = value;
+  } else {
+    *reinterpret_cast<uint2*>(static_cast<uint16_t*>(p.out) + offset) =
+        make_uint2(pack_floats_bf16x2(value.x, value.y), pack_floats_bf16x2(value.z, value.w));
+  }
+}
+
+// ---- FP8 to bf16 --------------------------------------------------------------------------------
+
+// Eight stored FP8 codes times 2^(scale - 127) as eight bf16 (exact; scale byte 0 is 2^-127).
+// NaN codes and the NaN scale come out as some finite value: the caller flags them
+// (fp8_nan_bits) instead.
+__device__ __forceinline__ uint4 dequantize_8(uint2 codes, uint32_t scale_byte) {
+  const uint32_t up = kBf16TwoTo120 * 0x10001u;
+  const uint32_t scale = ue8m0_as_bf16(scale_byte) * 0x10001u;
+  auto convert = [&](uint32_t spread) {
+    return mul_bf16x2(mul_bf16x2(e4m3_spread_pair_as_scaled_bf16(spread), up), scale);
+  };
+  return make_uint4(
+      convert(__byte_perm(codes.x, 0, 0x4140)), convert(__byte_perm(codes.x, 0, 0x4342)),
+      convert(__byte_perm(codes.y, 0, 0x4140)), convert(__byte_perm(codes.y, 0, 0x4342)));
+}
+
+// dequantize_8 with one multiply: the placed pair (value x 2^-120) times 2^(scale - 7) is the
+// same exact product, and 2^(scale - 7) is a bf16 number for scale bytes up to
+// kOneMultiplyMaxScale (UE8M0 2^7; the writer's scales of values up to 448 x 2^7). `factor`:
+// one_multiply_factor(scale byte), or 0 for an entry that is not real (its row comes out zero).
+constexpr uint32_t kOneMultiplyMaxScale = 134;
+__device__ __forceinline__ uint32_t one_multiply_factor(uint32_t scale_byte) {
+  return ((scale_byte + 120u) << 7) * 0x10001u;
+}
+__device__ __forceinline__ uint4 dequantize_8_by(uint2 codes, uint32_t factor) {
+  auto convert = [&](uint32_t spread) {
+    return mul_bf16x2(e4m3_spread_pair_as_scaled_bf16(spread), factor);
+  };
+  return make_uint4(
+      convert(__byte_perm(codes.x, 0, 0x4140)), convert(__byte_perm(codes.x, 0, 0x4342)),
+      convert(__byte_perm(codes.y, 0, 0x4140)), convert(__byte_perm(codes.y, 0, 0x4342)));
+}
+
+// Nonzero where a code is an FP8 NaN or the scale byte is the NaN scale (0xff + 1 sets bit 8).
+__device__ __forceinline__ uint32_t fp8_nan_bits(uint2 codes, uint32_t scale_byte) {
+  return e4m3_nan_flags(codes.x) | e4m3_nan_flags(codes.y) | ((scale_byte + 1) & 0x100u);
+}
+
+// ---- the query tile of the tensor-core kernels --------------------------------------------------
+
+// 16-byte chunk `chunk` of row `row` of the Q tile.
+__device__ __forceinline__ uint8_t* query_chunk(uint8_t* tile, int row, int chunk) {
+  return tile + operand_chunk_offset(row, chunk, kHeads);
+}
+
+// The CTA's 64 query heads as bf16 rows (zero rows beyond Hq). bf16 q with 16-byte aligned rows
+// goes by cp.async (committed with the first tile; queries_finite checks it once it has landed);
+// other q is loaded four 8-value chunks at a time (one round trip per four chunks), converted to
+// bf16, checked (a NaN or infinity marks the CTA bad) and stored.
+__device__ void load_queries(const SparseDecodeProblem& p, int64_t n, int64_t head0, bool q_async,
+                             bool q_vector, uint8_t* q_tile, int* bad, int tid) {
+  constexpr int kJobs = kHeads * kChunksPerRow / kSparseThreads;
+  static_assert(kHeads * kChunksPerRow % kSparseThreads == 0, "whole jobs per thread");
+  if (q_async) {
+    for (int i = 0; i < kJobs; ++i) {
+      const int job = tid + i * kSparseThreads;
+      const int h = job / kChunksPerRow, c = job % kChunksPerRow;
+      uint8_t* target = query_chunk(q_tile, h, c);
+      if (head0 + h < p.num_heads) {
+        cp_async_16(target, static_cast<const uint16_t*>(p.q.data) + n * p.q.row_stride +
+                                (head0 + h) * p.q.head_stride + 8 * c);
+      } else {
+        *reinterpret_cast<uint4*>(target) = make_uint4(0, 0, 0, 0);
+      }
+    }
+    return;
+  }
+  constexpr int kBatch = 4;
+  bool finite = true;
+  for (int batch = 0; batch < kJobs; batch += kBatch) {
+    float x[kBatch][8];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int job = tid + (batch + b) * kSparseThreads;
+      const int h = job / kChunksPerRow, c = job % kChunksPerRow;
+      const int64_t head = head0 + h;
+      const int64_t offset = n * p.q.row_stride + head * p.q.head_stride + 8 * c;
+      if (head >= p.num_heads) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+          x[b][i] = 0.0f;
+      } else if (p.q.dtype == DType::kFloat32) {
+        const float* source = static_cast<const float*>(p.q.data) + offset;
+        if (q_vector) {
+          const float4 v0 = reinterpret_cast<const float4*>(source)[0];
+          const float4 v1 = reinterpret_cast<const float4*>(source)[1];
+          x[b][0] = v0.x, x[b][1] = v0.y, x[b][2] = v0.z, x[b][3] = v0.w;
+          x[b][4] = v1.x, x[b][5] = v1.y, x[b][6] = v1.z, x[b][7] = v1.w;
+        } else {
+#pragma unroll
+          for (int i = 0; i < 8; ++i)
+            x[b][i] = source[i];
+        }
+      } else {
+        const uint16_t* source = static_cast<const uint16_t*>(p.q.data) + offset;
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+          x[b][i] = bf16_bits_value(source[i]);
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int job = tid + (batch + b) * kSparseThreads;
+      const int h = job / kChunksPerRow, c = job % kChunksPerRow;
+      uint32_t words[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        finite = finite && is_finite(x[b][2 * i]) && is_finite(x[b][2 * i + 1]);
+        words[i] = pack_floats_bf16x2(x[b][2 * i], x[b][2 * i + 1]);
+      }
+      *reinterpret_cast<uint4*>(query_chunk(q_tile, h, c)) =
+          make_uint4(words[0], words[1], words[2], words[3]);
+    }
+  }
+  if (!finite) *bad = 1;
+}
+
+// Whether the query chunks this thread copied by cp.async (load_queries) are finite: read back
+// by the same thread after its wait, so no barrier is needed.
+__device__ bool queries_finite(const uint8_t* q_tile, int tid) {
+  bool finite = true;
+  for (int i = 0; i < kHeads * kChunksPerRow / kSparseThreads; ++i) {
+    const int job = tid + i * kSparseThreads;
+    const int h = job / kChunksPerRow, c = job % kChunksPerRow;
+    const uint4 v =
+        *reinterpret_cast<const uint4*>(query_chunk(const_cast<uint8_t*>(q_tile), h, c));
+    // bf16x2_finite (bf16_pairs.h) written out: through the function, ptxas laid this loop out
+    // with branches and Flash CSA lists ran 1.3-2.5% slower (H100, 2026-11-27).
+    for (const uint32_t word : {v.x, v.y, v.z, v.w}) {
+      finite = finite && (word & 0x7f80u) != 0x7f80u && (word & 0x7f800000u) != 0x7f800000u;
+    }
+  }
+  return finite;
+}
+
+// ---- online softmax
+// -------------------------------------------------------------------------------
+
+// Online softmax over one tile's scores (log2 units), shared by both tensor-core kernels. A head's
+// row lies in the four threads of a quad. Entries that are not real score -inf; fmaxf skips NaN
+// scores, whose weights turn the sums NaN (caught at the end). Updates the running maxima and
+// sums, rescales O by each row's `alpha` where a maximum moved, and packs the weights as the A
+// fragments of O = P E: accumulators 8 k .. 8 k + 7 are k-step k's fragment.
+__device__ __forceinline__ void softmax_tile(float (&s)[kScoreRegisters], const int* tile_valid,
+                                             int thread, float score_scale, float (&row_max)[2],
+                                             float (&row_sum)[2], float (&o)[128],
+                                             float (&alpha)[2],
+                                             uint32_t (&weights)[kTile / 16][4]) {
+  float local_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int i = 0; i < kScoreRegisters; ++i) {
+    s[i] = tile_valid[wgmma_d_coord(thread, i).col] ? s[i] * score_scale : -INFINITY;
+    local_max[(i / 2) % 2] = fmaxf(local_max[(i / 2) % 2], s[i]);
+  }
+  float base[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+#pragma unroll
+    for (int mask = 1; mask <= 2; mask *= 2)
+      local_max[r] = fmaxf(local_max[r], __shfl_xor_sync(kFullMask, local_max[r], mask));
+    const float new_max = fmaxf(row_max[r], local_max[r]);
+    base[r] = new_max == -INFINITY ? 0.0f : new_max;
+    alpha[r] = exp2f(row_max[r] - base[r]);
+    row_max[r] = new_max;
+    row_sum[r] *= alpha[r];
+  }
+  // Once the maxima settle, whole warps keep theirs: no rescale then.
+  if (__any_sync(kFullMask, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+    for (int i = 0; i < 128; ++i)
+      o[i] *= alpha[(i / 2) % 2];
+  }
+#pragma unroll
+  for (int k = 0; k < kTile / 16; ++k) {
+#pragma unroll
+    for (int reg = 0; reg < 4; ++reg) {
+      const int i = 8 * k + 2 * reg;
+      const float w0 = exp2f(s[i] - base[reg % 2]), w1 = exp2f(s[i + 1] - base[reg % 2]);
+      row_sum[reg % 2] += w0;
+      row_sum[reg % 2] += w1;
+      weights[k][reg] = pack_floats_bf16x2(w0, w1);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace detail
+}  // namespace dsv4
+}  // namespace hdk

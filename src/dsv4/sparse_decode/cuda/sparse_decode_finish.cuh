@@ -1,0 +1,250 @@
+// The end of a CTA of sparse_decode's tensor-core kernels (both run it the same way): which row,
+// head group and split the CTA works on, and finish_row, which combines the row's splits across
+// its cluster or leaves the CTA's partial result in the workspace for the combine kernel.
+#pragma once
+
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "core/cuda/count_invalid.cuh"
+#include "dsv4/attention/attention_problem.h"
+#include "dsv4/attention/attention_workspace.h"
+#include "dsv4/sparse_decode/cuda/sparse_decode_device.cuh"
+#include "dsv4/sparse_decode/cuda/sparse_decode_layout.h"
+#include "dsv4/sparse_decode/cuda/sparse_decode_plan.h"
+#include "hdk/dsv4/kv_cache.h"
+
+namespace hdk {
+namespace dsv4 {
+namespace detail {
+namespace {
+
+namespace cg = cooperative_groups;
+
+// Which query row, head group and list split a CTA of a tensor-core kernel works on. In clusters
+// a row is one cluster and the rank says the group and split; through the workspace a cluster is
+// one split's head groups, and the row's CTAs are consecutive blocks of the grid, split-major.
+struct CtaRole {
+  int64_t n;
+  int group;
+  int split;
+};
+template <bool kThroughWorkspace>
+__device__ __forceinline__ CtaRole cta_role(const SparsePlan& plan) {
+  if constexpr (kThroughWorkspace) {
+    const int within = static_cast<int>(blockIdx.x % plan.row_ctas());
+    return CtaRole{blockIdx.x / plan.row_ctas(), within % plan.groups, within / plan.groups};
+  } else {
+    const int rank = static_cast<int>(cg::this_cluster().block_rank());
+    return CtaRole{blockIdx.x / plan.cluster(), rank % plan.groups, rank / plan.groups};
+  }
+}
+
+// Where a tensor-core kernel keeps what finish_row reads and writes in its shared memory.
+struct CtaSpace {
+  float* stage;    // [64][kStageStride] fp32: the CTA's unnormalized O, over its operand tiles
+  float* stat_m;   // [64] row maxima (log2 units)
+  float* stat_l;   // [64] row sums
+  int* bad;        // the CTA's invalid-row flag
+  float* factors;  // [splits][64] each split's weight in the combined row
+};
+
+// The end of a CTA's slice: its partial result (row maxima and sums, unnormalized O) staged in
+// its shared memory, then, across the row's cluster, the row's validity agreed on, the sink added
+// once, lse written and this CTA's column slice of its group's heads finished from every split's
+// partial. `o_half`: which 256 columns of O this thread's accumulators hold (-1: none);
+// `holds_stats`: whether its row_max / row_sum are the CTA's softmax statistics. Every thread of
+// the CTA calls it (it holds CTA and cluster barriers).
+template <int kCtaThreads, bool kThroughWorkspace>
+__device__ void finish_row(const SparseDecodeProblem& p, const SparsePlan& plan,
+                           const CtaSpace& space, int64_t n, int tid, int o_half, bool holds_stats,
+                           const float (&o)[128], const float (&row_max)[2], float (&row_sum)[2],
+                           bool out_vector) {
+  cg::cluster_group cluster = cg::this_cluster();
+  const CtaRole role = cta_role<kThroughWorkspace>(plan);
+  const int group = role.group, split = role.split;
+  const int64_t head0 = int64_t{group} * kHeads;
+  const int lane = tid % 32;
+  const int thread = tid % 128;          // in the warpgroup (wgmma_d_coord)
+  const int head_tile = (tid / 32) % 4;  // heads 16 head_tile .. + 15 of the warpgroup's products
+  const int quad_row = lane / 4;         // rows quad_row and quad_row + 8 of the head tile
+  float* stage = space.stage;
+  float* stat_m = space.stat_m;
+  float* stat_l = space.stat_l;
+  int* bad = space.bad;
+  float* factors = space.factors;
+
+  // ---- this CTA's partial result: (row max, row sum, unnormalized O) per head ---------------
+  bool nan = false;
+  if (holds_stats) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+#pragma unroll
+      for (int mask = 1; mask <= 2; mask *= 2)
+        row_sum[r] += __shfl_xor_sync(kFullMask, row_sum[r], mask);
+      nan = nan || isnan(row_sum[r]);
+    }
+  }
+  if (o_half >= 0) {
+#pragma unroll
+    for (int i = 0; i < 128; ++i)
+      nan = nan || isnan(o[i]);
+  }
+  if (tid < kHeads && p.sink != nullptr && head0 + tid < p.num_heads) {
+    const float sink = p.sink[(head0 + tid) * p.sink_stride];
+    nan = nan || isnan(sink) || sink == INFINITY;  // the CPU's NaN results for such a sink
+  }
+  if (nan) *bad = 1;
+  __syncthreads();  // the operand tiles are free for the staging
+  if (o_half >= 0) {
+#pragma unroll
+    for (int i = 0; i < 128; i += 2) {
+      const MatrixCoord at = wgmma_d_coord(thread, i);
+      *reinterpret_cast<float2*>(stage + at.row * kStageStride + 256 * o_half + at.col) =
+          make_float2(o[i], o[i + 1]);
+    }
+  }
+  if (holds_stats && lane % 4 == 0) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = 16 * head_tile + quad_row + 8 * r;
+      stat_m[row] = row_max[r];
+      stat_l[row] = row_sum[r];
+    }
+  }
+  if constexpr (kThroughWorkspace) {
+    // The row's other splits are CTAs of other clusters: the partial goes to the workspace for
+    // sparse_decode_combine_kernel. The cluster (this split's head groups) still meets at the
+    // end, since a shared conversion writes into the peer's shared memory.
+    __syncthreads();  // the staged O, the statistics and the flag are complete
+    const SparseWorkspaceLayout layout =
+        sparse_workspace_layout(p.num_rows, plan.groups, plan.splits);
+    const int64_t record = sparse_record(n, split, group, plan.splits, plan.groups);
+    float4* o_record = reinterpret_cast<float4*>(p.workspace + layout.o_offset) +
+                       record * (kSparseRecordHeads * kSparseRecordColumns / 4);
+    for (int job = tid; job < kHeads * (kHeadDim / 4); job += kCtaThreads) {
+      const int h = job / (kHeadDim / 4), quad = job % (kHeadDim / 4);
+      o_record[job] = *reinterpret_cast<const float4*>(stage + h * kStageStride + 4 * quad);
+    }
+    float* stats =
+        reinterpret_cast<float*>(p.workspace + layout.stats_offset) + record * 2 * kHeads;
+    if (tid < kHeads) {
+      stats[tid] = stat_m[tid];
+      stats[kHeads + tid] = stat_l[tid];
+    }
+    if (tid == 0) reinterpret_cast<int*>(p.workspace + layout.flags_offset)[record] = *bad;
+    cluster.sync();
+    return;
+  }
+  cluster.sync();  // every CTA's partials and flag are visible cluster-wide
+
+  // ---- combine: the row's validity, then this CTA's column slice of its group's heads -------
+  int row_bad = 0;
+  for (int r = 0; r < plan.cluster(); ++r)
+    row_bad |= *cluster.map_shared_rank(bad, r);
+  if (tid < kHeads) {
+    const int h = tid;
+    float top = -INFINITY;
+    for (int s = 0; s < plan.splits; ++s)
+      top = fmaxf(top, cluster.map_shared_rank(stat_m, s * plan.groups + group)[h]);
+    const bool has_head = head0 + h < p.num_heads;
+    const float sink =
+        p.sink != nullptr && has_head ? p.sink[(head0 + h) * p.sink_stride] * kLog2e : -INFINITY;
+    const float list_top = top;
+    top = fmaxf(top, sink);
+    float lse = -INFINITY;
+    if (top == -INFINITY) {  // empty list and no sink: o = 0, lse = -inf
+      for (int s = 0; s < plan.splits; ++s)
+        factors[s * kHeads + h] = 0.0f;
+    } else {
+      float denominator = exp2f(sink - top);
+      for (int s = 0; s < plan.splits; ++s) {
+        const int peer = s * plan.groups + group;
+        const float weight = exp2f(cluster.map_shared_rank(stat_m, peer)[h] - top);
+        denominator += cluster.map_shared_rank(stat_l, peer)[h] * weight;
+        factors[s * kHeads + h] = weight;
+      }
+      for (int s = 0; s < plan.splits; ++s)
+        factors[s * kHeads + h] /= denominator;
+      // An empty list leaves the sink alone in the denominator: lse is the sink itself, not
+      // its round trip through log2 units.
+      lse = list_top == -INFINITY ? p.sink[(head0 + h) * p.sink_stride]
+                                  : (top + log2f(denominator)) * kLn2;
+    }
+    if (!p.lse_includes_sink) {  // log of the list's own sum (FlashMLA's lse)
+      float list_sum = 0.0f;
+      for (int s = 0; s < plan.splits; ++s) {
+        const int peer = s * plan.groups + group;
+        list_sum += cluster.map_shared_rank(stat_l, peer)[h] *
+                    exp2f(cluster.map_shared_rank(stat_m, peer)[h] - list_top);
+      }
+      lse = list_top == -INFINITY ? -INFINITY : (list_top + log2f(list_sum)) * kLn2;
+    }
+    if (split == 0 && has_head && p.lse != nullptr) {
+      p.lse[n * p.lse_row_stride + (head0 + h) * p.lse_head_stride] = row_bad ? NAN : lse;
+    }
+  }
+  __syncthreads();  // factors are complete
+
+  // Each thread sums four columns of one head over the splits: every split's partial is loaded
+  // (distributed shared memory) before any is used, then four values are stored at once. The
+  // split finishes its combine_slice of every head's columns.
+  const CombineSlice slice = combine_slice(split, plan.splits);
+  // The arrays below are unrolled over the most splits the plan allows: 8 unless the row's
+  // cluster is one of the non-portable 16, whose longer loops cost the others 1-4% on an H100.
+  auto combine = [&](auto max_splits) {
+    constexpr int kMaxSplits = decltype(max_splits)::value;
+    const float* peer_stage[kMaxSplits];
+#pragma unroll
+    for (int s = 0; s < kMaxSplits; ++s) {
+      peer_stage[s] =
+          s < plan.splits ? cluster.map_shared_rank(stage, s * plan.groups + group) : stage;
+    }
+    for (int job = tid; job < kHeads * slice.count; job += kCtaThreads) {
+      const int h = head_of_job(static_cast<uint32_t>(job), slice.inverse);
+      const int col = 4 * (slice.first + job - h * slice.count);
+      const int64_t head = head0 + h;
+      if (head >= p.num_heads) continue;
+      float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (!row_bad && plan.splits == 1) {  // the CTA's own partial alone
+        const float f = factors[h];
+        const float4 v = *reinterpret_cast<const float4*>(stage + h * kStageStride + col);
+        sum = make_float4(f * v.x, f * v.y, f * v.z, f * v.w);
+      } else if (!row_bad) {
+        float4 partial[kMaxSplits];
+#pragma unroll
+        for (int s = 0; s < kMaxSplits; ++s) {
+          if (s < plan.splits) {
+            partial[s] = *reinterpret_cast<const float4*>(peer_stage[s] + h * kStageStride + col);
+          }
+        }
+#pragma unroll
+        for (int s = 0; s < kMaxSplits; ++s) {
+          if (s < plan.splits) {
+            const float f = factors[s * kHeads + h];
+            sum.x += f * partial[s].x, sum.y += f * partial[s].y;
+            sum.z += f * partial[s].z, sum.w += f * partial[s].w;
+          }
+        }
+      }
+      const int64_t offset = n * p.out_row_stride + head * p.out_head_stride + col;
+      store_output4(p, offset, sum, out_vector);
+    }
+  };
+  if (plan.splits <= kSparseMaxCluster) {
+    combine(std::integral_constant<int, kSparseMaxCluster>());
+  } else {
+    combine(std::integral_constant<int, kSparseMaxWideCluster>());
+  }
+  if (split == 0 && group == 0 && tid == 0 && row_bad) count_invalid(p.invalid_count, 1);
+  cluster.sync();  // no CTA leaves while a peer may still read its shared memory
+}
+
+}  // namespace
+}  // namespace detail
+}  // namespace dsv4
+}  // namespace hdk

@@ -1,0 +1,54 @@
+// The kernels of sparse_decode's CUDA backend, one translation unit each
+// (sparse_decode_{mma,pipelined,combine,simple}_kernel.cu), and what their launches need besides
+// the plan. The host dispatch (sparse_decode_cuda.cu) picks the kernel, its instance and
+// its plan (sparse_decode_plan.h). Design: docs/dsv4-attention.md ("sparse_decode on CUDA").
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "dsv4/attention/attention_problem.h"
+#include "dsv4/sparse_decode/cuda/sparse_decode_plan.h"
+
+namespace hdk {
+namespace dsv4 {
+namespace detail {
+
+// Threads of a CTA: two warpgroups for the tensor-core kernel (also the CUDA-core kernel's eight
+// warps, one head at a time each), three for the pipelined one (a producer and two consumers).
+constexpr int kSparseThreads = 256;
+constexpr int kSparseWarps = kSparseThreads / 32;
+constexpr int kSparsePipelinedThreads = 384;
+constexpr int kSparseCombineThreads = 256;
+
+// A tensor-core kernel's instance. Their templates stay in their own translation units (nvcc 13
+// makes a kernel template's stub local to the unit that defines it), which hand out the instances:
+using TensorCoreKernel = void (*)(SparseDecodeProblem p, SparsePlan plan, bool q_vector,
+                                  bool out_vector);
+
+// Tensor-core kernel (sparse_decode_mma_kernel.cu): a CTA per head group and list split, 8 warps
+// converting a tile and then multiplying it. `wide`: the pools allow 16-byte copies;
+// `through_workspace`: the splits meet in the caller's workspace instead of the row's cluster.
+TensorCoreKernel sparse_decode_mma_instance(bool wide, bool through_workspace);
+
+// Warp-specialized tensor-core kernel (sparse_decode_pipelined_kernel.cu): a producer warpgroup
+// converts the next tile while two consumer warpgroups multiply this one. `shared_conversion`:
+// two head groups, whose CTAs convert half of each tile for both.
+TensorCoreKernel sparse_decode_pipelined_instance(bool wide, bool shared_conversion,
+                                                  bool through_workspace);
+
+// Combine of the splits a tensor-core kernel left in the workspace
+// (sparse_decode_combine_kernel.cu): a CTA per column slice of a row's head group.
+__global__ void sparse_decode_combine_kernel(SparseDecodeProblem p, SparsePlan plan, int slices,
+                                             bool out_vector);
+
+// CUDA-core kernel (sparse_decode_simple_kernel.cu): a CTA per query row, any head count.
+__global__ void sparse_decode_simple_kernel(SparseDecodeProblem p);
+
+// The dynamic shared memory of a CTA of each tensor-core kernel (its layout, aligned up to the
+// swizzle atom inside the kernel).
+int sparse_decode_mma_shared_bytes();
+int sparse_decode_pipelined_shared_bytes();
+
+}  // namespace detail
+}  // namespace dsv4
+}  // namespace hdk

@@ -1,0 +1,320 @@
+// sparse_decode's tensor-core kernel: one thread-block cluster per query row. Its CTAs are
+// `groups` head groups of 64 heads times `splits` slices of the list (plan_sparse_decode). A CTA
+// walks its slice in tiles of 64 entries: cp.async brings the next tile's stored bytes into shared
+// memory while the current tile, dequantized once to bf16, feeds S = Q E^T and O += P E through
+// Hopper's warpgroup MMA (wgmma.cuh). Two warpgroups: warpgroup h computes S over dims
+// 256 h .. + 255 (the two halves are summed through shared memory, so both hold the whole 64 x 64
+// S and run the same softmax) and owns O's columns 256 h .. + 255, with P passed from the score
+// accumulators to the output product in registers. The splits' partial results meet in shared
+// memory across the cluster (no global workspace), where the sink is added once and the row's
+// validity agreed on (finish_row), or in the caller's workspace for the combine kernel. Design,
+// the work split and what was verified where: docs/dsv4-attention.md ("sparse_decode on CUDA").
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "core/cuda/async_copy.cuh"
+#include "core/cuda/shared_address.cuh"
+#include "core/cuda/wgmma.cuh"
+#include "dsv4/attention/attention_problem.h"
+#include "dsv4/kv_cache/kv_cache_problem.h"
+#include "dsv4/kv_cache/kv_formats.h"
+#include "dsv4/sparse_decode/cuda/sparse_decode_device.cuh"
+#include "dsv4/sparse_decode/cuda/sparse_decode_finish.cuh"
+#include "dsv4/sparse_decode/cuda/sparse_decode_kernels.cuh"
+#include "dsv4/sparse_decode/cuda/sparse_decode_layout.h"
+#include "dsv4/sparse_decode/cuda/sparse_decode_plan.h"
+#include "hdk/dsv4/kv_cache.h"
+#include "hdk/dtype.h"
+
+namespace hdk {
+namespace dsv4 {
+namespace detail {
+namespace {
+
+using hdk::detail::cp_async_8;
+using hdk::detail::cp_async_commit;
+using hdk::detail::cp_async_wait;
+
+// A CTA's shared memory, from a 1024-byte boundary (wgmma's swizzle atom). After the list, the
+// CTA's unnormalized O ([64][kStageStride] fp32) overlays q, e and raw, which are no longer read.
+// The raw tile, and E where it is converted, are addressed as smem + offsetof(...): through the
+// members (shared.raw[e]) NVVM folds the constant offset later and the generated code changes.
+struct MmaSharedMemory {
+  uint8_t q[kQBytes];                            // 64 heads x 512 bf16, an operand tile
+  uint8_t e[kEBytes];                            // the tile's 64 entries x 512 bf16, another
+  uint8_t raw[kTile][kEntryDataBytes];           // the next tile's data bytes as stored
+  uint8_t raw_scales[kTile][kEntryScaleBytes];   // and its scale bytes
+  float exchange[2][kScoreRegisters * 128];      // each warpgroup's partial S
+  int valid[2][kTile];                           // which entries of two tiles are real
+  float stat_m[kHeads];                          // row maxima (log2 units)
+  float stat_l[kHeads];                          // row sums
+  int bad;                                       // the CTA's invalid-row flag
+  int unused[3];                                 // pads the flag to 16 bytes
+  float factors[kSparseMaxWideCluster][kHeads];  // each split's weight in the combined row
+};
+// The dynamic shared memory is aligned up to the swizzle atom inside the kernel.
+constexpr int kSharedBytes = static_cast<int>(sizeof(MmaSharedMemory)) + kSwizzleAtomBytes;
+static_assert(kHeads * kStageStride * 4 <= static_cast<int>(offsetof(MmaSharedMemory, exchange)),
+              "O staging overlaps");
+static_assert(kSharedBytes <= 227 * 1024, "shared memory beyond an SM's");
+static_assert(kEntryDataBytes % 16 == 0 && offsetof(MmaSharedMemory, raw) % 16 == 0 &&
+                  offsetof(MmaSharedMemory, e) % kSwizzleAtomBytes == 0,
+              "align");
+
+// Where an entry's stored bytes are: its 576 data bytes and 8 scale bytes, or nothing (data ==
+// nullptr) for a skipped entry and a slot beyond its cache (which also marks the CTA bad).
+struct EntrySource {
+  const uint8_t* data = nullptr;
+  const uint8_t* scales = nullptr;
+};
+
+constexpr int kEntriesPerWarp = kTile / kSparseWarps;
+
+// Slot of list entry j of row n (indices over cache, then extra_indices over extra_cache); -1
+// past the list.
+__device__ __forceinline__ int64_t listed_slot(const SparseDecodeProblem& p, int64_t n, int64_t j) {
+  return j < p.list_length() ? p.list_slot(n, j) : -1;
+}
+
+// Where list entry j's stored bytes are, for its slot (listed_slot): nothing for a skipped entry
+// and for a slot beyond its cache, which also marks the CTA bad.
+__device__ __forceinline__ EntrySource locate_entry(const SparseDecodeProblem& p, int64_t j,
+                                                    int64_t slot, int* bad) {
+  EntrySource source;
+  if (slot < 0) return source;
+  const PagedPool& pool = p.list_pool(j);
+  if (slot >= pool.num_slots()) {
+    *bad = 1;
+    return source;
+  }
+  const auto [page, offset] = pool.locate(slot);
+  source.data = page + offset * kEntryDataBytes;
+  source.scales = page + pool.block_size * kEntryDataBytes + offset * kEntryScaleBytes;
+  return source;
+}
+
+// Lane l of warp w resolves entry w + 8 (l % 8) of tile `tile` of row n's list; lanes 8.. repeat
+// lanes 0..7, so the warp's eight slots cost one round trip. Called a tile ahead of issue_tile,
+// so that round trip overlaps the current tile's wait and dequantization.
+__device__ __forceinline__ EntrySource resolve_entry(const SparseDecodeProblem& p, int64_t n,
+                                                     int64_t tile, int* bad, int warp, int lane) {
+  const int64_t j = tile * kTile + warp + kSparseWarps * (lane % kEntriesPerWarp);
+  return locate_entry(p, j, listed_slot(p, n, j), bad);
+}
+
+__device__ __forceinline__ const uint8_t* shuffle_pointer(const uint8_t* pointer, int lane) {
+  const uint64_t bits = reinterpret_cast<uint64_t>(pointer);
+  const uint32_t lo = __shfl_sync(kFullMask, static_cast<uint32_t>(bits), lane);
+  const uint32_t hi = __shfl_sync(kFullMask, static_cast<uint32_t>(bits >> 32), lane);
+  return reinterpret_cast<const uint8_t*>((static_cast<uint64_t>(hi) << 32) | lo);
+}
+
+// Enqueues the stored bytes of the warp's eight entries of a tile (resolved by resolve_entry)
+// into the raw buffer and records which are real (valid[e]). The warp's lanes share each entry's
+// 36 (or 72) data chunks and its scale word.
+template <bool kWide>
+__device__ void issue_tile(const EntrySource& mine, uint8_t* smem, int* valid, int warp, int lane) {
+  uint8_t* raw = smem + offsetof(MmaSharedMemory, raw);
+  uint8_t* raw_scales = smem + offsetof(MmaSharedMemory, raw_scales);
+#pragma unroll 1
+  for (int i = 0; i < kEntriesPerWarp; ++i) {
+    const int e = warp + kSparseWarps * i;
+    const uint8_t* data = shuffle_pointer(mine.data, i);
+    const uint8_t* scales = shuffle_pointer(mine.scales, i);
+    if (lane == 0) valid[e] = data != nullptr ? 1 : 0;
+    if (data == nullptr) continue;
+    uint8_t* target = raw + e * kEntryDataBytes;
+    constexpr int kChunk = kWide ? 16 : 8;
+    constexpr int kDataChunks = static_cast<int>(kEntryDataBytes) / kChunk;
+    constexpr int kPasses = (kDataChunks + 1 + 31) / 32;  // the data chunks, then the scales
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const int c = lane + 32 * pass;
+      if (c < kDataChunks) {
+        if (kWide) {
+          cp_async_16(target + c * kChunk, data + c * kChunk);
+        } else {
+          cp_async_8(target + c * kChunk, data + c * kChunk);
+        }
+      } else if (c == kDataChunks) {
+        cp_async_8(raw_scales + e * kEntryScaleBytes, scales);
+      }
+    }
+  }
+}
+
+// The raw tile to bf16 rows of E (zero rows for entries that are not real). Thread t converts
+// output chunk c = t % 64 (8 values) of entries t / 64, + 4, ...: chunks 0..55 are FP8 values
+// (scale group c / 8), 56..63 the RoPE values copied as stored. Returns whether a real entry
+// held an FP8 NaN code or a NaN scale: such a value is not turned into NaN here, the caller
+// marks the row bad, which is what its NaN would have done (every head's sums take it in).
+__device__ bool dequantize_tile(uint8_t* smem, const int* valid, int tid) {
+  const uint8_t* raw = smem + offsetof(MmaSharedMemory, raw);
+  const uint8_t* raw_scales = smem + offsetof(MmaSharedMemory, raw_scales);
+  constexpr int kNopeChunks = static_cast<int>(kNopeDim / 8);
+  constexpr int kEntriesPerPass = kSparseThreads / kChunksPerRow;
+  static_assert(kEntriesPerPass == 4, "rows e and e + 4 alternate between two swizzles");
+  const int c = tid % kChunksPerRow;
+  const int first_entry = tid / kChunksPerRow;
+  const bool fp8 = c < kNopeChunks;
+  const int source = fp8 ? 8 * c : static_cast<int>(kNopeDim) + 16 * (c - kNopeChunks);
+  // Rows e and e + 4 swizzle chunk c differently (e % 8 differs by 4); eight rows later the
+  // pattern repeats one swizzle atom further.
+  const uint32_t e_tile = shared_address(smem + offsetof(MmaSharedMemory, e));
+  const uint32_t target_even = e_tile + operand_chunk_offset(first_entry, c, kTile);
+  const uint32_t target_odd =
+      e_tile + operand_chunk_offset(first_entry + kEntriesPerPass, c, kTile);
+  uint32_t nan_bits = 0;
+#pragma unroll 4
+  for (int i = 0; i < kTile / kEntriesPerPass; ++i) {
+    const int e = first_entry + kEntriesPerPass * i;
+    uint4 value = make_uint4(0, 0, 0, 0);
+    if (valid[e]) {
+      const uint8_t* entry = raw + e * kEntryDataBytes;
+      if (fp8) {
+        const uint2 codes = *reinterpret_cast<const uint2*>(entry + source);
+        const uint32_t scale_byte = raw_scales[e * kEntryScaleBytes + c / 8];
+        nan_bits |= fp8_nan_bits(codes, scale_byte);
+        value = dequantize_8(codes, scale_byte);
+      } else {
+        value = *reinterpret_cast<const uint4*>(entry + source);
+      }
+    }
+    const uint32_t target = (i % 2 == 0 ? target_even : target_odd) + (i / 2) * kSwizzleAtomBytes;
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(target), "r"(value.x),
+                 "r"(value.y), "r"(value.z), "r"(value.w)
+                 : "memory");
+  }
+  return nan_bits != 0;
+}
+
+template <bool kWide, bool kThroughWorkspace>
+__global__ void __launch_bounds__(kSparseThreads, 1)
+    sparse_decode_mma_kernel(SparseDecodeProblem p, SparsePlan plan, bool q_vector,
+                             bool out_vector) {
+  extern __shared__ __align__(128) uint8_t shared_bytes[];
+  // wgmma swizzles by shared-address bits, so the operand tiles start on a 1024-byte boundary.
+  uint8_t* smem =
+      shared_bytes +
+      (kSwizzleAtomBytes - shared_address(shared_bytes) % kSwizzleAtomBytes) % kSwizzleAtomBytes;
+  cg::cluster_group cluster = cg::this_cluster();
+  const CtaRole role = cta_role<kThroughWorkspace>(plan);
+  const int64_t n = role.n;
+  const int group = role.group, split = role.split;
+  const int64_t head0 = int64_t{group} * kHeads;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int half = warp / 4;     // the warpgroup: its half of S's dims and of O's columns
+  const int thread = tid % 128;  // in the warpgroup (wgmma_d_coord)
+
+  MmaSharedMemory& shared = *reinterpret_cast<MmaSharedMemory*>(smem);
+  int* valid = shared.valid[0];
+  float* stat_m = shared.stat_m;
+  float* stat_l = shared.stat_l;
+  int* bad = &shared.bad;
+  float* factors = shared.factors[0];
+
+  if (tid == 0) *bad = 0;
+  __syncthreads();
+
+  const int64_t tiles = (p.list_length() + kTile - 1) / kTile;
+  const int64_t first = split_first_tile(tiles, split, plan.splits);
+  const int64_t last = split_first_tile(tiles, split + 1, plan.splits);
+  const bool q_async = q_vector && p.q.dtype != DType::kFloat32;
+  EntrySource next_source;
+  if (first < last) next_source = resolve_entry(p, n, first, bad, warp, lane);
+  load_queries(p, n, head0, q_async, q_vector, shared.q, bad, tid);
+  if (first < last) issue_tile<kWide>(next_source, smem, valid + (first & 1) * kTile, warp, lane);
+  cp_async_commit();
+
+  const uint32_t q_tile = shared_address(shared.q);
+  const uint32_t e_tile = shared_address(shared.e);
+  float* exchange = shared.exchange[0];
+  // Scores are kept in log2 units: s * scale * log2(e), so exp2 gives the softmax weights.
+  const float score_scale = p.scale * kLog2e;
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.0f, 0.0f};  // this thread's share; summed over the quad at the end
+  float o[128];                     // O's columns 256 half .. as wgmma_d_coord places them
+#pragma unroll
+  for (int i = 0; i < 128; ++i)
+    o[i] = 0.0f;
+
+  for (int64_t t = first; t < last; ++t) {
+    const int* tile_valid = valid + (t & 1) * kTile;
+    // The next tile's slots, resolved while this tile lands and the last O product runs.
+    if (t + 1 < last) next_source = resolve_entry(p, n, t + 1, bad, warp, lane);
+    cp_async_wait<0>();
+    wgmma_wait<0>();  // the last tile's O = P E no longer reads E
+    __syncthreads();  // the raw tile has landed in every thread's view; E is free
+    if (dequantize_tile(smem, tile_valid, tid)) *bad = 1;
+    fence_shared_for_wgmma();
+    __syncthreads();  // E is complete (and Q, on the first tile); the raw buffer is free
+    if (t + 1 < last) {
+      issue_tile<kWide>(next_source, smem, valid + ((t + 1) & 1) * kTile, warp, lane);
+    }
+    cp_async_commit();
+
+    // This warpgroup's half of S = Q E^T (64 heads x 64 entries, dims 256 half .. + 255).
+    float s[kScoreRegisters];
+#pragma unroll
+    for (int i = 0; i < kScoreRegisters; ++i)
+      s[i] = 0.0f;
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < 16; ++k) {
+      wgmma_m64n64k16(s, wgmma_descriptor(q_tile, scores_operand(16 * half + k, kHeads)),
+                      wgmma_descriptor(e_tile, scores_operand(16 * half + k, kTile)), k > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    // The other half through shared memory: the same thread of the other warpgroup holds the
+    // same elements, and a + b == b + a, so both warpgroups hold the same S bit for bit.
+#pragma unroll
+    for (int i = 0; i < kScoreRegisters; ++i)
+      exchange[(half * kScoreRegisters + i) * 128 + thread] = s[i];
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kScoreRegisters; ++i)
+      s[i] += exchange[((1 - half) * kScoreRegisters + i) * 128 + thread];
+
+    float alpha[2];
+    uint32_t weights[kTile / 16][4];
+    softmax_tile(s, tile_valid, thread, score_scale, row_max, row_sum, o, alpha, weights);
+    constexpr int kSteps = kTile / 16;
+
+    // O += P E over this warpgroup's 256 columns; waited for before E is next rewritten.
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < kSteps; ++k) {
+      wgmma_m64n256k16_a_registers(o, weights[k],
+                                   wgmma_descriptor(e_tile, outputs_operand(half, k, kTile)));
+    }
+    wgmma_commit();
+  }
+  wgmma_wait<0>();
+  cp_async_wait<0>();
+  if (q_async && !queries_finite(shared.q, tid)) *bad = 1;
+  const CtaSpace space{reinterpret_cast<float*>(shared.q), stat_m, stat_l, bad, factors};
+  finish_row<kSparseThreads, kThroughWorkspace>(p, plan, space, n, tid, half, half == 0, o, row_max,
+                                                row_sum, out_vector);
+}
+
+}  // namespace
+
+TensorCoreKernel sparse_decode_mma_instance(bool wide, bool through_workspace) {
+  if (through_workspace) {
+    return wide ? sparse_decode_mma_kernel<true, true> : sparse_decode_mma_kernel<false, true>;
+  }
+  return wide ? sparse_decode_mma_kernel<true, false> : sparse_decode_mma_kernel<false, false>;
+}
+
+int sparse_decode_mma_shared_bytes() {
+  return kSharedBytes;
+}
+
+}  // namespace detail
+}  // namespace dsv4
+}  // namespace hdk

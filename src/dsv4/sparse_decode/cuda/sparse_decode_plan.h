@@ -1,0 +1,213 @@
+// The launch plan of sparse_decode's tensor-core kernels (chosen in sparse_decode_cuda.cu): how
+// many CTAs a query row takes (head groups x list splits), whether its splits meet in a
+// thread-block cluster or through the caller's workspace, which tiles each split walks and how
+// the combine divides a row's columns. Pure functions of the shapes and of what the device runs
+// at once, kept apart from the kernels so the CPU tests (tests/dsv4/sparse_decode_plan_test.cpp)
+// check them without a GPU.
+#pragma once
+
+#include <cstdint>
+
+#include "core/host_device.h"
+#include "core/resident_clusters.h"
+#include "dsv4/attention/attention_workspace.h"
+
+namespace hdk {
+namespace dsv4 {
+namespace detail {
+
+constexpr int kSparseHeadsPerCta = 64;  // 4 head tiles of 16
+constexpr int kSparseTile = 64;         // entries per step of the list
+constexpr int kSparseMaxCluster = hdk::detail::kPortableClusterSize;
+constexpr int kSparseMaxWideCluster = hdk::detail::kMaxClusterSize;  // where the device runs it
+
+// A query row's CTAs: `groups` head groups x `splits` list slices. The slices are combined inside
+// the row's thread-block cluster (distributed shared memory), or, with `through_workspace`, by a
+// second kernel from the caller's workspace: a cluster is then one slice's head groups, so that a
+// row may take more CTAs than a cluster holds.
+struct SparsePlan {
+  int groups = 1;
+  int splits = 1;
+  bool through_workspace = false;
+  HDK_HOST_DEVICE int row_ctas() const { return groups * splits; }
+  HDK_HOST_DEVICE int cluster() const { return through_workspace ? groups : groups * splits; }
+  // The cluster rank of the CTA of (split, group): consecutive blocks of the grid are a row's
+  // CTAs, split-major, and a cluster's ranks follow the blocks.
+  HDK_HOST_DEVICE int rank_of(int split, int group) const {
+    return through_workspace ? group : split * groups + group;
+  }
+};
+
+// Whether the tensor-core kernel can serve Hq heads: a multiple of 16 whose head groups fit in
+// one cluster (up to 512 heads).
+HDK_HOST_DEVICE bool sparse_mma_supports(int64_t heads) {
+  return heads > 0 && heads % 16 == 0 &&
+         (heads + kSparseHeadsPerCta - 1) / kSparseHeadsPerCta <= kSparseMaxCluster;
+}
+
+// Head groups of 64 for Hq heads, and tiles of a list.
+HDK_HOST_DEVICE int sparse_head_groups(int64_t heads) {
+  return static_cast<int>((heads + kSparseHeadsPerCta - 1) / kSparseHeadsPerCta);
+}
+HDK_HOST_DEVICE int64_t sparse_tiles(int64_t list_length) {
+  return (list_length + kSparseTile - 1) / kSparseTile;
+}
+
+// The most splits a row of `groups` head groups and `tiles` tiles can take: the cluster within
+// `max_cluster` CTAs, at least one tile per split. Any count up to it is a valid split: the
+// slices are split_first_tile's, the combine's column slices finish_row's.
+HDK_HOST_DEVICE int sparse_max_splits(int groups, int64_t tiles, int max_cluster) {
+  const int64_t by_cluster = max_cluster / groups;
+  const int64_t most = by_cluster < tiles ? by_cluster : tiles;
+  return most > 1 ? static_cast<int>(most) : 1;
+}
+
+// What a tensor-core kernel's CTA costs the plan besides its tiles, in tile times (loading Q, the
+// first tile's round trip, the combine across the cluster), and the fewest tiles a CTA should
+// walk when the list is split.
+struct SparseKernelCosts {
+  int64_t cta_fixed_tiles;
+  int64_t min_tiles_per_split;
+};
+// The tensor-core kernel: fitted to an H100 sweep of 1, 2, 4 and 8 splits over Flash and Pro,
+// CSA and HCA lists, N = 8..64 (2026-11-23, bench/results/2026-11-23-h100-sparse-splits), where
+// every cell's fastest count has the fewest steps for a fixed cost between 1.5 and 3.
+constexpr SparseKernelCosts kSparseMmaCosts{2, 1};
+// The pipelined kernel: its speed comes from the steady state, and on slices of 1 or 2 tiles the
+// other kernel is as fast (sparse_decode_cuda.cu runs that one there), so splits stop at 3 tiles
+// a CTA; its fixed cost is larger in tile times since its tiles are shorter. An H100 sweep of 1,
+// 2, 4 and 8 splits over the four lists at N = 8..128 (2026-11-27,
+// bench/results/2026-11-27-h100-sparse-mbarrier) has every cell's fastest count (within 1%) as
+// the fewest steps for a fixed cost between 3 and 6; without the 3-tile floor Flash CSA N = 8
+// took 8 splits of 2 tiles on the other kernel, 1.08x the time of 4 splits of 3 here.
+constexpr SparseKernelCosts kSparsePipelinedCosts{4, 3};
+
+// Splits the list where the step takes the fewest tile times: the waves of row clusters (rows
+// over the clusters of that size the device runs at once, rounded up) times what a CTA walks
+// (its tiles plus the kernel's fixed cost); a split count that leaves a CTA fewer than
+// `min_tiles_per_split` tiles is not taken. On an H100 this keeps a row's
+// cluster resident where more splits would start a second wave (Flash CSA N = 32: 2 splits, 47.3
+// us, against 4 in 2 waves, 65.3), and takes a third wave where the tiles per CTA fall far enough
+// (Pro HCA N = 32: 4 splits, 3 waves of 17 tiles, 346.7 us, against 1 split of 66, 411.6; both
+// on the mma kernel, 2026-11-23). With every count between the powers of two, Flash HCA N = 32
+// takes 3 splits (39 clusters of 3 at once: 1 wave of 22 tiles), 77.8 us against 2 splits'
+// 104.8 (pipelined kernel, 2026-11-27). A split count whose cluster size is at 0 in `resident`
+// (one the device does not run) is not taken, and sizes above the portable 8 only where the
+// device runs clusters of 16; one split always is (the launch reports a device that runs none).
+HDK_HOST_DEVICE SparsePlan plan_sparse_decode(int64_t rows, int64_t heads, int64_t list_length,
+                                              const hdk::detail::ResidentClusterCounts& resident,
+                                              SparseKernelCosts costs = kSparseMmaCosts) {
+  SparsePlan plan;
+  plan.groups = sparse_head_groups(heads);
+  const int64_t tiles = sparse_tiles(list_length);
+  int64_t best = -1, best_waves = 0;
+  const int max_splits = sparse_max_splits(plan.groups, tiles, resident.largest());
+  for (int splits = 1; splits <= max_splits; ++splits) {
+    const int64_t tiles_per_cta = (tiles + splits - 1) / splits;
+    if (splits > 1 && tiles_per_cta < costs.min_tiles_per_split) break;
+    int64_t at_once = resident.by_size[plan.groups * splits];
+    if (at_once <= 0) {
+      if (splits > 1) continue;  // a cluster of that size does not fit the device
+      at_once = 1;               // the launch itself will report it
+    }
+    const int64_t waves = (rows + at_once - 1) / at_once;
+    const int64_t steps = waves * (tiles_per_cta + costs.cta_fixed_tiles);
+    // Equal steps: the count whose CTAs walk fewer tiles on average (waves x tiles / splits),
+    // e.g. a lone row in 16 slices of 4-5 tiles rather than 14 of 4-5.
+    const bool fewer_on_average = steps == best && waves * plan.splits < best_waves * splits;
+    if (best < 0 || steps < best || fewer_on_average) {
+      best = steps;
+      best_waves = waves;
+      plan.splits = splits;
+    }
+  }
+  return plan;
+}
+
+// ---- splits through the caller's workspace ------------------------------------------------------
+// The combine kernel's cost in tile times of the kernel before it: its launch behind the split
+// kernel and the partial results it reads back from L2.
+constexpr int64_t kSparseCombineTiles = 1;
+
+// A plan's time in tile times of its kernel: the waves of its clusters (a row's splits are clusters
+// of their own through the workspace) times what a CTA walks, plus the combine where there is one.
+HDK_HOST_DEVICE int64_t sparse_plan_steps(const SparsePlan& plan, int64_t rows, int64_t list_length,
+                                          const hdk::detail::ResidentClusterCounts& resident,
+                                          SparseKernelCosts costs) {
+  const int64_t tiles = sparse_tiles(list_length);
+  int64_t at_once = resident.by_size[plan.cluster()];
+  if (at_once <= 0) at_once = 1;
+  const int64_t clusters = plan.through_workspace ? rows * plan.splits : rows;
+  const int64_t waves = (clusters + at_once - 1) / at_once;
+  const int64_t steps = waves * ((tiles + plan.splits - 1) / plan.splits + costs.cta_fixed_tiles);
+  return plan.through_workspace ? steps + kSparseCombineTiles : steps;
+}
+
+// A split through the workspace writes a 128 KiB partial result per head group and the combine
+// reads it back, as many bytes as 3.5 tiles of entries: below 4 tiles a split, more splits cost
+// more than they save (H200: Flash HCA N = 1 in 64 one-tile splits 51.3 us against 34.4 in one
+// cluster of 16; 16 splits of 4 tiles at N = 8 37.0 against 42.0).
+constexpr int64_t kSparseWorkspaceMinTiles = 4;
+
+// Splits through the workspace: as many as fill the SMs once (sparse_workspace_max_splits), but
+// none that leaves a CTA fewer than kSparseWorkspaceMinTiles tiles or the kernel's
+// `min_tiles_per_split`; through_workspace is false where that is one split.
+HDK_HOST_DEVICE SparsePlan plan_sparse_workspace(int64_t rows, int64_t heads, int64_t list_length,
+                                                 int sm_count, SparseKernelCosts costs) {
+  SparsePlan plan;
+  plan.groups = sparse_head_groups(heads);
+  const int64_t tiles = sparse_tiles(list_length);
+  int64_t splits = sparse_workspace_max_splits(rows, plan.groups, tiles, sm_count);
+  const int64_t min_tiles = costs.min_tiles_per_split > kSparseWorkspaceMinTiles
+                                ? costs.min_tiles_per_split
+                                : kSparseWorkspaceMinTiles;
+  const int64_t by_length = tiles / min_tiles;
+  if (splits > by_length) splits = by_length;
+  plan.splits = splits > 1 ? static_cast<int>(splits) : 1;
+  plan.through_workspace = plan.splits > 1;
+  return plan;
+}
+
+// The combine's column slices of a row's head group: enough CTAs to read the partial results back
+// from L2 over the SMs, at least 32 columns each.
+HDK_HOST_DEVICE int sparse_combine_slices(int64_t rows, int groups, int sm_count) {
+  const int64_t most = sm_count / (rows * groups);
+  int slices = 1;
+  while (slices < 16 && 2 * slices <= most)
+    slices *= 2;  // a power of two divides 512 columns
+  return slices;
+}
+
+// The combine's share of split `split` of `splits`: the column quads [first, first + count) of
+// every head (of the 128 quads of a 512-column row), and `inverse` = ceil(2^32 / count), with
+// which head_of_job turns a job number (head x count + quad) into its head by a multiply-high.
+struct CombineSlice {
+  int first;
+  int count;
+  uint32_t inverse;
+};
+HDK_HOST_DEVICE CombineSlice combine_slice(int split, int splits) {
+  constexpr int kQuads = 128;
+  const int first = kQuads * split / splits;
+  const int count = kQuads * (split + 1) / splits - first;
+  return CombineSlice{first, count, 0xffffffffu / static_cast<uint32_t>(count) + 1u};
+}
+// job / count for count >= 2 (a slice has at least 128 / 16 quads), exact while job x count <
+// 2^32, which the combine's jobs (under 64 x 128 x 128) are: the rounding of `inverse` adds less
+// than job / 2^32 < 1 / count to the true quotient.
+HDK_HOST_DEVICE int head_of_job(uint32_t job, uint32_t inverse) {
+#if defined(__CUDA_ARCH__)
+  return static_cast<int>(__umulhi(job, inverse));
+#else
+  return static_cast<int>((uint64_t{job} * inverse) >> 32);
+#endif
+}
+
+// The tiles [first, last) of the list that split `split` of `splits` walks.
+HDK_HOST_DEVICE int64_t split_first_tile(int64_t tiles, int split, int splits) {
+  return tiles * split / splits;
+}
+
+}  // namespace detail
+}  // namespace dsv4
+}  // namespace hdk
