@@ -30,7 +30,7 @@ done
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee "$out/device.log"
 
 if wants checks; then
-  for suite in hdk_core_tests hdk_gdn_tests hdk_dsv4_tests hdk_dsv4_kv_tests hdk_topk_tests \
+  for suite in hdk_core_tests hdk_gdn_tests hdk_dsv4_tests hdk_dsv4_kv_tests hdk_dsv4_index_layout_tests \
     hdk_dsv4_attention_tests; do
     [[ -x $bin/$suite ]] && step "$suite" 300 "$bin/$suite" --gtest_brief=1
   done

@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Markdown tables of the DeepSeek-V4 read side from hdk-bench JSON, for bench/results READMEs.
+
+  dsv4_tables.py attention NEW.json [NEW2.json ...] --base BASE.json [BASE2.json ...]
+      sparse_decode and index_topk: per cell the faster of the rounds given, the base binary's
+      time, new / base speed-up, what ran (kernel, cluster), floor and x floor.
+  dsv4_tables.py step STEP.json
+      hdk-bench dsv4-step: the whole step per layer, preset, context and N (time, x floor), and
+      each call's share at N = 1.
+"""
+import argparse
+import json
+import sys
+
+
+def load(paths):
+    runs = [json.load(open(path)) for path in paths]
+    return runs
+
+
+def best(runs, key_of):
+    """The fastest time per key over the runs, and that run's row."""
+    out = {}
+    for run in runs:
+        for row in run["results"]:
+            key = key_of(row)
+            if row.get("time_us") in (None, "error"):
+                continue
+            time = float(row["time_us"])
+            if key not in out or time < float(out[key]["time_us"]):
+                out[key] = row
+    return out
+
+
+def attention(args):
+    new_runs, base_runs = load(args.new), load(args.base)
+    key_of = lambda r: (r["op"], r["preset"], r["list"], int(r["N"]), str(r["L"]))
+    new, base = best(new_runs, key_of), best(base_runs, key_of)
+    first = new_runs[0]
+    print(f"Copy bandwidth {first['copy_bandwidth_gbs']} GB/s, empty-kernel graph replay "
+          f"{first['launch_overhead_us']} us ({first['device']}).\n")
+    print("| op | preset | list | N | L | new, us | base, us | base / new | ran | floor, us | x floor |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for key, row in new.items():
+        base_row = base.get(key)
+        base_us = float(base_row["time_us"]) if base_row else None
+        new_us = float(row["time_us"])
+        ratio = f"{base_us / new_us:.2f}" if base_us else "-"
+        base_text = f"{base_us:.1f}" if base_us else "-"
+        ran = f"{row.get('kernel', '-')} {row.get('cluster', '-')}"
+        print(f"| {row['op']} | {row['preset']} | {row['list']} | {row['N']} | {row['L']} | "
+              f"{new_us:.1f} | {base_text} | {ratio} | {ran} | {row.get('floor_us', '-')} | "
+              f"{row.get('x_floor', '-')} |")
+
+
+def step(args):
+    runs = load(args.step)
+    first = runs[0]
+    print(f"Copy bandwidth {first['copy_bandwidth_gbs']} GB/s, empty-kernel graph replay "
+          f"{first['launch_overhead_us']} us ({first['device']}).\n")
+    rows = [r for run in runs for r in run["results"]]
+    steps = [r for r in rows if r["kernel"] in ("step", "route")]
+    layers = sorted({(r["preset"], r["layer"]) for r in steps}, key=lambda k: (k[0] != "flash", k))
+    contexts = sorted({int(r["context"]) for r in steps if r["context"] not in ("-", "")})
+    ns = sorted({int(r["N"]) for r in steps})
+    print("Whole step, time in us (x floor):\n")
+    print("| preset | layer | context | " + " | ".join(f"N={n}" for n in ns) + " |")
+    print("|---|---|---|" + "---|" * len(ns))
+    for preset, layer in layers:
+        for context in contexts if layer != "moe" else [None]:
+            cells = []
+            for n in ns:
+                match = [r for r in steps if r["preset"] == preset and r["layer"] == layer and
+                         int(r["N"]) == n and (context is None or
+                                               str(r["context"]) == str(context))]
+                cells.append(f"{float(match[0]['time_us']):.1f} ({match[0]['x_floor']})"
+                             if match else "-")
+            print(f"| {preset} | {layer} | {context if context else '-'} | " +
+                  " | ".join(cells) + " |")
+    print("\nEach call alone at N = 1 (its own graph), time in us (x floor):\n")
+    calls = [r for r in rows if r["kernel"] not in ("step", "route") and int(r["N"]) == 1]
+    print("| preset | layer | context | call | time, us | x floor |")
+    print("|---|---|---|---|---|---|")
+    for r in calls:
+        print(f"| {r['preset']} | {r['layer']} | {r['context']} | {r['kernel']} | "
+              f"{float(r['time_us']):.1f} | {r['x_floor']} |")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="table", required=True)
+    a = sub.add_parser("attention")
+    a.add_argument("new", nargs="+")
+    a.add_argument("--base", nargs="+", required=True)
+    s = sub.add_parser("step")
+    s.add_argument("step", nargs="+")
+    args = parser.parse_args()
+    {"attention": attention, "step": step}[args.table](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
