@@ -5,7 +5,7 @@
 #           workspace cases of index_topk and sparse_decode and GDN's non-finite cases, racecheck
 #           over the workspace cases of sparse_decode
 #   bench   hdk-bench attention (sparse_decode and index_topk, N = 1..128) for the new binary and
-#           the base one, interleaved, two rounds; hdk-bench dsv4-step over its grid; hdk-bench gdn
+#           the base one, interleaved, ROUNDS rounds (2); hdk-bench dsv4-step over its grid; hdk-bench gdn
 #           for the new binary and the base one (the non-finite check's cost)
 # Usage, from the repository root: BIN=.peers/run OUT=/path PARTS=checks,bench \
 #   scripts/device/workspace_gpu.sh
@@ -45,7 +45,7 @@ if wants checks; then
 fi
 
 if wants bench; then
-  for round in 1 2; do
+  for round in $(seq 1 "${ROUNDS:-2}"); do
     step "attention-base-$round" 200 "$bin/hdk-bench-base" attention --N 1,2,4,8,16,32,64,128 \
       --index-N 1,4,16,64 --entries 16384,65536 --iterations 50 \
       --json "$out/attention_base_$round.json"
@@ -54,7 +54,7 @@ if wants bench; then
       --json "$out/attention_new_$round.json"
   done
   step dsv4-step 420 "$bin/hdk-bench" dsv4-step --json "$out/dsv4_step.json" ${STEP_ARGS:-}
-  for round in 1 2; do
+  for round in $(seq 1 "${ROUNDS:-2}"); do
     step "gdn-base-$round" 200 "$bin/hdk-bench-base" gdn --preset qwen3.5-397b \
       --batch 1,16,64,256 --T 1,2 --json "$out/gdn_base_$round.json"
     step "gdn-new-$round" 200 "$bin/hdk-bench" gdn --preset qwen3.5-397b \
