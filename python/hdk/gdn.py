@@ -35,7 +35,6 @@ def gdn_decode(
     intermediate_states=None,
     out=None,
     invalid_index_count=None,
-    nonfinite_head_count=None,
     layout="vk",
     scale=None,
     use_qk_l2norm=True,
@@ -97,12 +96,6 @@ def gdn_decode(
         invalid_index_count: ``[1]`` or scalar int32/int64 counter; hdk adds the number of
             requests it ran as padding because an index (slot >= P, accepted count, cu_seqlens
             range) could not be honoured. It is never cleared by hdk.
-        nonfinite_head_count: ``[1]`` or scalar int32/int64 counter of refused heads. A
-            (request, value head) with a NaN or an infinity in its inputs (q and k of its
-            query/key head, v, a and b or g and beta, at any of its tokens) is refused: its
-            output rows are NaN, every state it would write (pool slots, intermediate_states)
-            keeps its old value, and hdk adds 1 here. The request's other heads run normally.
-            Without the counter the refusal happens all the same. It is never cleared by hdk.
         layout: ``"vk"`` (K contiguous: SGLang, vLLM, FlashInfer pools) or ``"kv"``.
         scale: query scale; None or 0 selects ``K ** -0.5``.
         use_qk_l2norm: l2-normalize q and k (default True).
@@ -145,7 +138,6 @@ def gdn_decode(
         ("intermediate_states", intermediate_states),
         ("out", out),
         ("invalid_index_count", invalid_index_count),
-        ("nonfinite_head_count", nonfinite_head_count),
     )
     for name, value in optional_tensors:
         _check_tensor(name, value, optional=True)
@@ -176,7 +168,6 @@ def gdn_decode(
         intermediate_states,
         out,
         invalid_index_count,
-        nonfinite_head_count,
         _LAYOUTS[layout],
         float(scale) if scale is not None else 0.0,
         bool(use_qk_l2norm),

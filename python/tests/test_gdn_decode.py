@@ -22,13 +22,7 @@ from cases import (
 )
 from gdn_reference import gdn_decode_reference
 
-_NOT_REFERENCE_ARGUMENTS = (
-    "out",
-    "intermediate_states",
-    "invalid_index_count",
-    "nonfinite_head_count",
-    "out_dtype",
-)
+_NOT_REFERENCE_ARGUMENTS = ("out", "intermediate_states", "invalid_index_count", "out_dtype")
 
 
 def decode_and_check(tol, cache_columns=None, **kwargs):
@@ -306,32 +300,6 @@ def test_invalid_cu_seqlens_range_leaves_outputs_untouched(device):
         out=poisoned((1, total, HV, V), torch.float32, device),
     )
     assert counter.item() == 5 + 2
-
-
-def test_nonfinite_input_refuses_the_head_and_keeps_its_slot(device):
-    generator = make_generator(16)
-    batch, slots = 3, 4
-    inputs = token_inputs(generator, (batch, 1), torch.float32, device)
-    gating = fused_gating(generator, (batch, 1), device=device)
-    pool = make_pool(generator, slots, torch.float32, device)
-    indices = index_tensor([2, 0, 3], torch.int32, device)
-    clean_pool = pool.clone()
-    clean = hdk.gdn_decode(**inputs, **gating, state=clean_pool, state_indices=indices)
-    gating["a"][1, 0, HV - 1] = float("nan")
-    before = pool.clone()
-    counter = torch.full((1,), 4, dtype=torch.int64, device=device)
-    out = hdk.gdn_decode(
-        **inputs, **gating, state=pool, state_indices=indices, nonfinite_head_count=counter
-    )
-    assert counter.item() == 4 + 1
-    assert torch.isnan(out[1, 0, HV - 1]).all()
-    assert torch.equal(pool[0, HV - 1], before[0, HV - 1])  # request 1's slot, refused head
-    refused = torch.zeros_like(out, dtype=torch.bool)
-    refused[1, 0, HV - 1] = True
-    assert torch.equal(out[~refused], clean[~refused])
-    kept = torch.ones_like(pool, dtype=torch.bool)
-    kept[0, HV - 1] = False
-    assert torch.equal(pool[kept], clean_pool[kept])
 
 
 def test_check_indices_raises_on_a_shared_write_slot(device):

@@ -61,13 +61,6 @@ struct DecodeParams {
   // hdk adds to it and never clears it.
   TensorView invalid_index_count;
 
-  // Optional [1] or scalar int32/int64 counter of refused heads. A (request, value head) whose
-  // inputs hold a NaN or an infinity (q and k of its query/key head, v, a and b or g and beta, at
-  // any of the request's tokens) is refused: its state in every slot it would write (and its
-  // intermediate_states) is left as it was, its output rows are NaN, and 1 is added here. The
-  // request's other heads run normally. hdk adds to it and never clears it.
-  TensorView nonfinite_head_count;
-
   StateLayout layout = StateLayout::kVK;
   float scale = 0.0f;  // 0 means K^-0.5
   bool use_qk_l2norm = true;

@@ -127,23 +127,6 @@ __global__ void __launch_bounds__(K)
     }
   }
 
-  // A head with a NaN or an infinity among its inputs is refused before anything is stored
-  // (docs/gdn-decode.md, "Non-finite inputs"). Every warp reads the whole head's inputs, so the
-  // verdict is the CTA's without a barrier.
-  if (head_inputs_nonfinite(p, request_row, plan.token_origin, plan.num_tokens, hv, lane)) {
-    for (int64_t t = 0; t < plan.num_tokens; ++t) {
-      const int64_t out_base = token_offset(p.out, request_row, plan.token_origin + t, hv);
-      for (int c = threadIdx.x; c < Shape::kColumns; c += blockDim.x) {
-        if (first_column + c < V) {
-          store_element(p.out.data, p.out.dtype, out_base + first_column + c,
-                        __int_as_float(0x7fffffff));
-        }
-      }
-    }
-    if (tile == 0 && threadIdx.x == 0) count_refused_head(p);
-    return;
-  }
-
   for (int64_t chunk_start = 0; chunk_start < plan.num_tokens; chunk_start += kChunk) {
     const int64_t remaining = plan.num_tokens - chunk_start;
     const int chunk = static_cast<int>(remaining < kChunk ? remaining : kChunk);

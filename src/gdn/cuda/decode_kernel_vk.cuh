@@ -167,21 +167,6 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
     }
   }
 
-  // A head with a NaN or an infinity among its inputs is refused before anything is stored
-  // (docs/gdn-decode.md, "Non-finite inputs"); its loads overlap the state's.
-  if (head_inputs_nonfinite(p, request_row, plan.token_origin, plan.num_tokens, hv, lane)) {
-    for (int64_t t = 0; t < plan.num_tokens; ++t) {
-      if (finishes_row) {
-        store_element(
-            p.out.data, p.out.dtype,
-            token_offset(p.out, request_row, plan.token_origin + t, hv) + row_of(owned_row),
-            __int_as_float(0x7fffffff));
-      }
-    }
-    if (tile == 0 && lane == 0) count_refused_head(p);
-    return;
-  }
-
   for (int64_t t = 0; t < plan.num_tokens; ++t) {
     const RawTokenInputs<kValues, kInputBytes> current = next;
     if (t + 1 < plan.num_tokens) load_token(plan.token_origin + t + 1, next);

@@ -248,29 +248,6 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
                ? load_input_bits<InputT>(p.v.data, token_at(p.v, token, hv) + row_of(owned_row))
                : 0u;
   };
-  // This lane's share of the check for NaN and infinities in the head's inputs (the q and k of
-  // the first token and the gates are checked as loaded, below): typed loads, token offsets in
-  // the call's offset type, one base live at a time, because the token-loop builds run this
-  // with their state in registers, tight against their caps.
-  auto v_row_nonfinite = [&](Offset token) {
-    bool nonfinite = false;
-    const Offset base = token_at(p.v, token, hv);
-    for (int i = lane; i < head_v; i += 32)
-      nonfinite |= raw_is_nonfinite(load_input_bits<InputT>(p.v.data, base + i), Input::kDType);
-    return nonfinite;
-  };
-  auto qk_nonfinite = [&](Offset token) {
-    bool nonfinite = false;
-#pragma unroll
-    for (int which = 0; which < 2; ++which) {
-      const auto& x = which == 0 ? p.q : p.k;
-      const Offset base = token_at(x, token, h);
-#pragma unroll
-      for (int j = lane; j < K; j += 32)
-        nonfinite |= raw_is_nonfinite(load_input_bits<InputT>(x.data, base + j), Input::kDType);
-    }
-    return nonfinite;
-  };
 
   // Per-token scalars, token j of the request in lane j (at most kLeanMaxTokens tokens): the
   // gate inputs (raw bits), turned into decay and beta once they arrived, and with per-token
@@ -342,7 +319,6 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
   // instances differently from the code that was measured.
   TokenQK next;
   uint32_t next_v = 0;
-  bool input_nonfinite = false;  // OR'd in as the inputs are loaded
   if constexpr (!kStateFirst) {
     // Before the plan is known: the token range from cu_seqlens only.
     const TokenRange range = request_tokens(p, n);
@@ -350,7 +326,6 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
     if (range.count > 0) {
       load_qk(first_token, next);
       next_v = load_v(first_token);
-      if constexpr (kOneToken) input_nonfinite = v_row_nonfinite(first_token);
     }
     load_token_scalars(first_token, static_cast<Offset>(range.count));
   }
@@ -403,7 +378,6 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
     if (range.count > 0) {
       load_qk(first_token, next);
       next_v = load_v(first_token);
-      if constexpr (kOneToken) input_nonfinite = v_row_nonfinite(first_token);
     }
     load_token_scalars(first_token, static_cast<Offset>(range.count));
     if (p.fused_gating) {
@@ -411,36 +385,6 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
       dt_bias = load_element(p.dt_bias, p.dt_bias_dtype, hv * p.dt_bias_stride);
     }
   }
-  // A head with a NaN or an infinity among its inputs is refused before anything is stored:
-  // NaN outputs, no state written, counted once (by the head's first warp).
-  // docs/gdn-decode.md, "Non-finite inputs".
-  // q and k of the first token as loaded, the gates of every token (lane t holds token t's,
-  // lanes past the request's tokens hold zeros), then the rest.
-  const DType gate_a_type = kCommonForm ? Input::kDType : gate_a_dtype;
-  const DType gate_b_type = kCommonForm ? Input::kDType : gate_b_dtype;
-  if (num_tokens > 0) {
-    input_nonfinite |= words_are_nonfinite<kWords>(next.q, sizeof(InputT), Input::kDType) |
-                       words_are_nonfinite<kWords>(next.k, sizeof(InputT), Input::kDType) |
-                       raw_is_nonfinite(gate_a_bits, gate_a_type) |
-                       raw_is_nonfinite(gate_b_bits, gate_b_type);
-  }
-  if constexpr (!kOneToken) {
-    for (Offset t = 0; t < num_tokens; ++t) {
-      if (t > 0) input_nonfinite |= qk_nonfinite(origin + t);
-      input_nonfinite |= v_row_nonfinite(origin + t);
-    }
-  }
-  const bool refused = __any_sync(0xffffffffu, input_nonfinite);
-  if (refused) {
-    for (Offset t = 0; t < num_tokens; ++t) {
-      if (finishes_row) {
-        store_out(token_at(p.out, origin + t, hv) + row_of(owned_row), __int_as_float(0x7fffffff));
-      }
-    }
-    if (tile == 0 && lane == 0) count_refused_head(p);
-    return;
-  }
-
   float lane_decay, lane_beta;
   finish_gates(A_log, dt_bias, lane_decay, lane_beta);
 

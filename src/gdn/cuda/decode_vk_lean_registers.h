@@ -2,8 +2,6 @@
 // build: the lowest multiple of 8 (from 72) with which ptxas (CUDA 13.0, sm_90a) spilled
 // nothing, found by compiling every instance at each cap before the kernel's 3-D grid and
 // 16-byte final stores; with those, eight caps were raised by 8 where a few bytes spilled, and
-// with the check for non-finite inputs 24 more (every instance that then spilled; the T = 1
-// instances the dispatcher picks for the common form and for bf16 q/k/v kept theirs), and
 // some of the others may now be higher than needed (docs/gdn-cuda-dispatch.md has the table with
 // the registers used). A cap only decides how many warps share an SM; it must never force a
 // spill inside the token loop, which measured slower than the lost warps (the classic kernel at
@@ -31,35 +29,35 @@ struct LeanRegisterCap {
 };
 
 inline constexpr LeanRegisterCap kLeanRegisterCaps[] = {
-    {2, LeanInput::kBf16, 64, 4, 8, {80, 88, 96, 104}, {72, 64, 72, 64}},
+    {2, LeanInput::kBf16, 64, 4, 8, {80, 88, 96, 104}, {64, 64, 72, 64}},
     {2, LeanInput::kBf16, 128, 2, 16, {72, 72, 72, 72}, {56, 56, 56, 56}},
     {2, LeanInput::kBf16, 128, 4, 16, {80, 88, 96, 104}, {64, 64, 64, 64}},
-    {2, LeanInput::kBf16, 128, 2, 8, {96, 104, 104, 112}, {72, 72, 72, 72}},
+    {2, LeanInput::kBf16, 128, 2, 8, {96, 104, 104, 112}, {72, 64, 72, 64}},
     {2, LeanInput::kBf16, 256, 4, 32, {96, 96, 96, 104}, {72, 64, 72, 64}},
-    {2, LeanInput::kFp16, 64, 4, 8, {96, 96, 104, 104}, {72, 64, 72, 64}},
+    {2, LeanInput::kFp16, 64, 4, 8, {96, 96, 104, 104}, {64, 64, 72, 64}},
     {2, LeanInput::kFp16, 128, 2, 16, {72, 72, 72, 72}, {56, 56, 56, 56}},
-    {2, LeanInput::kFp16, 128, 4, 16, {96, 96, 104, 104}, {72, 64, 64, 64}},
-    {2, LeanInput::kFp16, 128, 2, 8, {104, 104, 104, 112}, {72, 72, 72, 72}},
+    {2, LeanInput::kFp16, 128, 4, 16, {96, 96, 104, 104}, {64, 64, 64, 64}},
+    {2, LeanInput::kFp16, 128, 2, 8, {104, 104, 104, 112}, {72, 64, 72, 64}},
     {2, LeanInput::kFp16, 256, 4, 32, {96, 96, 104, 112}, {72, 64, 72, 64}},
     {2, LeanInput::kFp32, 64, 4, 8, {96, 96, 104, 112}, {72, 72, 64, 72}},
-    {2, LeanInput::kFp32, 128, 2, 16, {72, 80, 80, 88}, {64, 64, 64, 64}},
-    {2, LeanInput::kFp32, 128, 4, 16, {96, 96, 104, 112}, {72, 72, 64, 72}},
-    {2, LeanInput::kFp32, 128, 2, 8, {120, 128, 128, 160}, {88, 88, 88, 88}},
+    {2, LeanInput::kFp32, 128, 2, 16, {72, 80, 80, 88}, {56, 64, 64, 64}},
+    {2, LeanInput::kFp32, 128, 4, 16, {96, 96, 104, 112}, {64, 64, 64, 72}},
+    {2, LeanInput::kFp32, 128, 2, 8, {120, 128, 128, 160}, {80, 88, 80, 80}},
     {2, LeanInput::kFp32, 256, 4, 32, {96, 104, 104, 112}, {72, 64, 72, 64}},
-    {4, LeanInput::kBf16, 64, 8, 16, {88, 96, 96, 104}, {0, 0, 0, 0}},
-    {4, LeanInput::kBf16, 128, 2, 32, {72, 72, 80, 80}, {0, 0, 0, 0}},
+    {4, LeanInput::kBf16, 64, 8, 16, {88, 96, 96, 96}, {0, 0, 0, 0}},
+    {4, LeanInput::kBf16, 128, 2, 32, {72, 72, 72, 72}, {0, 0, 0, 0}},
     {4, LeanInput::kBf16, 128, 4, 32, {72, 72, 72, 72}, {0, 0, 0, 0}},
-    {4, LeanInput::kBf16, 128, 8, 32, {96, 96, 104, 96}, {0, 0, 0, 0}},
+    {4, LeanInput::kBf16, 128, 8, 32, {96, 96, 96, 96}, {0, 0, 0, 0}},
     {4, LeanInput::kBf16, 128, 2, 16, {72, 72, 80, 88}, {0, 0, 0, 0}},
-    {4, LeanInput::kBf16, 128, 4, 16, {88, 96, 104, 112}, {0, 0, 0, 0}},
+    {4, LeanInput::kBf16, 128, 4, 16, {88, 88, 104, 104}, {0, 0, 0, 0}},
     {4, LeanInput::kBf16, 256, 4, 32, {96, 96, 96, 104}, {0, 0, 0, 0}},
     {4, LeanInput::kFp16, 64, 8, 16, {88, 96, 96, 96}, {0, 0, 0, 0}},
-    {4, LeanInput::kFp16, 128, 2, 32, {72, 72, 80, 80}, {0, 0, 0, 0}},
+    {4, LeanInput::kFp16, 128, 2, 32, {72, 72, 72, 72}, {0, 0, 0, 0}},
     {4, LeanInput::kFp16, 128, 4, 32, {72, 72, 72, 72}, {0, 0, 0, 0}},
     {4, LeanInput::kFp16, 128, 8, 32, {88, 96, 96, 96}, {0, 0, 0, 0}},
     {4, LeanInput::kFp16, 128, 2, 16, {72, 72, 80, 80}, {0, 0, 0, 0}},
-    {4, LeanInput::kFp16, 128, 4, 16, {88, 96, 104, 104}, {0, 0, 0, 0}},
-    {4, LeanInput::kFp16, 256, 4, 32, {96, 96, 96, 104}, {0, 0, 0, 0}},
+    {4, LeanInput::kFp16, 128, 4, 16, {88, 88, 104, 104}, {0, 0, 0, 0}},
+    {4, LeanInput::kFp16, 256, 4, 32, {88, 96, 96, 104}, {0, 0, 0, 0}},
     {4, LeanInput::kFp32, 64, 8, 16, {96, 96, 104, 104}, {0, 0, 0, 0}},
     {4, LeanInput::kFp32, 128, 2, 32, {72, 72, 72, 72}, {0, 0, 0, 0}},
     {4, LeanInput::kFp32, 128, 4, 32, {72, 72, 80, 80}, {0, 0, 0, 0}},
@@ -71,13 +69,12 @@ inline constexpr LeanRegisterCap kLeanRegisterCaps[] = {
 
 // The instances of the common form (CommonDecodeProblem: 32-bit token offsets, no per-token
 // slots, the shapes of common_form_built, bf16 q/k/v, heads of whole warp tiles), found the same
-// way: bf16 state 88 (token loop; 80 before the check for non-finite inputs, which spilled 36
-// bytes there) and 72 (one-token build: at 64 it spilled, and measured 2-5%
+// way: bf16 state 80 (token loop) and 72 (one-token build: at 64 it spilled, and measured 2-5%
 // slower from B = 4); fp32 state 80 (token loop, 79 used) and 64 (one-token build), which fit
 // once the state's loads and stores took one address and immediate offsets (with an address
 // per row they spilled 24 bytes at 64 and needed 96 for the token loop).
 constexpr int lean_common_form_register_cap(int state_bytes, bool one_token) {
-  if (state_bytes == 2) return one_token ? 72 : 88;
+  if (state_bytes == 2) return one_token ? 72 : 80;
   return one_token ? 64 : 80;
 }
 

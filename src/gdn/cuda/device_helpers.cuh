@@ -458,90 +458,15 @@ __device__ __forceinline__ TokenRange request_tokens(const CommonDecodeStepProbl
   return range;
 }
 
-// Adds 1 to an optional [1] int32/int64 counter of the call.
-__device__ __forceinline__ void add_one(void* counter, DType dtype) {
-  if (counter == nullptr) return;
-  if (dtype == DType::kInt64) {
-    atomicAdd(static_cast<unsigned long long*>(counter), 1ull);
-  } else {
-    atomicAdd(static_cast<int*>(counter), 1);
-  }
-}
-
 // Problem: DecodeProblem or CommonDecodeProblem (the same field names).
 template <typename Problem>
 __device__ __forceinline__ void count_invalid(const Problem& p) {
-  add_one(p.invalid_index_count, p.invalid_index_count_dtype);
-}
-
-// Adds 1 to the counter of refused heads; one lane of one warp per refused (request, head).
-template <typename Problem>
-__device__ __forceinline__ void count_refused_head(const Problem& p) {
-  add_one(p.nonfinite_head_count, p.nonfinite_head_count_dtype);
-}
-
-// Whether the raw bits of an element (load_raw_element) are a NaN or an infinity: its exponent
-// is all ones. An integer test on the bits as loaded, so the check needs no conversion.
-__device__ __forceinline__ bool raw_is_nonfinite(uint32_t raw, DType dtype) {
-  switch (dtype) {
-    case DType::kBFloat16:
-      return (raw & 0x7f80u) == 0x7f80u;
-    case DType::kFloat16:
-      return (raw & 0x7c00u) == 0x7c00u;
-    default:
-      return (raw & 0x7f800000u) == 0x7f800000u;
+  if (p.invalid_index_count == nullptr) return;
+  if (p.invalid_index_count_dtype == DType::kInt64) {
+    atomicAdd(static_cast<unsigned long long*>(p.invalid_index_count), 1ull);
+  } else {
+    atomicAdd(static_cast<int*>(p.invalid_index_count), 1);
   }
-}
-
-// The same for kWords 32-bit words holding elements of `element_bytes` each (q, k as loaded).
-template <int kWords>
-__device__ __forceinline__ bool words_are_nonfinite(const uint32_t* words, int element_bytes,
-                                                    DType dtype) {
-  bool nonfinite = false;
-#pragma unroll
-  for (int w = 0; w < kWords; ++w) {
-    if (element_bytes == 4) {
-      nonfinite |= raw_is_nonfinite(words[w], dtype);
-    } else {
-      nonfinite |=
-          raw_is_nonfinite(words[w] & 0xffffu, dtype) | raw_is_nonfinite(words[w] >> 16, dtype);
-    }
-  }
-  return nonfinite;
-}
-
-// Whether any input of one (request, value head) is NaN or infinite, on every lane of the warp:
-// q and k of its query/key head, its v and its two gate inputs, at tokens origin..origin+count.
-// The lanes stride over the elements (L2 hits: the warps of the head read the same rows) and
-// vote once. The lean kernel checks what it has loaded instead (decode_kernel_vk_lean.cuh).
-__device__ __forceinline__ bool head_inputs_nonfinite(const DecodeProblem& p, int64_t request_row,
-                                                      int64_t origin, int64_t count, int64_t hv,
-                                                      int lane) {
-  const TokenTensor& gate_a = p.fused_gating ? p.a : p.g;
-  const TokenTensor& gate_b = p.fused_gating ? p.b : p.beta;
-  const int64_t h = p.qk_head_of(hv);
-  const DType input = p.q.dtype;  // k and v share it (validated)
-  bool nonfinite = false;
-  for (int64_t token = origin; token < origin + count; ++token) {
-    const int64_t q_base = token_offset(p.q, request_row, token, h);
-    const int64_t k_base = token_offset(p.k, request_row, token, h);
-    for (int64_t j = lane; j < p.head_k; j += 32) {
-      nonfinite |= raw_is_nonfinite(load_raw_element(p.q.data, input, q_base + j), input) |
-                   raw_is_nonfinite(load_raw_element(p.k.data, input, k_base + j), input);
-    }
-    const int64_t v_base = token_offset(p.v, request_row, token, hv);
-    for (int64_t i = lane; i < p.head_v; i += 32)
-      nonfinite |= raw_is_nonfinite(load_raw_element(p.v.data, input, v_base + i), input);
-    if (lane == 0) {
-      nonfinite |= raw_is_nonfinite(load_raw_element(gate_a.data, gate_a.dtype,
-                                                     token_offset(gate_a, request_row, token, hv)),
-                                    gate_a.dtype) |
-                   raw_is_nonfinite(load_raw_element(gate_b.data, gate_b.dtype,
-                                                     token_offset(gate_b, request_row, token, hv)),
-                                    gate_b.dtype);
-    }
-  }
-  return __any_sync(0xffffffffu, nonfinite);
 }
 
 template <typename Problem>
