@@ -217,5 +217,10 @@ void ArgumentChecks::no_overlap(const TensorView& output, const char* output_nam
        "' in memory; an output must not share bytes with another argument");
 }
 
+void throw_no_cuda_backend(const char* operation, const Device& device) {
+  throw Error(std::string(operation) + ": the tensors are on " + device.str() +
+              " but this build of hdk has no CUDA backend (configure with -DHDK_WITH_CUDA=ON)");
+}
+
 }  // namespace detail
 }  // namespace hdk

@@ -23,6 +23,10 @@ struct MemorySpan {
 
 MemorySpan memory_span(const TensorView& view);
 
+// The error every entry point gives for tensors on `device` (not the CPU) in a build of hdk
+// without the CUDA backend.
+[[noreturn]] void throw_no_cuda_backend(const char* operation, const Device& device);
+
 class ArgumentChecks {
  public:
   explicit ArgumentChecks(const char* operation) : operation_(operation) {}

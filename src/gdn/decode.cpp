@@ -2,6 +2,7 @@
 // device the tensors live on.
 #include "hdk/gdn/decode.h"
 
+#include "core/argument_checks.h"
 #include "gdn/cpu/decode_cpu.h"
 #include "gdn/decode_validation.h"
 #include "hdk/error.h"
@@ -29,8 +30,7 @@ void decode(const DecodeParams& params, CudaStream stream) {
   detail::decode_cuda(problem, device.index, params.check_indices, stream);
 #else
   (void)stream;
-  throw Error("hdk::gdn::decode: the tensors are on " + device.str() +
-              " but this build of hdk has no CUDA backend (configure with -DHDK_WITH_CUDA=ON)");
+  hdk::detail::throw_no_cuda_backend("hdk::gdn::decode", device);
 #endif
 }
 

@@ -2,6 +2,7 @@
 // tensors live on.
 #include "hdk/topk.h"
 
+#include "core/argument_checks.h"
 #include "hdk/error.h"
 #include "topk/cpu/topk_cpu.h"
 #include "topk/topk_validation.h"
@@ -29,8 +30,7 @@ void topk(const TensorView& values, int64_t k, const TensorView& out_values,
   detail::topk_cuda(problem, values.device.index, stream);
 #else
   (void)stream;
-  throw Error("hdk::topk: the tensors are on " + values.device.str() +
-              " but this build of hdk has no CUDA backend (configure with -DHDK_WITH_CUDA=ON)");
+  hdk::detail::throw_no_cuda_backend("hdk::topk", values.device);
 #endif
 }
 

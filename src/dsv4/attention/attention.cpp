@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/argument_checks.h"
 #include "dsv4/attention/attention_validation.h"
 #include "dsv4/attention/attention_workspace.h"
 #include "dsv4/attention/cpu/attention_cpu.h"
@@ -26,13 +27,6 @@ namespace hdk {
 namespace dsv4 {
 namespace {
 
-#ifndef HDK_WITH_CUDA
-[[noreturn]] void no_cuda_build(const char* operation, const Device& device) {
-  throw Error(std::string(operation) + ": the tensors are on " + device.str() +
-              " but this build of hdk has no CUDA backend (configure with -DHDK_WITH_CUDA=ON)");
-}
-#endif
-
 // The SM count the workspace sizes are planned for; 0 for the CPU, which uses none.
 int workspace_sm_count(const Device& device, const char* operation) {
   if (device.is_cpu()) return 0;
@@ -40,7 +34,7 @@ int workspace_sm_count(const Device& device, const char* operation) {
   return hdk::detail::cached_device_attribute(cudaDevAttrMultiProcessorCount, device.index,
                                               operation);
 #else
-  no_cuda_build(operation, device);
+  hdk::detail::throw_no_cuda_backend(operation, device);
 #endif
 }
 
@@ -88,7 +82,7 @@ void index_topk(const IndexerParams& params, CudaStream stream) {
     return;
 #else
     (void)stream;
-    no_cuda_build("hdk::dsv4::index_topk", device);
+    hdk::detail::throw_no_cuda_backend("hdk::dsv4::index_topk", device);
 #endif
   }
   detail::check_indexer_indices(problem);
@@ -122,7 +116,7 @@ void sparse_decode(const SparseDecodeParams& params, CudaStream stream) {
   detail::sparse_decode_cuda(problem, device.index, stream);
 #else
   (void)stream;
-  no_cuda_build("hdk::dsv4::sparse_decode", device);
+  hdk::detail::throw_no_cuda_backend("hdk::dsv4::sparse_decode", device);
 #endif
 }
 

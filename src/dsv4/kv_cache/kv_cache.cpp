@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/argument_checks.h"
 #include "dsv4/kv_cache/cpu/kv_cache_cpu.h"
 #include "dsv4/kv_cache/kv_cache_validation.h"
 #include "hdk/error.h"
@@ -36,8 +37,7 @@ void dispatch(const char* operation, const Device& device, Cpu&& cpu, Cuda&& cud
   cuda();
 #else
   (void)cuda;
-  throw Error(std::string(operation) + ": the tensors are on " + device.str() +
-              " but this build of hdk has no CUDA backend (configure with -DHDK_WITH_CUDA=ON)");
+  hdk::detail::throw_no_cuda_backend(operation, device);
 #endif
 }
 

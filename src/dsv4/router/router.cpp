@@ -2,6 +2,7 @@
 // device the tensors live on.
 #include "hdk/dsv4/router.h"
 
+#include "core/argument_checks.h"
 #include "dsv4/router/cpu/router_cpu.h"
 #include "dsv4/router/router_validation.h"
 #include "hdk/error.h"
@@ -29,8 +30,7 @@ void route(const RouterParams& params, CudaStream stream) {
   detail::route_cuda(problem, device.index, stream);
 #else
   (void)stream;
-  throw Error("hdk::dsv4::route: the tensors are on " + device.str() +
-              " but this build of hdk has no CUDA backend (configure with -DHDK_WITH_CUDA=ON)");
+  hdk::detail::throw_no_cuda_backend("hdk::dsv4::route", device);
 #endif
 }
 
