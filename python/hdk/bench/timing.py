@@ -74,7 +74,7 @@ class CudaTimer:
         """The launch latency of every floor: the replay time of a graph of one tiny kernel (a
         1-element fill), timed like the calls (after an L2 flush). The smallest of `attempts`
         medians, as `hdk-bench` takes it: a single median read 3.33, 3.90 and 4.00 us in three
-        runs of one script on one H100 (bench/results/2026-11-22-h100-dsv4-v8), and the floor
+        runs of one script on one H100 (git show 0712de7:bench/results/2026-11-22-h100-dsv4-v8), and the floor
         divides every x_floor."""
         scratch = torch.zeros(1, dtype=torch.uint8, device=self.device)
         scratch.fill_(0)

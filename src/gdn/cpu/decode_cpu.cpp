@@ -410,10 +410,10 @@ int64_t cache_offset(const DecodeProblem& p, int64_t n, int64_t t, int64_t hv) {
 // Rows ahead of the one being updated that are prefetched, 8 cache lines each (one fp32 row of
 // 128, two bf16 rows), past the head's end too. The hardware prefetchers stop at 4 KiB page
 // boundaries (8 fp32 rows of 128). Measured with hdk-bench on 2 EPYC threads, fp32,
-// qwen3-next B = 64 (bench/results/2026-11-23-cpu): the previous kernel (the first line of the
-// row 8 rows ahead, streaming stores over 32 MiB) 4.6-6.1 ms; whole rows, ordinary stores
-// 3.8-4.9 ms (this form: 4.2-4.4 ms, 90-108% of the copy). Within the spread or worse: 4 or 16
-// rows ahead, prefetchnta, streaming stores with the whole-row prefetch, stopping at the head's
+// qwen3-next B = 64 (git show 0712de7:bench/results/2026-11-23-cpu): the previous kernel (the first
+// line of the row 8 rows ahead, streaming stores over 32 MiB) 4.6-6.1 ms; whole rows, ordinary
+// stores 3.8-4.9 ms (this form: 4.2-4.4 ms, 90-108% of the copy). Within the spread or worse: 4 or
+// 16 rows ahead, prefetchnta, streaming stores with the whole-row prefetch, stopping at the head's
 // end, heads interleaved between the threads, no software prefetch. Keep the line count a
 // run-time value: the same prefetches with K = 128 known to GCC (8 unrolled prefetches) ran at
 // 5.4-6.1 ms again, whether they came before the row's loads, after its stores or in a rolled

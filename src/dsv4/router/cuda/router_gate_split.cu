@@ -76,19 +76,20 @@ __global__ void __launch_bounds__(kExpertTiles* kDWarps * 32, 1) gate_split_kern
   constexpr int kThreads = kExpertTiles * kDWarps * 32;
   constexpr int kReducePitch = kExperts + 4;  // floats; conflict-free accumulator stores
   // How the rows of hidden reach shared memory, as measured on an H100
-  // (bench/results/2026-11-22-h100-dsv4-v7). With 48 experts per CTA (Pro: 57 KB of hidden per
-  // CTA at 64 rows), one bulk copy per row queues the rows in the copy engine: the last landed
-  // 4.6 us after the CTA started, against 2.5 us with 16-byte cp.async copies spread over the
-  // 12 warps, which made 32-64 rows 0.2-0.4 us faster. With 32 experts (8 warps, Flash) the same
-  // copies delayed the gate_weight loads behind them and made 17-64 rows 0.3-0.5 us slower.
+  // (git show 0712de7:bench/results/2026-11-22-h100-dsv4-v7). With 48 experts per CTA (Pro: 57 KB
+  // of hidden per CTA at 64 rows), one bulk copy per row queues the rows in the copy engine: the
+  // last landed 4.6 us after the CTA started, against 2.5 us with 16-byte cp.async copies spread
+  // over the 12 warps, which made 32-64 rows 0.2-0.4 us faster. With 32 experts (8 warps, Flash)
+  // the same copies delayed the gate_weight loads behind them and made 17-64 rows 0.3-0.5 us
+  // slower.
   constexpr bool kLaneCopies = kExpertTiles == 3;
   extern __shared__ __align__(128) uint8_t split_shared[];
   __shared__ __align__(8) uint64_t rows_arrived;
 
   // No griddepcontrol.launch_dependents: the epilogue launches when this grid completes. An early
   // trigger (at the start, or after the main loop) made N = 32..64 1.5-2.6 us slower on an H100
-  // (bench/results/2026-11-22-h100-dsv4-v5): the epilogue's CTAs then wait on the SMs this grid
-  // uses.
+  // (git show 0712de7:bench/results/2026-11-22-h100-dsv4-v5): the epilogue's CTAs then wait on the
+  // SMs this grid uses.
   const int slab = static_cast<int>(blockIdx.x % args.slabs);
   const int64_t expert_base = static_cast<int64_t>(blockIdx.x / args.slabs) * kExperts;
   const int64_t token_base = static_cast<int64_t>(blockIdx.y) * kRowsPerBlock;

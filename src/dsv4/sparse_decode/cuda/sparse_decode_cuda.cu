@@ -45,9 +45,9 @@ constexpr bool kPipelinedByDefault = true;
 // The pipelined kernel's speed comes from its steady state; on a slice of one or two tiles the
 // first tile's latency dominates, and there the other tensor-core kernel, whose 8 warps all
 // convert that tile, measured 1-3% faster (H100, Flash CSA lists at N <= 8: 2 tiles a CTA;
-// bench/results/2026-11-26-h100-sparse-pipelined). From 3 tiles on, the pipelined one is ahead;
-// its plan splits no further (kSparsePipelinedCosts), so only lists shorter than 3 tiles, or a
-// forced split count, leave it fewer.
+// git show 0712de7:bench/results/2026-11-26-h100-sparse-pipelined). From 3 tiles on, the pipelined
+// one is ahead; its plan splits no further (kSparsePipelinedCosts), so only lists shorter than 3
+// tiles, or a forced split count, leave it fewer.
 constexpr int64_t kPipelinedMinTiles = kSparsePipelinedCosts.min_tiles_per_split;
 
 // What a tensor-core launch runs: which kernel, its shared memory and threads, and the plan.

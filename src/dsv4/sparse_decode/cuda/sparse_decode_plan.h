@@ -70,16 +70,17 @@ struct SparseKernelCosts {
   int64_t min_tiles_per_split;
 };
 // The tensor-core kernel: fitted to an H100 sweep of 1, 2, 4 and 8 splits over Flash and Pro,
-// CSA and HCA lists, N = 8..64 (2026-11-23, bench/results/2026-11-23-h100-sparse-splits), where
-// every cell's fastest count has the fewest steps for a fixed cost between 1.5 and 3.
+// CSA and HCA lists, N = 8..64 (2026-11-23, git show
+// 0712de7:bench/results/2026-11-23-h100-sparse-splits), where every cell's fastest count has the
+// fewest steps for a fixed cost between 1.5 and 3.
 constexpr SparseKernelCosts kSparseMmaCosts{2, 1};
 // The pipelined kernel: its speed comes from the steady state, and on slices of 1 or 2 tiles the
 // other kernel is as fast (sparse_decode_cuda.cu runs that one there), so splits stop at 3 tiles
 // a CTA; its fixed cost is larger in tile times since its tiles are shorter. An H100 sweep of 1,
 // 2, 4 and 8 splits over the four lists at N = 8..128 (2026-11-27,
-// bench/results/2026-11-27-h100-sparse-mbarrier) has every cell's fastest count (within 1%) as
-// the fewest steps for a fixed cost between 3 and 6; without the 3-tile floor Flash CSA N = 8
-// took 8 splits of 2 tiles on the other kernel, 1.08x the time of 4 splits of 3 here.
+// git show 0712de7:bench/results/2026-11-27-h100-sparse-mbarrier) has every cell's fastest count
+// (within 1%) as the fewest steps for a fixed cost between 3 and 6; without the 3-tile floor Flash
+// CSA N = 8 took 8 splits of 2 tiles on the other kernel, 1.08x the time of 4 splits of 3 here.
 constexpr SparseKernelCosts kSparsePipelinedCosts{4, 3};
 
 // Splits the list where the step takes the fewest tile times: the waves of row clusters (rows
