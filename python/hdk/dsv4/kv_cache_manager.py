@@ -559,9 +559,6 @@ class KVCacheManager:
             rows = step.csa_entries.shape[0]
             topk_slots = torch.empty((rows, int(top_k)), dtype=torch.int32, device=self.device)
         options.setdefault("format", self.key_format)
-<<<<<<< HEAD:python/hdk/dsv4/kv_cache_manager.py
-        indices, scores = ops.index_topk(
-=======
         self._pass_workspace(
             options,
             lambda: ops.index_topk_workspace_bytes(
@@ -569,7 +566,6 @@ class KVCacheManager:
             ),
         )
         indices, scores = ops.index_topk(
->>>>>>> h-step:python/hdk/dsv4_kv_cache_manager.py
             q,
             weights,
             layer.index_cache,
@@ -589,9 +585,6 @@ class KVCacheManager:
         :func:`hdk.dsv4.sparse_decode`."""
         layer = self.layers[layer] if isinstance(layer, int) else layer
         if layer.kind == "swa":
-<<<<<<< HEAD:python/hdk/dsv4/kv_cache_manager.py
-            return ops.sparse_decode(
-=======
             self._pass_workspace(
                 options,
                 lambda: ops.sparse_decode_workspace_bytes(
@@ -599,7 +592,6 @@ class KVCacheManager:
                 ),
             )
             return ops.sparse_decode(
->>>>>>> h-step:python/hdk/dsv4_kv_cache_manager.py
                 q, layer.swa, SWA_WINDOW, step.swa_window, sink=sink, **options
             )
         if layer.kind == "csa" and selected is None:
@@ -612,9 +604,6 @@ class KVCacheManager:
                 f"hdk.dsv4.KVCacheManager.attend: layer {layer.index} is HCA: it attends to every "
                 "compressed entry, selected= is not taken"
             )
-<<<<<<< HEAD:python/hdk/dsv4/kv_cache_manager.py
-        return ops.sparse_decode(
-=======
         listed = selected if layer.kind == "csa" else step.hca_list
         self._pass_workspace(
             options,
@@ -623,7 +612,6 @@ class KVCacheManager:
             ),
         )
         return ops.sparse_decode(
->>>>>>> h-step:python/hdk/dsv4_kv_cache_manager.py
             q,
             layer.cache,
             self.block_size[layer.ratio],
