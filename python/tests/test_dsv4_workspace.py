@@ -60,8 +60,10 @@ def _to(args, device):
 
 
 def run_index(args, **options):
-    slots = torch.full((args["q"].shape[0], args["top_k"]), -7, dtype=torch.int32)
-    slots = slots.to(args["q"].device)
+    # Made on the queries' device: a host-to-device copy is not allowed inside graph capture.
+    slots = torch.full(
+        (args["q"].shape[0], args["top_k"]), -7, dtype=torch.int32, device=args["q"].device
+    )
     indices, scores = hdk.dsv4.index_topk(**args, topk_slots=slots, **options)
     return indices, scores, slots
 
