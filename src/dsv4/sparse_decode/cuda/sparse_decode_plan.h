@@ -31,11 +31,6 @@ struct SparsePlan {
   bool through_workspace = false;
   HDK_HOST_DEVICE int row_ctas() const { return groups * splits; }
   HDK_HOST_DEVICE int cluster() const { return through_workspace ? groups : groups * splits; }
-  // The cluster rank of the CTA of (split, group): consecutive blocks of the grid are a row's
-  // CTAs, split-major, and a cluster's ranks follow the blocks.
-  HDK_HOST_DEVICE int rank_of(int split, int group) const {
-    return through_workspace ? group : split * groups + group;
-  }
 };
 
 // Whether the tensor-core kernel can serve Hq heads: a multiple of 16 whose head groups fit in
