@@ -275,10 +275,33 @@ void random_cases_equal_the_one_launch_path_and_the_reference(IndexBackend backe
   EXPECT_GE(through_workspace, kCases / 2);
 }
 
-// Too small a workspace, where the plan would use one: an error naming it, with the bytes
-// needed and given, and nothing written. Where the plan does not use one (64 rows fill the
-// SMs), any workspace is accepted and changes nothing.
+// A workspace below index_topk_workspace_bytes for the call's sizes: an error naming it, with the
+// bytes needed and given, and nothing written, whether or not the call's plan would use it (so a
+// short allocation fails on the first call, not on a later one of other sizes). One of the
+// documented size that the plan does not use (64 rows fill the SMs) changes nothing.
 void too_small_is_an_error_before_any_write(IndexBackend backend) {
+  auto expect_refused = [&](const IndexCase& c, const IndexInputs& in, int64_t given,
+                            int64_t needed) {
+    ScorePathScope scope(backend);
+    IndexDeviceCall call(c, in, Backend::kCUDA);
+    DeviceBuffer space(Backend::kCUDA, static_cast<size_t>(needed));
+    call.params.workspace = TensorView::contiguous(space.data(), DType::kUInt8, {given},
+                                                   backend_device(Backend::kCUDA));
+    try {
+      dsv4::index_topk(call.params);
+      ADD_FAILURE() << "no error for a workspace of " << given << " bytes";
+    } catch (const Error& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find("argument 'workspace'"), std::string::npos) << message;
+      EXPECT_NE(message.find(std::to_string(needed)), std::string::npos) << message;
+      EXPECT_NE(message.find(std::to_string(given)), std::string::npos) << message;
+    }
+    // Nothing written: the outputs and the counter keep their poison.
+    IndexInputs out = in;
+    call.download(out);
+    expect_same_bytes(outputs_of(out), outputs_of(in), "after the error");
+  };
+
   IndexCase c;
   c.counts = std::vector<int64_t>{16384};
   IndexInputs in = make_index_inputs(c);
@@ -288,36 +311,20 @@ void too_small_is_an_error_before_any_write(IndexBackend backend) {
   const Workspace enough{needed, 5};
   run_on_cuda(c, in, backend, &enough, &used);
   ASSERT_TRUE(used) << "one row of 16384 entries is meant to spread over the SMs";
-  {
-    ScorePathScope scope(backend);
-    IndexDeviceCall call(c, in, Backend::kCUDA);
-    DeviceBuffer space(Backend::kCUDA, static_cast<size_t>(needed));
-    call.params.workspace = TensorView::contiguous(space.data(), DType::kUInt8, {needed - 256},
-                                                   backend_device(Backend::kCUDA));
-    try {
-      dsv4::index_topk(call.params);
-      ADD_FAILURE() << "no error for a workspace of " << needed - 256 << " bytes";
-    } catch (const Error& e) {
-      const std::string message = e.what();
-      EXPECT_NE(message.find("argument 'workspace'"), std::string::npos) << message;
-      EXPECT_NE(message.find(std::to_string(needed)), std::string::npos) << message;
-      EXPECT_NE(message.find(std::to_string(needed - 256)), std::string::npos) << message;
-    }
-    // Nothing written: the outputs and the counter keep their poison.
-    IndexInputs out = in;
-    call.download(out);
-    expect_same_bytes(outputs_of(out), outputs_of(in), "after the error");
-  }
+  expect_refused(c, in, needed - 256, needed);
 
   IndexCase many;
   many.counts = std::vector<int64_t>(64, 2048);
   many.top_k = 64;
   IndexInputs many_in = make_index_inputs(many);
-  const Workspace tiny{16, 9};
+  const int64_t many_needed = workspace_bytes_for(many_in, many);
+  ASSERT_GT(many_needed, 16);
+  const Workspace documented{many_needed, 9};
   bool many_used = true;
-  const Outputs with = run_on_cuda(many, many_in, backend, &tiny, &many_used);
+  const Outputs with = run_on_cuda(many, many_in, backend, &documented, &many_used);
   EXPECT_FALSE(many_used);
   expect_same_bytes(with, run_on_cuda(many, many_in, backend, nullptr), "64 rows");
+  expect_refused(many, many_in, 16, many_needed);
 }
 
 // Captured in a CUDA graph, the two launches replay to the one-launch path's bytes, also after

@@ -1116,7 +1116,7 @@ TEST(SparseDecodeCuda, WorkspaceContentsDoNotMatterAndTooSmallIsAnError) {
     buffers[6].upload(poison.data(), poison.size());
     p.workspace.shape[0] =
         dsv4::sparse_decode_workspace_bytes(c.N, c.heads, c.L + c.extra_L, cuda) - 1;
-    expect_error([&] { dsv4::sparse_decode(p); }, "argument 'workspace' holds");
+    expect_error([&] { dsv4::sparse_decode(p); }, "argument 'workspace' must hold at least");
     synchronize(Backend::kCUDA);
     std::vector<uint8_t> after(poison.size());
     buffers[6].download(after.data(), after.size());

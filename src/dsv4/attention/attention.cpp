@@ -48,6 +48,16 @@ void check_sizes(const char* operation,
   }
 }
 
+// A workspace given to a CUDA call must hold what the size function promises for the call's
+// sizes, whether or not this call's plan uses it: a short allocation then fails on the first
+// call instead of on a later one whose plan needs more.
+void check_workspace_holds(const char* operation, int64_t given, int64_t needed,
+                           const std::string& size_call) {
+  if (given >= needed) return;
+  throw Error(std::string(operation) + ": argument 'workspace' must hold at least " +
+              std::to_string(needed) + " bytes (" + size_call + "), got " + std::to_string(given));
+}
+
 }  // namespace
 
 int64_t index_topk_workspace_bytes(int64_t num_rows, int64_t max_entries, const Device& device) {
@@ -76,6 +86,13 @@ void index_topk(const IndexerParams& params, CudaStream stream) {
   const Device device = params.topk_indices.device;
   if (!device.is_cpu()) {
 #ifdef HDK_WITH_CUDA
+    if (problem.workspace != nullptr) {
+      const int64_t max_entries = problem.max_blocks * problem.keys.block_size;
+      check_workspace_holds("hdk::dsv4::index_topk", problem.workspace_bytes,
+                            index_topk_workspace_bytes(problem.num_rows, max_entries, device),
+                            "index_topk_workspace_bytes(" + std::to_string(problem.num_rows) +
+                                ", " + std::to_string(max_entries) + ", device)");
+    }
     // No host check of num_entries and block ids (it would synchronize): the kernel gives such
     // rows padding and counts them.
     detail::index_topk_cuda(problem, device.index, stream);
@@ -102,6 +119,14 @@ void sparse_decode(const SparseDecodeParams& params, CudaStream stream) {
     return;
   }
 #ifdef HDK_WITH_CUDA
+  if (problem.workspace != nullptr) {
+    const int64_t list_length = problem.list_length();
+    check_workspace_holds(
+        "hdk::dsv4::sparse_decode", problem.workspace_bytes,
+        sparse_decode_workspace_bytes(problem.num_rows, problem.num_heads, list_length, device),
+        "sparse_decode_workspace_bytes(" + std::to_string(problem.num_rows) + ", " +
+            std::to_string(problem.num_heads) + ", " + std::to_string(list_length) + ", device)");
+  }
   // CUDA rows naming a slot beyond the cache are invalid rows; the host check is opt-in.
   if (params.check_indices) {
     std::vector<uint8_t> storage, extra_storage;

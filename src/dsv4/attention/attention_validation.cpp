@@ -44,7 +44,8 @@ void check_queries(const ArgumentChecks& check, const TensorView& q, int64_t wid
 }
 
 // The optional workspace: 1-D contiguous uint8 on the call's device, 256-byte aligned (its size is
-// checked against the launch plan's by the CUDA backend, which knows the SM count).
+// checked by the entry points in attention.cpp against the size functions, which need the
+// device's SM count).
 void check_workspace(const ArgumentChecks& check, const TensorView& workspace, uint8_t*& data,
                      int64_t& bytes) {
   if (!workspace.defined()) return;

@@ -1027,13 +1027,7 @@ void index_topk_cuda(const IndexerProblem& p, int device, CudaStream stream) {
   const cudaStream_t cuda_stream = reinterpret_cast<cudaStream_t>(stream);
   const IndexWorkspacePlan& workspace = choice.workspace;
   if (workspace.segments > 0) {
-    if (p.workspace_bytes < workspace.layout.bytes) {
-      throw Error(
-          std::string(kOperation) + ": argument 'workspace' must hold at least " +
-          std::to_string(workspace.layout.bytes) + " bytes for " + std::to_string(p.num_rows) +
-          " rows of up to " + std::to_string(p.max_blocks * p.keys.block_size) +
-          " entries (index_topk_workspace_bytes), got " + std::to_string(p.workspace_bytes));
-    }
+    // attention.cpp checked that the workspace holds index_topk_workspace_bytes.
     const unsigned score_grid = static_cast<unsigned>(p.num_rows * workspace.segments);
     choice.kernels.scoring<<<score_grid, kThreads, workspace.score.bytes, cuda_stream>>>(
         p, workspace.score, workspace.layout, static_cast<int>(workspace.segments), choice.pages,

@@ -224,17 +224,6 @@ void sparse_decode_cuda(const SparseDecodeProblem& p, int device, CudaStream str
   hdk::detail::CudaDeviceGuard guard(device, kOperation);
   const int sm_count =
       hdk::detail::cached_device_attribute(cudaDevAttrMultiProcessorCount, device, kOperation);
-  if (p.workspace != nullptr) {
-    const int64_t needed =
-        sparse_workspace_bytes(p.num_rows, p.num_heads, p.list_length(), sm_count);
-    if (p.workspace_bytes < needed) {
-      throw Error(std::string(kOperation) + ": argument 'workspace' holds " +
-                  std::to_string(p.workspace_bytes) + " bytes, but this call needs " +
-                  std::to_string(needed) + " (sparse_decode_workspace_bytes(" +
-                  std::to_string(p.num_rows) + ", " + std::to_string(p.num_heads) + ", " +
-                  std::to_string(p.list_length()) + ", device))");
-    }
-  }
   if (choice.tensor_core) {
     launch_tensor_core(p, plan_tensor_core(p, choice.pipelined, choice.every_call, device),
                        sm_count, stream);
