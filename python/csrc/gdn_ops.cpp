@@ -1,7 +1,8 @@
 // torch.ops.hdk.gdn_decode: hdk::gdn::decode as a torch custom op. The op writes `state`,
-// `intermediate_states`, `out` and `invalid_index_count` in place and returns nothing, as its
-// schema declares, so torch.compile functionalizes it and CUDA graphs can capture it (no
-// allocation, no synchronization unless check_indices). hdk.gdn_decode() is the Python API.
+// `intermediate_states`, `out`, `invalid_index_count` and `nonfinite_head_count` in place and
+// returns nothing, as its schema declares, so torch.compile functionalizes it and CUDA graphs can
+// capture it (no allocation, no synchronization unless check_indices). hdk.gdn_decode() is the
+// Python API.
 //
 // This file owns the TORCH_LIBRARY(hdk, m) block: other binding files add their ops to the
 // namespace with TORCH_LIBRARY_FRAGMENT(hdk, m).
@@ -21,6 +22,7 @@ constexpr const char* kGdnDecodeSchema =
     "Tensor? dt_bias, Tensor? b, Tensor? g, Tensor? beta, Tensor? state_indices, "
     "Tensor? output_state_indices, Tensor? num_accepted_tokens, Tensor? cu_seqlens, "
     "Tensor(b!)? intermediate_states, Tensor(c!) out, Tensor(d!)? invalid_index_count, "
+    "Tensor(e!)? nonfinite_head_count, "
     "int layout, float scale, bool use_qk_l2norm, float l2norm_eps, float softplus_beta, "
     "float softplus_threshold, bool update_state, int max_tokens_per_request, "
     "bool check_indices) -> ()";
@@ -44,7 +46,8 @@ void gdn_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                 const OptionalTensor& output_state_indices,
                 const OptionalTensor& num_accepted_tokens, const OptionalTensor& cu_seqlens,
                 const OptionalTensor& intermediate_states, const at::Tensor& out,
-                const OptionalTensor& invalid_index_count, int64_t layout, double scale,
+                const OptionalTensor& invalid_index_count,
+                const OptionalTensor& nonfinite_head_count, int64_t layout, double scale,
                 bool use_qk_l2norm, double l2norm_eps, double softplus_beta,
                 double softplus_threshold, bool update_state, int64_t max_tokens_per_request,
                 bool check_indices) {
@@ -68,6 +71,7 @@ void gdn_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     params.intermediate_states = views(intermediate_states, "intermediate_states");
     params.out = views(out, "out");
     params.invalid_index_count = views(invalid_index_count, "invalid_index_count");
+    params.nonfinite_head_count = views(nonfinite_head_count, "nonfinite_head_count");
     params.layout = to_layout(layout);
     params.scale = static_cast<float>(scale);
     params.use_qk_l2norm = use_qk_l2norm;

@@ -35,6 +35,7 @@ def gdn_decode(
     intermediate_states=None,
     out=None,
     invalid_index_count=None,
+    nonfinite_head_count=None,
     layout="vk",
     scale=None,
     use_qk_l2norm=True,
@@ -96,6 +97,13 @@ def gdn_decode(
         invalid_index_count: ``[1]`` or scalar int32/int64 counter; hdk adds the number of
             requests it ran as padding because an index (slot >= P, accepted count, cu_seqlens
             range) could not be honoured. It is never cleared by hdk.
+        nonfinite_head_count: ``[1]`` or scalar int32/int64 counter of refused heads. A
+            (request, value head) with a NaN or an infinity in its inputs at token t (q and k
+            of its query/key head, v, a and b or g and beta) is refused from t on: its output
+            rows of tokens t.. are NaN, no state from t on is stored (its final slot keeps its
+            old value), and hdk adds 1 here. Its earlier tokens and the request's other heads
+            run normally. Without the counter the refusal happens all the same. It is never
+            cleared by hdk.
         layout: ``"vk"`` (K contiguous: SGLang, vLLM, FlashInfer pools) or ``"kv"``.
         scale: query scale; None or 0 selects ``K ** -0.5``.
         use_qk_l2norm: l2-normalize q and k (default True).
@@ -138,6 +146,7 @@ def gdn_decode(
         ("intermediate_states", intermediate_states),
         ("out", out),
         ("invalid_index_count", invalid_index_count),
+        ("nonfinite_head_count", nonfinite_head_count),
     )
     for name, value in optional_tensors:
         _check_tensor(name, value, optional=True)
@@ -168,6 +177,7 @@ def gdn_decode(
         intermediate_states,
         out,
         invalid_index_count,
+        nonfinite_head_count,
         _LAYOUTS[layout],
         float(scale) if scale is not None else 0.0,
         bool(use_qk_l2norm),

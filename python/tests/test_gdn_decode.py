@@ -22,7 +22,13 @@ from cases import (
 )
 from gdn_reference import gdn_decode_reference
 
-_NOT_REFERENCE_ARGUMENTS = ("out", "intermediate_states", "invalid_index_count", "out_dtype")
+_NOT_REFERENCE_ARGUMENTS = (
+    "out",
+    "intermediate_states",
+    "invalid_index_count",
+    "nonfinite_head_count",
+    "out_dtype",
+)
 
 
 def decode_and_check(tol, cache_columns=None, **kwargs):
@@ -300,6 +306,67 @@ def test_invalid_cu_seqlens_range_leaves_outputs_untouched(device):
         out=poisoned((1, total, HV, V), torch.float32, device),
     )
     assert counter.item() == 5 + 2
+
+
+def test_nonfinite_input_refuses_the_head_and_keeps_its_slot(device):
+    generator = make_generator(16)
+    batch, slots = 3, 4
+    inputs = token_inputs(generator, (batch, 1), torch.float32, device)
+    gating = fused_gating(generator, (batch, 1), device=device)
+    pool = make_pool(generator, slots, torch.float32, device)
+    indices = index_tensor([2, 0, 3], torch.int32, device)
+    clean_pool = pool.clone()
+    clean = hdk.gdn_decode(**inputs, **gating, state=clean_pool, state_indices=indices)
+    gating["a"][1, 0, HV - 1] = float("nan")
+    before = pool.clone()
+    counter = torch.full((1,), 4, dtype=torch.int64, device=device)
+    out = hdk.gdn_decode(
+        **inputs, **gating, state=pool, state_indices=indices, nonfinite_head_count=counter
+    )
+    assert counter.item() == 4 + 1
+    assert torch.isnan(out[1, 0, HV - 1]).all()
+    assert torch.equal(pool[0, HV - 1], before[0, HV - 1])  # request 1's slot, refused head
+    refused = torch.zeros_like(out, dtype=torch.bool)
+    refused[1, 0, HV - 1] = True
+    assert torch.equal(out[~refused], clean[~refused])
+    kept = torch.ones_like(pool, dtype=torch.bool)
+    kept[0, HV - 1] = False
+    assert torch.equal(pool[kept], clean_pool[kept])
+
+
+def test_nonfinite_input_refuses_the_head_from_its_token_on(device):
+    """A verify pass keeps the tokens before the bad one; nothing from that token on is stored."""
+    generator = make_generator(17)
+    batch, tokens, columns = 2, 3, 3
+    inputs = token_inputs(generator, (batch, tokens), torch.bfloat16, device)
+    gating = fused_gating(generator, (batch, tokens), dtype=torch.bfloat16, device=device)
+    pool = make_pool(generator, 2, torch.float32, device)
+    indices = index_tensor([1, 0], torch.int32, device)
+    clean_pool, clean_cache = pool.clone(), poisoned((batch, columns, HV, V, K), torch.float32, device)
+    clean = hdk.gdn_decode(
+        **inputs, **gating, state=clean_pool, state_indices=indices, intermediate_states=clean_cache
+    )
+    inputs["v"][1, 1, 2, 5] = float("inf")
+    cache = poisoned((batch, columns, HV, V, K), torch.float32, device)
+    before = pool.clone()
+    counter = torch.zeros((1,), dtype=torch.int32, device=device)
+    out = hdk.gdn_decode(
+        **inputs,
+        **gating,
+        state=pool,
+        state_indices=indices,
+        intermediate_states=cache,
+        nonfinite_head_count=counter,
+    )
+    assert counter.item() == 1
+    assert torch.isnan(out[1, 1:, 2]).all()
+    assert torch.equal(out[1, 0, 2], clean[1, 0, 2])  # the token before the bad one
+    assert torch.equal(cache[1, 0, 2], clean_cache[1, 0, 2])
+    assert torch.isnan(cache[1, 1:, 2]).all()  # never written: still the poison
+    assert torch.equal(pool[0, 2], before[0, 2])  # request 1's slot keeps the old state
+    refused = torch.zeros_like(out, dtype=torch.bool)
+    refused[1, 1:, 2] = True
+    assert torch.equal(out[~refused], clean[~refused])
 
 
 def test_check_indices_raises_on_a_shared_write_slot(device):

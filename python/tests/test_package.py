@@ -27,6 +27,7 @@ def test_op_schema_declares_every_mutation():
         "Tensor(b!)? intermediate_states",
         "Tensor(c!) out",
         "Tensor(d!)? invalid_index_count",
+        "Tensor(e!)? nonfinite_head_count",
     ):
         assert mutated in schema
     assert schema.endswith("-> ()")
@@ -52,6 +53,7 @@ def test_functional_api_keyword_names_match_the_cpp_fields():
         "intermediate_states",
         "out",
         "invalid_index_count",
+        "nonfinite_head_count",
         "layout",
         "scale",
         "use_qk_l2norm",

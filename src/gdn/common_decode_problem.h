@@ -47,7 +47,7 @@ struct CommonDecodeProblem {
   static constexpr bool fused_gating = true;
 
   // Field order: what a one-token step reads on its way to the state comes first (see the
-  // header comment); the verify cache and the counter of invalid rows last.
+  // header comment); the verify cache and the counters of invalid rows and refused heads last.
   int32_t tokens_per_request = 0;
   // The q/k head of value head hv is hv / (HV / H), a FastDivide by that ratio (multiply-high,
   // add, shift) instead of an integer division's ~20 instructions on every warp's path.
@@ -59,7 +59,8 @@ struct CommonDecodeProblem {
   bool use_qk_l2norm = true;
   DType dt_bias_dtype = DType::kFloat32;
   DType invalid_index_count_dtype = DType::kInt32;
-  uint8_t qk_head_shift = 0;  // in what was padding before `scale`
+  uint8_t qk_head_shift = 0;                         // in what was padding before `scale`
+  DType nonfinite_head_count_dtype = DType::kInt32;  // the same padding
   float scale = 0.0f;
   float l2norm_eps = 1e-6f;
   float softplus_beta = 1.0f;
@@ -85,6 +86,7 @@ struct CommonDecodeProblem {
   int64_t intermediate_stride_request = 0;
   int64_t intermediate_stride_token = 0;
   void* invalid_index_count = nullptr;
+  void* nonfinite_head_count = nullptr;
 };
 
 // A decode step of the common form in the [1, tokens] form: request n owns the tokens
@@ -188,6 +190,8 @@ inline CommonDecodeProblem to_common_form(const DecodeProblem& p) {
   c.intermediate_stride_request = p.intermediate_stride_request;
   c.intermediate_stride_token = p.intermediate_stride_token;
   c.invalid_index_count = p.invalid_index_count;
+  c.nonfinite_head_count = p.nonfinite_head_count;
+  c.nonfinite_head_count_dtype = p.nonfinite_head_count_dtype;
   return c;
 }
 

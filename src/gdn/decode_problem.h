@@ -82,6 +82,8 @@ struct DecodeProblem {
 
   void* invalid_index_count = nullptr;
   DType invalid_index_count_dtype = DType::kInt32;
+  void* nonfinite_head_count = nullptr;  // nullptr: refused heads are not counted
+  DType nonfinite_head_count_dtype = DType::kInt32;
 
   // Read on the host, in the other modes (variable length, per-token indices, unfused gating)
   // and by the kernels no small batch runs (the classic multi-token kernel's grid check, kKV).

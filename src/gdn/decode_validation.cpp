@@ -67,10 +67,12 @@ DecodeProblem validate_decode(const DecodeParams& p) {
       {&p.num_accepted_tokens, "num_accepted_tokens"},
       {&p.cu_seqlens, "cu_seqlens"}};
   // The pool is read even when it is not written, so it must not alias an output either.
-  const std::initializer_list<NamedView> outputs = {{&p.out, "out"},
-                                                    {&p.intermediate_states, "intermediate_states"},
-                                                    {&p.invalid_index_count, "invalid_index_count"},
-                                                    {&p.state, "state"}};
+  const std::initializer_list<NamedView> outputs = {
+      {&p.out, "out"},
+      {&p.intermediate_states, "intermediate_states"},
+      {&p.invalid_index_count, "invalid_index_count"},
+      {&p.nonfinite_head_count, "nonfinite_head_count"},
+      {&p.state, "state"}};
   check.same_device(inputs, outputs);
 
   // Per-token tensors and the sizes they define.
@@ -306,15 +308,25 @@ DecodeProblem validate_decode(const DecodeParams& p) {
   problem.token_capacity = capacity;
   problem.tokens_per_request = variable_length ? capacity : dim1;
 
-  if (p.invalid_index_count.defined()) {
-    const TensorView& counter = p.invalid_index_count;
-    if (!(counter.ndim == 0 || (counter.ndim == 1 && counter.shape[0] == 1))) {
-      check.fail("argument 'invalid_index_count' must be a scalar or have shape [1], got " +
-                 counter.shape_str());
+  struct Counter {
+    const TensorView& view;
+    const char* name;
+    void*& data;
+    DType& dtype;
+  };
+  for (const Counter& counter :
+       {Counter{p.invalid_index_count, "invalid_index_count", problem.invalid_index_count,
+                problem.invalid_index_count_dtype},
+        Counter{p.nonfinite_head_count, "nonfinite_head_count", problem.nonfinite_head_count,
+                problem.nonfinite_head_count_dtype}}) {
+    if (!counter.view.defined()) continue;
+    if (!(counter.view.ndim == 0 || (counter.view.ndim == 1 && counter.view.shape[0] == 1))) {
+      check.fail("argument '" + std::string(counter.name) +
+                 "' must be a scalar or have shape [1], got " + counter.view.shape_str());
     }
-    check.dtype_in(counter, "invalid_index_count", index_dtypes);
-    problem.invalid_index_count = counter.data;
-    problem.invalid_index_count_dtype = counter.dtype;
+    check.dtype_in(counter.view, counter.name, index_dtypes);
+    counter.data = counter.view.data;
+    counter.dtype = counter.view.dtype;
   }
 
   // Options.

@@ -266,6 +266,21 @@ TEST(GdnDecodeValidation, IndexTensors) {
     call.params.invalid_index_count.shape[0] = 2;
     expect_error(call.params, {"'invalid_index_count'", "[1]"});
   }
+  {
+    BrokenCall call;
+    call.params.nonfinite_head_count.shape[0] = 2;
+    expect_error(call.params, {"'nonfinite_head_count'", "[1]"});
+  }
+  {
+    BrokenCall call;
+    call.params.nonfinite_head_count.dtype = DType::kFloat32;
+    expect_error(call.params, {"'nonfinite_head_count'", "float32"});
+  }
+  {
+    BrokenCall call;  // a counter is an output: it must not overlap an input
+    call.params.nonfinite_head_count.data = call.params.q.data;
+    expect_error(call.params, {"'nonfinite_head_count'", "overlaps 'q'"});
+  }
 }
 
 TEST(GdnDecodeValidation, IntermediateStates) {
@@ -379,7 +394,7 @@ TEST(GdnDecodeValidation, DevicesAndPointers) {
     for (TensorView* view :
          {&call.params.q, &call.params.k, &call.params.v, &call.params.A_log, &call.params.a,
           &call.params.dt_bias, &call.params.b, &call.params.state, &call.params.state_indices,
-          &call.params.out, &call.params.invalid_index_count}) {
+          &call.params.out, &call.params.invalid_index_count, &call.params.nonfinite_head_count}) {
       view->device = Device::cuda(0);
     }
     expect_error(call.params, {"no CUDA backend"});

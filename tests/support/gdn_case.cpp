@@ -342,6 +342,12 @@ GdnCase::GdnCase(const GdnCaseConfig& config) : config_(config) {
     invalid_index_count = make_view(
         add_buffer({"invalid_index_count", bytes, c.index_dtype, true, 1}), c.index_dtype, {1});
   }
+  if (c.count_nonfinite) {
+    std::vector<uint8_t> bytes(dtype_size(c.index_dtype));
+    put_index(bytes, c.index_dtype, 0, 7);
+    nonfinite_head_count = make_view(
+        add_buffer({"nonfinite_head_count", bytes, c.index_dtype, true, 1}), c.index_dtype, {1});
+  }
 }
 
 double GdnCase::tolerance() const {
@@ -377,6 +383,7 @@ gdn::DecodeParams GdnCase::bind(const std::vector<void*>& bases, Device device) 
   p.intermediate_states = view(intermediate_states);
   p.out = view(out);
   p.invalid_index_count = view(invalid_index_count);
+  p.nonfinite_head_count = view(nonfinite_head_count);
   p.layout = config_.layout;
   p.scale = config_.scale;
   p.use_qk_l2norm = config_.use_qk_l2norm;
@@ -385,24 +392,27 @@ gdn::DecodeParams GdnCase::bind(const std::vector<void*>& bases, Device device) 
   return p;
 }
 
-BufferContents run_reference(const GdnCase& test_case) {
+BufferContents run_reference(const GdnCase& test_case, const BufferContents* initial) {
   BufferContents contents;
   std::vector<void*> bases;
-  for (const BufferSpec& buffer : test_case.buffers())
-    contents.push_back(buffer.initial);
+  for (size_t i = 0; i < test_case.buffers().size(); ++i)
+    contents.push_back(initial != nullptr ? (*initial)[i] : test_case.buffers()[i].initial);
   for (auto& bytes : contents)
     bases.push_back(bytes.data());
   gdn::decode_reference(test_case.bind(bases, Device::cpu()));
   return contents;
 }
 
-BufferContents run_backend(const GdnCase& test_case, Backend backend) {
+BufferContents run_backend(const GdnCase& test_case, Backend backend,
+                           const BufferContents* initial) {
   std::vector<DeviceBuffer> memory;
   std::vector<void*> bases;
-  for (const BufferSpec& buffer : test_case.buffers()) {
+  for (size_t i = 0; i < test_case.buffers().size(); ++i) {
+    const std::vector<uint8_t>& bytes =
+        initial != nullptr ? (*initial)[i] : test_case.buffers()[i].initial;
     // One spare byte keeps every base pointer distinct and non-null for empty buffers.
-    memory.emplace_back(backend, buffer.initial.size() + 1);
-    memory.back().upload(buffer.initial.data(), buffer.initial.size());
+    memory.emplace_back(backend, bytes.size() + 1);
+    memory.back().upload(bytes.data(), bytes.size());
     bases.push_back(memory.back().data());
   }
   gdn::decode(test_case.bind(bases, backend_device(backend)));

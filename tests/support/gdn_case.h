@@ -45,6 +45,7 @@ struct GdnCaseConfig {
   std::vector<int64_t> varlen_lengths;  // non-empty: cu_seqlens mode with these token counts
   int64_t max_tokens_per_request = 0;   // DecodeParams::max_tokens_per_request
   bool count_invalid = true;
+  bool count_nonfinite = true;  // nonfinite_head_count, starting at 7
   uint64_t seed = 1;
 
   std::string describe() const;
@@ -83,7 +84,8 @@ class GdnCase {
 
   // Replaces the params' views after binding (for tests that break one argument).
   ViewSpec q, k, v, A_log, a, dt_bias, b, g, beta, state, state_indices, output_state_indices,
-      num_accepted_tokens, cu_seqlens, intermediate_states, out, invalid_index_count;
+      num_accepted_tokens, cu_seqlens, intermediate_states, out, invalid_index_count,
+      nonfinite_head_count;
 
  private:
   int add_buffer(BufferSpec spec);
@@ -93,11 +95,13 @@ class GdnCase {
   int64_t expected_invalid_ = 0;
 };
 
-// Runs decode_reference on host copies of the case's buffers and returns them afterwards.
-BufferContents run_reference(const GdnCase& test_case);
+// Runs decode_reference on host copies of the case's buffers (or of `initial`, one entry per
+// buffer) and returns them afterwards.
+BufferContents run_reference(const GdnCase& test_case, const BufferContents* initial = nullptr);
 
-// Runs hdk::gdn::decode on `backend` (copying the buffers there and back).
-BufferContents run_backend(const GdnCase& test_case, Backend backend);
+// Runs hdk::gdn::decode on `backend` (copying the buffers, or `initial`, there and back).
+BufferContents run_backend(const GdnCase& test_case, Backend backend,
+                           const BufferContents* initial = nullptr);
 
 // Checks every output buffer: bytes the reference left untouched must be untouched (bit for
 // bit), written rows within tolerance (per row and over the whole buffer), no NaN/Inf.

@@ -61,6 +61,13 @@ struct DecodeParams {
   // hdk adds to it and never clears it.
   TensorView invalid_index_count;
 
+  // Optional [1] or scalar int32/int64 counter of refused heads. A (request, value head) whose
+  // inputs at token t hold a NaN or an infinity (q and k of its query/key head, v, a and b or g
+  // and beta) is refused from t on: its output rows of tokens t.. are NaN, no state from t on is
+  // stored (its final slot keeps the state before the call), and 1 is added here. Its tokens
+  // before t and the request's other heads run normally. hdk adds to it and never clears it.
+  TensorView nonfinite_head_count;
+
   StateLayout layout = StateLayout::kVK;
   float scale = 0.0f;  // 0 means K^-0.5
   bool use_qk_l2norm = true;

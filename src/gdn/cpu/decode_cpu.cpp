@@ -1,9 +1,12 @@
 #include "gdn/cpu/decode_cpu.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -348,11 +351,21 @@ void grow(std::vector<float>& buffer, int64_t size) {
   if (static_cast<int64_t>(buffer.size()) < size) buffer.resize(static_cast<size_t>(size));
 }
 
+// 0 when every value is finite, NaN otherwise (x - x is NaN exactly for NaN and infinities):
+// no branch per element, so the loop vectorizes like the loads around it.
+HDK_BUILD_INLINE float nonfinite_marker(const float* values, int64_t count) {
+  float marker = 0.0f;
+  for (int64_t j = 0; j < count; ++j)
+    marker += values[j] - values[j];
+  return marker;
+}
+
 // The per-token vectors of one (request, value head): normalized and scaled q, normalized k,
-// v, decay = exp(g), beta and k.q, all in fp32.
+// v, decay = exp(g), beta and k.q, all in fp32. Returns how many tokens, from the first, have
+// only finite inputs: the head runs those and is refused from the next (docs/gdn-decode.md).
 template <typename Vector>
-HDK_BUILD_INLINE void prepare_tokens(const DecodeProblem& p, int64_t row, int64_t origin,
-                                     int64_t tokens, int64_t hv, Scratch& s) {
+HDK_BUILD_INLINE int64_t prepare_tokens(const DecodeProblem& p, int64_t row, int64_t origin,
+                                        int64_t tokens, int64_t hv, Scratch& s) {
   const int64_t K = p.head_k;
   const int64_t V = p.head_v;
   const int64_t h = p.qk_head_of(hv);
@@ -370,6 +383,8 @@ HDK_BUILD_INLINE void prepare_tokens(const DecodeProblem& p, int64_t row, int64_
     load_floats(p.q.data, p.q.dtype, token_offset(p.q, row, token, h), K, q);
     load_floats(p.k.data, p.k.dtype, token_offset(p.k, row, token, h), K, k);
     load_floats(p.v.data, p.v.dtype, token_offset(p.v, row, token, hv), V, s.v.data() + t * V);
+    float marker =
+        nonfinite_marker(q, K) + nonfinite_marker(k, K) + nonfinite_marker(s.v.data() + t * V, V);
     float q_factor = p.scale;
     float k_factor = 1.0f;
     if (p.use_qk_l2norm) {
@@ -390,13 +405,17 @@ HDK_BUILD_INLINE void prepare_tokens(const DecodeProblem& p, int64_t row, int64_
       const float dt_bias = load_float(p.dt_bias, p.dt_bias_dtype, hv * p.dt_bias_stride);
       g = fused_log_decay(A_log, a, dt_bias, p.softplus_beta, p.softplus_threshold);
       beta = sigmoid(b);
+      marker += (a - a) + (b - b);
     } else {
       g = load_float(p.g.data, p.g.dtype, token_offset(p.g, row, token, hv));
       beta = load_float(p.beta.data, p.beta.dtype, token_offset(p.beta, row, token, hv));
+      marker += (g - g) + (beta - beta);
     }
+    if (marker != 0.0f) return t;
     s.decay[t] = std::exp(g);
     s.beta[t] = beta;
   }
+  return tokens;
 }
 
 int64_t slot_offset(const DecodeProblem& p, int64_t slot, int64_t hv) {
@@ -646,8 +665,9 @@ HDK_BUILD_INLINE void run_matrix(const DecodeProblem& p, int64_t n, const Reques
   }
 }
 
+// Returns whether the head was refused for a non-finite input.
 template <typename Vector, typename Bf16>
-HDK_BUILD_INLINE void run_head(const DecodeProblem& p, int64_t n, int64_t hv) {
+HDK_BUILD_INLINE bool run_head(const DecodeProblem& p, int64_t n, int64_t hv) {
   const RequestPlan plan = plan_request(p, n);
   const int64_t row = p.variable_length ? 0 : n;
   const int64_t V = p.head_v;
@@ -655,60 +675,78 @@ HDK_BUILD_INLINE void run_head(const DecodeProblem& p, int64_t n, int64_t hv) {
     for (int64_t t = 0; t < plan.num_tokens; ++t) {
       store_zeros(p.out.data, p.out.dtype, token_offset(p.out, row, plan.token_origin + t, hv), V);
     }
-    return;
+    return false;
   }
   Scratch& s = scratch();
-  prepare_tokens<Vector>(p, row, plan.token_origin, plan.num_tokens, hv, s);
-  if (p.layout == StateLayout::kVK) {
-    run_rows<Vector, Bf16>(p, n, plan, hv, s);
-  } else {
-    run_matrix(p, n, plan, hv, s);
+  // A refused head runs its tokens before the first non-finite one, as a call of that many
+  // tokens that stores no final state.
+  RequestPlan run = plan;
+  run.num_tokens = prepare_tokens<Vector>(p, row, plan.token_origin, plan.num_tokens, hv, s);
+  const bool refused = run.num_tokens < plan.num_tokens;
+  if (refused) run.final_slot = -1;
+  if (run.num_tokens > 0) {
+    if (p.layout == StateLayout::kVK) {
+      run_rows<Vector, Bf16>(p, n, run, hv, s);
+    } else {
+      run_matrix(p, n, run, hv, s);
+    }
   }
-  for (int64_t t = 0; t < plan.num_tokens; ++t) {
+  for (int64_t t = 0; t < run.num_tokens; ++t) {
     store_floats(p.out.data, p.out.dtype, token_offset(p.out, row, plan.token_origin + t, hv), V,
                  s.out.data() + t * V);
   }
+  if (refused) {
+    std::fill(s.out.begin(), s.out.begin() + V, std::numeric_limits<float>::quiet_NaN());
+    for (int64_t t = run.num_tokens; t < plan.num_tokens; ++t) {
+      store_floats(p.out.data, p.out.dtype, token_offset(p.out, row, plan.token_origin + t, hv), V,
+                   s.out.data());
+    }
+  }
+  return refused;
 }
 
 // Bf16 is how one-token rows of a bf16 pool are stored: uint16_t (integer rounding) or NativeBf16.
+// Returns the number of refused heads.
 template <typename Vector, typename Bf16 = uint16_t>
-HDK_BUILD_INLINE void run_tasks(const DecodeProblem& p, int64_t begin, int64_t end) {
+HDK_BUILD_INLINE int64_t run_tasks(const DecodeProblem& p, int64_t begin, int64_t end) {
   const int64_t heads = p.num_v_heads;
+  int64_t refused = 0;
   for (int64_t task = begin; task < end; ++task)
-    run_head<Vector, Bf16>(p, task / heads, task % heads);
+    refused += run_head<Vector, Bf16>(p, task / heads, task % heads) ? 1 : 0;
 #ifdef HDK_GDN_CPU_X86_BUILDS
   _mm_sfence();  // the streaming stores are weakly ordered; the caller reads the state next
 #endif
+  return refused;
 }
 
 // The per-task loop, with everything it calls inlined (flatten), is built for the baseline on
 // 4-float vectors and, on x86-64, for AVX2/FMA on 8-float and for AVX-512 on 16-float vectors,
 // picked at run time. One binary runs everywhere and uses wide vectors where they exist: bf16
 // rows are bound by their widening and rounding, which AVX-512 runs in 40% less time than AVX2.
-__attribute__((flatten)) void run_tasks_baseline(const DecodeProblem& p, int64_t begin,
-                                                 int64_t end) {
-  run_tasks<float4>(p, begin, end);
+__attribute__((flatten)) int64_t run_tasks_baseline(const DecodeProblem& p, int64_t begin,
+                                                    int64_t end) {
+  return run_tasks<float4>(p, begin, end);
 }
 
 #ifdef HDK_GDN_CPU_X86_BUILDS
-__attribute__((target("avx2,fma"), flatten)) void run_tasks_avx2(const DecodeProblem& p,
-                                                                 int64_t begin, int64_t end) {
-  run_tasks<float8>(p, begin, end);
+__attribute__((target("avx2,fma"), flatten)) int64_t run_tasks_avx2(const DecodeProblem& p,
+                                                                    int64_t begin, int64_t end) {
+  return run_tasks<float8>(p, begin, end);
 }
 
-__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma"), flatten)) void run_tasks_avx512(
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma"), flatten)) int64_t run_tasks_avx512(
     const DecodeProblem& p, int64_t begin, int64_t end) {
-  run_tasks<float16>(p, begin, end);
+  return run_tasks<float16>(p, begin, end);
 }
 
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma"), flatten)) void
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma"), flatten)) int64_t
 run_tasks_avx512_bf16(const DecodeProblem& p, int64_t begin, int64_t end) {
-  run_tasks<float16, NativeBf16>(p, begin, end);
+  return run_tasks<float16, NativeBf16>(p, begin, end);
 }
 
 #endif
 
-using RunTasks = void (*)(const DecodeProblem&, int64_t, int64_t);
+using RunTasks = int64_t (*)(const DecodeProblem&, int64_t, int64_t);
 
 // The widest build this CPU runs, or a narrower one named by HDK_CPU_ISA ("avx512", "avx2",
 // "baseline"): the tests run every build that way on one machine.
@@ -728,6 +766,16 @@ RunTasks pick_build() {
   return run_tasks_baseline;
 }
 
+// A [1] int32/int64 counter of the call (absent: nullptr).
+void add_to_counter(void* counter, DType dtype, int64_t amount) {
+  if (counter == nullptr || amount == 0) return;
+  if (dtype == DType::kInt64) {
+    *static_cast<int64_t*>(counter) += amount;
+  } else {
+    *static_cast<int32_t*>(counter) += static_cast<int32_t>(amount);
+  }
+}
+
 }  // namespace
 
 void decode_cpu(const DecodeProblem& p) {
@@ -735,15 +783,15 @@ void decode_cpu(const DecodeProblem& p) {
     int64_t invalid = 0;
     for (int64_t n = 0; n < p.num_requests; ++n)
       invalid += plan_request(p, n).invalid ? 1 : 0;
-    if (p.invalid_index_count_dtype == DType::kInt64) {
-      *static_cast<int64_t*>(p.invalid_index_count) += invalid;
-    } else {
-      *static_cast<int32_t*>(p.invalid_index_count) += static_cast<int32_t>(invalid);
-    }
+    add_to_counter(p.invalid_index_count, p.invalid_index_count_dtype, invalid);
   }
   static const RunTasks run = pick_build();
-  hdk::detail::parallel_for(p.num_requests * p.num_v_heads,
-                            [&](int64_t begin, int64_t end) { run(p, begin, end); });
+  std::atomic<int64_t> refused{0};
+  hdk::detail::parallel_for(p.num_requests * p.num_v_heads, [&](int64_t begin, int64_t end) {
+    const int64_t counted = run(p, begin, end);
+    if (counted != 0) refused.fetch_add(counted, std::memory_order_relaxed);
+  });
+  add_to_counter(p.nonfinite_head_count, p.nonfinite_head_count_dtype, refused.load());
 }
 
 }  // namespace detail

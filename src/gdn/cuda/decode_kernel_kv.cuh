@@ -24,10 +24,16 @@ struct KVShape {
   static constexpr int kRowsPerThread = K / kRowGroups;  // = 8
   static constexpr int kWarps = kThreads / 32;
   static constexpr int kTokensPerChunk = 8;
+  // CTAs an SM must hold, which caps the registers (65536 / (kThreads x this)): left to itself
+  // ptxas gave the bf16 kernel 218 registers once the non-finite test was in (168 before; 2
+  // CTAs an SM instead of 3, 25-41% slower on qwen3-next from B = 16, H200); at 4 CTAs (128
+  // registers) it spills 564 bytes. fp32 fits 128 registers with 32 bytes spilled. Other K
+  // are left to ptxas (not measured).
+  static constexpr int kMinCtasPerSm = K != 128 ? 1 : sizeof(StateT) == 2 ? 3 : 4;
 };
 
 template <typename StateT, int K>
-__global__ void __launch_bounds__(K)
+__global__ void __launch_bounds__(K, KVShape<StateT, K>::kMinCtasPerSm)
     gdn_decode_kv_kernel(const DecodeProblem p, int tiles_per_head) {
   using Shape = KVShape<StateT, K>;
   constexpr int kChunk = Shape::kTokensPerChunk;
@@ -76,11 +82,21 @@ __global__ void __launch_bounds__(K)
       }
     }
   };
+  bool first_v_nonfinite = false;  // this warp's token of the first chunk, tested early (below)
   auto finish_chunk = [&](const TokenRange& range, int64_t chunk_start, int chunk) {
-    if (warp < chunk) finish_token<K>(p, inputs, lane, tokens[warp]);
+    auto v_offset = [&](int c) {
+      return token_offset(p.v, request_row, range.origin + chunk_start + c, hv);
+    };
+    if (warp < chunk) {
+      const bool v_nonfinite = chunk_start == 0
+                                   ? first_v_nonfinite
+                                   : token_v_nonfinite<K>(p, inputs, v_offset(warp), lane);
+      finish_token<K>(p, inputs, v_nonfinite, lane, tokens[warp]);
+    }
     for (int c = warp + Shape::kWarps; c < chunk; c += Shape::kWarps) {
       load_token_inputs<K>(p, request_row, range.origin + chunk_start + c, hv, lane, inputs);
-      finish_token<K>(p, inputs, lane, tokens[c]);
+      finish_token<K>(p, inputs, token_v_nonfinite<K>(p, inputs, v_offset(c), lane), lane,
+                      tokens[c]);
     }
 #pragma unroll
     for (int i = 0; i < kValuesLoadedPerThread; ++i) {
@@ -109,6 +125,13 @@ __global__ void __launch_bounds__(K)
     return;
   }
 
+  // The v row of this warp's first token, tested before the state's loads: its loads went out
+  // with the token's other inputs, and its registers are free again before the state's arrive.
+  if (warp < plan.num_tokens) {
+    first_v_nonfinite = token_v_nonfinite<K>(
+        p, inputs, token_offset(p.v, request_row, range.origin + warp, hv), lane);
+  }
+
   // Thread rows: row_group, row_group + kRowGroups, ... (a warp load covers 4 rows x 128 B).
   StateT* pool = static_cast<StateT*>(p.state);
   float state[Shape::kRowsPerThread][kVec];
@@ -127,6 +150,11 @@ __global__ void __launch_bounds__(K)
     }
   }
 
+  // A head runs up to its first token with a NaN or an infinity among its inputs (each token's
+  // warp tests q, k, the gates and the whole v row as it finishes the token); from that token on
+  // its outputs are NaN and nothing else is stored (docs/gdn-decode.md, "Non-finite inputs").
+  // The arithmetic runs on, its results dropped.
+  bool refused = false;
   for (int64_t chunk_start = 0; chunk_start < plan.num_tokens; chunk_start += kChunk) {
     const int64_t remaining = plan.num_tokens - chunk_start;
     const int chunk = static_cast<int>(remaining < kChunk ? remaining : kChunk);
@@ -140,6 +168,7 @@ __global__ void __launch_bounds__(K)
     for (int c = 0; c < chunk; ++c) {
       const int64_t t = chunk_start + c;
       const TokenVectors<K>& token = tokens[c];
+      refused = refused || token.nonfinite != 0;
       const float decay = token.decay;
       float dot_k[kVec], dot_q[kVec];
 #pragma unroll
@@ -185,7 +214,7 @@ __global__ void __launch_bounds__(K)
         column_u[col] = u;
         if (first_column + col < V) {
           store_element(p.out.data, p.out.dtype, out_base + first_column + col,
-                        decay * total_q + u * token.k_dot_q);
+                        refused ? __int_as_float(0x7fffffff) : decay * total_q + u * token.k_dot_q);
         }
       }
       __syncthreads();
@@ -205,7 +234,7 @@ __global__ void __launch_bounds__(K)
       StateT* targets[2] = {after.cache, after.token_slot};
 #pragma unroll
       for (int which = 0; which < 2; ++which) {
-        if (targets[which] == nullptr || !column_valid) continue;
+        if (targets[which] == nullptr || !column_valid || refused) continue;
 #pragma unroll
         for (int r = 0; r < Shape::kRowsPerThread; ++r) {
           const int64_t row = row_group + r * Shape::kRowGroups;
@@ -215,6 +244,10 @@ __global__ void __launch_bounds__(K)
     }
   }
 
+  if (refused) {
+    if (tile == 0 && threadIdx.x == 0) count_refused_head(p);
+    return;
+  }
   if (plan.final_slot >= 0 && column_valid) {
     StateT* head = pool + slot_offset(p, plan.final_slot, hv);
 #pragma unroll

@@ -55,6 +55,9 @@ template <int kValues, int kInputBytes>
 struct RawTokenInputs {
   RawVector<kValues, kInputBytes> q, k;
   uint32_t gate_a, gate_b, v;
+  // The token's whole v row, which every warp tests for NaN and infinities (up to 256 bytes,
+  // K = 128 with 16-bit inputs; longer rows are tested with their own loads).
+  RowPieces<kInputBytes, 1> v_row;
 };
 
 template <typename StateT, int K, int kRowsPerThread, int kLanes, int kInputBytes,
@@ -98,6 +101,7 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
 
   const TokenTensor& gate_a_tensor = p.fused_gating ? p.a : p.g;
   const TokenTensor& gate_b_tensor = p.fused_gating ? p.b : p.beta;
+  const bool v_row_held = RowPieces<kInputBytes, 1>::held(p.v, head_v);
   auto load_token = [&](int64_t token, RawTokenInputs<kValues, kInputBytes>& raw) {
     const int64_t q_base = token_offset(p.q, request_row, token, h);
     const int64_t k_base = token_offset(p.k, request_row, token, h);
@@ -117,10 +121,10 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
                                   token_offset(gate_a_tensor, request_row, token, hv));
     raw.gate_b = load_raw_element(gate_b_tensor.data, gate_b_tensor.dtype,
                                   token_offset(gate_b_tensor, request_row, token, hv));
-    raw.v = row_valid(owned_row)
-                ? load_raw_element(p.v.data, p.v.dtype,
-                                   token_offset(p.v, request_row, token, hv) + row_of(owned_row))
-                : 0u;
+    const int64_t v_base = token_offset(p.v, request_row, token, hv);
+    raw.v = row_valid(owned_row) ? load_raw_element(p.v.data, p.v.dtype, v_base + row_of(owned_row))
+                                 : 0u;
+    raw.v_row.load(p.v.data, v_base, head_v, v_row_held, lane);
   };
 
   // The first token's inputs, then the pool index, then the state: two DRAM round trips
@@ -167,8 +171,23 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
     }
   }
 
+  constexpr int kInputWords = RawVector<kValues, kInputBytes>::kWords;
+  bool refused = false;  // from the token that set it on
   for (int64_t t = 0; t < plan.num_tokens; ++t) {
     const RawTokenInputs<kValues, kInputBytes> current = next;
+    // A head runs up to its first token with a NaN or an infinity among its inputs (q, k, the
+    // gates, the whole v row, all tested as loaded); from that token on its outputs are NaN and
+    // nothing else is stored (docs/gdn-decode.md, "Non-finite inputs"). The arithmetic runs on,
+    // its results dropped, which keeps the token's code one path.
+    const bool nonfinite =
+        words_are_nonfinite<kInputWords>(current.q.words, kInputBytes, p.q.dtype) |
+        words_are_nonfinite<kInputWords>(current.k.words, kInputBytes, p.k.dtype) |
+        raw_is_nonfinite(current.gate_a, gate_a_tensor.dtype) |
+        raw_is_nonfinite(current.gate_b, gate_b_tensor.dtype) |
+        current.v_row.nonfinite(p.v.data, p.v.dtype,
+                                token_offset(p.v, request_row, plan.token_origin + t, hv), head_v,
+                                v_row_held, lane);
+    refused = refused || __any_sync(0xffffffffu, nonfinite);
     if (t + 1 < plan.num_tokens) load_token(plan.token_origin + t + 1, next);
 
     float q[kValues], k[kValues];
@@ -213,7 +232,8 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
     if (finishes_row) {
       store_element(p.out.data, p.out.dtype,
                     token_offset(p.out, request_row, plan.token_origin + t, hv) + row_of(owned_row),
-                    decay * owned_dot_q * q_factor + u * (qk * q_factor * k_factor));
+                    refused ? __int_as_float(0x7fffffff)
+                            : decay * owned_dot_q * q_factor + u * (qk * q_factor * k_factor));
     }
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
@@ -228,7 +248,7 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
     StateT* targets[2] = {after.cache, after.token_slot};
 #pragma unroll
     for (int which = 0; which < 2; ++which) {
-      if (targets[which] == nullptr) continue;
+      if (targets[which] == nullptr || refused) continue;
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
         if (!row_valid(r)) continue;
@@ -241,6 +261,10 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
     }
   }
 
+  if (refused) {
+    if (tile == 0 && lane == 0) count_refused_head(p);
+    return;
+  }
   if (plan.final_slot >= 0) {
     StateT* head = pool + slot_offset(p, plan.final_slot, hv);
 #pragma unroll

@@ -248,7 +248,6 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
                ? load_input_bits<InputT>(p.v.data, token_at(p.v, token, hv) + row_of(owned_row))
                : 0u;
   };
-
   // Per-token scalars, token j of the request in lane j (at most kLeanMaxTokens tokens): the
   // gate inputs (raw bits), turned into decay and beta once they arrived, and with per-token
   // slots the slot the state after the token goes to.
@@ -317,8 +316,31 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
   // state instead (the launcher's choice, decode_launch.h): the same statements, written out
   // twice, because through one lambda for both places ptxas scheduled most inputs-first
   // instances differently from the code that was measured.
+  // Each token's whole v row, loaded ahead with its other inputs (device_helpers.cuh).
+  using VRow = RowPieces<sizeof(InputT), static_cast<int>((K * sizeof(InputT) + 255) / 256)>;
+  const bool v_row_held = VRow::held(p.v, head_v);
+  // Where each build tests its tokens' inputs, as measured (bench/results/gdn-h200): with fp32
+  // state, the one-token build before the state's loads (its register cap leaves no room for
+  // the test next to the state) and the token loop where a token starts, on the words as
+  // loaded; with bf16 state, whose warps move half the bytes for the same instructions, after a
+  // token's dots, with q and k through their norms (run_token).
+  constexpr bool kEarlyTest = kOneToken && sizeof(StateT) == 4;
+  constexpr bool kNormTest = sizeof(StateT) == 2;
+  auto qk_rows_nonfinite = [&](Offset token) {
+    constexpr int kBytes = static_cast<int>(sizeof(InputT));
+    return (nonfinite_rows<kBytes>(
+                p.q.data, Input::kDType, [&](int) { return token_at(p.q, token, h); }, 1, K,
+                rows_in_pieces(p.q, kBytes, K), lane) |
+            nonfinite_rows<kBytes>(
+                p.k.data, Input::kDType, [&](int) { return token_at(p.k, token, h); }, 1, K,
+                rows_in_pieces(p.k, kBytes, K), lane)) != 0;
+  };
+  auto load_v_row = [&](Offset token, VRow& row) {
+    row.load(p.v.data, token_at(p.v, token, hv), head_v, v_row_held, lane);
+  };
   TokenQK next;
   uint32_t next_v = 0;
+  VRow next_v_row;
   if constexpr (!kStateFirst) {
     // Before the plan is known: the token range from cu_seqlens only.
     const TokenRange range = request_tokens(p, n);
@@ -326,6 +348,7 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
     if (range.count > 0) {
       load_qk(first_token, next);
       next_v = load_v(first_token);
+      load_v_row(first_token, next_v_row);
     }
     load_token_scalars(first_token, static_cast<Offset>(range.count));
   }
@@ -348,6 +371,34 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
     }
     return;
   }
+
+  // A head runs up to its first token with a NaN or an infinity among its inputs; from there its
+  // outputs are NaN and no state is stored (docs/gdn-decode.md, "Non-finite inputs"). The gates
+  // are tested here, as loaded (token t's in lane t; bit t of nonfinite_tokens); with
+  // kEarlyTest all of the one token's inputs too, before the state's loads when the inputs come
+  // first (they arrived with the pool index), so that only the verdict stays live next to the
+  // state; otherwise run_token tests each token's q, k and v row.
+  uint32_t nonfinite_tokens = 0;
+  auto test_inputs = [&] {
+    const DType gate_a_type = kCommonForm ? Input::kDType : gate_a_dtype;
+    const DType gate_b_type = kCommonForm ? Input::kDType : gate_b_dtype;
+    bool nonfinite =
+        raw_is_nonfinite(gate_a_bits, gate_a_type) | raw_is_nonfinite(gate_b_bits, gate_b_type);
+    if constexpr (kEarlyTest) {
+      if (num_tokens > 0) {
+        nonfinite |= words_are_nonfinite<kWords>(next.q, sizeof(InputT), Input::kDType) |
+                     words_are_nonfinite<kWords>(next.k, sizeof(InputT), Input::kDType) |
+                     next_v_row.nonfinite(p.v.data, Input::kDType, token_at(p.v, origin, hv),
+                                          head_v, v_row_held, lane);
+      }
+      nonfinite_tokens = __any_sync(0xffffffffu, nonfinite) ? 1u : 0u;
+    } else if constexpr (kOneToken) {
+      nonfinite_tokens = nonfinite ? 1u : 0u;  // every lane holds token 0's gates
+    } else {
+      nonfinite_tokens = __ballot_sync(0xffffffffu, nonfinite);
+    }
+  };
+  if constexpr (!kStateFirst) test_inputs();
 
   StateT* pool = static_cast<StateT*>(p.state);
   float state[kRows][kValues];
@@ -378,6 +429,7 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
     if (range.count > 0) {
       load_qk(first_token, next);
       next_v = load_v(first_token);
+      load_v_row(first_token, next_v_row);
     }
     load_token_scalars(first_token, static_cast<Offset>(range.count));
     if (p.fused_gating) {
@@ -385,9 +437,11 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
       dt_bias = load_element(p.dt_bias, p.dt_bias_dtype, hv * p.dt_bias_stride);
     }
   }
+  if constexpr (kStateFirst) test_inputs();
   float lane_decay, lane_beta;
   finish_gates(A_log, dt_bias, lane_decay, lane_beta);
 
+  bool refused = false;  // from the token that set it on
   // Token t of the request; t + 1 < num_tokens says whether a next token's inputs are due.
   auto run_token = [&](Offset t) {
     if constexpr (!kOneToken) {
@@ -402,6 +456,20 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
     };
     const TokenQK current = next;
     const uint32_t current_v = next_v;
+    const VRow current_v_row = next_v_row;
+    // From the first refused token on, the head's outputs are NaN and nothing else is stored;
+    // the arithmetic runs on (its results are dropped), which keeps the token's code one path.
+    if constexpr (kEarlyTest) {
+      refused = nonfinite_tokens != 0;
+    } else if constexpr (!kNormTest) {
+      const bool nonfinite =
+          words_are_nonfinite<kWords>(current.q, sizeof(InputT), Input::kDType) |
+          words_are_nonfinite<kWords>(current.k, sizeof(InputT), Input::kDType) |
+          current_v_row.nonfinite(p.v.data, Input::kDType, token_at(p.v, origin + t, hv), head_v,
+                                  v_row_held, lane);
+      refused = refused || __any_sync(0xffffffffu, nonfinite) ||
+                ((nonfinite_tokens >> token_lane) & 1u) != 0;
+    }
 
     // Both dots of every row and the norms, one column at a time: a column's q and k are
     // converted once and used by all rows.
@@ -431,10 +499,27 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
       const Offset after = origin + t + 1 + (kk < 0.0f ? 1 : 0);
       load_qk(after, next);
       next_v = load_v(after);
+      load_v_row(after, next_v_row);
     }
     qq = group_sum<kLanes>(qq);
     qk = group_sum<kLanes>(qk);
     reduce_scatter<kDots, kLanes>(dots, lane_in_row);
+    if constexpr (kNormTest) {
+      // q and k through their norms: a sum of squares is finite exactly when all its values
+      // are, unless it overflows (|x| above about 1.8e19), so only a non-finite norm sends the
+      // warp to the exact test, which reads the token's q and k rows again. No register of the
+      // test is live through the dots.
+      const uint32_t found = __reduce_or_sync(
+          0xffffffffu,
+          (current_v_row.nonfinite(p.v.data, Input::kDType, token_at(p.v, origin + t, hv), head_v,
+                                   v_row_held, lane)
+               ? 1u
+               : 0u) |
+              (isfinite(qq) && isfinite(kk) ? 0u : 2u));
+      const bool qk_nonfinite = (found & 2u) != 0 && qk_rows_nonfinite(origin + t);
+      refused = refused || (found & 1u) != 0 || qk_nonfinite ||
+                ((nonfinite_tokens >> token_lane) & 1u) != 0;
+    }
 
     const float q_factor = p.use_qk_l2norm ? p.scale * rsqrtf(qq + p.l2norm_eps) : p.scale;
     const float k_factor = p.use_qk_l2norm ? rsqrtf(kk + p.l2norm_eps) : 1.0f;
@@ -445,7 +530,8 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
     const float u = beta * (Input::scalar(current_v) - decay * dots[0] * k_factor);
     if (finishes_row) {
       store_out(token_at(p.out, origin + t, hv) + row_of(owned_row),
-                decay * owned_dot_q * q_factor + u * (qk * q_factor * k_factor));
+                refused ? __int_as_float(0x7fffffff)
+                        : decay * owned_dot_q * q_factor + u * (qk * q_factor * k_factor));
     }
     float row_u[kRows];
 #pragma unroll
@@ -472,7 +558,7 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
     }
 #pragma unroll
     for (int which = 0; which < (kTokenSlots ? 2 : 1); ++which) {
-      if (targets[which] == nullptr) continue;
+      if (targets[which] == nullptr || refused) continue;
       StateT* origin = lane_origin(targets[which]);
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
@@ -495,6 +581,10 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
   } else {
     for (Offset t = 0; t < num_tokens; ++t)
       run_token(t);
+  }
+  if (refused) {
+    if (tile == 0 && lane == 0) count_refused_head(p);
+    return;
   }
 
   if (final_slot >= 0) {

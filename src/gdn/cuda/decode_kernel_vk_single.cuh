@@ -154,6 +154,17 @@ __global__ void __launch_bounds__(256) __maxnreg__(kMaxRegisters)
 
   // Token scalars while the state is in flight; q and k stay unnormalized, their factors are
   // folded into the dots and the update.
+  // A head with a NaN or an infinity among its inputs is refused before anything is stored
+  // (docs/gdn-decode.md, "Non-finite inputs"); its loads overlap the state's.
+  if (first_nonfinite_token(p, request_row, plan.token_origin, 1, hv, lane) == 0) {
+    if (owns_dot_k && row_of(owned_row) < head_v) {
+      store_element(p.out.data, p.out.dtype, out_base + row_of(owned_row),
+                    __int_as_float(0x7fffffff));
+    }
+    if (tile == 0 && warp == 0 && lane == 0) count_refused_head(p);
+    return;
+  }
+
   float norms[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // q.q, k.k, q.k, (pad)
 #pragma unroll
   for (int e = 0; e < kValues; ++e) {

@@ -335,6 +335,127 @@ __device__ __forceinline__ int64_t token_offset(const TokenTensor& x, int64_t re
   return request_row * x.stride_request + token * x.stride_token + head * x.stride_head;
 }
 
+// ---- non-finite inputs (docs/gdn-decode.md, "Non-finite inputs") ----
+
+// Whether the raw bits of an element (load_raw_element) are a NaN or an infinity: its exponent
+// is all ones. An integer test on the bits as loaded, so the check needs no conversion.
+__device__ __forceinline__ bool raw_is_nonfinite(uint32_t raw, DType dtype) {
+  switch (dtype) {
+    case DType::kBFloat16:
+      return (raw & 0x7f80u) == 0x7f80u;
+    case DType::kFloat16:
+      return (raw & 0x7c00u) == 0x7c00u;
+    default:
+      return (raw & 0x7f800000u) == 0x7f800000u;
+  }
+}
+
+// The same for kWords 32-bit words holding elements of `element_bytes` each (q, k as loaded).
+template <int kWords>
+__device__ __forceinline__ bool words_are_nonfinite(const uint32_t* words, int element_bytes,
+                                                    DType dtype) {
+  bool nonfinite = false;
+#pragma unroll
+  for (int w = 0; w < kWords; ++w) {
+    if (element_bytes == 4) {
+      nonfinite |= raw_is_nonfinite(words[w], dtype);
+    } else {
+      nonfinite |=
+          raw_is_nonfinite(words[w] & 0xffffu, dtype) | raw_is_nonfinite(words[w] >> 16, dtype);
+    }
+  }
+  return nonfinite;
+}
+
+// Whether a per-token tensor's rows of `row_elements` elements of `bytes` bytes (at any token,
+// head and request) start on 8-byte boundaries and are whole 8-byte pieces. Tensor: TokenTensor
+// or CompactTokenTensor (the same field names).
+template <typename Tensor>
+__device__ __forceinline__ bool rows_in_pieces(const Tensor& x, int bytes, int row_elements) {
+  const uint64_t strides =
+      static_cast<uint64_t>(x.stride_request) | static_cast<uint64_t>(x.stride_token) |
+      static_cast<uint64_t>(x.stride_head) | static_cast<uint64_t>(row_elements);
+  return ((reinterpret_cast<uintptr_t>(x.data) | strides * static_cast<uint64_t>(bytes)) % 8) == 0;
+}
+
+// Rows of `row_elements` elements (kBytes each, of `dtype`) starting at element offsets
+// row_offset(t), t < count <= 32, tested for a NaN or an infinity by the whole warp: bit t of the
+// result, on every lane, says whether row t holds one. The lanes spread over every (row, piece)
+// pair, 8-byte pieces where the rows allow (`pieces`: rows_in_pieces), single elements otherwise.
+template <int kBytes, typename RowOffset>
+__device__ __forceinline__ uint32_t nonfinite_rows(const void* data, DType dtype,
+                                                   RowOffset row_offset, int count,
+                                                   int row_elements, bool pieces, int lane) {
+  uint32_t rows = 0;
+  if (pieces) {
+    const int per_row = row_elements * kBytes / 8;
+#pragma unroll 4
+    for (int e = lane; e < count * per_row; e += 32) {
+      const int t = count == 1 ? 0 : e / per_row;
+      const uint2 piece =
+          __ldg(reinterpret_cast<const uint2*>(static_cast<const char*>(data) +
+                                               static_cast<int64_t>(row_offset(t)) * kBytes) +
+                (e - t * per_row));
+      const uint32_t words[2] = {piece.x, piece.y};
+      if (words_are_nonfinite<2>(words, kBytes, dtype)) rows |= 1u << t;
+    }
+  } else {
+#pragma unroll 4
+    for (int e = lane; e < count * row_elements; e += 32) {
+      const int t = count == 1 ? 0 : e / row_elements;
+      const uint32_t raw = load_raw_element(
+          data, dtype, static_cast<int64_t>(row_offset(t)) + (e - t * row_elements));
+      if (raw_is_nonfinite(raw, dtype)) rows |= 1u << t;
+    }
+  }
+  return __reduce_or_sync(0xffffffffu, rows);
+}
+
+// One token's whole v row, as 8-byte pieces spread over the lanes of a warp (piece i of lane l
+// is bytes 8 (l + 32 i) ..): what the VK kernels load ahead with a token's other inputs so that
+// every warp can refuse the head for a NaN or an infinity in any of its rows, though a lane
+// loads only the row element it finishes. held() says whether a row fits: whole pieces on
+// 8-byte boundaries, at most kPieces x 256 bytes; one that does not is tested with its own
+// loads instead (nonfinite_rows; no preset has such a shape).
+template <int kBytes, int kPieces>
+struct RowPieces {
+  uint2 pieces[kPieces];
+
+  template <typename Tensor>
+  __device__ __forceinline__ static bool held(const Tensor& x, int row_elements) {
+    return rows_in_pieces(x, kBytes, row_elements) && row_elements * kBytes <= 256 * kPieces;
+  }
+
+  __device__ __forceinline__ void load(const void* data, int64_t offset, int row_elements,
+                                       bool held, int lane) {
+#pragma unroll
+    for (int i = 0; i < kPieces; ++i) {
+      const int e = lane + 32 * i;
+      pieces[i] = held && 8 * e < row_elements * kBytes
+                      ? __ldg(reinterpret_cast<const uint2*>(static_cast<const char*>(data) +
+                                                             offset * kBytes) +
+                              e)
+                      : make_uint2(0u, 0u);
+    }
+  }
+
+  // This lane's share of the test (or, for a row not held, the warp's whole test).
+  __device__ __forceinline__ bool nonfinite(const void* data, DType dtype, int64_t offset,
+                                            int row_elements, bool held, int lane) const {
+    if (!held) {
+      return nonfinite_rows<kBytes>(
+                 data, dtype, [&](int) { return offset; }, 1, row_elements, false, lane) != 0;
+    }
+    bool found = false;
+#pragma unroll
+    for (int i = 0; i < kPieces; ++i) {
+      const uint32_t words[2] = {pieces[i].x, pieces[i].y};
+      found |= words_are_nonfinite<2>(words, kBytes, dtype);
+    }
+    return found;
+  }
+};
+
 // Everything one token contributes to a head, in shared memory for all of the CTA's threads.
 template <int K>
 struct alignas(16) TokenVectors {
@@ -343,6 +464,7 @@ struct alignas(16) TokenVectors {
   float decay;
   float beta;
   float k_dot_q;
+  int nonfinite;  // a NaN or an infinity among the token's inputs of the head (q, k, v, gates)
 };
 
 // A token's raw inputs as one warp loads them: K / 32 elements of q and k per lane, and the
@@ -357,7 +479,16 @@ struct TokenInputs {
   float gate_b;  // b (fused gating) or beta
   float dt_bias;
   float A_log;
+  // The head's whole v row as raw 8-byte pieces (piece i of lane l: bytes 8 (l + 32 i) ..), for
+  // the non-finite test; rows of up to 512 bytes on 8-byte boundaries (v_row_held).
+  uint2 v_row[2];
 };
+
+// Whether load_token_inputs holds a token's whole v row in TokenInputs::v_row.
+__device__ __forceinline__ bool v_row_held(const DecodeProblem& p) {
+  const int bytes = p.v.dtype == DType::kFloat32 ? 4 : 2;
+  return rows_in_pieces(p.v, bytes, static_cast<int>(p.head_v)) && p.head_v * bytes <= 512;
+}
 
 template <int K>
 __device__ __forceinline__ void load_token_inputs(const DecodeProblem& p, int64_t request_row,
@@ -382,12 +513,45 @@ __device__ __forceinline__ void load_token_inputs(const DecodeProblem& p, int64_
     in.q[i] = load_element(p.q.data, p.q.dtype, q_base + j);
     in.k[i] = load_element(p.k.data, p.k.dtype, k_base + j);
   }
+  const int64_t v_bytes = p.head_v * (p.v.dtype == DType::kFloat32 ? 4 : 2);
+  const bool held = v_row_held(p);
+  const char* v_row = static_cast<const char*>(p.v.data) +
+                      token_offset(p.v, request_row, token, hv) * (v_bytes / p.head_v);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int e = lane + 32 * i;
+    in.v_row[i] = held && 8 * e < v_bytes ? __ldg(reinterpret_cast<const uint2*>(v_row) + e)
+                                          : make_uint2(0u, 0u);
+  }
 }
 
-// Normalizes and scales q and k, computes the gate, and writes the token's vectors.
+// Whether the token's whole v row (this lane's share of it, in.v_row; for a row not held there,
+// the warp's test with loads of its own from v_offset) holds a NaN or an infinity.
+template <int K>
+__device__ __forceinline__ bool token_v_nonfinite(const DecodeProblem& p, const TokenInputs<K>& in,
+                                                  int64_t v_offset, int lane) {
+  if (!v_row_held(p)) {
+    return nonfinite_rows<2>(
+               p.v.data, p.v.dtype, [&](int) { return v_offset; }, 1, static_cast<int>(p.head_v),
+               false, lane) != 0;
+  }
+  const int bytes = p.v.dtype == DType::kFloat32 ? 4 : 2;
+  bool nonfinite = false;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const uint32_t words[2] = {in.v_row[i].x, in.v_row[i].y};
+    nonfinite |= words_are_nonfinite<2>(words, bytes, p.v.dtype);
+  }
+  return nonfinite;
+}
+
+// Normalizes and scales q and k, computes the gate, and writes the token's vectors, with whether
+// any of the token's inputs is a NaN or an infinity. v_nonfinite: this lane's share of
+// token_v_nonfinite (a kernel may test the v row early, so that its pieces hold no registers
+// later).
 template <int K>
 __device__ __forceinline__ void finish_token(const DecodeProblem& p, const TokenInputs<K>& in,
-                                             int lane, TokenVectors<K>& out) {
+                                             bool v_nonfinite, int lane, TokenVectors<K>& out) {
   float qq = 0.0f, kk = 0.0f, qk = 0.0f;
 #pragma unroll
   for (int i = 0; i < TokenInputs<K>::kPerLane; ++i) {
@@ -407,6 +571,11 @@ __device__ __forceinline__ void finish_token(const DecodeProblem& p, const Token
     out.q[i * 32 + lane] = in.q[i] * q_factor;
     out.k[i * 32 + lane] = in.k[i] * k_factor;
   }
+  bool nonfinite = v_nonfinite || (lane == 0 && !(isfinite(in.gate_a) && isfinite(in.gate_b)));
+#pragma unroll
+  for (int i = 0; i < TokenInputs<K>::kPerLane; ++i)
+    nonfinite |= !(isfinite(in.q[i]) && isfinite(in.k[i]));
+  nonfinite = __any_sync(0xffffffffu, nonfinite);
   if (lane == 0) {
     const float g = p.fused_gating ? fused_log_decay(in.A_log, in.gate_a, in.dt_bias,
                                                      p.softplus_beta, p.softplus_threshold)
@@ -414,6 +583,7 @@ __device__ __forceinline__ void finish_token(const DecodeProblem& p, const Token
     out.decay = expf(g);
     out.beta = p.fused_gating ? sigmoid(in.gate_b) : in.gate_b;
     out.k_dot_q = qk * q_factor * k_factor;
+    out.nonfinite = nonfinite ? 1 : 0;
   }
 }
 
@@ -458,15 +628,67 @@ __device__ __forceinline__ TokenRange request_tokens(const CommonDecodeStepProbl
   return range;
 }
 
+// Adds 1 to an optional [1] int32/int64 counter of the call.
+__device__ __forceinline__ void add_one(void* counter, DType dtype) {
+  if (counter == nullptr) return;
+  if (dtype == DType::kInt64) {
+    atomicAdd(static_cast<unsigned long long*>(counter), 1ull);
+  } else {
+    atomicAdd(static_cast<int*>(counter), 1);
+  }
+}
+
 // Problem: DecodeProblem or CommonDecodeProblem (the same field names).
 template <typename Problem>
 __device__ __forceinline__ void count_invalid(const Problem& p) {
-  if (p.invalid_index_count == nullptr) return;
-  if (p.invalid_index_count_dtype == DType::kInt64) {
-    atomicAdd(static_cast<unsigned long long*>(p.invalid_index_count), 1ull);
-  } else {
-    atomicAdd(static_cast<int*>(p.invalid_index_count), 1);
+  add_one(p.invalid_index_count, p.invalid_index_count_dtype);
+}
+
+// Adds 1 to the counter of refused heads; one lane of one warp per refused (request, head).
+template <typename Problem>
+__device__ __forceinline__ void count_refused_head(const Problem& p) {
+  add_one(p.nonfinite_head_count, p.nonfinite_head_count_dtype);
+}
+
+// The first of tokens origin .. origin + count - 1 of one (request, value head) with a NaN or an
+// infinity among its inputs (q and k of its query/key head, its v, its two gate inputs), as an
+// offset from origin, on every lane; count when there is none. For the kernels that do not check
+// the inputs as they load them (kKV, the one-token kernel): 32 tokens at a time, each a single
+// round of loads.
+__device__ __forceinline__ int64_t first_nonfinite_token(const DecodeProblem& p,
+                                                         int64_t request_row, int64_t origin,
+                                                         int64_t count, int64_t hv, int lane) {
+  const TokenTensor& gate_a = p.fused_gating ? p.a : p.g;
+  const TokenTensor& gate_b = p.fused_gating ? p.b : p.beta;
+  const int64_t h = p.qk_head_of(hv);
+  const DType input = p.q.dtype;  // k and v share it (validated)
+  const int bytes = input == DType::kFloat32 ? 4 : 2;
+  const int head_k = static_cast<int>(p.head_k), head_v = static_cast<int>(p.head_v);
+  for (int64_t window = 0; window < count; window += 32) {
+    const int tokens = static_cast<int>(count - window < 32 ? count - window : 32);
+    const int64_t first = origin + window;
+    auto rows = [&](const TokenTensor& x, int64_t head, int elements) {
+      auto row_offset = [&](int t) { return token_offset(x, request_row, first + t, head); };
+      const bool pieces = rows_in_pieces(x, bytes, elements);
+      return bytes == 4
+                 ? nonfinite_rows<4>(x.data, input, row_offset, tokens, elements, pieces, lane)
+                 : nonfinite_rows<2>(x.data, input, row_offset, tokens, elements, pieces, lane);
+    };
+    bool gate_bad = false;
+    if (lane < tokens) {
+      gate_bad =
+          raw_is_nonfinite(load_raw_element(gate_a.data, gate_a.dtype,
+                                            token_offset(gate_a, request_row, first + lane, hv)),
+                           gate_a.dtype) ||
+          raw_is_nonfinite(load_raw_element(gate_b.data, gate_b.dtype,
+                                            token_offset(gate_b, request_row, first + lane, hv)),
+                           gate_b.dtype);
+    }
+    const uint32_t bad = rows(p.q, h, head_k) | rows(p.k, h, head_k) | rows(p.v, hv, head_v) |
+                         __ballot_sync(0xffffffffu, gate_bad);
+    if (bad != 0) return window + __ffs(static_cast<int>(bad)) - 1;
   }
+  return count;
 }
 
 template <typename Problem>

@@ -136,6 +136,7 @@ void decode_reference(const DecodeParams& p) {
   }
   const double scale = p.scale != 0.0f ? p.scale : 1.0 / std::sqrt(static_cast<double>(K));
   int64_t invalid_requests = 0;
+  int64_t refused_heads = 0;
 
   HeadState S{V, K, std::vector<double>(static_cast<size_t>(V * K))};
   std::vector<double> qn(K), kn(K), u(V);
@@ -202,8 +203,32 @@ void decode_reference(const DecodeParams& p) {
 
     for (int64_t hv = 0; hv < HV; ++hv) {
       const int64_t h = hv / (HV / H);
+      // The head runs up to its first token with a NaN or an infinity among its inputs; from
+      // that token on its outputs are NaN and no state is stored (docs/gdn-decode.md).
+      int64_t good = count;
+      for (int64_t t = 0; t < count && good == count; ++t) {
+        const int64_t tok = first + t;
+        const TensorView& gate_a = problem.fused_gating ? p.a : p.g;
+        const TensorView& gate_b = problem.fused_gating ? p.b : p.beta;
+        bool finite = std::isfinite(load(gate_a, {row, tok, hv})) &&
+                      std::isfinite(load(gate_b, {row, tok, hv}));
+        for (int64_t j = 0; j < K; ++j) {
+          finite = finite && std::isfinite(load(p.q, {row, tok, h, j})) &&
+                   std::isfinite(load(p.k, {row, tok, h, j}));
+        }
+        for (int64_t i = 0; i < V; ++i)
+          finite = finite && std::isfinite(load(p.v, {row, tok, hv, i}));
+        if (!finite) good = t;
+      }
+      if (good < count) {
+        ++refused_heads;
+        for (int64_t t = good; t < count; ++t) {
+          for (int64_t i = 0; i < V; ++i)
+            store(p.out, {row, first + t, hv, i}, std::nan(""));
+        }
+      }
       load_head(p.state, vk, read_slot, hv, S);
-      for (int64_t t = 0; t < count; ++t) {
+      for (int64_t t = 0; t < good; ++t) {
         const int64_t tok = first + t;
         double g, beta;
         if (problem.fused_gating) {
@@ -256,12 +281,17 @@ void decode_reference(const DecodeParams& p) {
           store_head(p.state, vk, writes[t], hv, S);
         }
       }
-      if (!per_token && p.update_state && writes[0] >= 0) store_head(p.state, vk, writes[0], hv, S);
+      if (!per_token && p.update_state && writes[0] >= 0 && good == count) {
+        store_head(p.state, vk, writes[0], hv, S);
+      }
     }
   }
 
   if (p.invalid_index_count.defined()) {
     store(p.invalid_index_count, {}, load(p.invalid_index_count, {}) + invalid_requests);
+  }
+  if (p.nonfinite_head_count.defined()) {
+    store(p.nonfinite_head_count, {}, load(p.nonfinite_head_count, {}) + refused_heads);
   }
 }
 
