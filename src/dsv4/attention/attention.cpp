@@ -48,6 +48,7 @@ void check_sizes(const char* operation,
   }
 }
 
+#ifdef HDK_WITH_CUDA
 // A workspace given to a CUDA call must hold what the size function promises for the call's
 // sizes, whether or not this call's plan uses it: a short allocation then fails on the first
 // call instead of on a later one whose plan needs more.
@@ -57,6 +58,7 @@ void check_workspace_holds(const char* operation, int64_t given, int64_t needed,
   throw Error(std::string(operation) + ": argument 'workspace' must hold at least " +
               std::to_string(needed) + " bytes (" + size_call + "), got " + std::to_string(given));
 }
+#endif
 
 }  // namespace
 
