@@ -25,6 +25,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/resident_clusters.h"
 #include "topk/select_layout.h"
 #include "topk/topk_key.h"
 
@@ -257,6 +258,74 @@ __device__ inline void sort_largest_first(uint64_t* values, int count) {
   }
 }
 
+// Clusters up to this size sum every bin over every CTA in each CTA (sum_over_cluster).
+constexpr int kDirectSumClusterSize = 4;
+
+// The cluster's sum of every CTA's `counts`, after a cluster barrier that completed every CTA's
+// counts; returns, after a block barrier, the array of this CTA's shared memory that holds it:
+// `share` or `other`, the buffer the next level counts into (zeroed here when it is not the
+// one returned; the caller zeroes it otherwise).
+// Clusters of more than kDirectSumClusterSize CTAs sum in two steps: CTA r sums its own share of
+// the bins over the cluster into `share`, then, after a second cluster barrier, every CTA gathers
+// all shares into `other`, each thread with its remote loads in flight together.
+// Summing every bin over every CTA in each CTA made a chain of kBins x cluster size / threads
+// remote loads a thread (128 with 16 CTAs of 256 threads): the two steps took index_topk's one
+// row of 16384 keys from 29.3 to 26.3 us (H200), but cost smaller clusters their second barrier
+// (rows in clusters of 2-4: 1-2% slower). `share` is read remotely until the caller's next
+// cluster barrier.
+template <typename Cluster>
+__device__ inline const uint32_t* sum_over_cluster(Cluster& cluster, const uint32_t* counts,
+                                                   uint32_t* share, uint32_t* other) {
+  const int cluster_size = static_cast<int>(cluster.num_blocks());
+  const int threads = blockDim.x;
+  const int tid = threadIdx.x;
+  if (cluster_size <= kDirectSumClusterSize) {
+    for (int bin = tid; bin < kBins; bin += threads) {
+      uint32_t total = 0;
+      for (int source = 0; source < cluster_size; ++source) {
+        total += cluster.map_shared_rank(counts, source)[bin];
+      }
+      share[bin] = total;
+      other[bin] = 0;  // the next level's counts
+    }
+    __syncthreads();
+    return share;
+  }
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int share_bins = (kBins + cluster_size - 1) / cluster_size;
+  const int first = rank * share_bins;
+  const int last = min(first + share_bins, kBins);
+  for (int bin = first + tid; bin < last; bin += threads) {
+    uint32_t part[kMaxClusterSize];
+#pragma unroll
+    for (int source = 0; source < kMaxClusterSize; ++source) {
+      part[source] = source < cluster_size ? cluster.map_shared_rank(counts, source)[bin] : 0u;
+    }
+    uint32_t total = 0;
+#pragma unroll
+    for (int source = 0; source < kMaxClusterSize; ++source)
+      total += part[source];
+    share[bin] = total;
+  }
+  cluster.sync();  // every CTA's share is summed
+  constexpr int kGatherBatch = 8;
+  for (int base = tid; base < kBins; base += threads * kGatherBatch) {
+    uint32_t value[kGatherBatch];
+#pragma unroll
+    for (int j = 0; j < kGatherBatch; ++j) {
+      const int bin = base + j * threads;
+      value[j] = bin < kBins ? cluster.map_shared_rank(share, bin / share_bins)[bin] : 0u;
+    }
+#pragma unroll
+    for (int j = 0; j < kGatherBatch; ++j) {
+      const int bin = base + j * threads;
+      if (bin < kBins) other[bin] = value[j];
+    }
+  }
+  __syncthreads();
+  return other;
+}
+
 }  // namespace cluster_select_detail
 
 // Selects the `want` (1 .. sort_capacity, the same in every CTA of the cluster) largest ranked
@@ -333,19 +402,12 @@ __device__ bool cluster_select(uint8_t* shared, int sort_capacity, int64_t want,
         histogram_add(counts, counted, bin, lane);
       });
     }
+    // The other buffer was last read remotely during the previous level, which every CTA
+    // finished before the cluster.sync below.
+    uint32_t* other = histogram + ((level + 1) & 1) * kBins;
     cluster.sync();  // every CTA's histogram of this level is complete
-    for (int bin = tid; bin < kBins; bin += threads) {
-      uint32_t total = 0;
-      for (int source = 0; source < cluster_size; ++source) {
-        total += cluster.map_shared_rank(counts, source)[bin];
-      }
-      totals[bin] = total;
-      // The other buffer was last read remotely during the previous level, which every CTA
-      // finished before the cluster.sync above.
-      histogram[((level + 1) & 1) * kBins + bin] = 0;
-    }
-    __syncthreads();
-    find_threshold_bin(totals, need, warp_sums, control);
+    const uint32_t* level_totals = sum_over_cluster(cluster, counts, totals, other);
+    find_threshold_bin(level_totals, need, warp_sums, control);
     __syncthreads();
     prefix = (prefix << digit.width) | control->bin;
     prefix_bits += digit.width;
@@ -353,6 +415,11 @@ __device__ bool cluster_select(uint8_t* shared, int sort_capacity, int64_t want,
     // Entries are unique, so at 64 bits the bin holds one entry and it is needed.
     done = control->count == need;
     if (control->count <= static_cast<unsigned int>(kCandidates)) break;
+    if (level_totals == other) {  // the next level counts into it
+      for (int bin = tid; bin < kBins; bin += threads)
+        other[bin] = 0;
+      __syncthreads();
+    }
   }
 
   // 2. Winners and candidates to the leader. A warp holds the entries of kAppendBatch rounds that
