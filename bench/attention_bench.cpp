@@ -33,6 +33,7 @@
 #include "hdk/dsv4/kv_cache.h"
 
 #ifdef HDK_WITH_CUDA
+#include "core/cuda_helpers.h"
 #include "dsv4/attention/attention_validation.h"
 #include "dsv4/index_topk/cuda/index_topk_cuda.h"
 #include "dsv4/sparse_decode/cuda/sparse_decode_cuda.h"
@@ -443,8 +444,8 @@ void print_attention_usage() {
       "index_topk_workspace_bytes:\n"
       "                        few rows over every SM); off: none (a row stays in one cluster);\n"
       "                        always: sparse_decode splits every row through it where it can\n"
-      "  --pdl on|off          sparse_decode through the workspace: launch the combine as a\n"
-      "                        programmatic dependent of the split kernel (on, the default)\n"
+      "  --pdl on|off          launch every kernel as a programmatic dependent of the one\n"
+      "                        before it (on, the default; off: plain launches)\n"
       "  --sparse-kernel K     sparse_decode on tensor cores: auto (the dispatcher's, the same as\n"
       "                        pipelined), mma (without warp specialization) or pipelined\n"
       "                        (warp-specialized where a CTA walks 3+ tiles, mma elsewhere)\n"
@@ -508,7 +509,7 @@ int attention_command(Options& options) {
   }
 #ifdef HDK_WITH_CUDA
   dsv4::detail::set_sparse_decode_splits_override(static_cast<int>(forced_splits));
-  dsv4::detail::set_sparse_decode_dependent_launch(dependent == "on");
+  hdk::detail::set_dependent_launch(dependent == "on");
   dsv4::detail::set_sparse_decode_workspace_override(
       workspace == "always" ? dsv4::detail::SparseWorkspaceChoice::kAlways
                             : dsv4::detail::SparseWorkspaceChoice::kAuto);

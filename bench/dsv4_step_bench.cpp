@@ -38,6 +38,10 @@
 #include "hdk/dsv4/kv_cache.h"
 #include "hdk/dsv4/router.h"
 
+#ifdef HDK_WITH_CUDA
+#include "core/cuda_helpers.h"
+#endif
+
 namespace hdk {
 namespace bench {
 namespace {
@@ -663,6 +667,8 @@ void print_step_usage() {
       "  --workspace on|off    pass index_topk and sparse_decode a workspace sized by\n"
       "                        index_topk_workspace_bytes / sparse_decode_workspace_bytes,\n"
       "                        allocated once per point and shared by the step (default on)\n"
+      "  --pdl on|off          launch each kernel as a programmatic dependent of the one\n"
+      "                        before it (Hopper; default on; off: plain launches)\n"
       "  --hot                 keep caches warm between runs (default: flushed, cold)\n"
       "  --iterations N        timed replays per graph (median; default 100 GPU, 3 CPU)\n"
       "  --json FILE           also write results as JSON\n"
@@ -700,6 +706,7 @@ int dsv4_step_command(Options& options) {
   std::vector<int64_t> contexts = options.integers("context", {});
   const std::vector<std::string> layers = options.texts("layers", {"swa", "csa", "hca", "moe"});
   const std::string workspace = options.text("workspace", "on");
+  const std::string dependent = options.text("pdl", "on");
   TimingOptions timing;
   timing.flush_cache = !options.flag("hot");
   const int64_t iterations = options.integer("iterations", kDeviceDefault);
@@ -726,6 +733,12 @@ int dsv4_step_command(Options& options) {
   if (workspace != "on" && workspace != "off") {
     throw std::runtime_error("--workspace must be on or off, got '" + workspace + "'");
   }
+  if (dependent != "on" && dependent != "off") {
+    throw std::runtime_error("--pdl must be on or off, got '" + dependent + "'");
+  }
+#ifdef HDK_WITH_CUDA
+  hdk::detail::set_dependent_launch(dependent == "on");
+#endif
   if (iterations != kDeviceDefault && iterations < 1) {
     throw std::runtime_error("--iterations must be at least 1, got " + std::to_string(iterations));
   }
@@ -746,8 +759,8 @@ int dsv4_step_command(Options& options) {
       "entry context/4 - 1, main and indexer) and a ratio-128 window (HCA entry\n"
       "context/128 - 1); the compressor states hold the window's earlier tokens (CSA:\n"
       "context - 8 .. context - 2, HCA: context - 128 .. context - 2), put back before each\n"
-      "replay outside the timed span. workspace: %s\n\n",
-      workspace.c_str());
+      "replay outside the timed span. workspace: %s, programmatic dependent launch: %s\n\n",
+      workspace.c_str(), gpu ? dependent.c_str() : "-");
   ResultTable table({"preset", "context", "N", "layer", "kernel", "time_us", "MB", "floor_us",
                      "x_floor", "ws_MiB", "check"});
   StepBench bench(*device, timing, baseline, table, workspace == "on");

@@ -8,9 +8,13 @@
 #              new, ROUNDS rounds (3); then the kKV layout on qwen3-next
 #   kv         hdk-bench kv (store_entries, compressor step), base then new, ROUNDS rounds
 #   attention  hdk-bench attention (sparse_decode, index_topk), base then new, ROUNDS rounds
+#   topk       hdk-bench topk, base then new, ROUNDS rounds
 #   step       hdk-bench dsv4-step over its grid, new binary only ($STEP_ARGS added)
+#   step-ab    hdk-bench dsv4-step ($STEP_ARGS added): base, new, and new with --pdl off (plain
+#              launches), ROUNDS rounds
 # Usage, from the repository root: BIN=.peers/run OUT=/path PARTS=checks,gdn \
 #   scripts/device/ab_gpu.sh
+# SUITES (checks): the test executables to run, all by default.
 # BIN holds hdk-bench, hdk-bench-base and the test executables (or their .xz). Logs and JSON go
 # to $OUT. Every step runs even when an earlier one fails; the exit status is non-zero when any
 # failed.
@@ -33,8 +37,8 @@ done
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee "$out/device.log"
 
 if wants checks; then
-  for suite in hdk_core_tests hdk_gdn_tests hdk_dsv4_tests hdk_dsv4_kv_tests \
-    hdk_dsv4_index_layout_tests hdk_dsv4_attention_tests; do
+  for suite in ${SUITES:-hdk_core_tests hdk_gdn_tests hdk_dsv4_tests hdk_dsv4_kv_tests \
+    hdk_dsv4_index_layout_tests hdk_dsv4_attention_tests}; do
     [[ -x $bin/$suite ]] && step "$suite" 300 "$bin/$suite" --gtest_brief=1
   done
   step memcheck-gdn-nonfinite 240 "$sanitizer" --tool memcheck --error-exitcode 3 \
@@ -47,6 +51,14 @@ if wants checks; then
   step racecheck-workspace 240 "$sanitizer" --tool racecheck --racecheck-report hazard \
     --error-exitcode 3 "$bin/hdk_dsv4_attention_tests" --gtest_brief=1 \
     --gtest_filter='SparseDecodeCuda.Workspace*:*through_workspace*'
+  step memcheck-step 240 "$sanitizer" --tool memcheck --error-exitcode 3 \
+    "$bin/hdk_dsv4_attention_tests" --gtest_brief=1 --gtest_filter='*DecodeStep*'
+  step racecheck-step 240 "$sanitizer" --tool racecheck --racecheck-report hazard \
+    --error-exitcode 3 "$bin/hdk_dsv4_attention_tests" --gtest_brief=1 --gtest_filter='*DecodeStep*'
+  step racecheck-topk 240 "$sanitizer" --tool racecheck --racecheck-report hazard \
+    --error-exitcode 3 "$bin/hdk_dsv4_tests" --gtest_brief=1 --gtest_filter='Topk*'
+  step synccheck-topk 240 "$sanitizer" --tool synccheck --error-exitcode 3 \
+    "$bin/hdk_dsv4_tests" --gtest_brief=1 --gtest_filter='Topk*'
 fi
 
 # ab <part> <timeout> <hdk-bench arguments...>: base then new, $rounds rounds.
@@ -65,6 +77,17 @@ wants gdn && ab gdn-kv-layout 200 gdn --preset qwen3-next --state fp32,bf16 --la
 wants kv && ab kv 120 kv --ops store,compress --iterations 100
 wants attention && ab attention 200 attention --N 1,2,4,8,16,32,64,128 --index-N 1,4,16,64 \
   --entries 16384,65536 --iterations 50
+wants topk && ab topk 120 topk --iterations 100
+if wants step-ab; then
+  for round in $(seq 1 "$rounds"); do
+    step "step-base-$round" 300 "$bin/hdk-bench-base" dsv4-step --json "$out/step_base_$round.json" \
+      ${STEP_ARGS:-}
+    step "step-new-$round" 300 "$bin/hdk-bench" dsv4-step --json "$out/step_new_$round.json" \
+      ${STEP_ARGS:-}
+    step "step-plain-$round" 300 "$bin/hdk-bench" dsv4-step --pdl off \
+      --json "$out/step_plain_$round.json" ${STEP_ARGS:-}
+  done
+fi
 wants step && step dsv4-step 420 "$bin/hdk-bench" dsv4-step --json "$out/dsv4_step.json" \
   ${STEP_ARGS:-}
 

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
@@ -81,58 +82,91 @@ void allow_dynamic_shared_memory(Kernel kernel, int bytes, int device, const cha
   current = bytes;
 }
 
+// Whether hdk launches its kernels as programmatic dependents of the kernel before them on the
+// stream (Hopper; see launch_in_clusters). On by default; HDK_NO_PDL=1 in the environment turns
+// it off for the process (a debugging aid), and set_dependent_launch for A/B runs.
+inline std::atomic<bool>& dependent_launch_flag() {
+  static std::atomic<bool> enabled{[] {
+    const char* value = std::getenv("HDK_NO_PDL");
+    return value == nullptr || value[0] == '\0' || value[0] == '0';
+  }()};
+  return enabled;
+}
+inline bool dependent_launch_enabled() {
+  return dependent_launch_flag().load();
+}
+inline void set_dependent_launch(bool enabled) {
+  dependent_launch_flag().store(enabled);
+}
+
 // The launch configuration of a `grid` of CTAs of `block` threads in clusters of `cluster_size`
-// CTAs along x. It owns the cluster attribute its config points to, so it is not copied.
+// CTAs along x (0: not a cluster launch), optionally as a programmatic dependent of the kernel
+// before it. It owns the attributes its config points to, so it is not copied.
 struct ClusterLaunch {
   cudaLaunchConfig_t config = {};
-  cudaLaunchAttribute attribute[1] = {};
+  cudaLaunchAttribute attribute[2] = {};
 
   ClusterLaunch(dim3 grid, unsigned block, size_t shared_bytes, cudaStream_t stream,
-                unsigned cluster_size) {
+                unsigned cluster_size, bool dependent = false) {
     config.gridDim = grid;
     config.blockDim = dim3(block, 1, 1);
     config.dynamicSmemBytes = shared_bytes;
     config.stream = stream;
-    attribute[0].id = cudaLaunchAttributeClusterDimension;
-    attribute[0].val.clusterDim.x = cluster_size;
-    attribute[0].val.clusterDim.y = 1;
-    attribute[0].val.clusterDim.z = 1;
     config.attrs = attribute;
-    config.numAttrs = 1;
+    config.numAttrs = 0;
+    if (cluster_size > 0) {
+      cudaLaunchAttribute& cluster = attribute[config.numAttrs++];
+      cluster.id = cudaLaunchAttributeClusterDimension;
+      cluster.val.clusterDim.x = cluster_size;
+      cluster.val.clusterDim.y = 1;
+      cluster.val.clusterDim.z = 1;
+    }
+    if (dependent) {
+      cudaLaunchAttribute& serialization = attribute[config.numAttrs++];
+      serialization.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      serialization.val.programmaticStreamSerializationAllowed = 1;
+    }
   }
   ClusterLaunch(const ClusterLaunch&) = delete;
   ClusterLaunch& operator=(const ClusterLaunch&) = delete;
 };
 
+// Whether a grid of `grid` CTAs leaves at least half of the current device's SMs without one of
+// its CTAs. Only such grids are launched as programmatic dependents: a larger one, scheduled while
+// the kernel before it still held some SMs, had CTAs placed two to an SM and ran up to twice as
+// long (index_topk's scoring kernel of 132 CTAs after a compressor of 2 or 4: the H200 CSA step
+// at N = 2 and 4 went from 73.5 and 74.3 to 78.3 and 80.8 us).
+inline bool leaves_half_the_sms_idle(unsigned grid) {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  const int sms = cached_device_attribute(cudaDevAttrMultiProcessorCount, device, "hdk launch");
+  return 2ull * grid <= static_cast<unsigned long long>(sms);
+}
+
 // Launches `kernel` as `grid` CTAs of `block` threads in clusters of `cluster_size` CTAs along x
-// (the cluster kernels of hdk::topk and the DeepSeek-V4 read side); returns the launch's status
-// for check_launch.
+// (0: not a cluster launch) and, while dependent_launch_enabled() and the grid leaves half the
+// SMs idle, as a programmatic dependent of the kernel before it on `stream` (Hopper): its CTAs may
+// be scheduled once that kernel's CTAs have all allowed it (allow_dependent_grids) or exited, and
+// wait for its results in `griddepcontrol.wait` (wait_for_prior_grid;
+// core/cuda/dependent_launch.cuh), so its launch and prologue hide behind the other's tail. A CUDA
+// graph captures that as a programmatic edge. Every kernel launched here must call
+// wait_for_prior_grid before it touches global memory. Returns the launch's status for
+// check_launch.
 template <typename... KernelArgs, typename... Args>
 cudaError_t launch_in_clusters(void (*kernel)(KernelArgs...), unsigned grid, unsigned block,
                                size_t shared_bytes, cudaStream_t stream, unsigned cluster_size,
                                Args&&... args) {
-  ClusterLaunch launch(dim3(grid, 1, 1), block, shared_bytes, stream, cluster_size);
+  ClusterLaunch launch(dim3(grid, 1, 1), block, shared_bytes, stream, cluster_size,
+                       dependent_launch_enabled() && leaves_half_the_sms_idle(grid));
   return cudaLaunchKernelEx(&launch.config, kernel, std::forward<Args>(args)...);
 }
 
-// Launches `kernel` as a programmatic dependent of the kernel before it on `stream` (Hopper):
-// its CTAs may be scheduled while that kernel's last CTAs finish, and wait for its results in
-// `griddepcontrol.wait` (wait_for_prior_grid in core/cuda/dependent_launch.cuh), so the launch's
-// latency hides behind the other's tail. Captured into a CUDA graph as a programmatic edge.
+// launch_in_clusters without a cluster.
 template <typename... KernelArgs, typename... Args>
 cudaError_t launch_dependent(void (*kernel)(KernelArgs...), unsigned grid, unsigned block,
                              size_t shared_bytes, cudaStream_t stream, Args&&... args) {
-  cudaLaunchConfig_t config = {};
-  cudaLaunchAttribute attribute[1] = {};
-  config.gridDim = dim3(grid, 1, 1);
-  config.blockDim = dim3(block, 1, 1);
-  config.dynamicSmemBytes = shared_bytes;
-  config.stream = stream;
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attribute;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  return launch_in_clusters(kernel, grid, block, shared_bytes, stream, 0,
+                            std::forward<Args>(args)...);
 }
 
 // ResidentClusterCounts (core/resident_clusters.h) of `kernel` with `block` threads and

@@ -26,6 +26,8 @@
 
 #ifdef HDK_WITH_CUDA
 #include <cuda_runtime.h>
+
+#include "core/cuda_helpers.h"
 #endif
 
 namespace hdk {
@@ -334,10 +336,19 @@ void check_attention(const StepBuffers& b, const StepInputs& in, const std::vect
 }
 #endif
 
-TEST(DecodeStepCudaGraph, CsaLayerStepReplaysAndMatchesTheReference) {
+// The parameter: whether each kernel is launched as a programmatic dependent of the one before
+// it (the default), so that the step's calls follow each other with no host synchronization and
+// each kernel may start while the previous one finishes; or as plain launches.
+class DecodeStepCudaGraph : public ::testing::TestWithParam<bool> {};
+
+TEST_P(DecodeStepCudaGraph, CsaLayerStepReplaysAndMatchesTheReference) {
   const std::string reason = backend_unavailable_reason(Backend::kCUDA);
   if (!reason.empty()) GTEST_SKIP() << "cuda backend skipped: " << reason;
 #ifdef HDK_WITH_CUDA
+  struct LaunchModeGuard {
+    explicit LaunchModeGuard(bool dependent) { hdk::detail::set_dependent_launch(dependent); }
+    ~LaunchModeGuard() { hdk::detail::set_dependent_launch(true); }
+  } launch_mode(GetParam());
   using S = Step;
   std::mt19937_64 rng(2026);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -414,6 +425,11 @@ TEST(DecodeStepCudaGraph, CsaLayerStepReplaysAndMatchesTheReference) {
   EXPECT_EQ(invalid, 0);
 #endif
 }
+
+INSTANTIATE_TEST_SUITE_P(LaunchMode, DecodeStepCudaGraph, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& case_info) {
+                           return case_info.param ? "ProgrammaticDependent" : "Plain";
+                         });
 
 }  // namespace
 }  // namespace testing

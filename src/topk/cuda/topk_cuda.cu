@@ -15,6 +15,7 @@
 #include <string>
 
 #include "core/ceil_div.h"
+#include "core/cuda/dependent_launch.cuh"
 #include "core/cuda_helpers.h"
 #include "topk/cuda/cluster_select.cuh"
 #include "topk/cuda/topk_cuda.h"
@@ -39,6 +40,7 @@ __host__ __device__ inline size_t keys_offset(int sort_capacity) {
 
 __global__ void __launch_bounds__(kMaxThreads)
     topk_kernel(TopkProblem p, int64_t cached_keys, int sort_capacity) {
+  hdk::detail::begin_dependent_kernel();
   cg::cluster_group cluster = cg::this_cluster();
   const int cluster_size = static_cast<int>(cluster.num_blocks());
   const int rank = static_cast<int>(cluster.block_rank());

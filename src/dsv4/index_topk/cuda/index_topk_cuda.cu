@@ -35,6 +35,7 @@
 #include "core/bf16_pairs.h"
 #include "core/ceil_div.h"
 #include "core/cuda/count_invalid.cuh"
+#include "core/cuda/dependent_launch.cuh"
 #include "core/cuda/gate_mma.cuh"
 #include "core/cuda/shared_address.cuh"
 #include "core/cuda/wgmma.cuh"
@@ -784,6 +785,7 @@ __device__ void select_row(const IndexerProblem& p, int64_t row, int64_t length,
 template <ScoreKernel kScore, bool kFp32Q, KeyFormat kFormat>
 __global__ void __launch_bounds__(kThreads, 1)
     index_topk_kernel(IndexerProblem p, IndexLaunch launch, FastDivide page_divide, bool wide) {
+  hdk::detail::begin_dependent_kernel();
   cg::cluster_group cluster = cg::this_cluster();
   const int cluster_size = static_cast<int>(cluster.num_blocks());
   const int rank = static_cast<int>(cluster.block_rank());
@@ -818,6 +820,7 @@ template <ScoreKernel kScore, bool kFp32Q, KeyFormat kFormat>
 __global__ void __launch_bounds__(kThreads, 1)
     index_score_kernel(IndexerProblem p, IndexLaunch launch, IndexWorkspaceLayout layout,
                        int segments, FastDivide page_divide, bool wide) {
+  hdk::detail::begin_dependent_kernel();
   const int64_t row = blockIdx.x / segments;
   const int segment = static_cast<int>(blockIdx.x % segments);
   auto segment_of = [&](int64_t entries) {
@@ -855,6 +858,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 // as the one-launch kernel does.
 __global__ void __launch_bounds__(kThreads, 1)
     index_select_kernel(IndexerProblem p, IndexLaunch launch, IndexWorkspaceLayout layout) {
+  hdk::detail::begin_dependent_kernel();
   cg::cluster_group cluster = cg::this_cluster();
   const int cluster_size = static_cast<int>(cluster.num_blocks());
   const int rank = static_cast<int>(cluster.block_rank());
@@ -1029,10 +1033,12 @@ void index_topk_cuda(const IndexerProblem& p, int device, CudaStream stream) {
   if (workspace.segments > 0) {
     // attention.cpp checked that the workspace holds index_topk_workspace_bytes.
     const unsigned score_grid = static_cast<unsigned>(p.num_rows * workspace.segments);
-    choice.kernels.scoring<<<score_grid, kThreads, workspace.score.bytes, cuda_stream>>>(
-        p, workspace.score, workspace.layout, static_cast<int>(workspace.segments), choice.pages,
-        choice.wide);
-    hdk::detail::check_launch(cudaGetLastError(), kOperation, "launching index_score_kernel");
+    hdk::detail::check_launch(
+        hdk::detail::launch_dependent(choice.kernels.scoring, score_grid, kThreads,
+                                      workspace.score.bytes, cuda_stream, p, workspace.score,
+                                      workspace.layout, static_cast<int>(workspace.segments),
+                                      choice.pages, choice.wide),
+        kOperation, "launching index_score_kernel");
     const IndexLaunchPlan& select = workspace.select;
     hdk::detail::check_launch(
         hdk::detail::launch_in_clusters(

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/cuda/count_invalid.cuh"
+#include "core/cuda/dependent_launch.cuh"
 #include "core/cuda_helpers.h"
 #include "dsv4/kv_cache/compressor_math.h"
 #include "dsv4/kv_cache/cuda/kv_cache_cuda.h"
@@ -251,6 +252,7 @@ __device__ bool warp_write_key(float (&x)[4], const PagedPool& pool, int64_t slo
 
 template <bool kWide>
 __global__ void store_entries_kernel(StoreEntriesProblem p, bool aligned_values) {
+  hdk::detail::begin_dependent_kernel();
   const int lane = threadIdx.x % 32;
   const int64_t n = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (n >= p.num_rows) return;
@@ -324,6 +326,7 @@ __device__ __forceinline__ void store_finite_outputs(Out* target, const float (&
 
 template <typename Out, bool kWide>
 __global__ void gather_entries_kernel(GatherEntriesProblem p) {
+  hdk::detail::begin_dependent_kernel();
   const int lane = threadIdx.x % 32;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (row >= p.num_rows * p.num_columns) return;
@@ -405,6 +408,7 @@ __global__ void gather_entries_kernel(GatherEntriesProblem p) {
 }
 
 __global__ void store_keys_kernel(StoreKeysProblem p, bool aligned_values) {
+  hdk::detail::begin_dependent_kernel();
   const int lane = threadIdx.x % 32;
   const int64_t n = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (n >= p.num_rows) return;
@@ -423,6 +427,7 @@ __global__ void store_keys_kernel(StoreKeysProblem p, bool aligned_values) {
 
 template <typename Out>
 __global__ void gather_keys_kernel(GatherKeysProblem p) {
+  hdk::detail::begin_dependent_kernel();
   const int lane = threadIdx.x % 32;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (row >= p.num_rows * p.num_columns) return;
@@ -481,45 +486,90 @@ __device__ bool compressor_row_valid(const CompressorProblem& p, int64_t n, int6
   return true;
 }
 
+// What channel c of a CTA reads for token t: its score and kv values (CSA: also those of channel
+// d + c) with their ape terms, and where the token completes a window (and c is a RoPE channel)
+// its RoPE factors. Loaded in two parts, so that a cold call waits on memory for few rounds:
+// the inputs, which depend on nothing, go out with the row's state slot and position; the
+// position's terms go out with the state.
+struct CompressorToken {
+  float score = 0.0f, kv = 0.0f, score_high = 0.0f, kv_high = 0.0f;
+  float ape = 0.0f, ape_high = 0.0f, cosine = 0.0f, sine = 0.0f;
+};
+
+__device__ __forceinline__ void load_token_inputs(const CompressorProblem& p, int64_t n, int64_t t,
+                                                  int c, CompressorToken& token) {
+  const int64_t offset = n * p.input_row_stride + t * p.input_token_stride;
+  token.score = load_input(p.score, p.input_dtype, offset + c);
+  token.kv = load_input(p.kv, p.input_dtype, offset + c);
+  if (p.overlap) {
+    token.score_high = load_input(p.score, p.input_dtype, offset + p.dim + c);
+    token.kv_high = load_input(p.kv, p.input_dtype, offset + p.dim + c);
+  }
+}
+
+// position >= 0. The RoPE factors only where they lie in the tables (else the row is invalid).
+__device__ __forceinline__ void load_position_terms(const CompressorProblem& p, int64_t position,
+                                                    int c, CompressorToken& token) {
+  const int64_t d = p.dim, m = p.ratio;
+  const float* ape = p.ape + (position % m) * p.ape_row_stride;
+  token.ape = ape[c];
+  if (p.overlap) token.ape_high = ape[d + c];
+  const int64_t first_position = position / m * m;
+  if (position % m == m - 1 && c >= d - kRopeDim && first_position < p.max_position) {
+    const int64_t pair = (c - (d - kRopeDim)) / 2;
+    token.cosine = p.rope_cos[first_position * p.rope_cos_row_stride + pair];
+    token.sine = p.rope_sin[first_position * p.rope_sin_row_stride + pair];
+  }
+}
+
 // One CTA of d threads per batch row; thread c owns channel c (and, CSA, channel d + c of the
 // inputs). Accumulators live in registers for the call and go back to the state at the end.
 template <bool kWide>
 __global__ void compress_kernel(CompressorProblem p) {
+  hdk::detail::begin_dependent_kernel();
   __shared__ float entry[kHeadDim];
   __shared__ float partial_sums[kHeadDim / 32];
   const int64_t n = blockIdx.x;
   const int c = threadIdx.x;
   const int lane = c % 32, warp = c / 32;
   const int64_t d = p.dim, m = p.ratio;
+  // Loads that depend on nothing first, then those that depend on the slot and the position: a
+  // row's loads take two memory round trips before its arithmetic (at N = 1 with cold caches,
+  // each round trip that the loads wait for one after another is most of the kernel's time).
   const int64_t state_slot = p.state_slots.at(n);
+  const int64_t first = p.positions.at(n);
+  const float norm_weight = p.norm_weight[c * p.norm_weight_stride];
+  CompressorToken token;
+  if (p.num_tokens > 0) load_token_inputs(p, n, 0, c, token);
   if (state_slot < 0) return;
+  const int64_t accumulators = p.accumulators();
+  float* state = p.state + state_slot * p.state_slot_stride;
+  SoftmaxAccumulator acc[3] = {};
+  if (state_slot < p.num_states) {
+    for (int64_t a = 0; a < accumulators; ++a) {
+      const float* base = state + a * 3 * d;
+      acc[a] = SoftmaxAccumulator{base[c], base[d + c], base[2 * d + c]};
+    }
+  }
+  if (p.num_tokens > 0 && first >= 0) load_position_terms(p, first, c, token);
   if (!compressor_row_valid(p, n, state_slot)) {
     if (c == 0) count_invalid(p.invalid_count, 1);
     return;
   }
-  float* state = p.state + state_slot * p.state_slot_stride;
-  const int64_t accumulators = p.accumulators();
-  SoftmaxAccumulator acc[3];
-  for (int64_t a = 0; a < accumulators; ++a) {
-    const float* base = state + a * 3 * d;
-    acc[a] = SoftmaxAccumulator{base[c], base[d + c], base[2 * d + c]};
-  }
-  const int64_t first = p.positions.at(n);
   int64_t invalid = 0;
   for (int64_t t = 0; t < p.num_tokens; ++t) {
     const int64_t position = first + t;
     const int64_t window = position / m, row = position % m;
-    const int64_t offset = n * p.input_row_stride + t * p.input_token_stride;
-    const float* ape = p.ape + row * p.ape_row_stride;
+    if (t > 0) {
+      load_token_inputs(p, n, t, c, token);
+      load_position_terms(p, position, c, token);
+    }
     const int first_half = p.overlap ? static_cast<int>(first_half_accumulator(window)) : 0;
     if (row == 0) acc[first_half] = empty_accumulator();
-    accumulate(acc[first_half], load_input(p.score, p.input_dtype, offset + c) + ape[c],
-               load_input(p.kv, p.input_dtype, offset + c));
+    accumulate(acc[first_half], token.score + token.ape, token.kv);
     if (p.overlap) {
       if (row == 0) acc[kSecondHalfAccumulator] = empty_accumulator();
-      accumulate(acc[kSecondHalfAccumulator],
-                 load_input(p.score, p.input_dtype, offset + d + c) + ape[d + c],
-                 load_input(p.kv, p.input_dtype, offset + d + c));
+      accumulate(acc[kSecondHalfAccumulator], token.score_high + token.ape_high, token.kv_high);
     }
     if (row != m - 1) continue;
 
@@ -542,15 +592,12 @@ __global__ void compress_kernel(CompressorProblem p) {
     for (int w = 0; w < static_cast<int>(d / 32); ++w)
       sum_squares += partial_sums[w];
     const float inverse_rms = 1.0f / sqrtf(sum_squares / static_cast<float>(d) + p.norm_eps);
-    value = value * inverse_rms * p.norm_weight[c * p.norm_weight_stride];
+    value = value * inverse_rms * norm_weight;
     // RoPE on the last 64 channels: pairs (2i, 2i + 1) are neighbouring lanes.
     const float partner = __shfl_xor_sync(kFullMask, value, 1);
     if (c >= d - kRopeDim) {
-      const int64_t pair = (c - (d - kRopeDim)) / 2;
-      const int64_t first_position = window * m;
-      const float cosine = p.rope_cos[first_position * p.rope_cos_row_stride + pair];
-      const float sine = p.rope_sin[first_position * p.rope_sin_row_stride + pair];
-      value = (c % 2 == 0) ? value * cosine - partner * sine : partner * sine + value * cosine;
+      value = (c % 2 == 0) ? value * token.cosine - partner * token.sine
+                           : partner * token.sine + value * token.cosine;
     }
     entry[c] = value;
     __syncthreads();
@@ -640,8 +687,10 @@ void store_entries_cuda(const StoreEntriesProblem& p, int device, CudaStream str
   const bool aligned = aligned_16(p.values) && (p.values_row_stride * element) % 16 == 0;
   hdk::detail::CudaDeviceGuard guard(device, operation);
   auto kernel = wide ? store_entries_kernel<true> : store_entries_kernel<false>;
-  kernel<<<warp_blocks(p.num_rows), 32 * kWarpsPerBlock, 0, stream>>>(p, aligned);
-  hdk::detail::check_launch(cudaPeekAtLastError(), operation, "store_entries_kernel");
+  hdk::detail::check_launch(
+      hdk::detail::launch_dependent(kernel, warp_blocks(p.num_rows), 32 * kWarpsPerBlock, 0, stream,
+                                    p, aligned),
+      operation, "store_entries_kernel");
 }
 
 void gather_entries_cuda(const GatherEntriesProblem& p, int device, CudaStream stream) {
@@ -655,8 +704,9 @@ void gather_entries_cuda(const GatherEntriesProblem& p, int device, CudaStream s
       p.out_dtype == DType::kFloat32
           ? (wide ? gather_entries_kernel<float, true> : gather_entries_kernel<float, false>)
           : (wide ? gather_entries_kernel<uint16_t, true> : gather_entries_kernel<uint16_t, false>);
-  kernel<<<warp_blocks(rows), 32 * kWarpsPerBlock, 0, stream>>>(p);
-  hdk::detail::check_launch(cudaPeekAtLastError(), operation, "gather_entries_kernel");
+  hdk::detail::check_launch(
+      hdk::detail::launch_dependent(kernel, warp_blocks(rows), 32 * kWarpsPerBlock, 0, stream, p),
+      operation, "gather_entries_kernel");
 }
 
 void store_indexer_keys_cuda(const StoreKeysProblem& p, int device, CudaStream stream) {
@@ -666,8 +716,10 @@ void store_indexer_keys_cuda(const StoreKeysProblem& p, int device, CudaStream s
   const int64_t element = p.keys_dtype == DType::kFloat32 ? 4 : 2;
   const bool aligned = aligned_16(p.keys) && (p.keys_row_stride * element) % 16 == 0;
   hdk::detail::CudaDeviceGuard guard(device, operation);
-  store_keys_kernel<<<warp_blocks(p.num_rows), 32 * kWarpsPerBlock, 0, stream>>>(p, aligned);
-  hdk::detail::check_launch(cudaPeekAtLastError(), operation, "store_keys_kernel");
+  hdk::detail::check_launch(
+      hdk::detail::launch_dependent(store_keys_kernel, warp_blocks(p.num_rows), 32 * kWarpsPerBlock,
+                                    0, stream, p, aligned),
+      operation, "store_keys_kernel");
 }
 
 void gather_indexer_keys_cuda(const GatherKeysProblem& p, int device, CudaStream stream) {
@@ -679,8 +731,9 @@ void gather_indexer_keys_cuda(const GatherKeysProblem& p, int device, CudaStream
   hdk::detail::CudaDeviceGuard guard(device, operation);
   auto kernel =
       p.out_dtype == DType::kFloat32 ? gather_keys_kernel<float> : gather_keys_kernel<uint16_t>;
-  kernel<<<warp_blocks(rows), 32 * kWarpsPerBlock, 0, stream>>>(p);
-  hdk::detail::check_launch(cudaPeekAtLastError(), operation, "gather_keys_kernel");
+  hdk::detail::check_launch(
+      hdk::detail::launch_dependent(kernel, warp_blocks(rows), 32 * kWarpsPerBlock, 0, stream, p),
+      operation, "gather_keys_kernel");
 }
 
 void compress_cuda(const CompressorProblem& p, int device, CudaStream stream) {
@@ -693,8 +746,10 @@ void compress_cuda(const CompressorProblem& p, int device, CudaStream stream) {
   const bool wide = !keys && wide_pool(p.cache, operation);
   hdk::detail::CudaDeviceGuard guard(device, operation);
   auto kernel = wide ? compress_kernel<true> : compress_kernel<false>;
-  kernel<<<static_cast<unsigned>(p.num_rows), static_cast<unsigned>(p.dim), 0, stream>>>(p);
-  hdk::detail::check_launch(cudaPeekAtLastError(), operation, "compress_kernel");
+  hdk::detail::check_launch(
+      hdk::detail::launch_dependent(kernel, static_cast<unsigned>(p.num_rows),
+                                    static_cast<unsigned>(p.dim), 0, stream, p),
+      operation, "compress_kernel");
 }
 
 }  // namespace detail

@@ -285,15 +285,6 @@ __global__ void __launch_bounds__(kEpilogueWarps * 32)
   finish_row(p, n, lane, scores, slots, sum, invalid);
 }
 
-bool programmatic_launch_enabled() {
-  // HDK_NO_PDL=1 launches the epilogue after the GEMM the ordinary way (a debugging aid).
-  static const bool enabled = [] {
-    const char* value = std::getenv("HDK_NO_PDL");
-    return value == nullptr || value[0] == '\0' || value[0] == '0';
-  }();
-  return enabled;
-}
-
 void check_capabilities(const RouterProblem& p) {
   const ArgumentChecks check(kOperation);
   if (p.num_tokens > INT_MAX) {
@@ -357,7 +348,7 @@ void route_cuda(const RouterProblem& p, int device, CudaStream stream) {
   attributes[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attributes[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attributes;
-  config.numAttrs = p.fused_gate && programmatic_launch_enabled() ? 1 : 0;
+  config.numAttrs = p.fused_gate && hdk::detail::dependent_launch_enabled() ? 1 : 0;
 
   if (p.num_experts <= kMaxRowExperts) {
     const int warps = static_cast<int>((p.num_experts + 31) / 32);

@@ -28,7 +28,7 @@ __global__ void __launch_bounds__(kSparseCombineThreads)
     sparse_decode_combine_kernel(SparseDecodeProblem p, SparsePlan plan, int slices,
                                  bool out_vector) {
   __shared__ float factors[kSparseMaxWorkspaceSplits][kHeads];
-  hdk::detail::wait_for_prior_grid();  // the splits' partial results
+  hdk::detail::begin_dependent_kernel();  // waits for the splits' partial results
   const int tid = threadIdx.x;
   const int slice = static_cast<int>(blockIdx.x % slices);
   const int group = static_cast<int>((blockIdx.x / slices) % plan.groups);

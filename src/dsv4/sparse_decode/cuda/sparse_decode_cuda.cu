@@ -30,7 +30,6 @@ constexpr const char* kOperation = "hdk::dsv4::sparse_decode";
 std::atomic<SparseDecodeKernel> kernel_override{SparseDecodeKernel::kAuto};
 std::atomic<int> splits_override{0};
 std::atomic<SparseWorkspaceChoice> workspace_override{SparseWorkspaceChoice::kAuto};
-std::atomic<bool> dependent_launch{true};
 
 bool aligned_16(const void* pointer) {
   return reinterpret_cast<uintptr_t>(pointer) % 16 == 0;
@@ -145,16 +144,10 @@ void launch_tensor_core(const SparseDecodeProblem& p, const TensorCoreLaunch& la
   if (!launch.plan.through_workspace) return;
   const int slices = sparse_combine_slices(p.num_rows, launch.plan.groups, sm_count);
   const unsigned combine_ctas = static_cast<unsigned>(p.num_rows * launch.plan.groups * slices);
-  if (dependent_launch.load()) {
-    hdk::detail::check_launch(hdk::detail::launch_dependent(
-                                  sparse_decode_combine_kernel, combine_ctas, kSparseCombineThreads,
-                                  0, stream, p, launch.plan, slices, out_vector),
-                              kOperation, "sparse_decode_combine_kernel");
-    return;
-  }
-  sparse_decode_combine_kernel<<<combine_ctas, kSparseCombineThreads, 0, stream>>>(
-      p, launch.plan, slices, out_vector);
-  hdk::detail::check_launch(cudaPeekAtLastError(), kOperation, "sparse_decode_combine_kernel");
+  hdk::detail::check_launch(hdk::detail::launch_dependent(
+                                sparse_decode_combine_kernel, combine_ctas, kSparseCombineThreads,
+                                0, stream, p, launch.plan, slices, out_vector),
+                            kOperation, "sparse_decode_combine_kernel");
 }
 
 // Which kernel serves a call, from the override and the problem: the CUDA-core one
@@ -205,10 +198,6 @@ void set_sparse_decode_workspace_override(SparseWorkspaceChoice choice) {
   workspace_override.store(choice);
 }
 
-void set_sparse_decode_dependent_launch(bool enabled) {
-  dependent_launch.store(enabled);
-}
-
 void sparse_decode_cuda(const SparseDecodeProblem& p, int device, CudaStream stream) {
   if (p.num_rows == 0) return;
   for (const auto& [pool, name, used] :
@@ -229,8 +218,10 @@ void sparse_decode_cuda(const SparseDecodeProblem& p, int device, CudaStream str
                        sm_count, stream);
     return;
   }
-  sparse_decode_simple_kernel<<<static_cast<unsigned>(p.num_rows), kSparseThreads, 0, stream>>>(p);
-  hdk::detail::check_launch(cudaPeekAtLastError(), kOperation, "sparse_decode_simple_kernel");
+  hdk::detail::check_launch(
+      hdk::detail::launch_dependent(sparse_decode_simple_kernel, static_cast<unsigned>(p.num_rows),
+                                    kSparseThreads, 0, stream, p),
+      kOperation, "sparse_decode_simple_kernel");
 }
 
 SparseLaunchReport sparse_decode_launch_report(const SparseDecodeProblem& p, int device) {

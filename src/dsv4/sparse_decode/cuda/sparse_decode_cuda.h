@@ -42,10 +42,6 @@ void set_sparse_decode_splits_override(int splits);
 enum class SparseWorkspaceChoice { kAuto, kNever, kAlways };
 void set_sparse_decode_workspace_override(SparseWorkspaceChoice choice);
 
-// Tuning aid: whether the combine through the workspace is launched as a programmatic dependent
-// of the split kernel (the default) or as a plain launch.
-void set_sparse_decode_dependent_launch(bool enabled);
-
 // What sparse_decode_cuda would launch for `problem` under the current overrides, for the
 // benchmark's tables: kernel "simple" (CUDA cores; plan groups 0), "mma" or "pipelined", and
 // the tensor-core kernels' row cluster.

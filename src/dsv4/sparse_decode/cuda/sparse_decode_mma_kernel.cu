@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "core/cuda/async_copy.cuh"
+#include "core/cuda/dependent_launch.cuh"
 #include "core/cuda/shared_address.cuh"
 #include "core/cuda/wgmma.cuh"
 #include "dsv4/attention/attention_problem.h"
@@ -196,6 +197,7 @@ template <bool kWide, bool kThroughWorkspace>
 __global__ void __launch_bounds__(kSparseThreads, 1)
     sparse_decode_mma_kernel(SparseDecodeProblem p, SparsePlan plan, bool q_vector,
                              bool out_vector) {
+  hdk::detail::begin_dependent_kernel();
   extern __shared__ __align__(128) uint8_t shared_bytes[];
   // wgmma swizzles by shared-address bits, so the operand tiles start on a 1024-byte boundary.
   uint8_t* smem =

@@ -33,6 +33,7 @@
 #include <cstdint>
 
 #include "core/cuda/async_copy.cuh"
+#include "core/cuda/dependent_launch.cuh"
 #include "core/cuda/mbarrier.cuh"
 #include "core/cuda/shared_address.cuh"
 #include "core/cuda/wgmma.cuh"
@@ -159,6 +160,7 @@ template <bool kWide, bool kSharedConversion, bool kThroughWorkspace>
 __global__ void __launch_bounds__(kSparsePipelinedThreads, 1)
     sparse_decode_pipelined_kernel(SparseDecodeProblem p, SparsePlan plan, bool q_vector,
                                    bool out_vector) {
+  hdk::detail::begin_dependent_kernel();
   extern __shared__ __align__(128) uint8_t shared_bytes[];
   uint8_t* smem =
       shared_bytes +

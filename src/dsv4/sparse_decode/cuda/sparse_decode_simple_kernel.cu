@@ -8,6 +8,7 @@
 
 #include "core/bf16_pairs.h"
 #include "core/cuda/count_invalid.cuh"
+#include "core/cuda/dependent_launch.cuh"
 #include "dsv4/attention/attention_problem.h"
 #include "dsv4/kv_cache/kv_cache_problem.h"
 #include "dsv4/kv_cache/kv_formats.h"
@@ -51,6 +52,7 @@ __device__ void decode_entry_values(const PagedPool& pool, int64_t slot, int lan
 
 __global__ void __launch_bounds__(kSparseThreads)
     sparse_decode_simple_kernel(SparseDecodeProblem p) {
+  hdk::detail::begin_dependent_kernel();
   __shared__ int bad;
   const int64_t n = blockIdx.x;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
