@@ -232,7 +232,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16"))) inline 
 // of L3 for 2 cores).
 constexpr int64_t kStreamingBytes = int64_t{32} << 20;
 
-bool streams_state(const DecodeProblem& p) {
+inline bool streams_state(const DecodeProblem& p) {
   const int64_t state_bytes = p.num_requests * p.num_v_heads * p.head_v * p.head_k *
                               static_cast<int64_t>(dtype_size(p.state_dtype));
   return state_bytes > kStreamingBytes;
@@ -337,7 +337,8 @@ HDK_BUILD_INLINE void decay_and_add(const Element* source, Element* target, cons
     store_scalar(target + j, decay * load_scalar(source + j) + u * k[j]);
 }
 
-int64_t token_offset(const TokenTensor& x, int64_t request_row, int64_t token, int64_t head) {
+inline int64_t token_offset(const TokenTensor& x, int64_t request_row, int64_t token,
+                            int64_t head) {
   return request_row * x.stride_request + token * x.stride_token + head * x.stride_head;
 }
 
@@ -346,12 +347,12 @@ struct Scratch {
   std::vector<float> q, k, v, out, decay, beta, k_dot_q, matrix, row, dots_k, dots_q;
 };
 
-Scratch& scratch() {
+inline Scratch& scratch() {
   thread_local Scratch buffers;
   return buffers;
 }
 
-void grow(std::vector<float>& buffer, int64_t size) {
+inline void grow(std::vector<float>& buffer, int64_t size) {
   if (static_cast<int64_t>(buffer.size()) < size) buffer.resize(static_cast<size_t>(size));
 }
 
@@ -422,11 +423,11 @@ HDK_BUILD_INLINE int64_t prepare_tokens(const DecodeProblem& p, int64_t row, int
   return tokens;
 }
 
-int64_t slot_offset(const DecodeProblem& p, int64_t slot, int64_t hv) {
+inline int64_t slot_offset(const DecodeProblem& p, int64_t slot, int64_t hv) {
   return slot * p.slot_pitch + hv * p.head_pitch;
 }
 
-int64_t cache_offset(const DecodeProblem& p, int64_t n, int64_t t, int64_t hv) {
+inline int64_t cache_offset(const DecodeProblem& p, int64_t n, int64_t t, int64_t hv) {
   return n * p.intermediate_stride_request + t * p.intermediate_stride_token + hv * p.head_pitch;
 }
 
@@ -451,12 +452,12 @@ struct CpuTuning {
   bool stream = false;           // streaming stores for pools over kStreamingBytes
 };
 
-int64_t tuning_value(const char* name, int64_t fallback) {
+inline int64_t tuning_value(const char* name, int64_t fallback) {
   const char* text = std::getenv(name);
   return text != nullptr ? std::atoll(text) : fallback;
 }
 
-const CpuTuning& cpu_tuning() {
+inline const CpuTuning& cpu_tuning() {
   static const CpuTuning tuning = [] {
     CpuTuning t;
     t.rows = tuning_value("HDK_CPU_PREFETCH_ROWS", t.rows);
