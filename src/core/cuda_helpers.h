@@ -134,8 +134,9 @@ struct ClusterLaunch {
 // Whether a grid of `grid` CTAs leaves at least half of the current device's SMs without one of
 // its CTAs. Only such grids are launched as programmatic dependents, for the reason
 // begin_dependent_kernel lets only such grids trigger early: a grid scheduled while the kernel
-// before it still holds SMs has its CTAs placed on the SMs free at that moment. (H200: the step
-// benchmark timed the same with and without this rule.)
+// before it still holds SMs has its CTAs placed on the SMs free at that moment. (H200, whole
+// decode step at context 65536: without this rule 46 of 48 cells within 2%, Flash HCA and Pro
+// CSA at N = 2 3.3% and 4.5% slower.)
 inline bool leaves_half_the_sms_idle(unsigned grid) {
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return false;
