@@ -396,10 +396,11 @@ std::string legend(DType input) {
                 dtype_name(input));
   return std::string(
              "GB/s = minimal bytes (state read + write or cache, q, k, v, a, b, out, indices) / "
-             "time;\n%copy = GB/s / copy_GB/s, the copy bandwidth (CPU, cold: measured between "
-             "this point's\ntimed calls, best of the methods above, the in-place read-modify-write "
-             "a step does\nto its state among them; GPU: device-to-device copy at the start of the "
-             "run); a few %\nabove 100 is the two medians' noise, not a step faster than memory;"
+             "time;\n%copy = GB/s / copy_GB/s, the copy bandwidth (CPU, cold: before each of this "
+             "point's timed\ncalls one of the methods above, in turn, and the best method's "
+             "median; the in-place\nread-modify-write a step does to its state is among them; "
+             "GPU: device-to-device copy\nat the start of the run); a few % above 100 is the two "
+             "medians' noise, not a step\nfaster than memory;"
              "\nx_floor = time / (empty launch + bytes / copy bw): below 1 where %copy is above "
              "100;\nerr_out, err_state = relative error against the float64 oracle, "
              "||got - oracle|| / ||oracle||,\nof out and of the updated pool (verify mode: the "
