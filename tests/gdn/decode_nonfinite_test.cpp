@@ -257,6 +257,14 @@ std::vector<GdnCaseConfig> nonfinite_cases() {
   c.gate_dtype = DType::kFloat16;
   c.out_dtype = DType::kFloat16;
   cases.push_back(c);
+  // Layout kKV, tokens past the first eight-token chunk and past one a warp: the kernel tests
+  // their v rows with loads of their own.
+  c = base(909);
+  c.T = 11;
+  c.layout = gdn::StateLayout::kKV;
+  c.state_dtype = DType::kBFloat16;
+  c.intermediate = true;
+  cases.push_back(c);
   c = base(908);  // more tokens than one 32-token window of the v check (the classic kernel)
   c.T = 35;
   c.intermediate = true;

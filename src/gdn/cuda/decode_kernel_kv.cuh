@@ -67,7 +67,8 @@ __global__ void __launch_bounds__(K, KVShape<StateT, K>::kMinCtasPerSm)
   const int64_t V = p.head_v;
   auto issue_chunk_loads = [&](const TokenRange& range, int64_t chunk_start, int chunk) {
     if (warp < chunk) {
-      load_token_inputs<K>(p, request_row, range.origin + chunk_start + warp, hv, lane, inputs);
+      load_token_inputs<K>(p, request_row, range.origin + chunk_start + warp, hv, lane, inputs,
+                           chunk_start == 0);
     }
 #pragma unroll
     for (int i = 0; i < kValuesLoadedPerThread; ++i) {
@@ -82,21 +83,23 @@ __global__ void __launch_bounds__(K, KVShape<StateT, K>::kMinCtasPerSm)
       }
     }
   };
+  // Only the first kWarps tokens hold their v rows (in.v_row), and those are tested before the
+  // state's loads; every later token's row is tested with loads the test consumes at once. Rows
+  // held next to the state's registers made ptxas spill (bf16, K = 128: 76 bytes at the 3-CTA
+  // cap; fp32: 32 bytes at 4), which cost 2-8% at every T.
   bool first_v_nonfinite = false;  // this warp's token of the first chunk, tested early (below)
   auto finish_chunk = [&](const TokenRange& range, int64_t chunk_start, int chunk) {
     auto v_offset = [&](int c) {
       return token_offset(p.v, request_row, range.origin + chunk_start + c, hv);
     };
     if (warp < chunk) {
-      const bool v_nonfinite = chunk_start == 0
-                                   ? first_v_nonfinite
-                                   : token_v_nonfinite<K>(p, inputs, v_offset(warp), lane);
+      const bool v_nonfinite =
+          chunk_start == 0 ? first_v_nonfinite : v_row_nonfinite(p, v_offset(warp), lane);
       finish_token<K>(p, inputs, v_nonfinite, lane, tokens[warp]);
     }
     for (int c = warp + Shape::kWarps; c < chunk; c += Shape::kWarps) {
-      load_token_inputs<K>(p, request_row, range.origin + chunk_start + c, hv, lane, inputs);
-      finish_token<K>(p, inputs, token_v_nonfinite<K>(p, inputs, v_offset(c), lane), lane,
-                      tokens[c]);
+      load_token_inputs<K>(p, request_row, range.origin + chunk_start + c, hv, lane, inputs, false);
+      finish_token<K>(p, inputs, v_row_nonfinite(p, v_offset(c), lane), lane, tokens[c]);
     }
 #pragma unroll
     for (int i = 0; i < kValuesLoadedPerThread; ++i) {

@@ -491,10 +491,12 @@ __device__ __forceinline__ bool v_row_held(const DecodeProblem& p) {
   return rows_in_pieces(p.v, bytes, static_cast<int>(p.head_v)) && p.head_v * bytes <= 512;
 }
 
+// hold_v_row: load the token's v row into in.v_row (where v_row_held) for token_v_nonfinite;
+// without it, v_row_nonfinite tests the row with loads of its own.
 template <int K>
 __device__ __forceinline__ void load_token_inputs(const DecodeProblem& p, int64_t request_row,
                                                   int64_t token, int64_t hv, int lane,
-                                                  TokenInputs<K>& in) {
+                                                  TokenInputs<K>& in, bool hold_v_row) {
   const int64_t h = p.qk_head_of(hv);
   if (lane == 0) {
     const TokenTensor& a = p.fused_gating ? p.a : p.g;
@@ -515,7 +517,7 @@ __device__ __forceinline__ void load_token_inputs(const DecodeProblem& p, int64_
     in.k[i] = load_element(p.k.data, p.k.dtype, k_base + j);
   }
   const int64_t v_bytes = p.head_v * (p.v.dtype == DType::kFloat32 ? 4 : 2);
-  const bool held = v_row_held(p);
+  const bool held = hold_v_row && v_row_held(p);
   const char* v_row = static_cast<const char*>(p.v.data) +
                       token_offset(p.v, request_row, token, hv) * (v_bytes / p.head_v);
 #pragma unroll
@@ -526,16 +528,22 @@ __device__ __forceinline__ void load_token_inputs(const DecodeProblem& p, int64_
   }
 }
 
-// Whether the token's whole v row (this lane's share of it, in.v_row; for a row not held there,
-// the warp's test with loads of its own from v_offset) holds a NaN or an infinity.
+// Whether the v row at element offset v_offset holds a NaN or an infinity: the warp's test, with
+// element loads of its own that it consumes at once. (Its 8-byte-piece form, with a branch per
+// element size, took more registers than these loads save.)
+__device__ __forceinline__ bool v_row_nonfinite(const DecodeProblem& p, int64_t v_offset,
+                                                int lane) {
+  return nonfinite_rows<2>(
+             p.v.data, p.v.dtype, [&](int) { return v_offset; }, 1, static_cast<int>(p.head_v),
+             false, lane) != 0;
+}
+
+// Whether the token's whole v row (this lane's share of it, in.v_row, as load_token_inputs held
+// it; for a row not held there, v_row_nonfinite) holds a NaN or an infinity.
 template <int K>
 __device__ __forceinline__ bool token_v_nonfinite(const DecodeProblem& p, const TokenInputs<K>& in,
                                                   int64_t v_offset, int lane) {
-  if (!v_row_held(p)) {
-    return nonfinite_rows<2>(
-               p.v.data, p.v.dtype, [&](int) { return v_offset; }, 1, static_cast<int>(p.head_v),
-               false, lane) != 0;
-  }
+  if (!v_row_held(p)) return v_row_nonfinite(p, v_offset, lane);
   const int bytes = p.v.dtype == DType::kFloat32 ? 4 : 2;
   bool nonfinite = false;
 #pragma unroll
