@@ -446,12 +446,13 @@ struct Call {
 class StepBench {
  public:
   StepBench(BenchDevice& device, const TimingOptions& timing, const RunBaseline& baseline,
-            ResultTable& table, bool use_workspace)
+            ResultTable& table, bool use_workspace, std::vector<std::string> plain)
       : device_(device),
         timing_(timing),
         baseline_(baseline),
         table_(table),
-        use_workspace_(use_workspace) {}
+        use_workspace_(use_workspace),
+        plain_(std::move(plain)) {}
 
   int failures() const { return failures_; }
 
@@ -519,6 +520,8 @@ class StepBench {
       } else {
         continue;
       }
+      for (Call& call : calls)
+        launch_plainly_if_named(call);
       const std::vector<std::string> key = {preset.name, std::to_string(in.context()),
                                             std::to_string(N), layer};
       try {
@@ -638,6 +641,27 @@ class StepBench {
     return device_.time_us(work, timing_, [&in, N](CudaStream s) { in.prime(N, s); });
   }
 
+  // The call's kernels launched plainly when --plain names it: the process switch is off while
+  // the call launches (its graph nodes keep how they were launched).
+  void launch_plainly_if_named(Call& call) const {
+#ifdef HDK_WITH_CUDA
+    if (std::find(plain_.begin(), plain_.end(), call.kernel) == plain_.end()) return;
+    call.run = [run = call.run](CudaStream s, const TensorView& counter) {
+      const bool enabled = hdk::detail::dependent_launch_enabled();
+      hdk::detail::set_dependent_launch(false);
+      try {
+        run(s, counter);
+      } catch (...) {
+        hdk::detail::set_dependent_launch(enabled);
+        throw;
+      }
+      hdk::detail::set_dependent_launch(enabled);
+    };
+#else
+    (void)call;
+#endif
+  }
+
   void add_row(const std::vector<std::string>& key, const std::string& kernel, double us,
                double bytes, const std::string& workspace, const std::string& check) {
     const double floor_us = baseline_.launch_overhead_us + bytes / (baseline_.copy_gbs * 1e9) * 1e6;
@@ -650,6 +674,9 @@ class StepBench {
   RunBaseline baseline_;
   ResultTable& table_;
   bool use_workspace_;
+  // Kernels launched plainly, the others as programmatic dependents (--plain): which boundary
+  // of the step a dependent launch helps or hurts.
+  std::vector<std::string> plain_;
   int failures_ = 0;
 };
 
@@ -669,6 +696,10 @@ void print_step_usage() {
       "                        allocated once per point and shared by the step (default on)\n"
       "  --pdl on|off          launch each kernel as a programmatic dependent of the one\n"
       "                        before it (Hopper; default on; off: plain launches)\n"
+      "  --plain LIST          with --pdl on, launch these calls plainly all the same\n"
+      "                        (store_entries, 'compress csa', 'compress index', 'compress\n"
+      "                        hca', index_topk, sparse_decode): which boundary a dependent\n"
+      "                        launch helps or hurts\n"
       "  --hot                 keep caches warm between runs (default: flushed, cold)\n"
       "  --iterations N        timed replays per graph (median; default 100 GPU, 3 CPU)\n"
       "  --json FILE           also write results as JSON\n"
@@ -707,6 +738,7 @@ int dsv4_step_command(Options& options) {
   const std::vector<std::string> layers = options.texts("layers", {"swa", "csa", "hca", "moe"});
   const std::string workspace = options.text("workspace", "on");
   const std::string dependent = options.text("pdl", "on");
+  const std::vector<std::string> plain = options.texts("plain", {});
   TimingOptions timing;
   timing.flush_cache = !options.flag("hot");
   const int64_t iterations = options.integer("iterations", kDeviceDefault);
@@ -736,6 +768,15 @@ int dsv4_step_command(Options& options) {
   if (dependent != "on" && dependent != "off") {
     throw std::runtime_error("--pdl must be on or off, got '" + dependent + "'");
   }
+  static const char* const kCalls[] = {"store_entries", "compress csa", "compress index",
+                                       "compress hca",  "index_topk",   "sparse_decode"};
+  for (const std::string& call : plain) {
+    if (std::find(std::begin(kCalls), std::end(kCalls), call) == std::end(kCalls)) {
+      throw std::runtime_error("--plain: unknown call '" + call +
+                               "' (store_entries, compress csa, compress index, compress hca, "
+                               "index_topk, sparse_decode)");
+    }
+  }
 #ifdef HDK_WITH_CUDA
   hdk::detail::set_dependent_launch(dependent == "on");
 #endif
@@ -763,7 +804,7 @@ int dsv4_step_command(Options& options) {
       workspace.c_str(), gpu ? dependent.c_str() : "-");
   ResultTable table({"preset", "context", "N", "layer", "kernel", "time_us", "MB", "floor_us",
                      "x_floor", "ws_MiB", "check"});
-  StepBench bench(*device, timing, baseline, table, workspace == "on");
+  StepBench bench(*device, timing, baseline, table, workspace == "on", plain);
   const int64_t max_rows = *std::max_element(rows.begin(), rows.end());
   const bool attention = std::any_of(layers.begin(), layers.end(),
                                      [](const std::string& layer) { return layer != "moe"; });

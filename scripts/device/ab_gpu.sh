@@ -12,6 +12,8 @@
 #   step       hdk-bench dsv4-step over its grid, new binary only ($STEP_ARGS added)
 #   step-ab    hdk-bench dsv4-step ($STEP_ARGS added): base, new, and new with --pdl off (plain
 #              launches), ROUNDS rounds
+#   step-bisect  the new binary's step with programmatic launches, with each of PLAIN_SETS
+#              launched plainly (--plain), and with --pdl off, ROUNDS rounds
 # Usage, from the repository root: BIN=.peers/run OUT=/path PARTS=checks,gdn \
 #   scripts/device/ab_gpu.sh
 # SUITES (checks): the test executables to run, all by default.
@@ -86,6 +88,22 @@ if wants step-ab; then
       ${STEP_ARGS:-}
     step "step-plain-$round" 300 "$bin/hdk-bench" dsv4-step --pdl off \
       --json "$out/step_plain_$round.json" ${STEP_ARGS:-}
+  done
+fi
+# step-bisect: the new binary's step ($STEP_ARGS added) with programmatic launches, then with
+# each of PLAIN_SETS ('|'-separated lists for --plain) launched plainly, then --pdl off, ROUNDS
+# rounds: which kernel boundary a dependent launch helps or hurts.
+if wants step-bisect; then
+  IFS='|' read -r -a plain_sets <<<"${PLAIN_SETS:-index_topk|sparse_decode|compress csa,compress index}"
+  for round in $(seq 1 "$rounds"); do
+    step "bisect-pdl-$round" 300 "$bin/hdk-bench" dsv4-step \
+      --json "$out/bisect_pdl_$round.json" ${STEP_ARGS:-}
+    for index in "${!plain_sets[@]}"; do
+      step "bisect-plain$index-$round" 300 "$bin/hdk-bench" dsv4-step --plain "${plain_sets[$index]}" \
+        --json "$out/bisect_plain${index}_$round.json" ${STEP_ARGS:-}
+    done
+    step "bisect-off-$round" 300 "$bin/hdk-bench" dsv4-step --pdl off \
+      --json "$out/bisect_off_$round.json" ${STEP_ARGS:-}
   done
 fi
 wants step && step dsv4-step 420 "$bin/hdk-bench" dsv4-step --json "$out/dsv4_step.json" \
