@@ -28,7 +28,8 @@ __device__ __forceinline__ void allow_dependent_grids() {
 // kernel be scheduled now, so that its CTAs reach their own wait on idle SMs while this one runs
 // and start the moment it ends. A larger grid lets the next one start only as it finishes: the
 // next grid's CTAs would otherwise be placed on the few SMs free at that moment (sparse_decode's
-// combine after an early trigger of its split kernel: 4-11% slower on an H200).
+// combine after an early trigger of its split kernel: 4-11% slower on an H200). index_topk's
+// select calls wait_for_prior_grid alone, for the same reason (index_topk_cuda.cu).
 __device__ __forceinline__ void begin_dependent_kernel() {
   wait_for_prior_grid();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

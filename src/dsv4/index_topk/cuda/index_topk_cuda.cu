@@ -858,7 +858,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 // as the one-launch kernel does.
 __global__ void __launch_bounds__(kThreads, 1)
     index_select_kernel(IndexerProblem p, IndexLaunch launch, IndexWorkspaceLayout layout) {
-  hdk::detail::begin_dependent_kernel();
+  // Waits, but never lets the next kernel start early, though its grid is small: sparse_decode
+  // scheduled during the select ran slower by more than the launch it hid (Flash CSA step at
+  // N = 2 and 4, 65536 context, H200: 77.7 and 79.8 us with the early start, 69.4 and 71.5
+  // without; no step cell slower, docs/dsv4-attention.md).
+  hdk::detail::wait_for_prior_grid();
   cg::cluster_group cluster = cg::this_cluster();
   const int cluster_size = static_cast<int>(cluster.num_blocks());
   const int rank = static_cast<int>(cluster.block_rank());
