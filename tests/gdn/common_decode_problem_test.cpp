@@ -276,34 +276,33 @@ TEST(GdnLaunchPlan, OneTokenCallsOfTheCommonFormRunTheBuildWithoutATokenLoop) {
   // bf16 state at every size (the full problem's threshold is 192 heads).
   EXPECT_TRUE(plan(1, DType::kBFloat16, automatic));
   EXPECT_TRUE(plan(48, DType::kBFloat16, automatic));
-  // fp32 state below 4096 heads (from there the full block's 16 x 4 shape runs, below); the
-  // token loop when forced.
+  // fp32 state at every size as well; the token loop when forced.
   EXPECT_TRUE(plan(1, DType::kFloat32, automatic));
   EXPECT_TRUE(plan(1023, DType::kFloat32, automatic));
+  EXPECT_TRUE(plan(1025, DType::kFloat32, automatic));
   EXPECT_FALSE(plan(1, DType::kFloat32, gdn::detail::LeanBuild::kTokenLoop));
 }
 
-TEST(GdnLaunchPlan, Fp32OneTokenCallsFrom4096HeadsRunSixteenLanesAndFourRows) {
+TEST(GdnLaunchPlan, Fp32OneTokenCallsRunTheCommonFormsOneTokenBuildAtEverySize) {
   auto plan = [](int64_t B, DType state) {
     GdnCaseConfig config = engine_call();
     config.B = B, config.state_dtype = state;  // 4 value heads a request
     return plan_with(HostCall(config).problem());
   };
-  const gdn::detail::LaunchPlan below = plan(1023, DType::kFloat32);  // 4092 heads
-  EXPECT_TRUE(below.common_form);
-  EXPECT_EQ(below.lanes_per_row, 32);
-  EXPECT_EQ(below.rows_per_thread, 8);
-  for (int64_t B : {1024, 1025}) {
+  // 32 lanes x 8 rows on the common form's one-token build, as 4-warp CTAs up to 1024 heads and
+  // 1-warp CTAs above (the 16 x 4 token loop the H100 had chosen from 4096 heads measured 5-7%
+  // slower on an H200).
+  for (int64_t B : {1, 256, 257, 1023, 1024, 1025}) {
     const gdn::detail::LaunchPlan chosen = plan(B, DType::kFloat32);
     SCOPED_TRACE(::testing::Message() << "B = " << B);
     EXPECT_EQ(chosen.kernel, gdn::detail::DecodeKernel::kVKLean);
-    EXPECT_FALSE(chosen.common_form);
-    EXPECT_FALSE(chosen.one_token_build);
-    EXPECT_EQ(chosen.lanes_per_row, 16);
-    EXPECT_EQ(chosen.rows_per_thread, 4);
+    EXPECT_TRUE(chosen.common_form);
+    EXPECT_TRUE(chosen.one_token_build);
+    EXPECT_EQ(chosen.lanes_per_row, 32);
+    EXPECT_EQ(chosen.rows_per_thread, 8);
+    EXPECT_EQ(chosen.warps_per_cta, B * 4 > 1024 ? 1 : 4);
   }
-  // Not for bf16 state (whose common form is 16 x 4 already), nor for verify calls or a forced
-  // shape.
+  // bf16 state's common form at 1024 requests too, and a verify call's 32 lanes.
   EXPECT_TRUE(plan(1024, DType::kBFloat16).common_form);
   GdnCaseConfig verify = engine_call();
   verify.B = 1024, verify.state_dtype = DType::kFloat32, verify.T = 2, verify.intermediate = true;
@@ -330,8 +329,7 @@ TEST(GdnLaunchPlan, Fp32OneTokenCallsLoadTheStateFirstOutsideOneWave) {
   };
   const auto automatic = gdn::detail::LeanLoadOrder::kAuto;
   // The state first up to half of the slots (132 requests: 2112 warps) and beyond all of them
-  // (265: 4240), up to the common form's end (4096 heads), with or without a pool index; the
-  // inputs first in between (133 to 264).
+  // (265: 4240), with or without a pool index; the inputs first in between (133 to 264).
   for (IndexKind indices : {IndexKind::kPerRequest, IndexKind::kNone}) {
     const bool dense = indices == IndexKind::kNone;
     SCOPED_TRACE(dense ? "dense states" : "pool index");
@@ -343,7 +341,7 @@ TEST(GdnLaunchPlan, Fp32OneTokenCallsLoadTheStateFirstOutsideOneWave) {
       EXPECT_EQ(chosen.state_first, B >= 265 || B <= 132);
     }
   }
-  EXPECT_FALSE(plan(1024, DType::kFloat32).state_first);  // the full block's 16 x 4
+  EXPECT_TRUE(plan(1025, DType::kFloat32).state_first);  // beyond the slots at any size
   // Forced either way where the order is built; never for bf16 state.
   EXPECT_TRUE(plan(1, DType::kFloat32, gdn::detail::LeanLoadOrder::kStateFirst).state_first);
   EXPECT_FALSE(plan(265, DType::kFloat32, gdn::detail::LeanLoadOrder::kInputsFirst).state_first);

@@ -320,17 +320,19 @@ GdnCaseConfig fp32_one_token_call(int64_t B, uint64_t seed) {
 }
 #endif  // HDK_WITH_CUDA
 
-// fp32 one-token calls from 4096 (request, value head) pairs take 16 lanes x 4 rows on the full
-// parameter block (plan_launch): that path, as the dispatcher picks it, against the float64
+// fp32 one-token calls from 4096 (request, value head) pairs run the common form's one-token
+// build as 1-warp CTAs (plan_launch): that path, as the dispatcher picks it, against the float64
 // reference, with random slots, padding rows and poisoned outputs.
 TEST(GdnDecodeCuda, Fp32OneTokenCallsFrom4096HeadsMatchTheReference) {
   HDK_SKIP_WITHOUT_CUDA();
 #ifdef HDK_WITH_CUDA
   const GdnCaseConfig config = fp32_one_token_call(1024, 9100);
   const gdn::detail::LaunchPlan chosen = plan_with(HostCall(config).problem());
-  ASSERT_EQ(chosen.lanes_per_row, 16);
-  ASSERT_EQ(chosen.rows_per_thread, 4);
-  ASSERT_FALSE(chosen.common_form);
+  ASSERT_EQ(chosen.lanes_per_row, 32);
+  ASSERT_EQ(chosen.rows_per_thread, 8);
+  ASSERT_EQ(chosen.warps_per_cta, 1);
+  ASSERT_TRUE(chosen.common_form);
+  ASSERT_TRUE(chosen.one_token_build);
   EXPECT_TRUE(cuda_matches_reference(config));
 #endif
 }

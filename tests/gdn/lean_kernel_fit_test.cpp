@@ -149,12 +149,13 @@ DecodeProblem qwen_problem(int64_t B, int64_t T, DType state, bool verify) {
 }
 
 TEST(GdnLaunchPlan, OneTokenCallsRunTheLeanKernel) {
-  // bf16 state: 4-warp CTAs up to 1024 heads, 1-warp CTAs above (the H100 measurements in
-  // plan_launch); fp32 state: 4-warp CTAs at every batch.
+  // 4-warp CTAs up to 1024 heads, 1-warp CTAs above (the measurements in plan_launch), with
+  // either state dtype; fp32 at every batch on the common form's 32 lanes x 8 rows.
   for (const auto& [B, state, warps] :
        {std::tuple{16, DType::kBFloat16, 4}, std::tuple{17, DType::kBFloat16, 1},
         std::tuple{512, DType::kBFloat16, 1}, std::tuple{1, DType::kFloat32, 4},
-        std::tuple{512, DType::kFloat32, 4}}) {
+        std::tuple{16, DType::kFloat32, 4}, std::tuple{17, DType::kFloat32, 1},
+        std::tuple{512, DType::kFloat32, 1}}) {
     const LaunchPlan chosen = plan_with(qwen_problem(B, 1, state, false));
     SCOPED_TRACE(::testing::Message() << "B = " << B << ", " << dtype_name(state));
     EXPECT_EQ(chosen.kernel, DecodeKernel::kVKLean);

@@ -159,6 +159,9 @@ LaunchPlan plan_launch(const DecodeProblem& p, int sm_count) {
   // B = 16: 33.6 vs 34.5); above that, launched as 1-warp CTAs (25 warps per SM at 80
   // registers instead of 24), 1.6-2.7% faster than the one-token kernel (B = 64: 112.7 vs 115.6
   // us, B = 256: 431.4 vs 438.3, B = 512: 857.6 vs 872.2), where with 4-warp CTAs it was level.
+  // fp32 state takes 1-warp CTAs above 1024 heads as well: on an H200 (both Qwen presets, its
+  // common form's one-token build) 96.2 -> 97.4% of copy at Qwen3.5-397B B = 256, level at
+  // 2048 heads (Qwen3-Next B = 64: 89.5 and 89.4%).
   // Forcing either kernel (LaunchOverride) overrides this.
   const bool one_token = p.token_capacity == 1 || p.tokens_per_request == 1;
   const OneTokenKernel forced_kernel = one_token_override.load();
@@ -189,17 +192,9 @@ LaunchPlan plan_launch(const DecodeProblem& p, int sm_count) {
                                  heads <= kLeanFp32VerifyMaxHeads;
     const bool lean = variant == MultiTokenVariant::kLean ||
                       (variant == MultiTokenVariant::kAuto && lean_by_default);
-    // fp32 state, one token, from 4096 heads: 16 lanes a row and 4 rows a thread on the full
-    // parameter block (the common form has no instance of that shape). On an H100 (dense states,
-    // both Qwen presets, three rounds) it was 0.2-0.4% faster than the common form's 32 x 8
-    // from 4096 heads (Qwen3.5-397B B = 512: 1434.6 against 1440.7 us) and 0.2-14% slower below
-    // (B = 4: 17.5 against 15.4 us), where the common form's one-token build runs.
-    const bool narrow_fp32_rows = lean && one_token && p.state_dtype == DType::kFloat32 &&
-                                  p.head_k == 128 && heads >= kLeanFp32NarrowRowsMinHeads;
-    plan.lanes_per_row = forced_lanes > 0 ? forced_lanes : narrow_fp32_rows ? 16 : full_lanes;
-    plan.rows_per_thread = forced_rows > 0    ? forced_rows
-                           : narrow_fp32_rows ? 4
-                                              : multi_token_default_rows(state_bytes, p.head_k);
+    plan.lanes_per_row = forced_lanes > 0 ? forced_lanes : full_lanes;
+    plan.rows_per_thread =
+        forced_rows > 0 ? forced_rows : multi_token_default_rows(state_bytes, p.head_k);
     const int rows_per_warp = vk_rows_per_warp(plan.lanes_per_row, plan.rows_per_thread);
     plan.tiles_per_head = ceil_div(p.head_v, rows_per_warp);
     plan.kernel = DecodeKernel::kVK;
@@ -231,13 +226,13 @@ LaunchPlan plan_launch(const DecodeProblem& p, int sm_count) {
       // Qwen3-Next): bf16 B = 1..3 5-6% (B = 1: 7.25 -> 6.87 us), level from 256 heads. With
       // fp32 state, since its instance fits 64 registers (32 warps per SM): 256 heads 1.12x
       // (Qwen3.5-397B B = 4: 17.71 -> 15.68 us), 0.3-1.6% faster than the token loop up to 4096
-      // heads, 0.1-0.2% slower from 8192 (B = 256: 732.3 vs 731.4), so up to 4096 heads.
+      // heads, 0.1-0.2% slower from 8192 on an H100 (B = 256: 732.3 vs 731.4); on an H200,
+      // from 4096 heads as 1-warp CTAs (below), 5-7% faster than the token loop at 16 lanes a
+      // row and 4 rows a thread that the H100 had chosen there (docs/gdn-cuda-dispatch.md).
       const LeanBuild forced_build = lean_build_override.load();
       const bool bf16_state = p.state_dtype == DType::kBFloat16;
       const bool one_token_build_exists = one_token && (bf16_state || plan.common_form);
-      const bool one_token_build_pays =
-          plan.common_form ? (bf16_state || heads <= kLeanFp32OneTokenBuildMaxHeads)
-                           : heads > kLeanTokenLoopBuildMaxHeads;
+      const bool one_token_build_pays = plan.common_form || heads > kLeanTokenLoopBuildMaxHeads;
       plan.one_token_build =
           one_token_build_exists && (forced_build == LeanBuild::kOneToken ||
                                      (forced_build == LeanBuild::kAuto && one_token_build_pays));
@@ -256,9 +251,7 @@ LaunchPlan plan_launch(const DecodeProblem& p, int sm_count) {
                          (forced_order == LeanLoadOrder::kStateFirst ||
                           (forced_order == LeanLoadOrder::kAuto &&
                            lean_fp32_state_first_pays(grid_warps, sm_count)));
-      if (one_token && bf16_state && heads > kLeanOneTokenMaxHeads) {
-        plan.warps_per_cta = 1;
-      }
+      if (one_token && heads > kLeanOneTokenMaxHeads) plan.warps_per_cta = 1;
       const int forced_warps = warps_override.load();
       if (forced_warps >= 1 && forced_warps <= kMultiTokenWarpsPerCta) {
         plan.warps_per_cta = forced_warps;

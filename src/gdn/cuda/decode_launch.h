@@ -41,8 +41,8 @@ constexpr int multi_token_default_rows(int state_bytes, int64_t head_k) {
 // sets the scheduling granule.
 constexpr int kMultiTokenWarpsPerCta = 4;
 
-// One-token calls with bf16 state and more than this many (request, value head) pairs run the
-// lean multi-token kernel as 1-warp CTAs (plan_launch has the measurements).
+// One-token calls with more than this many (request, value head) pairs run the lean multi-token
+// kernel as 1-warp CTAs (plan_launch has the measurements).
 constexpr int64_t kLeanOneTokenMaxHeads = 1024;
 
 // One-token calls with bf16 state and at most this many (request, value head) pairs run the lean
@@ -50,17 +50,6 @@ constexpr int64_t kLeanOneTokenMaxHeads = 1024;
 // calls of the common form run the one-token build at every size (plan_launch has the
 // measurements).
 constexpr int64_t kLeanTokenLoopBuildMaxHeads = 192;
-
-// One-token calls of the common form with fp32 state and at most this many (request, value head)
-// pairs run the lean kernel's one-token build (plan_launch has the measurements). From
-// kLeanFp32NarrowRowsMinHeads such calls take another shape, off the common form, unless the
-// shape is forced.
-constexpr int64_t kLeanFp32OneTokenBuildMaxHeads = 4096;
-
-// One-token calls with fp32 state, K = 128 and at least this many (request, value head) pairs run
-// the lean kernel at 16 lanes a row and 4 rows a thread on the full parameter block instead of
-// the common form's 32 x 8 (plan_launch has the measurements).
-constexpr int64_t kLeanFp32NarrowRowsMinHeads = 4096;
 
 // Whether the common form's one-token build with fp32 state loads the state before the token's
 // inputs, for a grid of `warps` warps on `sm_count` SMs (64 registers a thread: 32 warps an SM):
