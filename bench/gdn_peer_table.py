@@ -3,12 +3,17 @@
 dtype, a cell per (T, B) with hdk's time and the fastest peer's speed over hdk's (peer time /
 hdk time: below 1.00 the peer is faster). T = 1 compares decode steps, T > 1 the verify pass
 (the "multi" rows, FLA against hdk updating the pool without a cache, get a table of their own).
-Each peer is compared with hdk in the peer's call form (row field "call_form"): SGLang with hdk on
-the pool ("pool"), FLA with hdk on the dense states FLA gets ("dense", no slot index). The time in
-a cell is hdk's on the pool. A last line counts the cells again with FLA against hdk's pool form.
+Each peer is compared with hdk in the peer's call form (row field "call_form"): SGLang and
+FlashInfer with hdk on the pool ("pool"), FLA with hdk on the dense states FLA gets ("dense", no
+slot index). The time in a cell is hdk's on the pool. A line counts the cells again with FLA
+against hdk's pool form, and one line per peer (sglang, fla, flashinfer, ...) counts the cells
+where hdk is at least as fast as that peer, and those the peer does not serve ("unsupported:"
+rows, e.g. FlashInfer's asserts). --peer picks the peers the tables compare with (default: all,
+the fastest per cell), e.g. --peer flashinfer for a table of FlashInfer against hdk alone.
 
     bench/gdn_peer_table.py python_bench.json > table.md
     bench/gdn_peer_table.py --timer do_bench python_bench.json   # the eager-call timer
+    bench/gdn_peer_table.py --peer flashinfer python_bench.json  # FlashInfer's column alone
 """
 
 import argparse
@@ -33,15 +38,21 @@ def cells(rows):
     return grouped
 
 
-def cell(implementations, timer="time_us", same_form=True):
+def cell(implementations, timer="time_us", same_form=True, peers=None):
     """(text, the lowest peer time / hdk time or None); timer: the row field compared. With
-    same_form each peer's time is divided by hdk's in that peer's call form, else by the pool's."""
+    same_form each peer's time is divided by hdk's in that peer's call form, else by the pool's.
+    peers: the peer names to consider (None: all)."""
     mine = implementations.get("hdk")
     if not mine or mine.get(timer) is None:
         return "-", None
+    considered = {
+        name: row
+        for name, row in implementations.items()
+        if not is_hdk(name) and (peers is None or name in peers)
+    }
     ratios = []
-    for name, row in implementations.items():
-        if is_hdk(name) or row.get(timer) is None or row.get("check") != "ok":
+    for name, row in considered.items():
+        if row.get(timer) is None or row.get("check") != "ok":
             continue
         form = row.get("call_form", "pool") if same_form else "pool"
         against = mine if form == "pool" else implementations.get(f"hdk:{form}")
@@ -49,7 +60,9 @@ def cell(implementations, timer="time_us", same_form=True):
             ratios.append((row[timer] / against[timer], name))
     text = f"{mine[timer]:.1f} us"
     if not ratios:
-        notes = [row.get("note", "") for name, row in implementations.items() if not is_hdk(name)]
+        notes = [row.get("note") or "" for row in considered.values()]
+        if notes and all(note.startswith("unsupported") for note in notes):
+            return text + f" ({'/'.join(considered)} unsupported)", None
         return text + (" (peer skipped)" if any(notes) else ""), None
     ratio, name = min(ratios)
     return f"{text}, {ratio:.2f} {name}", ratio
@@ -65,14 +78,24 @@ def main():
         help="graph: CUDA-graph replay after an L2 flush (time_us); do_bench: "
         "triton.testing.do_bench of eager calls (do_bench_us)",
     )
+    parser.add_argument(
+        "--peer",
+        default=None,
+        help="comma-separated peers the tables compare with (e.g. flashinfer); default: all",
+    )
     args = parser.parse_args()
+    peers = set(args.peer.split(",")) if args.peer else None
     timer = "time_us" if args.timer == "graph" else "do_bench_us"
     with open(args.json) as handle:
         document = json.load(handle)
     grouped = cells(document["rows"])
     batches = sorted({key[4] for key in grouped})
     bandwidth = document["copy_bandwidth_GBps"]
-    print(f"device: {document['device']}; copy bandwidth {bandwidth:.0f} GB/s; timer: {args.timer}")
+    names = sorted({name for key in grouped for name in grouped[key] if not is_hdk(name)})
+    print(
+        f"device: {document['device']}; copy bandwidth {bandwidth:.0f} GB/s; timer: {args.timer}; "
+        f"peers: {', '.join(sorted(peers)) if peers else ', '.join(names) + ' (the fastest)'}"
+    )
     # decode (T = 1) and verify (T > 1) rows share one table; "multi" rows get their own.
     tables = sorted(
         {(key[0], key[1], "multi" if key[2] == "multi" else "grid") for key in grouped},
@@ -93,12 +116,12 @@ def main():
             for batch in batches:
                 keys = [(preset, state, m, tokens, batch) for m in modes]
                 implementations = next((grouped[key] for key in keys if key in grouped), {})
-                text, ratio = cell(implementations, timer)
+                text, ratio = cell(implementations, timer, peers=peers)
                 row.append(text)
                 if mode != "multi" and ratio is not None:
                     total += 1
                     wins += ratio >= 1.0
-                    pool_wins += cell(implementations, timer, same_form=False)[1] >= 1.0
+                    pool_wins += cell(implementations, timer, False, peers)[1] >= 1.0
             print(f"| {tokens} | " + " | ".join(row) + " |")
     print(
         f"\ndecode/verify cells where hdk is at least as fast as the fastest peer: "
@@ -108,6 +131,21 @@ def main():
         f"the same with every peer against hdk's pool form (FLA's states gathered outside its "
         f"call, hdk's behind the slot index): {pool_wins} of {total}"
     )
+    for name in names:
+        compared = unsupported = faster = 0
+        for key, implementations in grouped.items():
+            if key[2] == "multi" or name not in implementations:
+                continue
+            if (implementations[name].get("note") or "").startswith("unsupported"):
+                unsupported += 1
+            ratio = cell(implementations, timer, peers={name})[1]
+            if ratio is not None:
+                compared += 1
+                faster += ratio >= 1.0
+        print(
+            f"hdk at least as fast as {name}: {faster} of {compared} decode/verify cells"
+            + (f"; {name} unsupported in {unsupported}" if unsupported else "")
+        )
 
 
 if __name__ == "__main__":

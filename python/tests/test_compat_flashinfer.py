@@ -1,5 +1,8 @@
-"""hdk.compat.flashinfer: FlashInfer's argument order, defaults and returns; hdk's semantics."""
+"""hdk.compat.flashinfer: FlashInfer's argument order, defaults and returns; hdk's semantics.
+The last tests compare it with the real FlashInfer where that imports and CUDA runs."""
 
+import functools
+import os
 import warnings
 
 import pytest
@@ -19,6 +22,7 @@ from cases import (
     randn,
     tolerance,
 )
+from conftest import CUDA_SKIP
 from gdn_reference import gdn_decode_reference
 from hdk.compat.flashinfer import (
     gated_delta_rule_decode,
@@ -275,3 +279,280 @@ def test_mtp_ssm_state_indices_constraints(device):
             ssm_state_indices=per_token,
             disable_state_update=False,
         )
+
+
+# Against the real FlashInfer (flashinfer.gdn_decode): run where it imports and CUDA runs (the
+# install of scripts/peers/flashinfer.sh, found as the benchmark finds it: see
+# hdk.bench.peers.load_flashinfer), skipped with the reason elsewhere. FlashInfer and
+# hdk.compat.flashinfer get the same inputs and copies of the same pool; outputs and states must
+# agree within the tolerance of bf16 inputs (and a bf16 state, where the state is bf16). FlashInfer
+# needs K = V = 128 (its bf16-state kernels exactly 128), so these cases have their own sizes.
+# Its CuTe DSL kernels compile on first use (seconds each, cached in the install's workspace);
+# HDK_SKIP_FLASHINFER=1 skips these tests.
+FI_H, FI_HV, FI_K, FI_V = 2, 4, 128, 128
+STATE_DTYPES = [torch.bfloat16, torch.float32]
+
+
+@functools.cache
+def _load_real_flashinfer():
+    from hdk.bench.peers import load_flashinfer
+
+    return load_flashinfer()
+
+
+def real_flashinfer():
+    """FlashInfer's entry points (``decode_pretranspose``, ``decode``, ``mtp``) or a skip."""
+    if os.environ.get("HDK_SKIP_FLASHINFER"):
+        pytest.skip("HDK_SKIP_FLASHINFER is set")
+    if CUDA_SKIP is not None:
+        pytest.skip(f"comparing with the real FlashInfer needs CUDA: {CUDA_SKIP}")
+    fns, problem = _load_real_flashinfer()
+    if fns is None:
+        pytest.skip(problem)
+    return fns
+
+
+def fi_inputs(batch, tokens, seed=0):
+    """bf16 q/k/v/a/b, fp32 A_log and dt_bias (FlashInfer's dtypes), on CUDA."""
+    generator = make_generator(seed)
+    gating = fused_gating(generator, (batch, tokens), heads=FI_HV, dtype=torch.bfloat16)
+    x = dict(
+        q=randn(generator, (batch, tokens, FI_H, FI_K), torch.bfloat16),
+        k=randn(generator, (batch, tokens, FI_H, FI_K), torch.bfloat16),
+        v=randn(generator, (batch, tokens, FI_HV, FI_V), torch.bfloat16),
+        **gating,
+    )
+    return {name: tensor.to("cuda") for name, tensor in x.items()}, generator
+
+
+def fi_pool(generator, slots, dtype, layout="vk"):
+    shape = (slots, FI_HV, FI_V, FI_K) if layout == "vk" else (slots, FI_HV, FI_K, FI_V)
+    return randn(generator, shape, dtype, "cuda", 0.5)
+
+
+def fi_positional(x):
+    return x["q"], x["k"], x["v"]
+
+
+def fi_gating(x):
+    return x["A_log"], x["a"], x["dt_bias"], x["b"]
+
+
+def fi_slots(values):
+    """int32 slot indices, as engines pass them (FlashInfer's bf16-state kernels document int32;
+    int64 is hdk's own case above)."""
+    return torch.tensor(values, dtype=torch.int32, device="cuda")
+
+
+def agree(flashinfer_result, hdk_result, tol, what):
+    """FlashInfer's tensor within `tol` (relative L2) of hdk's; hdk's zeros exact in both."""
+    assert_matches(flashinfer_result, hdk_result.detach().cpu().double(), tol, what)
+
+
+def pools_agree(flashinfer_pool, hdk_pool, before, written, tol):
+    """Slots in `written` agree; every other slot is bit-for-bit `before` in both pools."""
+    for slot in range(before.shape[0]):
+        if slot in written:
+            continue
+        assert torch.equal(hdk_pool[slot], before[slot]), f"hdk changed slot {slot}"
+        assert torch.equal(flashinfer_pool[slot], before[slot]), f"FlashInfer changed slot {slot}"
+    index = sorted(written)
+    agree(flashinfer_pool[index], hdk_pool[index], tol, f"states of slots {index}")
+
+
+@pytest.mark.parametrize("state_dtype", STATE_DTYPES)
+def test_real_flashinfer_pretranspose_pool_decode(state_dtype):
+    fi = real_flashinfer()
+    x, generator = fi_inputs(4, 1)
+    before = fi_pool(generator, 7, state_dtype)
+    read = fi_slots([5, 2, 6, 1])
+    ours, theirs = before.clone(), before.clone()
+    out, returned = gated_delta_rule_decode_pretranspose(
+        *fi_positional(x), None, *fi_gating(x), initial_state=ours, initial_state_indices=read
+    )
+    fi_out, fi_returned = fi.decode_pretranspose(
+        *fi_positional(x), None, *fi_gating(x), initial_state=theirs, initial_state_indices=read
+    )
+    assert returned is ours and fi_returned is theirs and fi_out.dtype == out.dtype
+    tol = tolerance(torch.bfloat16, state_dtype)
+    agree(fi_out, out, tol, "out")
+    pools_agree(theirs, ours, before, {5, 2, 6, 1}, tol)
+
+
+@pytest.mark.parametrize("state_dtype", STATE_DTYPES)
+def test_real_flashinfer_pretranspose_split_pool(state_dtype):
+    """Read and write slots differ (scale given): both write only the write slots."""
+    fi = real_flashinfer()
+    x, generator = fi_inputs(4, 1, seed=1)
+    before = fi_pool(generator, 8, state_dtype)
+    read = fi_slots([1, 3, 5, 0])
+    write = fi_slots([2, 4, 6, 7])
+    ours, theirs = before.clone(), before.clone()
+    options = dict(scale=0.1, initial_state_indices=read, output_state_indices=write)
+    out, _ = gated_delta_rule_decode_pretranspose(
+        *fi_positional(x), None, *fi_gating(x), initial_state=ours, **options
+    )
+    fi_out, _ = fi.decode_pretranspose(
+        *fi_positional(x), None, *fi_gating(x), initial_state=theirs, **options
+    )
+    tol = tolerance(torch.bfloat16, state_dtype)
+    agree(fi_out, out, tol, "out")
+    pools_agree(theirs, ours, before, {2, 4, 6, 7}, tol)
+
+
+def test_real_flashinfer_fp32_padding_is_skipped_like_hdk():
+    """FlashInfer's fp32 T = 1 path skips a request with a negative read index (zero output,
+    no slot touched), as hdk does."""
+    fi = real_flashinfer()
+    x, generator = fi_inputs(3, 1, seed=2)
+    before = fi_pool(generator, 6, torch.float32)
+    read = fi_slots([3, -1, 5])
+    ours, theirs = before.clone(), before.clone()
+    out, _ = gated_delta_rule_decode_pretranspose(
+        *fi_positional(x), None, *fi_gating(x), initial_state=ours, initial_state_indices=read
+    )
+    fi_out, _ = fi.decode_pretranspose(
+        *fi_positional(x), None, *fi_gating(x), initial_state=theirs, initial_state_indices=read
+    )
+    assert torch.all(out[1] == 0) and torch.all(fi_out[1] == 0)
+    tol = tolerance(torch.bfloat16, torch.float32)
+    agree(fi_out, out, tol, "out")
+    pools_agree(theirs, ours, before, {3, 5}, tol)
+
+
+def test_real_flashinfer_bf16_padding_writes_slot_zero_hdk_does_not():
+    """The documented difference: on FlashInfer's bf16 path a negative read index runs on slot 0
+    (read and written; the pool reserves it); hdk leaves slot 0 alone and outputs zeros. The
+    real requests agree."""
+    fi = real_flashinfer()
+    x, generator = fi_inputs(3, 1, seed=3)
+    before = fi_pool(generator, 4, torch.bfloat16)  # slot 0: FlashInfer's null buffer
+    read = fi_slots([-1, 2, 3])
+    ours, theirs = before.clone(), before.clone()
+    out, _ = gated_delta_rule_decode_pretranspose(
+        *fi_positional(x), None, *fi_gating(x), initial_state=ours, initial_state_indices=read
+    )
+    fi_out, _ = fi.decode_pretranspose(
+        *fi_positional(x), None, *fi_gating(x), initial_state=theirs, initial_state_indices=read
+    )
+    tol = tolerance(torch.bfloat16, torch.bfloat16)
+    assert torch.all(out[0] == 0)  # FlashInfer's row 0 is undefined
+    agree(fi_out[1:], out[1:], tol, "out of the real requests")
+    assert torch.equal(ours[0], before[0])
+    assert not torch.equal(theirs[0], before[0]), "FlashInfer no longer writes slot 0 for -1"
+    theirs[0] = before[0]
+    pools_agree(theirs, ours, before, {2, 3}, tol)
+
+
+@pytest.mark.parametrize("state_dtype", STATE_DTYPES)
+def test_real_flashinfer_verify_caches_every_token(state_dtype):
+    """T > 1 verify: pool only read, the state after every token in the buffer (shape[1] = T:
+    with more steps FlashInfer's row pitch would differ, see the module docstring). bf16 pools
+    go through gated_delta_rule_decode_pretranspose (FlashInfer's gated_delta_rule_mtp takes
+    fp32 only), fp32 pools through gated_delta_rule_mtp."""
+    fi = real_flashinfer()
+    batch, tokens = 3, 3
+    x, generator = fi_inputs(batch, tokens, seed=4)
+    before = fi_pool(generator, 6, state_dtype)
+    read = fi_slots([4, 0, 2])
+    ours, theirs = before.clone(), before.clone()
+    shape = (batch, tokens, FI_HV, FI_V, FI_K)
+    buffer = poisoned(shape, state_dtype, "cuda")
+    fi_buffer = poisoned(shape, state_dtype, "cuda")
+    if state_dtype == torch.bfloat16:
+        options = dict(initial_state_indices=read, disable_state_update=True)
+        out, _ = gated_delta_rule_decode_pretranspose(
+            *fi_positional(x),
+            None,
+            *fi_gating(x),
+            initial_state=ours,
+            intermediate_states_buffer=buffer,
+            **options,
+        )
+        fi_out, _ = fi.decode_pretranspose(
+            *fi_positional(x),
+            None,
+            *fi_gating(x),
+            initial_state=theirs,
+            intermediate_states_buffer=fi_buffer,
+            **options,
+        )
+    else:
+        out, _ = gated_delta_rule_mtp(
+            *fi_positional(x),
+            ours,
+            read,
+            *fi_gating(x),
+            intermediate_states_buffer=buffer,
+            disable_state_update=True,
+        )
+        fi_out, _ = fi.mtp(
+            *fi_positional(x),
+            theirs,
+            read,
+            *fi_gating(x),
+            intermediate_states_buffer=fi_buffer,
+            disable_state_update=True,
+        )
+    tol = tolerance(torch.bfloat16, state_dtype)
+    agree(fi_out, out, tol, "out")
+    agree(fi_buffer, buffer, tol, "intermediate states")
+    assert torch.equal(ours, before) and torch.equal(theirs, before)
+
+
+@pytest.mark.parametrize("state_dtype", STATE_DTYPES)
+def test_real_flashinfer_multi_token_update_to_split_slots(state_dtype):
+    """T > 1 with the pool updated: final states to separate write slots."""
+    fi = real_flashinfer()
+    batch, tokens = 3, 2
+    x, generator = fi_inputs(batch, tokens, seed=5)
+    before = fi_pool(generator, 8, state_dtype)
+    read = fi_slots([0, 5, 3])
+    write = fi_slots([6, 7, 1])
+    ours, theirs = before.clone(), before.clone()
+    options = dict(output_state_indices=write, disable_state_update=False)
+    if state_dtype == torch.bfloat16:
+        out, _ = gated_delta_rule_decode_pretranspose(
+            *fi_positional(x), None, *fi_gating(x), initial_state=ours,
+            initial_state_indices=read, **options,
+        )  # fmt: skip
+        fi_out, _ = fi.decode_pretranspose(
+            *fi_positional(x), None, *fi_gating(x), initial_state=theirs,
+            initial_state_indices=read, **options,
+        )  # fmt: skip
+    else:
+        out, _ = gated_delta_rule_mtp(*fi_positional(x), ours, read, *fi_gating(x), **options)
+        fi_out, _ = fi.mtp(*fi_positional(x), theirs, read, *fi_gating(x), **options)
+    tol = tolerance(torch.bfloat16, state_dtype)
+    agree(fi_out, out, tol, "out")
+    pools_agree(theirs, ours, before, {6, 7, 1}, tol)
+
+
+def test_real_flashinfer_mtp_ssm_state_indices():
+    """gated_delta_rule_mtp's per-token scatter (fp32): the state after token t to slot
+    ssm_state_indices[n, t], the read slots not written back."""
+    fi = real_flashinfer()
+    x, generator = fi_inputs(2, 3, seed=6)
+    before = fi_pool(generator, 10, torch.float32)
+    read = fi_slots([1, 0])
+    per_token = fi_slots([[4, 5, 6], [7, 8, 9]])
+    ours, theirs = before.clone(), before.clone()
+    options = dict(ssm_state_indices=per_token, disable_state_update=False)
+    out, _ = gated_delta_rule_mtp(*fi_positional(x), ours, read, *fi_gating(x), **options)
+    fi_out, _ = fi.mtp(*fi_positional(x), theirs, read, *fi_gating(x), **options)
+    tol = tolerance(torch.bfloat16, torch.float32)
+    agree(fi_out, out, tol, "out")
+    pools_agree(theirs, ours, before, set(range(4, 10)), tol)
+
+
+def test_real_flashinfer_decode_k_major_state():
+    fi = real_flashinfer()
+    x, generator = fi_inputs(3, 1, seed=7)
+    before = fi_pool(generator, 3, torch.float32, layout="kv")  # [B, HV, K, V]
+    ours, theirs = before.clone(), before.clone()
+    out, returned = gated_delta_rule_decode(*fi_positional(x), ours, *fi_gating(x), 0.1)
+    fi_out, fi_returned = fi.decode(*fi_positional(x), theirs, *fi_gating(x), 0.1)
+    assert returned is ours and fi_returned is theirs
+    tol = tolerance(torch.bfloat16, torch.float32)
+    agree(fi_out, out, tol, "out")
+    agree(theirs, ours, tol, "state")

@@ -1,26 +1,31 @@
-"""``python -m hdk.bench gdn``: hdk's GDN decode against the engines' Triton kernels.
+"""``python -m hdk.bench gdn``: hdk's GDN decode against the engines' Triton kernels and
+FlashInfer's.
 
 For every (state dtype, T, B) point all implementations get the same random inputs, in the same
 process: hdk (``hdk.gdn_decode``), SGLang's ``fused_sigmoid_gating_delta_rule_update`` and FLA's
-``fused_recurrent_gated_delta_rule`` when they can be imported from the peers folder
-(:mod:`hdk.bench.peers`). Each peer's results are cross-checked against hdk's (relative L2
-error of the output and of the final or intermediate states), then every implementation is
-captured once in a CUDA graph and replayed with L2 flushed before each replay, the cases of a
-point timed in turn for --rounds rounds; the lowest median replay time is reported with its
-share of the device-to-device copy bandwidth measured in the same run, and the ratio peer time /
-hdk time.
+``fused_recurrent_gated_delta_rule`` when they can be imported from the peers folder, and, when
+asked for (``--impls ...,flashinfer``), FlashInfer's ``flashinfer.gdn_decode`` (CuTe DSL kernels
+on Hopper) from the install of ``scripts/peers/flashinfer.sh`` (:mod:`hdk.bench.peers`). Each
+peer's results are cross-checked against hdk's (relative L2 error of the output and of the final
+or intermediate states), then every implementation is captured once in a CUDA graph and replayed
+with L2 flushed before each replay, the cases of a point timed in turn for --rounds rounds; the
+lowest median replay time is reported with its share of the device-to-device copy bandwidth
+measured in the same run, and the ratio peer time / hdk time. A cell FlashInfer does not serve
+(it asserts or raises ValueError/NotImplementedError) is an "unsupported: <its message>" row.
 
 Modes: T = 1 is the decode step (pool read and written in place). T > 1 is the speculative
-verify pass (pool only read, the state after every token cached) for hdk and SGLang; FLA has
-neither pool nor cache, so at T > 1 it is compared with hdk running the same multi-token update
-("multi": pool updated, no cache).
+verify pass (pool only read, the state after every token cached) for hdk, SGLang and FlashInfer
+(its MTP kernels with ``intermediate_states_buffer``); FLA has neither pool nor cache, so at
+T > 1 it is compared with hdk running the same multi-token update ("multi": pool updated, no
+cache).
 
-Call forms: every peer is compared with hdk doing the same work. SGLang reads and writes a pool
-through per-request slot indices ("pool", hdk's form too). FLA has no slot index: request n's
+Call forms: every peer is compared with hdk doing the same work. SGLang and FlashInfer read and
+write a pool through per-request slot indices ("pool", hdk's form too; FlashInfer's
+"pretranspose" ``[pool, HV, V, K]`` state is hdk's VK layout). FLA has no slot index: request n's
 state is row n of a dense tensor the caller gathered ("dense"). So at points where FLA runs, hdk
-is timed twice: on the pool (its headline time, against SGLang) and in FLA's call form (no
-``state_indices``, the same gathered states FLA gets), and FLA's ratio is against the latter.
-Both hdk rows are in the JSON, so FLA against hdk's pool form can be read there too.
+is timed twice: on the pool (its headline time, against SGLang and FlashInfer) and in FLA's
+call form (no ``state_indices``, the same gathered states FLA gets), and FLA's ratio is against
+the latter. Both hdk rows are in the JSON, so FLA against hdk's pool form can be read there too.
 """
 
 import argparse
@@ -47,8 +52,17 @@ INPUT_DTYPE = torch.bfloat16
 # 2^31 elements it faults with an illegal address (the spec measured B=512, T=4, HV=64 on an
 # H200), which would poison the CUDA context for every later point.
 SGLANG_CACHE_LIMIT = 2**31
+# FlashInfer's bf16-state verify (0.7.2.post1) faulted the same way at B=512, T=8, HV=64 (2^32
+# cache elements, H200) and ran at B=256, T=8 (2^31): its cells above 2^31 are skipped.
+FLASHINFER_CACHE_LIMIT = 2**31 + 1
 # How each peer addresses the states (see the module docstring); hdk is timed in each form.
-PEER_CALL_FORM = {"sglang": "pool", "fla": "dense"}
+PEER_CALL_FORM = {"sglang": "pool", "fla": "dense", "flashinfer": "pool"}
+IMPLS = ("hdk",) + tuple(PEER_CALL_FORM)
+# Peers that run only when --impls names them (and only then get a line in "peers").
+OPT_IN_PEERS = ("flashinfer",)
+# What FlashInfer raises for a cell it does not serve (its asserts, its backends' ValueError and
+# NotImplementedError): recorded as "unsupported: <message>" rows.
+FLASHINFER_UNSUPPORTED = (AssertionError, ValueError, NotImplementedError)
 TOLERANCE = {torch.bfloat16: 2e-2, torch.float32: 5e-3}
 
 
@@ -90,7 +104,8 @@ class Inputs:
 def parse_args(argv):
     parser = argparse.ArgumentParser(
         prog="python -m hdk.bench gdn",
-        description="hdk GDN decode vs SGLang's Triton kernel and FLA's fused_recurrent",
+        description="hdk GDN decode vs SGLang's Triton kernel, FLA's fused_recurrent and "
+        "FlashInfer's GDN decode",
     )
     parser.add_argument("--batch", default="1,2,4,8,16,32,64,128,256,512", help="batch sizes B")
     parser.add_argument("--T", default="1,2,4,8", help="tokens per request")
@@ -100,7 +115,12 @@ def parse_args(argv):
     )
     parser.add_argument("--json", help="write the results to this JSON file")
     parser.add_argument("--peers-dir", default=None, help="folder with sglang/ and fla/")
-    parser.add_argument("--impls", default="hdk,sglang,fla", help="implementations to run")
+    parser.add_argument(
+        "--impls",
+        default="hdk,sglang,fla",
+        help=f"implementations to run, of {','.join(IMPLS)} (flashinfer: only when named; "
+        "install it with scripts/peers/flashinfer.sh)",
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--iters", type=int, default=30, help="most timed replays per case")
     parser.add_argument("--min-iters", type=int, default=5, help="fewest timed replays")
@@ -123,6 +143,9 @@ def parse_args(argv):
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
     args.impls = [x for x in args.impls.split(",") if x]
+    unknown = [x for x in args.impls if x not in IMPLS]
+    if unknown:
+        parser.error(f"unknown implementation(s) {unknown}; use {', '.join(IMPLS)}")
     args.preset = [x for x in args.preset.split(",") if x]
     unknown = [x for x in args.preset if x not in PRESETS]
     if unknown:
@@ -302,6 +325,78 @@ def fla_case(function, x, mode):
     return Case("fla", mode, call, results, minimal_bytes(x, mode, final_state_size=4))
 
 
+def flashinfer_case(fns, x, mode):
+    """FlashInfer (``fns`` from :func:`hdk.bench.peers.load_flashinfer`) on a clone of hdk's pool,
+    with the same slot indices: its "pretranspose" ``[pool, HV, V, K]`` state is hdk's VK layout.
+
+    decode (T = 1): ``gated_delta_rule_decode_pretranspose`` updates the pool in place (bf16
+    state: its bf16-state CuTe DSL kernel; fp32: its fp32 pretranspose kernel). verify (T > 1):
+    the pool is only read (``disable_state_update=True``) and the state after every token goes
+    to ``intermediate_states_buffer`` ``[B, T, HV, V, K]``, indexed by request like hdk's cache.
+    A bf16 pool goes through ``gated_delta_rule_decode_pretranspose`` (which runs its bf16 MTP
+    kernel at T > 1: ``gated_delta_rule_mtp`` itself asserts an fp32 state), an fp32 pool
+    through ``gated_delta_rule_mtp``. ``backend`` stays "auto", as an engine calls it: on SM90
+    "auto" passes over its cake_gdn kernels (SM100a/SM103a only) to the CuTe DSL ones. Inputs
+    are as FlashInfer takes them: bf16 q/k/v/a/b, fp32 A_log and dt_bias, int32 indices."""
+    if mode not in ("decode", "verify"):
+        raise ValueError(f"FlashInfer is compared in decode and verify mode, not {mode}")
+    pool = x.pool.clone()
+    out = torch.empty(x.v.shape, dtype=torch.bfloat16, device=x.v.device)
+    cache = None
+    if mode == "verify":
+        cache = torch.empty(
+            (x.q.shape[0], x.q.shape[1]) + tuple(pool.shape[1:]),
+            dtype=pool.dtype,
+            device=pool.device,
+        )
+    produced = {}
+
+    def call():
+        if mode == "verify" and pool.dtype == torch.float32:
+            produced["out"], _ = fns.mtp(
+                x.q,
+                x.k,
+                x.v,
+                pool,
+                x.indices,
+                x.A_log,
+                x.a,
+                x.dt_bias,
+                x.b,
+                output=out,
+                intermediate_states_buffer=cache,
+                disable_state_update=True,
+                use_qk_l2norm=True,
+            )
+            return
+        verify = {}
+        if mode == "verify":
+            verify = dict(intermediate_states_buffer=cache, disable_state_update=True)
+        produced["out"], _ = fns.decode_pretranspose(
+            x.q,
+            x.k,
+            x.v,
+            None,
+            x.A_log,
+            x.a,
+            x.dt_bias,
+            x.b,
+            output=out,
+            use_qk_l2norm=True,
+            initial_state=pool,
+            initial_state_indices=x.indices,
+            **verify,
+        )
+
+    def results():
+        return {"out": produced["out"], "state": cache if mode == "verify" else pool}
+
+    return Case("flashinfer", mode, call, results, minimal_bytes(x, mode))
+
+
+PEER_CASES = {"sglang": sglang_case, "fla": fla_case, "flashinfer": flashinfer_case}
+
+
 def relative_error(actual, expected, chunk=2**24):
     """||actual - expected|| / ||expected||, in chunks: caches of several GiB are compared."""
     actual, expected = actual.reshape(-1), expected.reshape(-1)
@@ -324,15 +419,24 @@ class Runner:
         self.peers = {}
         peers_dir = args.peers_dir or peers.default_peers_dir()
         self.peers_dir = str(peers_dir)
-        for name, loader in (("sglang", peers.load_sglang), ("fla", peers.load_fla)):
+        loaders = (
+            ("sglang", peers.load_sglang),
+            ("fla", peers.load_fla),
+            ("flashinfer", peers.load_flashinfer),
+        )
+        for name, loader in loaders:
             if name not in args.impls:
-                self.peer_status[name] = "not requested (--impls)"
+                if name not in OPT_IN_PEERS:
+                    self.peer_status[name] = "not requested (--impls)"
             elif self.device.type != "cuda" and not args.cpu_peers:
-                self.peer_status[name] = "skipped: the peers are Triton kernels and need CUDA"
+                self.peer_status[name] = "skipped: the peers are GPU kernels and need CUDA"
             else:
                 function, problem = loader(peers_dir)
                 self.peers[name] = function
-                self.peer_status[name] = "loaded" if function else problem
+                self.peer_status[name] = problem
+                if function:
+                    describe = getattr(function, "describe", None)
+                    self.peer_status[name] = f"loaded: {describe}" if describe else "loaded"
         self.copy_bandwidth = self.timer.copy_bandwidth()
 
     def timed(self, cases):
@@ -390,9 +494,9 @@ class Runner:
             PRESETS[preset], batch, tokens, self.state_dtype, self.device, self.args.seed
         )
         if tokens == 1:
-            groups = [("decode", ["sglang", "fla"])]
+            groups = [("decode", ["sglang", "fla", "flashinfer"])]
         else:
-            groups = [("verify", ["sglang"]), ("multi", ["fla"])]
+            groups = [("verify", ["sglang", "flashinfer"]), ("multi", ["fla"])]
         for mode, peer_names in groups:
             available = [name for name in peer_names if self.peers.get(name)]
             # "multi" exists only to give FLA a like-for-like hdk run.
@@ -442,14 +546,31 @@ class Runner:
                 )
                 failed.append(row)
                 continue
+            if name == "flashinfer" and mode == "verify" and cache_elements >= FLASHINFER_CACHE_LIMIT:
+                row = new_row(
+                    name,
+                    f"skipped: B*T*HV*V*K = {cache_elements} > 2^31: FlashInfer's verify "
+                    "faulted with an illegal address there (B=512, T=8, HV=64, H200)",
+                    form,
+                )
+                failed.append(row)
+                continue
             row = new_row(name, call_form=form)
             try:
-                case = (sglang_case if name == "sglang" else fla_case)(function, x, mode)
+                case = PEER_CASES[name](function, x, mode)
                 case.call()
                 self.compare(row, case, reference)
+                if name == "flashinfer":
+                    # A call that cannot be captured (a host sync, say) is this peer's row, not
+                    # an error of the whole point in self.timed().
+                    self.timer.capture(case.call)
                 timed.append((row, case))
             except Exception as error:  # a peer failure is a result, not the end of the run
-                row.note = f"failed: {type(error).__name__}: {str(error).splitlines()[0][:200]}"
+                message = (str(error).splitlines() or [""])[0][:200] or type(error).__name__
+                if name == "flashinfer" and isinstance(error, FLASHINFER_UNSUPPORTED):
+                    row.note = f"unsupported: {message}"
+                else:
+                    row.note = f"failed: {type(error).__name__}: {message}"
                 failed.append(row)
                 if "illegal" in str(error) or "CUDA error" in str(error):
                     raise
@@ -489,7 +610,7 @@ class Runner:
 
 
 HEADER = (
-    f"{'preset':12} {'state':5} {'T':>2} {'B':>4} {'mode':6} {'impl':6} {'form':5} {'time_us':>9} "
+    f"{'preset':12} {'state':5} {'T':>2} {'B':>4} {'mode':6} {'impl':10} {'form':5} {'time_us':>9} "
     f"{'GB/s':>7} "
     f"{'%copy':>6} {'peer/hdk':>8} {'do_bench':>9} {'err_out':>8} {'err_state':>9}  check/note"
 )
@@ -506,7 +627,7 @@ def format_error(value, width):
 def format_row(row):
     note = " ".join(part for part in (row.check or "", row.note) if part)
     return (
-        f"{row.preset:12} {row.state:5} {row.T:>2} {row.B:>4} {row.mode:6} {row.impl:6} "
+        f"{row.preset:12} {row.state:5} {row.T:>2} {row.B:>4} {row.mode:6} {row.impl:10} "
         f"{row.call_form:5} {format_number(row.time_us, 9, 2)} {format_number(row.GBps, 7, 0)} "
         f"{format_number(row.pct_copy, 6, 1)} {format_number(row.peer_over_hdk, 8, 2)} "
         f"{format_number(row.do_bench_us, 9, 2)} {format_error(row.err_out, 8)} "
