@@ -131,7 +131,8 @@ std::string describe_launch(const gdn::DecodeParams& params, const Device& devic
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device.index);
   const gdn::detail::LaunchPlan plan =
-      gdn::detail::plan_launch(gdn::detail::validate_decode(params), sms);
+      gdn::detail::plan_launch(gdn::detail::validate_decode(params), gdn::detail::DeviceInfo{sms},
+                               gdn::detail::current_launch_override());
   return std::string(gdn::detail::decode_kernel_name(plan.kernel)) + " w" +
          std::to_string(plan.warps_per_cta) + " r" + std::to_string(plan.rows_per_thread) + " l" +
          std::to_string(plan.lanes_per_row) + " x" + std::to_string(plan.tiles_per_head) + " " +

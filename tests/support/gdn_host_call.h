@@ -38,17 +38,10 @@ class HostCall {
 };
 
 #ifdef HDK_WITH_CUDA
-// plan_launch for `p` on a 132-SM device with `forced` in effect; the dispatcher's own choices are
-// restored however the call ends, so later tests see them.
+// plan_launch for `p` on a 132-SM device with `forced` as its tuning (no process-wide state).
 inline gdn::detail::LaunchPlan plan_with(const gdn::detail::DecodeProblem& p,
                                          const gdn::detail::LaunchOverride& forced = {}) {
-  struct Forced {
-    explicit Forced(const gdn::detail::LaunchOverride& forced) {
-      gdn::detail::set_launch_override(forced);
-    }
-    ~Forced() { gdn::detail::set_launch_override(gdn::detail::LaunchOverride()); }
-  } scope(forced);
-  return gdn::detail::plan_launch(p, 132);
+  return gdn::detail::plan_launch(p, gdn::detail::DeviceInfo{132}, forced);
 }
 #endif
 

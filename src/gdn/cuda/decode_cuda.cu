@@ -113,6 +113,20 @@ int kv_columns_per_cta(DType state_dtype) {
   return 8 * (state_dtype == DType::kFloat32 ? 4 : 8);
 }
 
+LaunchOverride current_launch_override() {
+  LaunchOverride forced;
+  forced.warps = warps_override.load();
+  forced.rows_per_thread = rows_override.load();
+  forced.lanes_per_row = lanes_override.load();
+  forced.one_token_kernel = one_token_override.load();
+  forced.multi_token_variant = variant_override.load();
+  forced.wide_offsets = wide_offsets_override.load();
+  forced.lean_build = lean_build_override.load();
+  forced.full_problem = full_problem_override.load();
+  forced.load_order = load_order_override.load();
+  return forced;
+}
+
 void set_launch_override(const LaunchOverride& forced) {
   warps_override.store(forced.warps);
   rows_override.store(forced.rows_per_thread);
@@ -139,9 +153,10 @@ const char* decode_kernel_name(DecodeKernel kernel) {
   return "vk";
 }
 
-LaunchPlan plan_launch(const DecodeProblem& p, int sm_count) {
-  // The choices below come from sweeps on an H100 (docs/gdn-cuda-dispatch.md); sm_count sizes
-  // the waves of the one rule that depends on them (the fp32 one-token load order).
+LaunchPlan plan_launch(const DecodeProblem& p, const DeviceInfo& device,
+                       const LaunchOverride& tuning) {
+  // The choices below come from sweeps on an H100 and an H200 (docs/gdn-cuda-dispatch.md); the
+  // SM count sizes the waves of the one rule that depends on them (the fp32 one-token load order).
   LaunchPlan plan;
   const int64_t heads = p.num_requests * p.num_v_heads;
   if (p.layout == StateLayout::kKV) {
@@ -164,12 +179,12 @@ LaunchPlan plan_launch(const DecodeProblem& p, int sm_count) {
   // 2048 heads (Qwen3-Next B = 64: 89.5 and 89.4%).
   // Forcing either kernel (LaunchOverride) overrides this.
   const bool one_token = p.token_capacity == 1 || p.tokens_per_request == 1;
-  const OneTokenKernel forced_kernel = one_token_override.load();
+  const OneTokenKernel forced_kernel = tuning.one_token_kernel;
   const bool single = one_token && forced_kernel == OneTokenKernel::kOneToken;
   const int state_bytes = static_cast<int>(dtype_size(p.state_dtype));
   const int full_lanes = full_lanes_per_row(state_bytes, p.head_k);
-  const int forced_rows = rows_override.load();
-  const int forced_lanes = lanes_override.load();
+  const int forced_rows = tuning.rows_per_thread;
+  const int forced_lanes = tuning.lanes_per_row;
   if (!single) {
     // Multi-token kernel: independent warps (docs/gdn-cuda-dispatch.md for the measured
     // choice of rows and lanes). The lean variant serves bf16 state with T > 1: on an H100
@@ -184,7 +199,7 @@ LaunchPlan plan_launch(const DecodeProblem& p, int sm_count) {
     // classic: level at 2048 heads, ahead by up to 1.4% at 16384 (T = 8: 3427 vs 3475 us). Lean
     // holds one token per lane: longer requests stay classic, and so do calls whose grid would
     // exceed its (tile, head, request) limits.
-    const MultiTokenVariant variant = variant_override.load();
+    const MultiTokenVariant variant = tuning.multi_token_variant;
     const int64_t most_tokens = most_tokens_per_request(p);
     const bool verify_cache = p.intermediate_states != nullptr;
     const bool lean_by_default = one_token || p.state_dtype == DType::kBFloat16 ||
@@ -203,7 +218,7 @@ LaunchPlan plan_launch(const DecodeProblem& p, int sm_count) {
                                 plan.tiles_per_head <= kMaxGridX;
     if (lean && most_tokens <= kLeanMaxTokens && lean_grid_fits) {
       plan.kernel = DecodeKernel::kVKLean;
-      plan.narrow_offsets = !wide_offsets_override.load() && token_offsets_fit_32_bits(p);
+      plan.narrow_offsets = !tuning.wide_offsets && token_offsets_fit_32_bits(p);
       // Calls of the common form (fixed length, or SGLang's one-token decode step with
       // cu_seqlens) take the compact parameter block where an instance for it is built. On an
       // H100 (both Qwen presets, same device call) it is 4-8% faster at bf16 T = 1 at every batch
@@ -213,7 +228,7 @@ LaunchPlan plan_launch(const DecodeProblem& p, int sm_count) {
       // row (one address register and immediate offsets for the state instead of an address
       // per row, which is what let the fp32 one-token build fit 64 registers).
       const bool bf16_input = p.q.dtype == DType::kBFloat16;
-      plan.common_form = !full_problem_override.load() && plan.narrow_offsets &&
+      plan.common_form = !tuning.full_problem && plan.narrow_offsets &&
                          common_form_built(state_bytes, p.head_k, plan.lanes_per_row,
                                            plan.rows_per_thread, bf16_input) &&
                          p.head_v % rows_per_warp == 0 &&
@@ -229,7 +244,7 @@ LaunchPlan plan_launch(const DecodeProblem& p, int sm_count) {
       // heads, 0.1-0.2% slower from 8192 on an H100 (B = 256: 732.3 vs 731.4); on an H200,
       // from 4096 heads as 1-warp CTAs (below), 5-7% faster than the token loop at 16 lanes a
       // row and 4 rows a thread that the H100 had chosen there (docs/gdn-cuda-dispatch.md).
-      const LeanBuild forced_build = lean_build_override.load();
+      const LeanBuild forced_build = tuning.lean_build;
       const bool bf16_state = p.state_dtype == DType::kBFloat16;
       const bool one_token_build_exists = one_token && (bf16_state || plan.common_form);
       const bool one_token_build_pays = plan.common_form || heads > kLeanTokenLoopBuildMaxHeads;
@@ -244,15 +259,15 @@ LaunchPlan plan_launch(const DecodeProblem& p, int sm_count) {
       // (1.2 to 11.6 waves; Qwen3.5-397B B = 16 dense: 50.51 -> 49.78 us), 0.9% slower to 5%
       // faster up to 128 heads (half a wave; 32 heads 4.8-5.2% faster), and 0.4-2.3% slower at
       // 256 heads (0.97 waves), with 160 and 192 heads in between (1.3% slower to 3.2% faster).
-      const LeanLoadOrder forced_order = load_order_override.load();
+      const LeanLoadOrder forced_order = tuning.load_order;
       const int64_t grid_warps = heads * plan.tiles_per_head;
       plan.state_first = plan.common_form &&
                          lean_state_first_built(state_bytes, plan.one_token_build) &&
                          (forced_order == LeanLoadOrder::kStateFirst ||
                           (forced_order == LeanLoadOrder::kAuto &&
-                           lean_fp32_state_first_pays(grid_warps, sm_count)));
+                           lean_fp32_state_first_pays(grid_warps, device.sm_count)));
       if (one_token && heads > kLeanOneTokenMaxHeads) plan.warps_per_cta = 1;
-      const int forced_warps = warps_override.load();
+      const int forced_warps = tuning.warps;
       if (forced_warps >= 1 && forced_warps <= kMultiTokenWarpsPerCta) {
         plan.warps_per_cta = forced_warps;
       }
@@ -274,7 +289,7 @@ LaunchPlan plan_launch(const DecodeProblem& p, int sm_count) {
   if (forced_rows == 4 || (forced_rows >= 8 && eight_possible)) {
     plan.rows_per_thread = forced_rows;
   }
-  if (const int forced = warps_override.load(); forced >= 1 && forced <= 8) {
+  if (const int forced = tuning.warps; forced >= 1 && forced <= 8) {
     plan.warps_per_cta = forced;
   }
   const int rows_per_warp = vk_rows_per_warp(plan.lanes_per_row, plan.rows_per_thread);
@@ -291,7 +306,8 @@ void decode_cuda(const DecodeProblem& problem, int device, bool check_indices, C
   const bool no_tokens = !problem.variable_length && problem.tokens_per_request == 0;
   if (problem.num_requests == 0 || no_tokens) return;
 
-  const LaunchPlan plan = plan_launch(problem, multiprocessor_count(device));
+  const LaunchPlan plan =
+      plan_launch(problem, DeviceInfo{multiprocessor_count(device)}, current_launch_override());
   if (plan.kernel != DecodeKernel::kVKLean && plan.ctas > kMaxGridX) {
     throw Error("hdk::gdn::decode: " + std::to_string(plan.ctas) +
                 " CTAs exceed the CUDA grid limit; split the batch");

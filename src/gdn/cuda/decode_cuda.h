@@ -41,8 +41,6 @@ struct LaunchPlan {
   bool state_first = false;      // vkl: the state loaded before the token's inputs
 };
 
-LaunchPlan plan_launch(const DecodeProblem& problem, int sm_count);
-
 // Which kernel serves one-token calls: the dispatcher's choice, or one of the two forced.
 enum class OneTokenKernel { kAuto, kOneToken, kMultiToken };
 
@@ -83,6 +81,20 @@ struct LaunchOverride {
   LeanLoadOrder load_order = LeanLoadOrder::kAuto;
 };
 void set_launch_override(const LaunchOverride& forced);
+
+// What was last set there (all defaults unless hdk-bench or a test forced something).
+LaunchOverride current_launch_override();
+
+// What the launch plan needs to know of the device, read once per device.
+struct DeviceInfo {
+  int sm_count = 0;
+};
+
+// The launch of `problem` on `device` with `tuning`'s forced choices: a pure function of its
+// arguments (decode_cuda passes current_launch_override()), so the tests plan any call without
+// a GPU or process-wide state.
+LaunchPlan plan_launch(const DecodeProblem& problem, const DeviceInfo& device,
+                       const LaunchOverride& tuning);
 
 }  // namespace detail
 }  // namespace gdn
