@@ -647,15 +647,12 @@ class StepBench {
 #ifdef HDK_WITH_CUDA
     if (std::find(plain_.begin(), plain_.end(), call.kernel) == plain_.end()) return;
     call.run = [run = call.run](CudaStream s, const TensorView& counter) {
-      const bool enabled = hdk::detail::dependent_launch_enabled();
+      struct Restore {  // the switch as it was, however the call ends
+        bool enabled = hdk::detail::dependent_launch_enabled();
+        ~Restore() { hdk::detail::set_dependent_launch(enabled); }
+      } restore;
       hdk::detail::set_dependent_launch(false);
-      try {
-        run(s, counter);
-      } catch (...) {
-        hdk::detail::set_dependent_launch(enabled);
-        throw;
-      }
-      hdk::detail::set_dependent_launch(enabled);
+      run(s, counter);
     };
 #else
     (void)call;
@@ -772,9 +769,10 @@ int dsv4_step_command(Options& options) {
                                        "compress hca",  "index_topk",   "sparse_decode"};
   for (const std::string& call : plain) {
     if (std::find(std::begin(kCalls), std::end(kCalls), call) == std::end(kCalls)) {
-      throw std::runtime_error("--plain: unknown call '" + call +
-                               "' (store_entries, compress csa, compress index, compress hca, "
-                               "index_topk, sparse_decode)");
+      std::string known;
+      for (const char* name : kCalls)
+        known += (known.empty() ? "" : ", ") + std::string(name);
+      throw std::runtime_error("--plain: unknown call '" + call + "' (" + known + ")");
     }
   }
 #ifdef HDK_WITH_CUDA

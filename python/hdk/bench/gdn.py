@@ -55,6 +55,23 @@ SGLANG_CACHE_LIMIT = 2**31
 # FlashInfer's bf16-state verify (0.7.2.post1) faulted the same way at B=512, T=8, HV=64 (2^32
 # cache elements, H200) and ran at B=256, T=8 (2^31): its cells above 2^31 are skipped.
 FLASHINFER_CACHE_LIMIT = 2**31 + 1
+
+
+def verify_cache_limit(peer):
+    """(cache elements B*T*HV*V*K from which the peer's verify is not called, why), or (None, "")
+    for a peer without one: a fault there would poison the CUDA context for every later point."""
+    if peer == "sglang":
+        return SGLANG_CACHE_LIMIT, (
+            ">= 2^31 overflows SGLang's int32 cache offsets (illegal address, see the spec)"
+        )
+    if peer == "flashinfer":
+        return FLASHINFER_CACHE_LIMIT, (
+            "> 2^31: FlashInfer's verify faulted with an illegal address there (B=512, T=8, "
+            "HV=64, H200)"
+        )
+    return None, ""
+
+
 # How each peer addresses the states (see the module docstring); hdk is timed in each form.
 PEER_CALL_FORM = {"sglang": "pool", "fla": "dense", "flashinfer": "pool"}
 IMPLS = ("hdk",) + tuple(PEER_CALL_FORM)
@@ -537,22 +554,9 @@ class Runner:
             function = self.peers[name]
             form = PEER_CALL_FORM[name]
             cache_elements = batch * tokens * x.pool[0].numel()
-            if name == "sglang" and mode == "verify" and cache_elements >= SGLANG_CACHE_LIMIT:
-                row = new_row(
-                    name,
-                    f"skipped: B*T*HV*V*K = {cache_elements} >= 2^31 overflows "
-                    "SGLang's int32 cache offsets (illegal address, see the spec)",
-                    form,
-                )
-                failed.append(row)
-                continue
-            if name == "flashinfer" and mode == "verify" and cache_elements >= FLASHINFER_CACHE_LIMIT:
-                row = new_row(
-                    name,
-                    f"skipped: B*T*HV*V*K = {cache_elements} > 2^31: FlashInfer's verify "
-                    "faulted with an illegal address there (B=512, T=8, HV=64, H200)",
-                    form,
-                )
+            limit, why = verify_cache_limit(name)
+            if mode == "verify" and limit is not None and cache_elements >= limit:
+                row = new_row(name, f"skipped: B*T*HV*V*K = {cache_elements} {why}", form)
                 failed.append(row)
                 continue
             row = new_row(name, call_form=form)

@@ -27,7 +27,7 @@ struct KVShape {
   // CTAs an SM must hold, which caps the registers (65536 / (kThreads x this)): left to itself
   // ptxas gave the bf16 kernel 218 registers once the non-finite test was in (168 before; 2
   // CTAs an SM instead of 3, 25-41% slower on qwen3-next from B = 16, H200); at 4 CTAs (128
-  // registers) it spills 564 bytes. fp32 fits 128 registers with 32 bytes spilled. Other K
+  // registers) it spills 564 bytes. fp32 fits 128 registers with 16 bytes spilled. Other K
   // are left to ptxas (not measured).
   static constexpr int kMinCtasPerSm = K != 128 ? 1 : sizeof(StateT) == 2 ? 3 : 4;
 };
@@ -85,8 +85,8 @@ __global__ void __launch_bounds__(K, KVShape<StateT, K>::kMinCtasPerSm)
   };
   // Only the first kWarps tokens hold their v rows (in.v_row), and those are tested before the
   // state's loads; every later token's row is tested with loads the test consumes at once. Rows
-  // held next to the state's registers made ptxas spill (bf16, K = 128: 76 bytes at the 3-CTA
-  // cap; fp32: 32 bytes at 4), which cost 2-8% at every T.
+  // held next to the state's registers made ptxas spill (K = 128: bf16 76 bytes at the 3-CTA cap,
+  // now none; fp32 32 bytes at 4, now 16), which cost 2-8% at every T.
   bool first_v_nonfinite = false;  // this warp's token of the first chunk, tested early (below)
   auto finish_chunk = [&](const TokenRange& range, int64_t chunk_start, int chunk) {
     auto v_offset = [&](int c) {
