@@ -196,7 +196,7 @@ setup(
     description="Hybrid Decode Kernels: GDN decode for PyTorch serving engines",
     python_requires=">=3.8",
     package_dir={"": package_root},
-    packages=["hdk", "hdk.compat", "hdk.bench", "hdk.dsv4"],
+    packages=["hdk", "hdk.compat", "hdk.bench", "hdk.dsv4", "hdk.integrations"],
     package_data={"hdk": ["libhdk.so*"]},
     ext_modules=[extension()],
     cmdclass={

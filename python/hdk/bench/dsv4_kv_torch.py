@@ -16,6 +16,8 @@ Slots must be non-negative here (the benchmark writes live rows only).
 
 import torch
 
+from hdk.dsv4.ops import hadamard_matrix
+
 ENTRY_BYTES, DATA_BYTES = 584, 576
 KEY_DATA_BYTES, MXFP4_KEY_BYTES = 64, 68
 HAS_FP8 = hasattr(torch, "float8_e4m3fn")
@@ -106,13 +108,6 @@ def gather_entries(cache, block_size, slots, dtype=torch.float32):
     rope = data[..., 448:].contiguous().view(torch.bfloat16).float()
     out = torch.cat([nope.reshape(*flat.shape, 448), rope], dim=-1)
     return torch.where(live[..., None], out, torch.zeros_like(out)).to(dtype)
-
-
-def hadamard_matrix(n=128, device="cpu"):
-    h = torch.ones(1, 1)
-    while h.shape[0] < n:
-        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-    return (h / n**0.5).to(device)
 
 
 def encode_mxfp4_keys(keys):

@@ -166,6 +166,16 @@ def _key_format(format):
     return KEY_FORMATS[format]
 
 
+def hadamard_matrix(n=128, device="cpu"):
+    """The orthonormal Sylvester Hadamard matrix H_n / sqrt(n), fp32: the rotation hdk applies
+    to indexer keys (``rotate=True``). An indexer query ``q`` scores against rotated keys as
+    ``q @ hadamard_matrix()`` (H is symmetric and orthonormal, so the scores are q . k)."""
+    h = torch.ones(1, 1)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return (h / n**0.5).to(device)
+
+
 def store_entries(values, slots, cache, block_size, *, invalid_count=None, check_indices=False):
     """MODEL1 entries: values [N, 512] fp32/bf16 -> cache [num_blocks, block_size * 584] uint8
     at flat slots [N] (negative: skipped)."""
@@ -610,4 +620,3 @@ def sparse_decode(
         workspace,
     )
     return out, lse
-
