@@ -21,6 +21,7 @@
 #include "support/gdn_case.h"
 
 #ifdef HDK_WITH_CUDA
+#include "gdn/cuda/built_kernels.h"
 #include "gdn/cuda/decode_cuda.h"
 #endif
 
@@ -278,7 +279,11 @@ std::vector<GdnCaseConfig> nonfinite_cases() {
 std::vector<gdn::detail::LaunchOverride> forced_kernels() {
   using gdn::detail::LaunchOverride;
   std::vector<LaunchOverride> runs(7);
-  runs[1].one_token_kernel = gdn::detail::OneTokenKernel::kOneToken;
+  // Run 1 forces the one-token kernel where this build has it (built_kernels.h), and is the
+  // dispatcher's choice again otherwise.
+  if (gdn::detail::kOneTokenKernelBuilt) {
+    runs[1].one_token_kernel = gdn::detail::OneTokenKernel::kOneToken;
+  }
   runs[2].one_token_kernel = gdn::detail::OneTokenKernel::kMultiToken;
   runs[2].multi_token_variant = gdn::detail::MultiTokenVariant::kClassic;
   runs[3].one_token_kernel = gdn::detail::OneTokenKernel::kMultiToken;

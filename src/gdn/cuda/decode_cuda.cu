@@ -16,6 +16,7 @@
 #include "core/cuda/index_view_to_host.h"
 #include "core/cuda_helpers.h"
 #include "gdn/common_decode_problem.h"
+#include "gdn/cuda/built_kernels.h"
 #include "gdn/cuda/decode_launch.h"
 #include "gdn/decode_validation.h"
 #include "gdn/lean_kernel_fit.h"
@@ -298,6 +299,22 @@ LaunchPlan plan_launch(const DecodeProblem& p, const DeviceInfo& device,
   return plan;
 }
 
+bool launch_plan_built(const DecodeProblem& problem, const LaunchPlan& plan) {
+  switch (plan.kernel) {
+    case DecodeKernel::kKV:
+      return true;
+    case DecodeKernel::kVKSingle:
+      return kOneTokenKernelBuilt;
+    case DecodeKernel::kVK:
+    case DecodeKernel::kVKLean:
+      break;
+  }
+  const VKShapeEntry* entry =
+      find_vk_shape(static_cast<int>(dtype_size(problem.state_dtype)), problem.head_k,
+                    plan.lanes_per_row, plan.rows_per_thread);
+  return entry != nullptr && vk_shape_entry_built(*entry);
+}
+
 void decode_cuda(const DecodeProblem& problem, int device, bool check_indices, CudaStream stream) {
   check_capabilities(problem);
   const hdk::detail::CudaDeviceGuard guard(device, kOperation);
@@ -308,6 +325,13 @@ void decode_cuda(const DecodeProblem& problem, int device, bool check_indices, C
 
   const LaunchPlan plan =
       plan_launch(problem, DeviceInfo{multiprocessor_count(device)}, current_launch_override());
+  if (!launch_plan_built(problem, plan)) {
+    throw Error(std::string("hdk::gdn::decode: the forced launch (") +
+                decode_kernel_name(plan.kernel) + " kernel, " + std::to_string(plan.lanes_per_row) +
+                " lanes per row, " + std::to_string(plan.rows_per_thread) +
+                " rows per thread) has no kernel in this build: tuning-sweep kernels are built "
+                "with -DHDK_GDN_SWEEP_KERNELS=ON");
+  }
   if (plan.kernel != DecodeKernel::kVKLean && plan.ctas > kMaxGridX) {
     throw Error("hdk::gdn::decode: " + std::to_string(plan.ctas) +
                 " CTAs exceed the CUDA grid limit; split the batch");

@@ -96,6 +96,10 @@ struct DeviceInfo {
 LaunchPlan plan_launch(const DecodeProblem& problem, const DeviceInfo& device,
                        const LaunchOverride& tuning);
 
+// Whether the plan's kernel and shape are built (built_kernels.h): always for the dispatcher's
+// own plans; a forced sweep shape or the one-token kernel needs -DHDK_GDN_SWEEP_KERNELS=ON.
+bool launch_plan_built(const DecodeProblem& problem, const LaunchPlan& plan);
+
 }  // namespace detail
 }  // namespace gdn
 }  // namespace hdk

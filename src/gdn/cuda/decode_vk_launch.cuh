@@ -1,5 +1,5 @@
 // Launchers of the two VK kernels; decode_vk_*.cu instantiate them once per state dtype, so
-// nvcc compiles them in parallel. Only the shapes the dispatcher may pick are instantiated.
+// nvcc compiles them in parallel. Only the shapes built_kernels.h lists are instantiated.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "gdn/cuda/built_kernels.h"
 #include "gdn/cuda/decode_kernel_vk.cuh"
 #include "gdn/cuda/decode_kernel_vk_single.cuh"
 #include "gdn/cuda/decode_launch.h"
@@ -41,14 +42,11 @@ void launch_vk_variant(const DecodeProblem& problem, int64_t tiles_per_head, cud
               std::to_string(rows_per_thread) + " rows per thread");
 }
 
-// The multi-token kernel. For K = 128 every measured candidate (docs/gdn-cuda-dispatch.md); for
-// the other head sizes the default shape only.
+// The multi-token kernel, at the shapes built_kernels.h lists for the state dtype and K.
 template <typename StateT>
 void launch_decode_vk(const DecodeProblem& problem, int lanes_per_row, int rows_per_thread,
                       int64_t tiles_per_head, cudaStream_t stream) {
   HDK_DISPATCH_HEAD_K(problem.head_k, [&] {
-    constexpr int kFull = full_lanes_per_row<StateT, kHeadK>();
-    constexpr int kDefaultRows = multi_token_default_rows<StateT, kHeadK>();
     auto launch = [&](auto rows, auto lanes) {
       constexpr int kRows = decltype(rows)::value, kLanes = decltype(lanes)::value;
       // A cap of 128 registers: left free, the compiler takes 146-174 for some K = 128 shapes,
@@ -57,23 +55,9 @@ void launch_decode_vk(const DecodeProblem& problem, int lanes_per_row, int rows_
       constexpr int kCap = sizeof(StateT) == 4 && kHeadK == 256 ? 255 : 128;
       launch_vk_variant<StateT, kHeadK, kRows, kLanes, kCap>(problem, tiles_per_head, stream);
     };
-    using Two = std::integral_constant<int, 2>;
-    using Four = std::integral_constant<int, 4>;
-    using Eight = std::integral_constant<int, 8>;
-    using Full = std::integral_constant<int, kFull>;
-    using Half = std::integral_constant<int, kFull / 2>;
-    if constexpr (kHeadK == 128) {
-      if (lanes_per_row == kFull / 2 && rows_per_thread == 2) return launch(Two(), Half());
-      if (lanes_per_row == kFull / 2 && rows_per_thread == 4) return launch(Four(), Half());
-      if (lanes_per_row == kFull && rows_per_thread == 2) return launch(Two(), Full());
-      if (lanes_per_row == kFull && rows_per_thread == 4) return launch(Four(), Full());
-      if constexpr (kFull >= 16) {
-        if (lanes_per_row == kFull && rows_per_thread == 8) return launch(Eight(), Full());
-      }
-    } else if (lanes_per_row == kFull && rows_per_thread == kDefaultRows) {
-      return launch(std::integral_constant<int, kDefaultRows>(), Full());
+    if (!launch_built_vk_shape<sizeof(StateT), kHeadK>(lanes_per_row, rows_per_thread, launch)) {
+      no_kernel_for("multi-token", kHeadK, lanes_per_row, rows_per_thread);
     }
-    no_kernel_for("multi-token", kHeadK, lanes_per_row, rows_per_thread);
   });
 }
 
@@ -89,24 +73,30 @@ void launch_vk_single_variant(const DecodeProblem& problem, int warps_per_cta,
 }
 
 // The one-token kernel: rows per thread 4, 8 or 16 (fewer where a row has fewer lanes), each
-// with its register cap (single_token_default_registers).
+// with its register cap (single_token_default_registers). Built for tuning sweeps only
+// (kOneTokenKernelBuilt); decode_cuda refuses a plan for it otherwise.
 template <typename StateT>
 void launch_decode_vk_single(const DecodeProblem& problem, int warps_per_cta, int rows_per_thread,
                              int64_t tiles_per_head, cudaStream_t stream) {
-  HDK_DISPATCH_HEAD_K(problem.head_k, [&] {
-    auto launch = [&](auto rows) {
-      constexpr int kRows = decltype(rows)::value;
-      launch_vk_single_variant<StateT, kHeadK, kRows,
-                               single_token_default_registers<StateT, kHeadK, kRows>()>(
-          problem, warps_per_cta, tiles_per_head, stream);
-    };
-    constexpr int kMostRows = max_single_token_rows<StateT, kHeadK>();
-    if (rows_per_thread >= 16) return launch(std::integral_constant<int, kMostRows>());
-    if (rows_per_thread >= 8) {
-      return launch(std::integral_constant<int, (kMostRows < 8 ? kMostRows : 8)>());
-    }
-    return launch(std::integral_constant<int, 4>());
-  });
+  if constexpr (kOneTokenKernelBuilt) {
+    HDK_DISPATCH_HEAD_K(problem.head_k, [&] {
+      auto launch = [&](auto rows) {
+        constexpr int kRows = decltype(rows)::value;
+        launch_vk_single_variant<StateT, kHeadK, kRows,
+                                 single_token_default_registers<StateT, kHeadK, kRows>()>(
+            problem, warps_per_cta, tiles_per_head, stream);
+      };
+      constexpr int kMostRows = max_single_token_rows<StateT, kHeadK>();
+      if (rows_per_thread >= 16) return launch(std::integral_constant<int, kMostRows>());
+      if (rows_per_thread >= 8) {
+        return launch(std::integral_constant<int, (kMostRows < 8 ? kMostRows : 8)>());
+      }
+      return launch(std::integral_constant<int, 4>());
+    });
+  } else {
+    (void)warps_per_cta, (void)rows_per_thread, (void)tiles_per_head, (void)stream;
+    no_kernel_for("one-token", problem.head_k, 0, 0);
+  }
 }
 
 }  // namespace detail

@@ -1,7 +1,8 @@
 // Launcher of the lean multi-token kernel; decode_vk_lean_{bf16,float}.cu instantiate it once
-// per state dtype. Every shape the classic multi-token launcher (decode_vk_launch.cuh) accepts
-// is built here too, so a sweep can compare the two kernels shape by shape; each shape for q/k/v
-// in bf16, fp16 and fp32, with 32- or 64-bit token offsets, with or without per-token slots.
+// per state dtype. It takes the shapes of built_kernels.h, as the classic multi-token launcher
+// (decode_vk_launch.cuh) does, so a sweep can compare the two kernels shape by shape; each shape
+// for q/k/v in bf16, fp16 and fp32, with 32- or 64-bit token offsets, with or without per-token
+// slots.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -13,6 +14,7 @@
 #include <type_traits>
 
 #include "gdn/common_decode_problem.h"
+#include "gdn/cuda/built_kernels.h"
 #include "gdn/cuda/decode_kernel_vk.cuh"
 #include "gdn/cuda/decode_kernel_vk_lean.cuh"
 #include "gdn/cuda/decode_launch.h"
@@ -136,37 +138,21 @@ void launch_vk_lean_shape(const DecodeProblem& problem, const LeanLaunch& plan,
   }
 }
 
-// The lean multi-token kernel, for the shapes of launch_decode_vk. The caller has checked that
-// no request has more than kLeanMaxTokens tokens (or one, for the one-token build).
+// The lean multi-token kernel, at the shapes built_kernels.h lists (those of launch_decode_vk).
+// The caller has checked that no request has more than kLeanMaxTokens tokens (or one, for the
+// one-token build).
 template <typename StateT>
 void launch_decode_vk_lean(const DecodeProblem& problem, const LeanLaunch& plan,
                            cudaStream_t stream) {
-  const int lanes_per_row = plan.lanes_per_row;
-  const int rows_per_thread = plan.rows_per_thread;
   HDK_DISPATCH_HEAD_K(problem.head_k, [&] {
-    constexpr int kFull = full_lanes_per_row<StateT, kHeadK>();
-    constexpr int kDefaultRows = multi_token_default_rows<StateT, kHeadK>();
     auto launch = [&](auto rows, auto lanes) {
       constexpr int kRows = decltype(rows)::value, kLanes = decltype(lanes)::value;
       launch_vk_lean_shape<StateT, kHeadK, kRows, kLanes>(problem, plan, stream);
     };
-    using Two = std::integral_constant<int, 2>;
-    using Four = std::integral_constant<int, 4>;
-    using Eight = std::integral_constant<int, 8>;
-    using Full = std::integral_constant<int, kFull>;
-    using Half = std::integral_constant<int, kFull / 2>;
-    if constexpr (kHeadK == 128) {
-      if (lanes_per_row == kFull / 2 && rows_per_thread == 2) return launch(Two(), Half());
-      if (lanes_per_row == kFull / 2 && rows_per_thread == 4) return launch(Four(), Half());
-      if (lanes_per_row == kFull && rows_per_thread == 2) return launch(Two(), Full());
-      if (lanes_per_row == kFull && rows_per_thread == 4) return launch(Four(), Full());
-      if constexpr (kFull >= 16) {
-        if (lanes_per_row == kFull && rows_per_thread == 8) return launch(Eight(), Full());
-      }
-    } else if (lanes_per_row == kFull && rows_per_thread == kDefaultRows) {
-      return launch(std::integral_constant<int, kDefaultRows>(), Full());
+    if (!launch_built_vk_shape<sizeof(StateT), kHeadK>(plan.lanes_per_row, plan.rows_per_thread,
+                                                       launch)) {
+      no_kernel_for("lean multi-token", kHeadK, plan.lanes_per_row, plan.rows_per_thread);
     }
-    no_kernel_for("lean multi-token", kHeadK, lanes_per_row, rows_per_thread);
   });
 }
 
