@@ -5,6 +5,9 @@
 # The log stays short: passed and skipped tests are counted, not listed (CTest's whole output
 # goes to <build>/ctest.log), failures are shown with their output.
 #
+# HDK_TRANSFORMERS=ON (CI sets it) then runs the transformers integration's tests in a virtual
+# environment with torch and transformers from PyPI (scripts/run-integration-tests.sh).
+#
 # HDK_CLANG=ON (CI sets it) adds the clang passes after those: the library, the benchmark and the
 # C++ tests built again with clang, CPU only, warnings as errors, against libstdc++ and against
 # libc++, each run under CTest. A pass whose compiler or library cannot be installed is skipped
@@ -28,6 +31,9 @@ build_and_test() {  # build_and_test <build dir> <cmake options...>
 
 build_and_test "$build" -DHDK_WITH_CUDA="${HDK_WITH_CUDA:-AUTO}"
 scripts/run-python-tests.sh
+if [[ ${HDK_TRANSFORMERS:-OFF} == ON ]]; then
+  scripts/run-integration-tests.sh
+fi
 
 if [[ ${HDK_CLANG:-OFF} == ON ]]; then
   clang_options=(-DHDK_WITH_CUDA=OFF -DCMAKE_CXX_COMPILER=clang++)
