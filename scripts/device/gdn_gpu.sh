@@ -6,7 +6,8 @@
 #   bench     hdk-bench gdn, full grid, cold L2 (JSON + log)
 #   quick     hdk-bench gdn, T=1 only
 #   hot       hdk-bench gdn, T=1, hot L2
-#   sweep     hdk-bench gdn, T=1, VK rows per thread (2, 4) x warps per CTA (2, 4, 8)
+#   sweep     hdk-bench gdn, T=1, VK rows per thread (2, 4) x warps per CTA (2, 4, 8); needs a build
+#             configured with -DHDK_GDN_SWEEP_KERNELS=ON (the non-default shapes)
 #   profile   Nsight Compute sections of the VK kernel (bf16 and fp32 state, B=64, T=1)
 # Logs and JSON land in $OUT (default /tmp/hdk-out). Exits non-zero if any stage failed.
 set -uo pipefail
