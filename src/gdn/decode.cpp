@@ -27,12 +27,28 @@ void decode(const DecodeParams& params, CudaStream stream) {
     return;
   }
 #ifdef HDK_WITH_CUDA
-  detail::decode_cuda(problem, device.index, params.check_indices, stream);
+  detail::decode_cuda(problem, device.index, params.check_indices, stream, {});
 #else
   (void)stream;
   hdk::detail::throw_no_cuda_backend("hdk::gdn::decode", device);
 #endif
 }
+
+#ifdef HDK_WITH_CUDA
+namespace detail {
+
+LaunchPlan decode_tuned(const DecodeParams& params, CudaStream stream,
+                        const LaunchOverride& tuning) {
+  const DecodeProblem problem = validate_decode(params);
+  const Device device = params.q.device;
+  if (!device.is_cuda()) {
+    throw Error("hdk::gdn::decode: a launch override (tuning) applies to CUDA tensors only");
+  }
+  return decode_cuda(problem, device.index, params.check_indices, stream, tuning);
+}
+
+}  // namespace detail
+#endif
 
 }  // namespace gdn
 }  // namespace hdk

@@ -118,17 +118,15 @@ TEST(GdnBuiltKernels, AForcedKernelOutsideTheBuildIsAClearError) {
   const GdnCase test_case(config);
   LaunchOverride forced;
   forced.one_token_kernel = gdn::detail::OneTokenKernel::kOneToken;
-  struct Forced {
-    explicit Forced(const LaunchOverride& o) { gdn::detail::set_launch_override(o); }
-    ~Forced() { gdn::detail::set_launch_override(LaunchOverride()); }
-  } scope(forced);
   if (gdn::detail::kOneTokenKernelBuilt) {
     const BufferContents expected = run_reference(test_case);
-    EXPECT_TRUE(outputs_match(test_case, expected, run_backend(test_case, Backend::kCUDA)));
+    gdn::detail::LaunchPlan launched;
+    EXPECT_TRUE(outputs_match(test_case, expected, run_cuda_tuned(test_case, forced, &launched)));
+    EXPECT_EQ(launched.kernel, DecodeKernel::kVKSingle);
     return;
   }
   try {
-    run_backend(test_case, Backend::kCUDA);
+    run_cuda_tuned(test_case, forced);
     ADD_FAILURE() << "a forced one-token kernel ran in a build without it";
   } catch (const Error& error) {
     EXPECT_NE(std::string(error.what()).find("-DHDK_GDN_SWEEP_KERNELS=ON"), std::string::npos)

@@ -37,18 +37,18 @@ void check(cudaError_t status) {
 
 using gdn::detail::MultiTokenVariant;
 
-// Forces a multi-token kernel variant for a scope; restored however the scope ends.
-class ForcedVariant {
- public:
-  explicit ForcedVariant(MultiTokenVariant variant) {
-    gdn::detail::LaunchOverride forced;
-    forced.multi_token_variant = variant;
-    gdn::detail::set_launch_override(forced);
-  }
-  ~ForcedVariant() { gdn::detail::set_launch_override(gdn::detail::LaunchOverride()); }
-  ForcedVariant(const ForcedVariant&) = delete;
-  ForcedVariant& operator=(const ForcedVariant&) = delete;
-};
+// The launch override that forces a multi-token kernel variant, and the kernel it must launch
+// for a VK-layout call.
+gdn::detail::LaunchOverride forced_variant(MultiTokenVariant variant) {
+  gdn::detail::LaunchOverride forced;
+  forced.multi_token_variant = variant;
+  return forced;
+}
+
+gdn::detail::DecodeKernel variant_kernel(MultiTokenVariant variant) {
+  return variant == MultiTokenVariant::kLean ? gdn::detail::DecodeKernel::kVKLean
+                                             : gdn::detail::DecodeKernel::kVK;
+}
 
 const char* variant_name(MultiTokenVariant variant) {
   return variant == MultiTokenVariant::kLean ? "lean multi-token kernel"
@@ -67,7 +67,9 @@ struct Embedding {
 };
 
 BufferContents run_embedded(const GdnCase& c, const Embedding& e, std::vector<int64_t>* used,
-                            std::vector<uint8_t>* neighbours_ok) {
+                            std::vector<uint8_t>* neighbours_ok,
+                            const gdn::detail::LaunchOverride& tuning,
+                            gdn::detail::LaunchPlan* launched) {
   const GdnCaseConfig& config = c.config();
   const int64_t B = config.B;
   BufferContents result(c.buffers().size());
@@ -147,7 +149,7 @@ BufferContents run_embedded(const GdnCase& c, const Embedding& e, std::vector<in
     if (view->defined()) view->shape[0] = e.batch;
   }
   params.state.shape[0] = e.pool_slots;
-  gdn::decode(params);
+  *launched = gdn::detail::decode_tuned(params, nullptr, tuning);
   synchronize(Backend::kCUDA);
 
   for (size_t i = 0; i < c.buffers().size(); ++i) {
@@ -195,7 +197,7 @@ TEST(GdnDecodeCuda, PoolLargerThan4GiB) {
   HDK_SKIP_WITHOUT_CUDA();
 #ifdef HDK_WITH_CUDA
   for (MultiTokenVariant variant : {MultiTokenVariant::kClassic, MultiTokenVariant::kLean}) {
-    const ForcedVariant forced(variant);
+    const gdn::detail::LaunchOverride forced = forced_variant(variant);
     SCOPED_TRACE(variant_name(variant));
     for (DType state : {DType::kFloat32, DType::kBFloat16}) {
       for (gdn::StateLayout layout : {gdn::StateLayout::kVK, gdn::StateLayout::kKV}) {
@@ -217,8 +219,11 @@ TEST(GdnDecodeCuda, PoolLargerThan4GiB) {
         ASSERT_GT(e.slot_of(0) * slot_bytes, int64_t{1} << 32);
         std::vector<int64_t> used;
         std::vector<uint8_t> neighbours_ok;
-        const BufferContents actual = run_embedded(c, e, &used, &neighbours_ok);
+        gdn::detail::LaunchPlan launched;
+        const BufferContents actual = run_embedded(c, e, &used, &neighbours_ok, forced, &launched);
         EXPECT_TRUE(outputs_match(c, run_reference(c), actual));
+        EXPECT_EQ(launched.kernel, layout == gdn::StateLayout::kKV ? gdn::detail::DecodeKernel::kKV
+                                                                   : variant_kernel(variant));
         ASSERT_FALSE(neighbours_ok.empty());
         for (uint8_t ok : neighbours_ok)
           EXPECT_EQ(ok, 1) << "a slot next to a used one changed";
@@ -234,7 +239,7 @@ TEST(GdnDecodeCuda, IntermediateCacheBeyond2To31Elements) {
   HDK_SKIP_WITHOUT_CUDA();
 #ifdef HDK_WITH_CUDA
   for (MultiTokenVariant variant : {MultiTokenVariant::kClassic, MultiTokenVariant::kLean}) {
-    const ForcedVariant forced(variant);
+    const gdn::detail::LaunchOverride forced = forced_variant(variant);
     SCOPED_TRACE(variant_name(variant));
     GdnCaseConfig config;
     config.B = 3, config.T = 8, config.H = 16, config.HV = 64, config.K = 128, config.V = 128;
@@ -252,8 +257,10 @@ TEST(GdnDecodeCuda, IntermediateCacheBeyond2To31Elements) {
     ASSERT_GT(e.batch * 8 * 64 * 128 * 128, int64_t{1} << 31);
     std::vector<int64_t> used;
     std::vector<uint8_t> neighbours_ok;
-    const BufferContents actual = run_embedded(c, e, &used, &neighbours_ok);
+    gdn::detail::LaunchPlan launched;
+    const BufferContents actual = run_embedded(c, e, &used, &neighbours_ok, forced, &launched);
     EXPECT_TRUE(outputs_match(c, run_reference(c), actual));
+    EXPECT_EQ(launched.kernel, variant_kernel(variant));
   }
 #endif
 }
@@ -261,7 +268,8 @@ TEST(GdnDecodeCuda, IntermediateCacheBeyond2To31Elements) {
 #ifdef HDK_WITH_CUDA
 // Captures one decode of `config` on a user stream, then replays it with fresh inputs, pool and
 // indices written into the captured buffers.
-void capture_and_replay(GdnCaseConfig config) {
+void capture_and_replay(GdnCaseConfig config, const gdn::detail::LaunchOverride& tuning = {},
+                        gdn::detail::LaunchPlan* launched = nullptr) {
   const GdnCase first(config);
   std::vector<DeviceBuffer> memory;
   std::vector<void*> bases;
@@ -274,7 +282,9 @@ void capture_and_replay(GdnCaseConfig config) {
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cudaGraph_t graph = nullptr;
   check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  gdn::decode(first.bind(bases, Device::cuda(0)), stream);
+  const gdn::detail::LaunchPlan plan =
+      gdn::detail::decode_tuned(first.bind(bases, Device::cuda(0)), stream, tuning);
+  if (launched != nullptr) *launched = plan;
   check(cudaStreamEndCapture(stream, &graph));
   cudaGraphExec_t exec = nullptr;
   check(cudaGraphInstantiate(&exec, graph, 0));
@@ -393,7 +403,7 @@ TEST(GdnDecodeCuda, MultiTokenGraphCaptureAndReplay) {
   HDK_SKIP_WITHOUT_CUDA();
 #ifdef HDK_WITH_CUDA
   for (MultiTokenVariant variant : {MultiTokenVariant::kClassic, MultiTokenVariant::kLean}) {
-    const ForcedVariant forced(variant);
+    const gdn::detail::LaunchOverride forced = forced_variant(variant);
     SCOPED_TRACE(variant_name(variant));
     GdnCaseConfig config;
     config.B = 8, config.T = 2, config.H = 8, config.HV = 32, config.K = 128, config.V = 128;
@@ -402,7 +412,9 @@ TEST(GdnDecodeCuda, MultiTokenGraphCaptureAndReplay) {
     config.update_state = false;
     config.padding_fraction = 0.25;
     config.seed = 41;
-    capture_and_replay(config);
+    gdn::detail::LaunchPlan launched;
+    capture_and_replay(config, forced, &launched);
+    EXPECT_EQ(launched.kernel, variant_kernel(variant));
   }
 #endif
 }

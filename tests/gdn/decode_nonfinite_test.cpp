@@ -19,6 +19,7 @@
 #include "hdk/dtype.h"
 #include "hdk/gdn/decode.h"
 #include "support/gdn_case.h"
+#include "support/gdn_host_call.h"
 
 #ifdef HDK_WITH_CUDA
 #include "gdn/cuda/built_kernels.h"
@@ -366,16 +367,19 @@ TEST(GdnDecodeNonfinite, RefusesTheHeadFromTheBadTokenOn) {
 #endif
         for (size_t run = 0; run < std::size(runs); ++run) {
           SCOPED_TRACE("forced kernel set " + std::to_string(run));
+          BufferContents clean, actual;
 #ifdef HDK_WITH_CUDA
-          struct Forced {
-            explicit Forced(const gdn::detail::LaunchOverride& o) {
-              gdn::detail::set_launch_override(o);
-            }
-            ~Forced() { gdn::detail::set_launch_override(gdn::detail::LaunchOverride()); }
-          } forced(runs[run]);
+          if (backend == Backend::kCUDA) {
+            gdn::detail::LaunchPlan launched;
+            clean = run_cuda_tuned(test_case, runs[run], &launched, &inputs);
+            EXPECT_TRUE(launched_as_planned(test_case, runs[run], launched));
+            actual = run_cuda_tuned(test_case, runs[run], nullptr, &poisoned);
+          }
 #endif
-          const BufferContents clean = run_backend(test_case, backend, &inputs);
-          const BufferContents actual = run_backend(test_case, backend, &poisoned);
+          if (backend == Backend::kCPU) {
+            clean = run_backend(test_case, backend, &inputs);
+            actual = run_backend(test_case, backend, &poisoned);
+          }
           EXPECT_TRUE(outputs_match(test_case, reference_clean, clean));
           EXPECT_TRUE(refused_exactly(test_case, refusal, reference_poisoned, clean, actual));
         }

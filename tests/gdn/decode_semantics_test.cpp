@@ -14,6 +14,7 @@
 #include "hdk/gdn/decode.h"
 #include "hdk/tensor_view.h"
 #include "support/gdn_case.h"
+#include "support/gdn_host_call.h"
 
 #ifdef HDK_WITH_CUDA
 #include "gdn/cuda/built_kernels.h"
@@ -331,28 +332,18 @@ TEST_P(GdnDecodeSemantics, MatchesReference) {
       if (run.one_token == OneTokenKernel::kOneToken && !gdn::detail::kOneTokenKernelBuilt) {
         continue;
       }
-      // Restored however the call ends: a throwing backend must not leave later tests on a
-      // forced kernel.
-      struct ForcedKernel {
-        explicit ForcedKernel(const Forced& run) {
-          LaunchOverride forced;
-          forced.one_token_kernel = run.one_token;
-          forced.multi_token_variant = run.variant;
-          forced.wide_offsets = run.wide_offsets;
-          forced.warps = run.warps;
-          forced.lean_build = run.lean_build;
-          forced.full_problem = run.full_problem;
-          forced.load_order = run.load_order;
-          gdn::detail::set_launch_override(forced);
-        }
-        ~ForcedKernel() { gdn::detail::set_launch_override(LaunchOverride()); }
-      };
+      LaunchOverride forced;
+      forced.one_token_kernel = run.one_token;
+      forced.multi_token_variant = run.variant;
+      forced.wide_offsets = run.wide_offsets;
+      forced.warps = run.warps;
+      forced.lean_build = run.lean_build;
+      forced.full_problem = run.full_problem;
+      forced.load_order = run.load_order;
       SCOPED_TRACE(run.name);
-      BufferContents forced_actual;
-      {
-        const ForcedKernel forced(run);
-        forced_actual = run_backend(test_case, backend);
-      }
+      gdn::detail::LaunchPlan launched;
+      const BufferContents forced_actual = run_cuda_tuned(test_case, forced, &launched);
+      EXPECT_TRUE(launched_as_planned(test_case, forced, launched));
       EXPECT_TRUE(outputs_match(test_case, expected, forced_actual));
     }
   }

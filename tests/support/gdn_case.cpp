@@ -403,8 +403,13 @@ BufferContents run_reference(const GdnCase& test_case, const BufferContents* ini
   return contents;
 }
 
-BufferContents run_backend(const GdnCase& test_case, Backend backend,
-                           const BufferContents* initial) {
+namespace {
+
+// Copies the case's buffers (or `initial`) to the backend, runs `call` on the bound params,
+// copies them back.
+template <typename Call>
+BufferContents run_on(const GdnCase& test_case, Backend backend, const BufferContents* initial,
+                      Call&& call) {
   std::vector<DeviceBuffer> memory;
   std::vector<void*> bases;
   for (size_t i = 0; i < test_case.buffers().size(); ++i) {
@@ -415,7 +420,7 @@ BufferContents run_backend(const GdnCase& test_case, Backend backend,
     memory.back().upload(bytes.data(), bytes.size());
     bases.push_back(memory.back().data());
   }
-  gdn::decode(test_case.bind(bases, backend_device(backend)));
+  call(test_case.bind(bases, backend_device(backend)));
   synchronize(backend);
   BufferContents contents;
   for (size_t i = 0; i < memory.size(); ++i) {
@@ -424,6 +429,24 @@ BufferContents run_backend(const GdnCase& test_case, Backend backend,
   }
   return contents;
 }
+
+}  // namespace
+
+BufferContents run_backend(const GdnCase& test_case, Backend backend,
+                           const BufferContents* initial) {
+  return run_on(test_case, backend, initial,
+                [](const gdn::DecodeParams& params) { gdn::decode(params); });
+}
+
+#ifdef HDK_WITH_CUDA
+BufferContents run_cuda_tuned(const GdnCase& test_case, const gdn::detail::LaunchOverride& tuning,
+                              gdn::detail::LaunchPlan* launched, const BufferContents* initial) {
+  return run_on(test_case, Backend::kCUDA, initial, [&](const gdn::DecodeParams& params) {
+    const gdn::detail::LaunchPlan plan = gdn::detail::decode_tuned(params, nullptr, tuning);
+    if (launched != nullptr) *launched = plan;
+  });
+}
+#endif
 
 ::testing::AssertionResult outputs_match(const GdnCase& test_case, const BufferContents& expected,
                                          const BufferContents& actual) {

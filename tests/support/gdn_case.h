@@ -12,6 +12,10 @@
 #include "hdk/gdn/decode.h"
 #include "support/device_memory.h"
 
+#ifdef HDK_WITH_CUDA
+#include "gdn/cuda/decode_cuda.h"
+#endif
+
 namespace hdk {
 namespace testing {
 
@@ -102,6 +106,14 @@ BufferContents run_reference(const GdnCase& test_case, const BufferContents* ini
 // Runs hdk::gdn::decode on `backend` (copying the buffers, or `initial`, there and back).
 BufferContents run_backend(const GdnCase& test_case, Backend backend,
                            const BufferContents* initial = nullptr);
+
+#ifdef HDK_WITH_CUDA
+// run_backend on CUDA with the kernel choices `tuning` forces; `launched` (when given) receives
+// the plan that ran.
+BufferContents run_cuda_tuned(const GdnCase& test_case, const gdn::detail::LaunchOverride& tuning,
+                              gdn::detail::LaunchPlan* launched = nullptr,
+                              const BufferContents* initial = nullptr);
+#endif
 
 // Checks every output buffer: bytes the reference left untouched must be untouched (bit for
 // bit), written rows within tolerance (per row and over the whole buffer), no NaN/Inf.

@@ -4,7 +4,10 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "gdn/decode_problem.h"
 #include "gdn/decode_validation.h"
@@ -42,6 +45,32 @@ class HostCall {
 inline gdn::detail::LaunchPlan plan_with(const gdn::detail::DecodeProblem& p,
                                          const gdn::detail::LaunchOverride& forced = {}) {
   return gdn::detail::plan_launch(p, gdn::detail::DeviceInfo{132}, forced);
+}
+
+// Whether a CUDA call of `test_case` launched what plan_launch gives under `forced`: the kernel,
+// its build and shape (not the load order, which depends on the device's SM count). An empty
+// call launches nothing and passes.
+inline ::testing::AssertionResult launched_as_planned(const GdnCase& test_case,
+                                                      const gdn::detail::LaunchOverride& forced,
+                                                      const gdn::detail::LaunchPlan& launched) {
+  if (launched.ctas == 0) return ::testing::AssertionSuccess();
+  std::vector<std::vector<uint8_t>> memory;
+  std::vector<void*> bases;
+  for (const BufferSpec& buffer : test_case.buffers())
+    memory.push_back(buffer.initial);
+  for (auto& bytes : memory)
+    bases.push_back(bytes.data());
+  const gdn::detail::LaunchPlan wanted =
+      plan_with(gdn::detail::validate_decode(test_case.bind(bases, Device::cpu())), forced);
+  auto describe = [](const gdn::detail::LaunchPlan& plan) {
+    return std::string(gdn::detail::decode_kernel_name(plan.kernel)) + " w" +
+           std::to_string(plan.warps_per_cta) + " r" + std::to_string(plan.rows_per_thread) + " l" +
+           std::to_string(plan.lanes_per_row) + (plan.one_token_build ? " one-token" : "") +
+           (plan.common_form ? " common" : "") + (plan.narrow_offsets ? " narrow" : "");
+  };
+  if (describe(launched) == describe(wanted)) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << "launched " << describe(launched) << ", the forced plan is " << describe(wanted);
 }
 #endif
 

@@ -7,7 +7,6 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <string>
 #include <vector>
 
@@ -31,18 +30,6 @@ using hdk::detail::ArgumentChecks;
 using hdk::detail::ceil_div;
 
 constexpr const char* kOperation = "hdk::gdn::decode";
-
-// Written by hdk-bench before its first call, read on every launch; a mutex would cost every
-// decode call a lock for a tuning aid.
-std::atomic<int> warps_override{0};
-std::atomic<int> rows_override{0};
-std::atomic<int> lanes_override{0};
-std::atomic<OneTokenKernel> one_token_override{OneTokenKernel::kAuto};
-std::atomic<MultiTokenVariant> variant_override{MultiTokenVariant::kAuto};
-std::atomic<bool> wide_offsets_override{false};
-std::atomic<LeanBuild> lean_build_override{LeanBuild::kAuto};
-std::atomic<bool> full_problem_override{false};
-std::atomic<LeanLoadOrder> load_order_override{LeanLoadOrder::kAuto};
 
 int multiprocessor_count(int device) {
   return hdk::detail::cached_device_attribute(cudaDevAttrMultiProcessorCount, device, kOperation);
@@ -112,32 +99,6 @@ void check_row_coverage(const DecodeProblem& problem, int warps_per_cta, int row
 
 int kv_columns_per_cta(DType state_dtype) {
   return 8 * (state_dtype == DType::kFloat32 ? 4 : 8);
-}
-
-LaunchOverride current_launch_override() {
-  LaunchOverride forced;
-  forced.warps = warps_override.load();
-  forced.rows_per_thread = rows_override.load();
-  forced.lanes_per_row = lanes_override.load();
-  forced.one_token_kernel = one_token_override.load();
-  forced.multi_token_variant = variant_override.load();
-  forced.wide_offsets = wide_offsets_override.load();
-  forced.lean_build = lean_build_override.load();
-  forced.full_problem = full_problem_override.load();
-  forced.load_order = load_order_override.load();
-  return forced;
-}
-
-void set_launch_override(const LaunchOverride& forced) {
-  warps_override.store(forced.warps);
-  rows_override.store(forced.rows_per_thread);
-  lanes_override.store(forced.lanes_per_row);
-  one_token_override.store(forced.one_token_kernel);
-  variant_override.store(forced.multi_token_variant);
-  wide_offsets_override.store(forced.wide_offsets);
-  lean_build_override.store(forced.lean_build);
-  full_problem_override.store(forced.full_problem);
-  load_order_override.store(forced.load_order);
 }
 
 const char* decode_kernel_name(DecodeKernel kernel) {
@@ -315,16 +276,16 @@ bool launch_plan_built(const DecodeProblem& problem, const LaunchPlan& plan) {
   return entry != nullptr && vk_shape_entry_built(*entry);
 }
 
-void decode_cuda(const DecodeProblem& problem, int device, bool check_indices, CudaStream stream) {
+LaunchPlan decode_cuda(const DecodeProblem& problem, int device, bool check_indices,
+                       CudaStream stream, const LaunchOverride& tuning) {
   check_capabilities(problem);
   const hdk::detail::CudaDeviceGuard guard(device, kOperation);
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
   if (check_indices) check_indices_on_host(problem, device, stream);
   const bool no_tokens = !problem.variable_length && problem.tokens_per_request == 0;
-  if (problem.num_requests == 0 || no_tokens) return;
+  if (problem.num_requests == 0 || no_tokens) return LaunchPlan();
 
-  const LaunchPlan plan =
-      plan_launch(problem, DeviceInfo{multiprocessor_count(device)}, current_launch_override());
+  const LaunchPlan plan = plan_launch(problem, DeviceInfo{multiprocessor_count(device)}, tuning);
   if (!launch_plan_built(problem, plan)) {
     throw Error(std::string("hdk::gdn::decode: the forced launch (") +
                 decode_kernel_name(plan.kernel) + " kernel, " + std::to_string(plan.lanes_per_row) +
@@ -374,6 +335,7 @@ void decode_cuda(const DecodeProblem& problem, int device, bool check_indices, C
     launch_decode_kv<__nv_bfloat16>(problem, plan.tiles_per_head, cuda_stream);
   }
   hdk::detail::check_cuda(cudaGetLastError(), kOperation, "launching the decode kernel");
+  return plan;
 }
 
 }  // namespace detail

@@ -5,15 +5,11 @@
 
 #include "gdn/decode_problem.h"
 #include "hdk/cuda_stream.h"
+#include "hdk/gdn/decode.h"
 
 namespace hdk {
 namespace gdn {
 namespace detail {
-
-// Checks what the CUDA kernels need beyond the shared validation (head sizes, V multiple of 8,
-// 16-byte alignment), checks a host copy of the indices when `check_indices` (DecodeParams'
-// option), then launches on `stream` on CUDA device `device`.
-void decode_cuda(const DecodeProblem& problem, int device, bool check_indices, CudaStream stream);
 
 // Which decode kernel a launch uses.
 enum class DecodeKernel {
@@ -80,10 +76,6 @@ struct LaunchOverride {
   bool full_problem = false;
   LeanLoadOrder load_order = LeanLoadOrder::kAuto;
 };
-void set_launch_override(const LaunchOverride& forced);
-
-// What was last set there (all defaults unless hdk-bench or a test forced something).
-LaunchOverride current_launch_override();
 
 // What the launch plan needs to know of the device, read once per device.
 struct DeviceInfo {
@@ -91,14 +83,25 @@ struct DeviceInfo {
 };
 
 // The launch of `problem` on `device` with `tuning`'s forced choices: a pure function of its
-// arguments (decode_cuda passes current_launch_override()), so the tests plan any call without
-// a GPU or process-wide state.
+// arguments, so the tests plan any call without a GPU.
 LaunchPlan plan_launch(const DecodeProblem& problem, const DeviceInfo& device,
                        const LaunchOverride& tuning);
 
 // Whether the plan's kernel and shape are built (built_kernels.h): always for the dispatcher's
 // own plans; a forced sweep shape or the one-token kernel needs -DHDK_GDN_SWEEP_KERNELS=ON.
 bool launch_plan_built(const DecodeProblem& problem, const LaunchPlan& plan);
+
+// Checks what the CUDA kernels need beyond the shared validation (head sizes, V multiple of 8,
+// 16-byte alignment), checks a host copy of the indices when `check_indices` (DecodeParams'
+// option), then launches plan_launch(problem, device, tuning) on `stream` on CUDA device
+// `device`. Returns the plan it launched (nothing launched for an empty call).
+LaunchPlan decode_cuda(const DecodeProblem& problem, int device, bool check_indices,
+                       CudaStream stream, const LaunchOverride& tuning);
+
+// hdk::gdn::decode for CUDA tensors with tuning's forced choices (hdk-bench's sweeps, the tests
+// that run each kernel): the same validation, then decode_cuda. Returns the plan launched.
+LaunchPlan decode_tuned(const DecodeParams& params, CudaStream stream,
+                        const LaunchOverride& tuning);
 
 }  // namespace detail
 }  // namespace gdn
