@@ -21,16 +21,8 @@ OUT=$out HDK_SKIP_TESTS=1 HDK_SKIP_BENCH=1 HDK_SKIP_DSV4=1 bash scripts/device/p
 site=$(grep "package installed into" "$out/integrations_build.log" | tail -1 | awk '{print $4}')
 echo "site: $site"
 
-stage() {  # stage <name> <command...>: tees to $out/integrations_<name>.log
-  local name=$1
-  shift
-  echo "=== $name: $*"
-  local start=$SECONDS
-  "$@" 2>&1 | tee "$out/integrations_$name.log"
-  local status=${PIPESTATUS[0]}
-  echo "=== $name: exit $status after $((SECONDS - start)) s"
-  [[ $status -eq 0 ]] || failed+=("$name")
-}
+stage_prefix=integrations_
+source "$(dirname "$0")/stage.sh"
 
 if [[ -z ${HDK_SKIP_TESTS:-} ]]; then
   stage tests env PYTHONPATH="$site" timeout 400 "$python" -m pytest -q -s -rs -p no:cacheprovider \

@@ -22,17 +22,8 @@ export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export MAX_JOBS=${MAX_JOBS:-$(nproc)}
 failed=()
 
-stage() {  # stage <name> <command...>: tees to $out/python_<name>.log, records a failure
-  local name=$1
-  shift
-  echo "=== $name: $*"
-  local start=$SECONDS
-  "$@" 2>&1 | tee "$out/python_$name.log"
-  local status=${PIPESTATUS[0]}
-  echo "=== $name: exit $status after $((SECONDS - start)) s"
-  [[ $status -eq 0 ]] || failed+=("$name")
-  return "$status"
-}
+stage_prefix=python_
+source "$(dirname "$0")/stage.sh"
 
 build() {
   "$python" -c 'import torch, sys; print("python", sys.version.split()[0], "torch", torch.__version__,
