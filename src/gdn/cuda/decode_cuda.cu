@@ -117,8 +117,9 @@ const char* decode_kernel_name(DecodeKernel kernel) {
 
 LaunchPlan plan_launch(const DecodeProblem& p, const DeviceInfo& device,
                        const LaunchOverride& tuning) {
-  // The choices below come from sweeps on an H100 and an H200 (docs/gdn-cuda-dispatch.md); the
-  // SM count sizes the waves of the one rule that depends on them (the fp32 one-token load order).
+  // Every choice below is a row of the dispatch table in docs/gdn-cuda-dispatch.md, with the
+  // measurements behind it; the SM count sizes the waves of the one rule that depends on them
+  // (the fp32 one-token load order). Forced choices (tuning) override each.
   LaunchPlan plan;
   const int64_t heads = p.num_requests * p.num_v_heads;
   if (p.layout == StateLayout::kKV) {
@@ -129,17 +130,9 @@ LaunchPlan plan_launch(const DecodeProblem& p, const DeviceInfo& device,
     plan.ctas = heads * plan.tiles_per_head;
     return plan;
   }
-  // One token per request. The lean multi-token kernel serves every one-token call by default:
-  // on an H100 (Qwen3.5-397B, hdk-bench gdn --T 1, same binary) it is faster than the one-token
-  // kernel for fp32 state at every batch (B = 2: 12.0 vs 13.9 us, B = 16: 52.5 vs 55.1, B = 256:
-  // 735 vs 742) and for bf16 state up to B x HV = 1024 with 4-warp CTAs (B = 2: 9.4 vs 10.5 us,
-  // B = 16: 33.6 vs 34.5); above that, launched as 1-warp CTAs (25 warps per SM at 80
-  // registers instead of 24), 1.6-2.7% faster than the one-token kernel (B = 64: 112.7 vs 115.6
-  // us, B = 256: 431.4 vs 438.3, B = 512: 857.6 vs 872.2), where with 4-warp CTAs it was level.
-  // fp32 state takes 1-warp CTAs above 1024 heads as well: on an H200 (both Qwen presets, its
-  // common form's one-token build) 96.2 -> 97.4% of copy at Qwen3.5-397B B = 256, level at
-  // 2048 heads (Qwen3-Next B = 64: 89.5 and 89.4%).
-  // Forcing either kernel (LaunchOverride) overrides this.
+  // One token per request: the lean multi-token kernel's builds serve every such call (the
+  // one-token kernel was slower at every batch), as 1-warp CTAs above kLeanOneTokenMaxHeads,
+  // where a CTA's granule no longer matters and finer CTAs fill the SMs' warp slots better.
   const bool one_token = p.token_capacity == 1 || p.tokens_per_request == 1;
   const OneTokenKernel forced_kernel = tuning.one_token_kernel;
   const bool single = one_token && forced_kernel == OneTokenKernel::kOneToken;
@@ -148,19 +141,11 @@ LaunchPlan plan_launch(const DecodeProblem& p, const DeviceInfo& device,
   const int forced_rows = tuning.rows_per_thread;
   const int forced_lanes = tuning.lanes_per_row;
   if (!single) {
-    // Multi-token kernel: independent warps (docs/gdn-cuda-dispatch.md for the measured
-    // choice of rows and lanes). The lean variant serves bf16 state with T > 1: on an H100
-    // (Qwen3.5-397B, B >= 8) it is 1.12-1.25x the classic kernel (T = 2, B = 256: 593 vs 739 us,
-    // 92% of copy). With fp32 state it serves (H100, same binary): calls that update the pool
-    // without a verify cache, 1.23-1.86x the classic kernel (T = 4, B = 256: 976 vs 1365 us;
-    // T = 8: 1204 vs 2230); calls of up to two tokens per request, 0.4-11% faster (T = 2,
-    // B = 2: 13.8 vs 15.4 us, B = 256: 1104.5 vs 1111.9); and up to 1024 heads (B x HV), where
-    // it is 7-24% faster at 128 heads (T = 8, B = 1: 20.9 vs 25.9 us) and 0.5-2.0% at 512 and
-    // 1024 (T = 8, Qwen3.5-397B B = 8: 114.9 vs 112.6 us; bench/results/
-    // 2026-11-27-h100-gdn-peer-call-forms). The verify pass with more tokens and more heads stays
-    // classic: level at 2048 heads, ahead by up to 1.4% at 16384 (T = 8: 3427 vs 3475 us). Lean
-    // holds one token per lane: longer requests stay classic, and so do calls whose grid would
-    // exceed its (tile, head, request) limits.
+    // Multi-token kernels: independent warps. The lean variant (fewer live values) serves
+    // every call but fp32 verify with a cache of more than two tokens above
+    // kLeanFp32VerifyMaxHeads, where the classic kernel's extra registers pay for the cache
+    // writes. Lean holds one token per lane: longer requests stay classic, and so do calls whose
+    // grid would exceed its (tile, head, request) limits.
     const MultiTokenVariant variant = tuning.multi_token_variant;
     const int64_t most_tokens = most_tokens_per_request(p);
     const bool verify_cache = p.intermediate_states != nullptr;
@@ -182,30 +167,21 @@ LaunchPlan plan_launch(const DecodeProblem& p, const DeviceInfo& device,
       plan.kernel = DecodeKernel::kVKLean;
       plan.narrow_offsets = !tuning.wide_offsets && token_offsets_fit_32_bits(p);
       // Calls of the common form (fixed length, or SGLang's one-token decode step with
-      // cu_seqlens) take the compact parameter block where an instance for it is built. On an
-      // H100 (both Qwen presets, same device call) it is 4-8% faster at bf16 T = 1 at every batch
-      // (B = 1: 7.78 -> 7.38 us, B = 256: 392.9 -> 375.9) and 1-3% at bf16 verify up to B = 16;
-      // fp32 within 1-3% either way, faster at B = 1 (docs/gdn-cuda-dispatch.md).
-      // Its instances also take a head's rows as whole warp tiles, without a bounds check per
-      // row (one address register and immediate offsets for the state instead of an address
-      // per row, which is what let the fp32 one-token build fit 64 registers).
+      // cu_seqlens) take the compact parameter block where an instance for it is built: each
+      // distinct parameter line a cold warp reads is a dependent memory round trip. Its
+      // instances also take a head's rows as whole warp tiles, without a bounds check per row
+      // (one address register and immediate offsets, which let the fp32 one-token build fit 64
+      // registers).
       const bool bf16_input = p.q.dtype == DType::kBFloat16;
       plan.common_form = !tuning.full_problem && plan.narrow_offsets &&
                          common_form_built(state_bytes, p.head_k, plan.lanes_per_row,
                                            plan.rows_per_thread, bf16_input) &&
                          p.head_v % rows_per_warp == 0 &&
                          common_form_fits(p, lean_input_piece_bytes(state_bytes, 2));
-      // The build without a token loop (one-token calls). On the full parameter block it exists
-      // for bf16 state only and runs above 192 heads: at 64 registers instead of 80 it is 4-5%
-      // faster from 256 heads (B = 4: 12.18 vs 12.84 us, B = 256: 390.4 vs 409.6), 3-5% slower
-      // at B = 1..3; with fp32 state it was 0-3% slower at every batch. On the common form's
-      // block it is faster at every batch that differs (same device call, Qwen3.5-397B /
-      // Qwen3-Next): bf16 B = 1..3 5-6% (B = 1: 7.25 -> 6.87 us), level from 256 heads. With
-      // fp32 state, since its instance fits 64 registers (32 warps per SM): 256 heads 1.12x
-      // (Qwen3.5-397B B = 4: 17.71 -> 15.68 us), 0.3-1.6% faster than the token loop up to 4096
-      // heads, 0.1-0.2% slower from 8192 on an H100 (B = 256: 732.3 vs 731.4); on an H200,
-      // from 4096 heads as 1-warp CTAs (below), 5-7% faster than the token loop at 16 lanes a
-      // row and 4 rows a thread that the H100 had chosen there (docs/gdn-cuda-dispatch.md).
+      // The build without a token loop (one-token calls) needs fewer registers, so more warps
+      // hide the state's latency: on the common form at every size; on the full parameter
+      // block (bf16 state only) above kLeanTokenLoopBuildMaxHeads, below which its longer
+      // prologue is not hidden.
       const LeanBuild forced_build = tuning.lean_build;
       const bool bf16_state = p.state_dtype == DType::kBFloat16;
       const bool one_token_build_exists = one_token && (bf16_state || plan.common_form);
@@ -214,13 +190,9 @@ LaunchPlan plan_launch(const DecodeProblem& p, const DeviceInfo& device,
           one_token_build_exists && (forced_build == LeanBuild::kOneToken ||
                                      (forced_build == LeanBuild::kAuto && one_token_build_pays));
       // The state before the token's inputs, with fp32 state on the common form's one-token
-      // build, unless the grid fills more than half of the warp slots without exceeding them.
-      // On an H100 (132 SMs, 4224 warps at 64 registers; both Qwen presets, dense states and the
-      // pool, three interleaved rounds in each of two device calls; bench/results/
-      // 2026-11-27-h100-gdn-fp32-state-first) that order was 0.4-4% faster from 320 to 3072 heads
-      // (1.2 to 11.6 waves; Qwen3.5-397B B = 16 dense: 50.51 -> 49.78 us), 0.9% slower to 5%
-      // faster up to 128 heads (half a wave; 32 heads 4.8-5.2% faster), and 0.4-2.3% slower at
-      // 256 heads (0.97 waves), with 160 and 192 heads in between (1.3% slower to 3.2% faster).
+      // build, unless the grid fills more than half of the warp slots without exceeding them
+      // (lean_fp32_state_first_pays): then every warp issues its loads together and the inputs'
+      // loads would wait behind all of the state's.
       const LeanLoadOrder forced_order = tuning.load_order;
       const int64_t grid_warps = heads * plan.tiles_per_head;
       plan.state_first = plan.common_form &&
