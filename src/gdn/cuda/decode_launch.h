@@ -42,7 +42,7 @@ constexpr int multi_token_default_rows(int state_bytes, int64_t head_k) {
 constexpr int kMultiTokenWarpsPerCta = 4;
 
 // One-token calls with more than this many (request, value head) pairs run the lean multi-token
-// kernel as 1-warp CTAs (plan_launch has the measurements).
+// kernel as 1-warp CTAs (docs/gdn-cuda-dispatch.md has the measurements).
 constexpr int64_t kLeanOneTokenMaxHeads = 1024;
 
 // One-token calls with bf16 state and at most this many (request, value head) pairs run the lean
@@ -55,7 +55,7 @@ constexpr int64_t kLeanTokenLoopBuildMaxHeads = 192;
 // inputs, for a grid of `warps` warps on `sm_count` SMs (64 registers a thread: 32 warps an SM):
 // yes, unless the grid fills more than half of the warp slots without exceeding them. Then every
 // warp's loads are issued together, and the inputs' loads would wait behind all of the state's
-// (plan_launch has the measurements).
+// (docs/gdn-cuda-dispatch.md has the measurements).
 constexpr bool lean_fp32_state_first_pays(int64_t warps, int sm_count) {
   constexpr int64_t kRegistersPerSm = 65536;
   const int64_t warps_per_sm = kRegistersPerSm / (lean_common_form_register_cap(4, true) * 32);
