@@ -47,8 +47,8 @@ constexpr int64_t kLeanOneTokenMaxHeads = 1024;
 
 // One-token calls with bf16 state and at most this many (request, value head) pairs run the lean
 // kernel's build with the token loop, more run its one-token build, on the full parameter block;
-// calls of the common form run the one-token build at every size (plan_launch has the
-// measurements).
+// calls of the common form run the one-token build at every size (docs/gdn-cuda-dispatch.md has
+// the measurements).
 constexpr int64_t kLeanTokenLoopBuildMaxHeads = 192;
 
 // Whether the common form's one-token build with fp32 state loads the state before the token's
@@ -71,8 +71,8 @@ constexpr bool lean_state_first_built(int state_bytes, bool one_token) {
 }
 
 // Verify calls with fp32 state and more than two tokens per request run the lean kernel up to
-// this many (request, value head) pairs, the classic one above (plan_launch has the
-// measurements).
+// this many (request, value head) pairs, the classic one above (docs/gdn-cuda-dispatch.md has
+// the measurements).
 constexpr int64_t kLeanFp32VerifyMaxHeads = 1024;
 
 // CUDA grid limits: x, then y and z. The lean kernel's grid is (CTA of row tiles, value head,
