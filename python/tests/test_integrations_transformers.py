@@ -36,9 +36,13 @@ def _logit_gaps(reference, logits):
 # -- Qwen3-Next ------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def qwen3_next():
-    return tiny_models.qwen3_next(device=DEVICE, dtype=torch.float32)
+@pytest.fixture(scope="module", params=["qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"])
+def qwen3_next(request):
+    """The fp32 Gated DeltaNet models: Qwen3-Next, Qwen3.5 and Qwen3.5-MoE (text)."""
+    if request.param == "qwen3_next":
+        return tiny_models.qwen3_next(device=DEVICE, dtype=torch.float32)
+    moe = request.param == "qwen3_5_moe_text"
+    return tiny_models.qwen3_5(moe=moe, device=DEVICE, dtype=torch.float32)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -113,7 +117,8 @@ def test_qwen3_next_decodes_on_hdk_with_transformers_tokens(qwen3_next, monkeypa
     # The same fp32 recurrence in another summation order (an fp32 model).
     assert (logits - hdk_logits).abs().max().item() <= 2e-5 * max(1.0, logits.abs().max().item())
     # disable() restores transformers' function and arithmetic.
-    module = __import__(_gated_deltanet.MODEL_MODULES["qwen3_next"], fromlist=["_"])
+    model_type = qwen3_next.config.model_type
+    module = __import__(_gated_deltanet.MODEL_MODULES[model_type], fromlist=["_"])
     assert not hasattr(module.torch_recurrent_gated_delta_rule, "hdk_original")
     again_tokens, again_logits = _generate(qwen3_next, ids, 24)
     assert torch.equal(again_tokens, tokens) and torch.equal(again_logits, logits)

@@ -39,6 +39,47 @@ def qwen3_next(*, dtype=torch.bfloat16, device="cuda", seed=0, layers=4):
     return Qwen3NextForCausalLM._from_config(config, dtype=dtype).to(device).eval()
 
 
+def qwen3_5(*, moe=False, dtype=torch.bfloat16, device="cuda", seed=0, layers=4):
+    """A Qwen3.5 text model (``moe``: Qwen3.5-MoE): 3 of every 4 layers Gated DeltaNet with
+    Qwen3-Next's tiny sizes above."""
+    torch.manual_seed(seed)
+    sizes = dict(
+        vocab_size=1024,
+        hidden_size=256,
+        num_hidden_layers=layers,
+        intermediate_size=256,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        linear_num_value_heads=8,
+        linear_num_key_heads=4,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        layer_types=["full_attention" if i % 4 == 3 else "linear_attention" for i in range(layers)],
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    if moe:
+        from transformers.models.qwen3_5_moe import configuration_qwen3_5_moe as config_module
+        from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as model_module
+
+        sizes.update(
+            moe_intermediate_size=128,
+            shared_expert_intermediate_size=128,
+            num_experts=8,
+            num_experts_per_tok=2,
+        )
+        config = config_module.Qwen3_5MoeTextConfig(**sizes)
+        model_class = model_module.Qwen3_5MoeForCausalLM
+    else:
+        from transformers.models.qwen3_5 import configuration_qwen3_5 as config_module
+        from transformers.models.qwen3_5 import modeling_qwen3_5 as model_module
+
+        config = config_module.Qwen3_5TextConfig(**sizes)
+        model_class = model_module.Qwen3_5ForCausalLM
+    return model_class._from_config(config, dtype=dtype).to(device).eval()
+
+
 def deepseek_v4(*, dtype=torch.bfloat16, device="cuda", seed=0, index_topk=16):
     """A DeepSeek-V4 model with Flash's structure: 6 layers [SWA, SWA, CSA, HCA, CSA, HCA],
     64 heads of 512, 64 indexer heads of 128, 16 experts top-6 (3 hash layers), window 128;
