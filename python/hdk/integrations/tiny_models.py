@@ -10,39 +10,9 @@ import sys
 import torch
 
 
-def qwen3_next(*, dtype=torch.bfloat16, device="cuda", seed=0, layers=4):
-    """A Qwen3-Next model: 3 of every 4 layers Gated DeltaNet (8 value heads over 4 key heads
-    of 128 dims, as the real model's head size), hidden 256, 8 experts top-2."""
-    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
-
-    torch.manual_seed(seed)
-    config = Qwen3NextConfig(
-        vocab_size=1024,
-        hidden_size=256,
-        num_hidden_layers=layers,
-        intermediate_size=256,
-        moe_intermediate_size=128,
-        shared_expert_intermediate_size=128,
-        num_experts=8,
-        num_experts_per_tok=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=64,
-        linear_num_value_heads=8,
-        linear_num_key_heads=4,
-        linear_key_head_dim=128,
-        linear_value_head_dim=128,
-        layer_types=["full_attention" if i % 4 == 3 else "linear_attention" for i in range(layers)],
-        eos_token_id=None,
-        pad_token_id=0,
-    )
-    return Qwen3NextForCausalLM._from_config(config, dtype=dtype).to(device).eval()
-
-
-def qwen3_5(*, moe=False, dtype=torch.bfloat16, device="cuda", seed=0, layers=4):
-    """A Qwen3.5 text model (``moe``: Qwen3.5-MoE): 3 of every 4 layers Gated DeltaNet with
-    Qwen3-Next's tiny sizes above."""
-    torch.manual_seed(seed)
+def _gated_deltanet_sizes(layers, moe):
+    """The tiny Qwen3-Next / Qwen3.5 sizes: 3 of every 4 layers Gated DeltaNet (8 value heads
+    over 4 key heads of 128 dims, the real models' head size), hidden 256; MoE: 8 experts top-2."""
     sizes = dict(
         vocab_size=1024,
         hidden_size=256,
@@ -60,15 +30,32 @@ def qwen3_5(*, moe=False, dtype=torch.bfloat16, device="cuda", seed=0, layers=4)
         pad_token_id=0,
     )
     if moe:
-        from transformers.models.qwen3_5_moe import configuration_qwen3_5_moe as config_module
-        from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as model_module
-
         sizes.update(
             moe_intermediate_size=128,
             shared_expert_intermediate_size=128,
             num_experts=8,
             num_experts_per_tok=2,
         )
+    return sizes
+
+
+def qwen3_next(*, dtype=torch.bfloat16, device="cuda", seed=0, layers=4):
+    """A Qwen3-Next model with the tiny sizes of _gated_deltanet_sizes (MoE)."""
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen3NextConfig(**_gated_deltanet_sizes(layers, moe=True))
+    return Qwen3NextForCausalLM._from_config(config, dtype=dtype).to(device).eval()
+
+
+def qwen3_5(*, moe=False, dtype=torch.bfloat16, device="cuda", seed=0, layers=4):
+    """A Qwen3.5 text model (``moe``: Qwen3.5-MoE) with the same tiny sizes."""
+    torch.manual_seed(seed)
+    sizes = _gated_deltanet_sizes(layers, moe)
+    if moe:
+        from transformers.models.qwen3_5_moe import configuration_qwen3_5_moe as config_module
+        from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as model_module
+
         config = config_module.Qwen3_5MoeTextConfig(**sizes)
         model_class = model_module.Qwen3_5MoeForCausalLM
     else:
