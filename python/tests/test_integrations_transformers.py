@@ -441,6 +441,23 @@ def test_deepseek_v4_invalid_router_row_is_an_error(deepseek_v4):
         hdk_tf.disable(model)
 
 
+def test_deepseek_v4_a_sequence_beyond_the_cache_is_an_error_naming_the_option(deepseek_v4):
+    model = deepseek_v4
+    ids = torch.randint(0, 1024, (1, 40), generator=torch.Generator().manual_seed(9)).to(DEVICE)
+    hdk_tf.enable(model, max_requests=1, max_context=32, **OPTIONS)
+    try:
+        with torch.no_grad():
+            with pytest.raises(
+                hdk.HdkError, match="beyond max_context = 32.*pass larger max_context="
+            ):
+                model(input_ids=ids, use_cache=True)
+            out = model(input_ids=ids[:, :32], use_cache=True)
+            with pytest.raises(hdk.HdkError, match="would reach 33 tokens.*pass larger"):
+                model(input_ids=ids[:, 32:33], past_key_values=out.past_key_values, use_cache=True)
+    finally:
+        hdk_tf.disable(model)
+
+
 def test_deepseek_v4_position_mismatch_is_an_error(deepseek_v4):
     model = deepseek_v4
     ids = torch.randint(0, 1024, (1, 6), generator=torch.Generator().manual_seed(8)).to(DEVICE)

@@ -302,7 +302,8 @@ class DeepseekV4Runtime:
                     f"but hdk's cache holds {held} tokens for it (start a sequence at position "
                     "0, or prefill it with hdk enabled)"
                 )
-        self.manager.reserve_for_step(self.rows)
+        with _sized_by_enable():
+            self.manager.reserve_for_step(self.rows)
         self.step = self.manager.step_inputs(self.rows)
         self.router_invalid.zero_()
         return True
@@ -310,7 +311,8 @@ class DeepseekV4Runtime:
     def _restart(self, row, prompt_length):
         if row in self.manager.requests():
             self.manager.release_request(row)
-        self.manager.admit_request(row, prompt_length)
+        with _sized_by_enable():
+            self.manager.admit_request(row, prompt_length)
 
     def _finish_step(self):
         refused = int(self.router_invalid.item())
@@ -489,6 +491,23 @@ class DeepseekV4Runtime:
         return self.module.MoeModelOutputWithPast(
             last_hidden_state=graph.hidden.clone(), past_key_values=cache
         )
+
+
+class _sized_by_enable:
+    """Adds to the cache manager's exhaustion errors where its sizes come from: enable()."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, traceback):
+        if isinstance(error, HdkError) and (
+            "max_context" in str(error) or "exhausted" in str(error)
+        ):
+            raise HdkError(
+                f"{error} (hdk.integrations.transformers.enable sized the cache: pass larger "
+                "max_context=, csa_blocks= or hca_blocks= to it)"
+            ) from error
+        return False
 
 
 class _experts_implementation:
