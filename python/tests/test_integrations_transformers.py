@@ -5,6 +5,8 @@ CUDA machine the models run on the GPU at the sizes of docs/integrations.md (300
 100 decode steps); without one, hdk's CPU backend runs shorter sequences.
 """
 
+import contextlib
+
 import pytest
 import torch
 
@@ -31,6 +33,16 @@ def _logit_gaps(reference, logits):
     gap = (reference.float() - logits.float()).abs()
     agree = (reference.argmax(-1) == logits.argmax(-1)).float().mean().item()
     return gap.mean().item() / std, gap.max().item() / std, agree
+
+
+@contextlib.contextmanager
+def _enabled(model, **options):
+    """hdk enabled on `model` for a block (the CPU backend where there is no GPU); the runtime."""
+    hdk_tf.enable(model, **options, **OPTIONS)
+    try:
+        yield hdk_tf.runtime(model)
+    finally:
+        hdk_tf.disable(model)
 
 
 # -- Qwen3-Next ------------------------------------------------------------------------------
@@ -105,12 +117,9 @@ def test_qwen3_next_decodes_on_hdk_with_transformers_tokens(qwen3_next, monkeypa
     ids = torch.randint(0, 1024, (3, 40), generator=torch.Generator().manual_seed(3)).to(DEVICE)
     tokens, logits = _generate(qwen3_next, ids, 24)
     assert not calls
-    hdk_tf.enable(qwen3_next, **OPTIONS)
-    try:
+    with _enabled(qwen3_next):
         assert hdk_tf.is_enabled(qwen3_next)
         hdk_tokens, hdk_logits = _generate(qwen3_next, ids, 24)
-    finally:
-        hdk_tf.disable(qwen3_next)
     # 23 decode steps (the first token comes from the prefill) x 3 GatedDeltaNet layers.
     assert len(calls) == 23 * 3
     assert torch.equal(tokens, hdk_tokens)
@@ -132,11 +141,8 @@ def test_qwen3_next_bf16_teacher_forced_against_transformers():
     model = tiny_models.qwen3_next(device=DEVICE, dtype=torch.bfloat16)
     ids = torch.randint(0, 1024, (3, 40), generator=torch.Generator().manual_seed(4)).to(DEVICE)
     tokens, reference = _generate(model, ids, 24)
-    hdk_tf.enable(model, **OPTIONS)
-    try:
+    with _enabled(model):
         logits = _teacher_forced(model, tokens, 40)
-    finally:
-        hdk_tf.disable(model)
     mean, worst, agree = _logit_gaps(reference[:, 1:], logits[:, 1:])
     print(f"qwen3_next bf16: mean {mean:.4f} max {worst:.4f} x std, argmax {agree:.3f}")
     assert mean <= 0.04 and agree >= 0.85
@@ -232,15 +238,12 @@ def test_deepseek_v4_prefill_handoff_then_decode_against_transformers(deepseek_v
     csa_layers = model.config.layer_types.count("compressed_sparse_attention")
     reference_index = recorder.calls[csa_layers:]
     hdk_index = []
-    hdk_tf.enable(model, max_requests=2, max_context=1024, cuda_graph=cuda_graph, **OPTIONS)
-    try:
-        _recording_index_topk(hdk_tf.runtime(model), hdk_index)
+    with _enabled(model, max_requests=2, max_context=1024, cuda_graph=cuda_graph) as runtime:
+        _recording_index_topk(runtime, hdk_index)
         logits = _teacher_forced(model, tokens, PROMPT)
-        assert int(hdk_tf.runtime(model).router_invalid.item()) == 0
+        assert int(runtime.router_invalid.item()) == 0
         if cuda_graph:
-            assert list(hdk_tf.runtime(model)._graphs) == [2]
-    finally:
-        hdk_tf.disable(model)
+            assert list(runtime._graphs) == [2]
     if cuda_graph:
         # Replays run no Python: the first decode step (eager, before the recording) is compared.
         reference_index, hdk_index = reference_index[:csa_layers], hdk_index[:csa_layers]
@@ -348,11 +351,8 @@ def test_deepseek_v4_against_transformers_with_hdk_storage(deepseek_v4, monkeypa
         finally:
             emulation.close()
     pure = _teacher_forced(model, tokens, PROMPT)
-    hdk_tf.enable(model, max_requests=2, max_context=1024, **OPTIONS)
-    try:
+    with _enabled(model, max_requests=2, max_context=1024):
         logits = _teacher_forced(model, tokens, PROMPT)
-    finally:
-        hdk_tf.disable(model)
     to_emulated = _logit_gaps(emulated[:, 1:], logits[:, 1:])
     to_pure = _logit_gaps(pure[:, 1:], logits[:, 1:])
     storage = _logit_gaps(pure[:, 1:], emulated[:, 1:])
@@ -378,8 +378,7 @@ def test_deepseek_v4_token_by_token_prefill_against_transformers(deepseek_v4):
     tokens, reference = _generate(model, ids, steps)
     with torch.no_grad():
         full = model(input_ids=tokens[:, :prompt]).logits
-    hdk_tf.enable(model, max_requests=2, max_context=1024, **OPTIONS)
-    try:
+    with _enabled(model, max_requests=2, max_context=1024):
         logits = []
         with torch.no_grad():
             cache = None
@@ -388,8 +387,6 @@ def test_deepseek_v4_token_by_token_prefill_against_transformers(deepseek_v4):
                 cache = out.past_key_values
                 logits.append(out.logits[:, -1])
         logits = torch.stack(logits, 1)
-    finally:
-        hdk_tf.disable(model)
     for name, ref, new in (
         ("prompt", full, logits[:, :prompt]),
         ("decode", reference[:, 1:], logits[:, prompt:]),
@@ -444,8 +441,7 @@ def test_deepseek_v4_invalid_router_row_is_an_error(deepseek_v4):
 def test_deepseek_v4_a_sequence_beyond_the_cache_is_an_error_naming_the_option(deepseek_v4):
     model = deepseek_v4
     ids = torch.randint(0, 1024, (1, 40), generator=torch.Generator().manual_seed(9)).to(DEVICE)
-    hdk_tf.enable(model, max_requests=1, max_context=32, **OPTIONS)
-    try:
+    with _enabled(model, max_requests=1, max_context=32):
         with torch.no_grad():
             with pytest.raises(
                 hdk.HdkError, match="beyond max_context = 32.*pass larger max_context="
@@ -454,19 +450,14 @@ def test_deepseek_v4_a_sequence_beyond_the_cache_is_an_error_naming_the_option(d
             out = model(input_ids=ids[:, :32], use_cache=True)
             with pytest.raises(hdk.HdkError, match="would reach 33 tokens.*pass larger"):
                 model(input_ids=ids[:, 32:33], past_key_values=out.past_key_values, use_cache=True)
-    finally:
-        hdk_tf.disable(model)
 
 
 def test_deepseek_v4_position_mismatch_is_an_error(deepseek_v4):
     model = deepseek_v4
     ids = torch.randint(0, 1024, (1, 6), generator=torch.Generator().manual_seed(8)).to(DEVICE)
-    hdk_tf.enable(model, max_requests=1, max_context=256, **OPTIONS)
-    try:
+    with _enabled(model, max_requests=1, max_context=256):
         with torch.no_grad():
             with pytest.raises(hdk.HdkError, match="at position 5 but hdk's cache holds 0 tokens"):
                 model(input_ids=ids[:, :1], position_ids=torch.tensor([[5]], device=DEVICE))
             with pytest.raises(hdk.HdkError, match="must start at position 0"):
                 model(input_ids=ids, position_ids=torch.arange(3, 9, device=DEVICE)[None])
-    finally:
-        hdk_tf.disable(model)

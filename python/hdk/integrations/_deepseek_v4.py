@@ -494,15 +494,15 @@ class DeepseekV4Runtime:
 
 
 class _sized_by_enable:
-    """Adds to the cache manager's exhaustion errors where its sizes come from: enable()."""
+    """Adds to the cache manager's errors where its sizes come from: admission and page
+    reservation fail only for a sequence beyond max_context or pools too small, both set by
+    enable()."""
 
     def __enter__(self):
         return self
 
     def __exit__(self, kind, error, traceback):
-        if isinstance(error, HdkError) and (
-            "max_context" in str(error) or "exhausted" in str(error)
-        ):
+        if isinstance(error, HdkError):
             raise HdkError(
                 f"{error} (hdk.integrations.transformers.enable sized the cache: pass larger "
                 "max_context=, csa_blocks= or hca_blocks= to it)"
