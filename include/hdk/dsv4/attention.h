@@ -36,8 +36,21 @@ constexpr int64_t kIndexerHeads = 64;  // indexer query heads of Flash and Pro (
 // with K[s] the key of the row's compressed entry s, dequantized from the key cache (in the
 // rotated basis the keys were stored in: q must be rotated the same way). Entry s of row n lives
 // at flat slot block_table[n, s / block_size] * block_size + s % block_size.
+//
+// q comes in one of three forms, each for its key formats:
+//  - exact: bf16 or fp32 [N, H, 128], keys kMXFP4 or kNVFP4;
+//  - E4M3: uint8 [N, H, 128] FP8 E4M3 codes, keys kFP8 (DeepGEMM's fp8_paged_mqa_logits form:
+//    q has no scale of its own, the caller folds it into weights); K[s] = E4M3 codes x the key's
+//    fp32 scale;
+//  - MXFP4: uint8 [N, H, 64] packed E2M1 (dim 2i in the low nibble of byte i) with q_scales
+//    [N, H, 4] UE8M0 (one per 32 dims), keys kMXFP4: DeepSeek-V4's reference indexer, which
+//    quantizes the rotated q as it does the keys (quantize_indexer_query below). Every score is
+//    then exact per 32-dim group: sum_g 2^(qs_g + ks_g - 254) x (the group's E2M1 dot product).
 struct IndexerParams {
-  TensorView q;          // [N, H, 128] bf16 or fp32 (H = 64 for Flash and Pro), last dim contiguous
+  // [N, H, 128] bf16 / fp32 / uint8 E4M3, or [N, H, 64] uint8 packed E2M1 (with q_scales); H = 64
+  // for Flash and Pro; last dim contiguous
+  TensorView q;
+  TensorView q_scales;   // [N, H, 4] uint8 UE8M0, last dim contiguous: only with packed E2M1 q
   TensorView weights;    // [N, H] fp32, already scaled (128^-0.5 * 64^-0.5 folded in)
   TensorView key_cache;  // [num_blocks, block_size * key_bytes(format)] uint8, last dim contiguous
   int64_t block_size = 0;
@@ -78,6 +91,22 @@ int64_t index_topk_workspace_bytes(int64_t num_rows, int64_t max_entries, const 
 // in invalid_count instead.
 void index_topk(const IndexerParams& params);
 void index_topk(const IndexerParams& params, CudaStream stream);
+
+// ---- The indexer's quantized query -----------------------------------------------------------
+// Each [n, h] vector of q, rotated by H_128 / sqrt(128) (Sylvester order) when `rotate`, becomes
+// exactly the bytes store_indexer_keys writes for a kMXFP4 key: 64 bytes of E2M1 codes into
+// q_packed[n, h] and 4 UE8M0 scales into q_scales[n, h]. A vector holding a NaN or infinity is
+// stored with the key format's NaN markers (its scores are NaN, ranked last) and counted.
+struct QuantizeIndexerQueryParams {
+  TensorView q;         // [N, H, 128] bf16 or fp32, last dim contiguous
+  TensorView q_packed;  // [N, H, 64] uint8, last dim contiguous
+  TensorView q_scales;  // [N, H, 4] uint8, last dim contiguous
+  bool rotate = true;
+  TensorView invalid_count;  // optional [1] or scalar int32/int64 counter: +1 per non-finite vector
+};
+
+void quantize_indexer_query(const QuantizeIndexerQueryParams& params);
+void quantize_indexer_query(const QuantizeIndexerQueryParams& params, CudaStream stream);
 
 // ---- Sparse attention decode ----------------------------------------------------------------
 // For query n and head h, over the list j of indices[n, :] that are not negative:

@@ -22,6 +22,7 @@ constexpr int64_t kEntryBytes = 584;     // 448 FP8 + 128 bf16 + 7 scales + 1 pa
 constexpr int64_t kIndexerKeyDim = 128;  // values per indexer key
 constexpr int64_t kMxfp4KeyBytes = 68;   // 64 packed E2M1 + 4 UE8M0 scales (groups of 32)
 constexpr int64_t kNvfp4KeyBytes = 72;   // 64 packed E2M1 + 8 E4M3 scales (groups of 16)
+constexpr int64_t kFp8KeyBytes = 132;    // 128 E4M3 + one fp32 scale (DeepGEMM's Hopper layout)
 
 // Relative error bound of one stored non-RoPE value after dequantization, |x' - x| <= 2^-4 |x|,
 // for every |x| >= 2^-6 * scale of its group (FP8 E4M3 keeps 3 mantissa bits; scales are chosen
@@ -72,9 +73,12 @@ void gather_entries(const GatherEntriesParams& params, CudaStream stream);
 enum class KeyFormat {
   kMXFP4,  // 68 B: 64 B packed E2M1, then 4 UE8M0 scales (groups of 32); block_size*64 + i*4
   kNVFP4,  // 72 B: 64 B packed E2M1, then 8 E4M3 scales (groups of 16); block_size*64 + i*8
+  // 132 B: 128 E4M3 at i*128, then one fp32 scale (a power of two when hdk stores it) at
+  // block_size*128 + i*4: the page vLLM, SGLang and DeepGEMM's fp8_paged_mqa_logits use on Hopper.
+  kFP8,
 };
 
-// Bytes one key takes in its page: kMxfp4KeyBytes or kNvfp4KeyBytes.
+// Bytes one key takes in its page: kMxfp4KeyBytes, kNvfp4KeyBytes or kFp8KeyBytes.
 int64_t key_bytes(KeyFormat format);
 
 struct StoreIndexerKeysParams {

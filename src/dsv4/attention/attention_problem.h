@@ -23,10 +23,21 @@ struct QueryView {
   int64_t head_stride = 0;
 };
 
+// The three forms of the indexer's q (hdk/dsv4/attention.h).
+enum class IndexQueryForm : uint8_t {
+  kExact,  // bf16 / fp32 [N, H, 128]; keys kMXFP4 or kNVFP4
+  kE4M3,   // uint8 E4M3 codes [N, H, 128]; keys kFP8
+  kMXFP4,  // uint8 packed E2M1 [N, H, 64] + UE8M0 q_scales [N, H, 4]; keys kMXFP4
+};
+
 struct IndexerProblem {
-  int64_t num_rows = 0;            // N
-  int64_t num_heads = 0;           // H
-  QueryView q;                     // [N, H, 128]
+  int64_t num_rows = 0;   // N
+  int64_t num_heads = 0;  // H
+  IndexQueryForm q_form = IndexQueryForm::kExact;
+  QueryView q;                        // [N, H, 128] (kMXFP4: [N, H, 64] bytes); strides in elements
+  const uint8_t* q_scales = nullptr;  // kMXFP4: [N, H, 4]
+  int64_t q_scales_row_stride = 0;
+  int64_t q_scales_head_stride = 0;
   const float* weights = nullptr;  // [N, H]
   int64_t weights_row_stride = 0;
   int64_t weights_head_stride = 0;

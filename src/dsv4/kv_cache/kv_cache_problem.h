@@ -162,14 +162,20 @@ constexpr int64_t kEntryDataBytes = 576;  // 448 FP8 + 64 bf16
 constexpr int64_t kEntryScaleBytes = 8;   // 7 UE8M0 + pad
 constexpr int64_t kNopeGroups = 7;
 constexpr int64_t kNopeGroupSize = 64;
-constexpr int64_t kKeyDataBytes = 64;
+constexpr int64_t kKeyDataBytes = 64;  // the FP4 formats' packed E2M1 (kFP8: 128 E4M3)
+
+// A key page holds block_size keys' data, then their scales: key i's data at
+// i * key_data_bytes, its scales at block_size * key_data_bytes + i * key_scale_bytes.
+HDK_HOST_DEVICE int64_t key_data_bytes(KeyFormat format) {
+  return format == KeyFormat::kFP8 ? 128 : kKeyDataBytes;
+}
 
 HDK_HOST_DEVICE int64_t key_scale_bytes(KeyFormat format) {
-  return format == KeyFormat::kMXFP4 ? 4 : 8;
+  return format == KeyFormat::kNVFP4 ? 8 : 4;
 }
 
 HDK_HOST_DEVICE int64_t key_entry_bytes(KeyFormat format) {
-  return kKeyDataBytes + key_scale_bytes(format);
+  return key_data_bytes(format) + key_scale_bytes(format);
 }
 
 // Which state accumulator holds what, for CSA (overlap): the first-d channels of windows of each
