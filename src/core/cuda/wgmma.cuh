@@ -1,8 +1,8 @@
 // Hopper warpgroup MMA (wgmma.mma_async, sm_90a) for the read kernels: the shapes the read
-// kernels use, bf16 operands with fp32 accumulators, and the fences around them. The
-// shared-memory operands are 128-byte swizzled tiles described by 64-bit matrix descriptors
-// (PTX ISA, "Matrix Descriptor Format"); where each element lies in them, and which thread holds
-// which accumulator, is in sparse_decode_layout.h, where the CPU tests check it.
+// kernels use, bf16 (and for the indexer E4M3) operands with fp32 accumulators, and the fences
+// around them. The shared-memory operands are 128-byte swizzled tiles described by 64-bit matrix
+// descriptors (PTX ISA, "Matrix Descriptor Format"); where each element lies in them, and which
+// thread holds which accumulator, is in sparse_decode_layout.h, where the CPU tests check it.
 //
 // A warpgroup is 4 consecutive warps (128 threads) and every wgmma instruction is issued by all
 // of them together. The instructions run asynchronously: registers they write may be read, and
@@ -137,6 +137,24 @@ __device__ __forceinline__ void wgmma_m64n64k16_a_registers(float (&d)[32], cons
       "%16, %17, %18, %19, %20, %21, %22, %23, "
       "%24, %25, %26, %27, %28, %29, %30, %31"
       "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+      : HDK_WGMMA_ACC8(d, 0), HDK_WGMMA_ACC8(d, 8), HDK_WGMMA_ACC8(d, 16), HDK_WGMMA_ACC8(d, 24)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int>(accumulate)));
+}
+
+// d (64 x 64) = a b (+ d when `accumulate`), FP8: A 64 x 32 E4M3 in registers (four codes a
+// register, dsv4/index_topk/index_fp8_layout.h), B 32 x 64 E4M3 K-major in shared memory (8-bit
+// operands are K-major only, so the instruction takes no transpose flags).
+__device__ __forceinline__ void wgmma_m64n64k32_e4m3_a_registers(float (&d)[32],
+                                                                 const uint32_t (&a)[4], uint64_t b,
+                                                                 bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, "
+      "%8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, "
+      "%24, %25, %26, %27, %28, %29, %30, %31"
+      "}, {%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"
       : HDK_WGMMA_ACC8(d, 0), HDK_WGMMA_ACC8(d, 8), HDK_WGMMA_ACC8(d, 16), HDK_WGMMA_ACC8(d, 24)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int>(accumulate)));
 }

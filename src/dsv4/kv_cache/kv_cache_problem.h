@@ -166,15 +166,15 @@ constexpr int64_t kKeyDataBytes = 64;  // the FP4 formats' packed E2M1 (kFP8: 12
 
 // A key page holds block_size keys' data, then their scales: key i's data at
 // i * key_data_bytes, its scales at block_size * key_data_bytes + i * key_scale_bytes.
-HDK_HOST_DEVICE int64_t key_data_bytes(KeyFormat format) {
+HDK_HOST_DEVICE constexpr int64_t key_data_bytes(KeyFormat format) {
   return format == KeyFormat::kFP8 ? 128 : kKeyDataBytes;
 }
 
-HDK_HOST_DEVICE int64_t key_scale_bytes(KeyFormat format) {
+HDK_HOST_DEVICE constexpr int64_t key_scale_bytes(KeyFormat format) {
   return format == KeyFormat::kNVFP4 ? 8 : 4;
 }
 
-HDK_HOST_DEVICE int64_t key_entry_bytes(KeyFormat format) {
+HDK_HOST_DEVICE constexpr int64_t key_entry_bytes(KeyFormat format) {
   return key_data_bytes(format) + key_scale_bytes(format);
 }
 

@@ -24,6 +24,7 @@
 #include "dsv4/index_topk/cuda/index_topk_cuda.h"
 
 #include <cooperative_groups.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -31,6 +32,7 @@
 #include <climits>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "core/bf16_pairs.h"
 #include "core/ceil_div.h"
@@ -42,9 +44,11 @@
 #include "core/cuda_helpers.h"
 #include "core/fast_divide.h"
 #include "dsv4/attention/attention_workspace.h"
+#include "dsv4/index_topk/index_fp8_layout.h"
 #include "dsv4/index_topk/index_launch_plan.h"
 #include "dsv4/index_topk/index_mma_layout.h"
 #include "dsv4/index_topk/index_wgmma_layout.h"
+#include "dsv4/kv_cache/e4m3_bits.h"
 #include "dsv4/kv_cache/kv_cache_problem.h"
 #include "dsv4/kv_cache/kv_formats.h"
 #include "hdk/error.h"
@@ -79,6 +83,14 @@ constexpr int kWarpgroupStages = 3;
 // Which kernel scores: the warpgroup's wgmma (up to 64 heads), the warp's mma.sync, CUDA cores.
 enum class ScoreKernel { kWarpgroup, kWarp, kCudaCore };
 
+// The kernel's q (IndexQueryForm, with the exact form split by dtype): bf16 or fp32 on bf16
+// tensor cores, E4M3 codes or packed MXFP4 on FP8 tensor cores (index_fp8_layout.h).
+enum class QueryKind { kBf16, kFp32, kE4M3, kMXFP4 };
+
+HDK_HOST_DEVICE constexpr bool is_fp8_query(QueryKind q) {
+  return q == QueryKind::kE4M3 || q == QueryKind::kMXFP4;
+}
+
 std::atomic<int> g_score_path{static_cast<int>(IndexScorePath::kTensorCore)};
 
 // relu that keeps NaN, as the CPU backend's: a key stored with NaN markers must score NaN.
@@ -99,12 +111,24 @@ __device__ __forceinline__ float value_of_key(uint32_t key) {
   return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
 }
 
-// q[row, head, dim] as fp32 (exact for bf16).
+// q[row, head, dim] as fp32 (exact for bf16 and E4M3; for MXFP4 the E2M1 value times its
+// group's scale, exact unless below fp32's normal range).
+template <QueryKind kQ>
 __device__ __forceinline__ float query_value(const IndexerProblem& p, int64_t row, int64_t head,
                                              int dim) {
-  const int64_t offset = row * p.q.row_stride + head * p.q.head_stride + dim;
-  if (p.q.dtype == DType::kFloat32) return static_cast<const float*>(p.q.data)[offset];
-  return bf16_bits_value(static_cast<const uint16_t*>(p.q.data)[offset]);
+  const int64_t base = row * p.q.row_stride + head * p.q.head_stride;
+  if constexpr (kQ == QueryKind::kFp32) {
+    return static_cast<const float*>(p.q.data)[base + dim];
+  } else if constexpr (kQ == QueryKind::kBf16) {
+    return bf16_bits_value(static_cast<const uint16_t*>(p.q.data)[base + dim]);
+  } else if constexpr (kQ == QueryKind::kE4M3) {
+    return decode_e4m3(static_cast<const uint8_t*>(p.q.data)[base + dim]);
+  } else {
+    const uint8_t byte = static_cast<const uint8_t*>(p.q.data)[base + dim / 2];
+    const uint8_t scale =
+        p.q_scales[row * p.q_scales_row_stride + head * p.q_scales_head_stride + dim / 32];
+    return decode_e2m1(static_cast<uint8_t>((byte >> (4 * (dim & 1))) & 0xf)) * decode_ue8m0(scale);
+  }
 }
 
 // One 16-byte chunk of a q row (dims 8 c .. 8 c + 7) as it is stored: 4 words of bf16 pairs or
@@ -145,12 +169,99 @@ __device__ __forceinline__ QueryChunk<kFp32Q> load_query_chunk(const IndexerProb
   return c;
 }
 
-// Stages the row's queries; returns true when this thread saw a value that is not finite.
-template <ScoreKernel kScore, bool kFp32Q>
-__device__ bool stage_queries(const IndexerProblem& p, int64_t row, const IndexLaunch& launch,
-                              uint8_t* shared) {
+// The FP8 tensor-core kernel's queries: staged_heads / 64 tiles of 64 heads x 128 E4M3 codes in
+// the k order of index_fp8_layout.h (E4M3 q as given; MXFP4 q as E4M3 codes of its values times
+// 2^folded_query_exponent of its group), then, for MXFP4, [staged_heads][4] fp32 multipliers
+// 2^(exponent - folded). Returns true when this thread saw a NaN code or scale; `remainder` when
+// one of its multipliers is not 1.
+template <QueryKind kQ>
+__device__ bool stage_fp8_queries(const IndexerProblem& p, int64_t row, const IndexLaunch& launch,
+                                  uint8_t* shared, bool& remainder) {
   bool bad = false;
-  if (kScore == ScoreKernel::kWarpgroup) {
+  const uint8_t* q = static_cast<const uint8_t*>(p.q.data) + row * p.q.row_stride;
+  const bool words = reinterpret_cast<uintptr_t>(q) % 4 == 0 && p.q.head_stride % 4 == 0;
+  const int64_t chunks = launch.staged_heads * 8;
+  for (int64_t chunk = threadIdx.x; chunk < chunks; chunk += kThreads) {
+    const int head = static_cast<int>(chunk / 8), c = static_cast<int>(chunk % 8);
+    uint32_t staged[4] = {0u, 0u, 0u, 0u};
+    if (head < p.num_heads) {
+      const uint8_t* qh = q + head * p.q.head_stride;
+      uint32_t loaded[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int word =
+            kQ == QueryKind::kE4M3 ? fp8_chunk_query_word(c, i) : mxfp4_chunk_query_word(c, i);
+        if (words) {
+          loaded[i] = *reinterpret_cast<const uint32_t*>(qh + 4 * word);
+        } else {
+          loaded[i] = qh[4 * word] | static_cast<uint32_t>(qh[4 * word + 1]) << 8 |
+                      static_cast<uint32_t>(qh[4 * word + 2]) << 16 |
+                      static_cast<uint32_t>(qh[4 * word + 3]) << 24;
+        }
+      }
+      if constexpr (kQ == QueryKind::kE4M3) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          bad |= any_e4m3_nan(loaded[i]);
+          staged[i] = loaded[i];
+        }
+      } else {
+        const uint8_t scale =
+            p.q_scales[row * p.q_scales_row_stride + head * p.q_scales_head_stride + c / 2];
+        bad |= scale == kScaleNaN;
+        const float folded = power_of_two(folded_query_exponent(static_cast<int>(scale) - 127));
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const uint32_t codes = c % 2 == 0 ? loaded[i] : loaded[i] >> 16;
+          uint32_t packed = 0;
+#pragma unroll
+          for (int j = 0; j < 4; j += 2) {
+            const float first = decode_e2m1(static_cast<uint8_t>((codes >> (4 * j)) & 0xfu));
+            const float second = decode_e2m1(static_cast<uint8_t>((codes >> (4 * j + 4)) & 0xfu));
+            // Exact: every E2M1 value times 2^-8 .. 2^6 is an E4M3 value.
+            const uint32_t pair = __nv_cvt_float2_to_fp8x2(
+                make_float2(first * folded, second * folded), __NV_SATFINITE, __NV_E4M3);
+            packed |= pair << (8 * j);
+          }
+          staged[i] = packed;
+        }
+      }
+    }
+    *reinterpret_cast<uint4*>(shared + launch.q + fp8_query_chunk_offset(head, c)) =
+        make_uint4(staged[0], staged[1], staged[2], staged[3]);
+  }
+  if constexpr (kQ == QueryKind::kMXFP4) {
+    float* multipliers = reinterpret_cast<float*>(shared + launch.q + launch.staged_heads * 128);
+    for (int64_t i = threadIdx.x; i < launch.staged_heads * 4; i += kThreads) {
+      const int64_t head = i / 4;
+      float multiplier = 1.0f;
+      if (head < p.num_heads) {
+        const int exponent =
+            static_cast<int>(
+                p.q_scales[row * p.q_scales_row_stride + head * p.q_scales_head_stride + i % 4]) -
+            127;
+        const int rest = exponent - folded_query_exponent(exponent);
+        remainder |= rest != 0;
+        // The rest is at most 2^121 or at least 2^-119 (a NaN byte marks the row bad instead).
+        multiplier = power_of_two(rest);
+      }
+      multipliers[i] = multiplier;
+    }
+  }
+  fence_shared_for_wgmma();  // the caller's barrier then covers every thread's writes
+  return bad;
+}
+
+// Stages the row's queries; returns true when this thread saw a value that is not finite (or a
+// NaN code or scale). `remainder`: see stage_fp8_queries.
+template <ScoreKernel kScore, QueryKind kQ>
+__device__ bool stage_queries(const IndexerProblem& p, int64_t row, const IndexLaunch& launch,
+                              uint8_t* shared, bool& remainder) {
+  constexpr bool kFp32Q = kQ == QueryKind::kFp32;
+  bool bad = false;
+  if constexpr (is_fp8_query(kQ) && kScore != ScoreKernel::kCudaCore) {
+    bad = stage_fp8_queries<kQ>(p, row, launch, shared, remainder);
+  } else if constexpr (kScore == ScoreKernel::kWarpgroup) {
     // The B tile from 16-byte chunks of the q rows, each stored as four bf16 pairs
     // (warpgroup_chunk_pair_k); heads past H are zero. Every load is issued before the first
     // store: a load does not pass a store to shared memory through a generic pointer, and when
@@ -198,7 +309,7 @@ __device__ bool stage_queries(const IndexerProblem& p, int64_t row, const IndexL
       }
     }
     fence_shared_for_wgmma();  // the caller's barrier then covers every thread's writes
-  } else if (kScore == ScoreKernel::kWarp) {
+  } else if constexpr (kScore == ScoreKernel::kWarp) {
     uint32_t* hi = reinterpret_cast<uint32_t*>(shared + launch.q);
     uint32_t* lo = reinterpret_cast<uint32_t*>(shared + launch.q_lo);
     const int64_t registers = launch.m_tiles * kKeySteps * 32 * 4;
@@ -212,8 +323,9 @@ __device__ bool stage_queries(const IndexerProblem& p, int64_t row, const IndexL
       for (int e = 0; e < 2; ++e) {
         const int i = 2 * reg + e;
         const int head = q_fragment_head(m_tile, lane, i);
-        const float value =
-            head < p.num_heads ? query_value(p, row, head, q_fragment_dim(step, lane, i)) : 0.0f;
+        const float value = head < p.num_heads
+                                ? query_value<kQ>(p, row, head, q_fragment_dim(step, lane, i))
+                                : 0.0f;
         bad |= !is_finite(value);
         if (kFp32Q) {
           split_bf16(value, hi_bits[e], lo_bits[e]);
@@ -228,7 +340,7 @@ __device__ bool stage_queries(const IndexerProblem& p, int64_t row, const IndexL
     float* q = reinterpret_cast<float*>(shared + launch.q);
     const int64_t values = p.num_heads * kIndexerKeyDim;
     for (int64_t i = threadIdx.x; i < values; i += kThreads) {
-      const float value = query_value(p, row, i / kIndexerKeyDim, static_cast<int>(i % 128));
+      const float value = query_value<kQ>(p, row, i / kIndexerKeyDim, static_cast<int>(i % 128));
       bad |= !is_finite(value);
       q[i] = value;
     }
@@ -336,10 +448,11 @@ __device__ __forceinline__ KeyPiece load_key_piece(const IndexerProblem& p, int6
 // next kWarpgroupStages tiles are in flight meanwhile. With `first_level`, each score is also
 // counted into the select's first-level histogram (the pass the select would otherwise make over
 // the scores).
-template <bool kFp32Q, KeyFormat kFormat>
+template <QueryKind kQ, KeyFormat kFormat>
 __device__ void score_warpgroup(const IndexerProblem& p, int64_t row, int64_t first, int64_t count,
                                 const IndexLaunch& launch, const uint8_t* shared, uint32_t* out,
                                 bool wide, const KeyPages& pages, uint32_t* first_level) {
+  constexpr bool kFp32Q = kQ == QueryKind::kFp32;
   const int warpgroup = threadIdx.x / 128, thread = threadIdx.x % 128;
   const int lane = threadIdx.x & 31, t = lane & 3;
   const int upper = wgmma_d_coord(thread, 0).row;  // this thread's rows: upper and upper + 8
@@ -452,10 +565,11 @@ __device__ void score_warpgroup(const IndexerProblem& p, int64_t row, int64_t fi
 // takes kTilesPerWarp consecutive 8-entry tiles at a time (warp w: tile groups w, w + 8, ...),
 // so each query fragment read from shared memory feeds kTilesPerWarp mma; the next group's key
 // bytes are loaded while the current group is computed.
-template <bool kFp32Q, KeyFormat kFormat>
+template <QueryKind kQ, KeyFormat kFormat>
 __device__ void score_warp(const IndexerProblem& p, int64_t row, int64_t first, int64_t count,
                            const IndexLaunch& launch, const uint8_t* shared, uint32_t* out,
                            bool wide, const KeyPages& pages) {
+  constexpr bool kFp32Q = kQ == QueryKind::kFp32;
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int group = lane >> 2, t = lane & 3;
@@ -536,9 +650,235 @@ __device__ void score_warp(const IndexerProblem& p, int64_t row, int64_t first, 
   }
 }
 
-// CUDA cores, the plain way: one warp per entry, lane l holds dims 4l .. 4l + 3 (decoded like
-// the CPU backend does), fp32 dot per head, heads summed in order.
+// FP8 tensor cores, E4M3 q and kFP8 keys: an entry's 32 bytes for quad lane t (dims 32t ..
+// 32t + 31) and its scale.
+struct Fp8KeyPiece {
+  uint32_t words[8];
+  float scale;
+};
+
+// MXFP4 q and kMXFP4 keys: the entry's words 4g + t (g = 0..3: one word of each scale group) and
+// its 4 scale bytes.
+struct Mxfp4KeyPiece {
+  uint32_t words[4];
+  uint32_t scales;
+};
+
+template <QueryKind kQ>
+using Fp8ScoringPiece = std::conditional_t<kQ == QueryKind::kE4M3, Fp8KeyPiece, Mxfp4KeyPiece>;
+
+// Loads entry s of the row for quad lane t (index_fp8_layout.h). Like load_raw_piece, the callers
+// load entry `first` past a segment's end and drop its score.
+template <QueryKind kQ>
+__device__ __forceinline__ Fp8ScoringPiece<kQ> load_fp8_piece(const IndexerProblem& p, int64_t row,
+                                                              int64_t s, int t, bool wide,
+                                                              const KeyPages& pages) {
+  const EntryPlace place = place_of(p, row, s, pages);
+  constexpr KeyFormat kFormat = kQ == QueryKind::kE4M3 ? KeyFormat::kFP8 : KeyFormat::kMXFP4;
+  constexpr int64_t kDataBytes = key_data_bytes(kFormat);
+  const uint8_t* data = place.page + place.offset * kDataBytes;
+  const uint8_t* scales = place.page + p.keys.block_size * kDataBytes + place.offset * 4;
+  Fp8ScoringPiece<kQ> piece;
+  if constexpr (kQ == QueryKind::kE4M3) {
+    const uint8_t* bytes = data + 32 * t;
+    if (wide) {
+      const uint4 a = __ldg(reinterpret_cast<const uint4*>(bytes));
+      const uint4 b = __ldg(reinterpret_cast<const uint4*>(bytes) + 1);
+      piece.words[0] = a.x, piece.words[1] = a.y, piece.words[2] = a.z, piece.words[3] = a.w;
+      piece.words[4] = b.x, piece.words[5] = b.y, piece.words[6] = b.z, piece.words[7] = b.w;
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        piece.words[i] = __ldg(reinterpret_cast<const uint32_t*>(bytes) + i);
+    }
+    piece.scale = __ldg(reinterpret_cast<const float*>(scales));
+  } else {
+#pragma unroll
+    for (int g = 0; g < 4; ++g)
+      piece.words[g] = __ldg(reinterpret_cast<const uint32_t*>(data) + 4 * g + t);
+    piece.scales = __ldg(reinterpret_cast<const uint32_t*>(scales));
+  }
+  return piece;
+}
+
+// FP8 tensor cores, any head count: scores entries first .. first + count - 1 of the row into
+// out[0 .. count). As score_warpgroup: warpgroup g takes the 64-entry tiles g, g + 2, ..., a
+// thread holds rows r and r + 8 of its warp's 16 with the next kWarpgroupStages tiles' bytes in
+// flight; here the A fragments are the stored codes (E4M3) or their E4M3 translation (MXFP4), and
+// every staged 64-head tile of q is multiplied by them in turn. E4M3: one chain of 4 k-steps, the
+// sum times the key's scale. MXFP4: each k-step (scale group) into accumulators of its own, the
+// groups' sums times the key's scale and the rest of q's (`remainder`: some q multiplier is not
+// 1) added in group order.
+template <QueryKind kQ>
+__device__ void score_warpgroup_fp8(const IndexerProblem& p, int64_t row, int64_t first,
+                                    int64_t count, const IndexLaunch& launch, const uint8_t* shared,
+                                    uint32_t* out, bool wide, const KeyPages& pages,
+                                    uint32_t* first_level, bool remainder) {
+  const int warpgroup = threadIdx.x / 128, thread = threadIdx.x % 128;
+  const int lane = threadIdx.x & 31, t = lane & 3;
+  const int upper = wgmma_d_coord(thread, 0).row;  // this thread's rows: upper and upper + 8
+  const float* staged_weights = reinterpret_cast<const float*>(shared + launch.weights);
+  const float* multipliers =
+      reinterpret_cast<const float*>(shared + launch.q + launch.staged_heads * 128);
+  const int head_tiles = static_cast<int>(launch.staged_heads / kFp8HeadTile);
+  const uint64_t q_tile0 =
+      wgmma_descriptor(shared_address(shared + launch.q), scores_operand(0, kFp8HeadTile));
+  const int64_t tiles = ceil_div(count, kWarpgroupEntries);
+
+  using Piece = Fp8ScoringPiece<kQ>;
+  auto load = [&](int64_t tile, Piece(&rows)[2]) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int64_t e = tile * kWarpgroupEntries + upper + 8 * r;
+      rows[r] = load_fp8_piece<kQ>(p, row, first + (e < count ? e : 0), t, wide, pages);
+    }
+  };
+  Piece stage[kWarpgroupStages][2];
+#pragma unroll
+  for (int u = 0; u < kWarpgroupStages; ++u)
+    load(warpgroup + u * kWarpgroups, stage[u]);
+
+  constexpr int64_t kStride = int64_t{kWarpgroupStages} * kWarpgroups;
+  for (int64_t base = warpgroup; base < tiles; base += kStride) {
+#pragma unroll
+    for (int u = 0; u < kWarpgroupStages; ++u) {
+      const int64_t tile = base + u * kWarpgroups;
+      if (tile >= tiles) break;  // the same for the whole warpgroup
+      uint32_t a[kFp8Steps][4];
+      // Per row: the key's scale (E4M3), or its 4 group scales (MXFP4).
+      float key_scale[2][kQ == QueryKind::kE4M3 ? 1 : kFp8Steps];
+#pragma unroll
+      for (int step = 0; step < kFp8Steps; ++step) {
+#pragma unroll
+        for (int reg = 0; reg < 4; ++reg) {
+          if constexpr (kQ == QueryKind::kE4M3) {
+            a[step][reg] = fp8_step_fragment(stage[u][0].words, stage[u][1].words, step, reg);
+          } else {
+            a[step][reg] = mxfp4_step_fragment(stage[u][0].words, stage[u][1].words, step, reg);
+          }
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        if constexpr (kQ == QueryKind::kE4M3) {
+          key_scale[r][0] = stage[u][r].scale;
+        } else {
+#pragma unroll
+          for (int g = 0; g < kFp8Steps; ++g)
+            key_scale[r][g] =
+                decode_ue8m0(static_cast<uint8_t>((stage[u][r].scales >> (8 * g)) & 0xffu));
+        }
+      }
+      load(tile + kStride, stage[u]);  // past the end: entry `first`, dropped
+
+      float sum[2] = {0.0f, 0.0f};
+      for (int head_tile = 0; head_tile < head_tiles; ++head_tile) {
+        const uint64_t q_tile = wgmma_descriptor_advance(q_tile0, head_tile * kFp8HeadTileBytes);
+        // Accumulator i is row upper + 8 ((i / 2) % 2), head 64 head_tile + col(i).
+        float dot[32];
+        if constexpr (kQ == QueryKind::kE4M3) {
+          wgmma_fence();
+#pragma unroll
+          for (int step = 0; step < kFp8Steps; ++step) {
+            wgmma_m64n64k32_e4m3_a_registers(
+                dot, a[step],
+                wgmma_descriptor_advance(q_tile, scores_operand(step, kFp8HeadTile).start),
+                step > 0);
+          }
+          wgmma_commit();
+          wgmma_wait<0>();
+          wgmma_fence_accumulators(dot);
+#pragma unroll
+          for (int i = 0; i < 32; ++i)
+            dot[i] *= key_scale[(i / 2) % 2][0];
+        } else {
+#pragma unroll
+          for (int pair = 0; pair < kFp8Steps / 2; ++pair) {
+            float group[2][32];
+            wgmma_fence();
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+              const int step = 2 * pair + j;
+              wgmma_m64n64k32_e4m3_a_registers(
+                  group[j], a[step],
+                  wgmma_descriptor_advance(q_tile, scores_operand(step, kFp8HeadTile).start),
+                  false);
+            }
+            wgmma_commit();
+            wgmma_wait<0>();
+            wgmma_fence_accumulators(group[0]);
+            wgmma_fence_accumulators(group[1]);
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+              const int step = 2 * pair + j;
+              if (remainder) {  // the same for the whole row
+#pragma unroll
+                for (int i = 0; i < 32; ++i) {
+                  const int head = head_tile * kFp8HeadTile + wgmma_d_coord(thread, i).col;
+                  group[j][i] *= key_scale[(i / 2) % 2][step] * multipliers[4 * head + step];
+                }
+              } else {
+#pragma unroll
+                for (int i = 0; i < 32; ++i)
+                  group[j][i] *= key_scale[(i / 2) % 2][step];
+              }
+#pragma unroll
+              for (int i = 0; i < 32; ++i)
+                dot[i] = step == 0 ? group[j][i] : dot[i] + group[j][i];
+            }
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+          const float w = staged_weights[head_tile * kFp8HeadTile + wgmma_d_coord(thread, i).col];
+          sum[(i / 2) % 2] += relu_keep_nan(dot[i]) * w;
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        sum[r] += __shfl_xor_sync(kFullMask, sum[r], 1);
+        sum[r] += __shfl_xor_sync(kFullMask, sum[r], 2);
+      }
+      if (t < 2) {  // lane t = 0 writes the upper row, t = 1 the lower one
+        const int64_t e = tile * kWarpgroupEntries + upper + 8 * t;
+        if (e < count) {
+          const uint32_t key = ordered_key(t == 0 ? sum[0] : sum[1]);
+          out[e] = key;
+          if (first_level != nullptr)
+            atomicAdd(&first_level[key >> (32 - hdk::detail::kSelectDigitBits)], 1u);
+        }
+      }
+    }
+  }
+}
+
+// The key values a lane holds on CUDA cores: dims 4 lane .. 4 lane + 3 of the entry at `place`,
+// decoded like the CPU backend decodes them.
 template <KeyFormat kFormat>
+__device__ __forceinline__ void decode_lane_key(const IndexerProblem& p, const EntryPlace& place,
+                                                int lane, float (&key)[4]) {
+  constexpr int64_t kDataBytes = key_data_bytes(kFormat);
+  const uint8_t* data = place.page + place.offset * kDataBytes;
+  const uint8_t* scales =
+      place.page + p.keys.block_size * kDataBytes + place.offset * key_scale_bytes(kFormat);
+  if constexpr (kFormat == KeyFormat::kFP8) {
+    const float scale = *reinterpret_cast<const float*>(scales);
+    for (int i = 0; i < 4; ++i)
+      key[i] = decode_e4m3(data[4 * lane + i]) * scale;
+  } else {
+    const float scale = kFormat == KeyFormat::kMXFP4 ? decode_ue8m0(scales[lane / 8])
+                                                     : decode_e4m3(scales[lane / 4]);
+    for (int i = 0; i < 4; ++i) {
+      const uint8_t byte = data[2 * lane + i / 2];
+      key[i] = decode_e2m1(static_cast<uint8_t>((byte >> (4 * (i & 1))) & 0xf)) * scale;
+    }
+  }
+}
+
+// CUDA cores, the plain way: one warp per entry, lane l holds dims 4l .. 4l + 3 (decoded like
+// the CPU backend does), fp32 dot per head, heads summed in order. For MXFP4 q the dot is the
+// CPU's: each scale group's (8 lanes) sum, exact, then the groups added in order.
+template <QueryKind kQ, KeyFormat kFormat>
 __device__ void score_cuda_core(const IndexerProblem& p, int64_t row, int64_t first, int64_t count,
                                 const IndexLaunch& launch, const uint8_t* shared, uint32_t* out,
                                 const KeyPages& pages) {
@@ -547,25 +887,25 @@ __device__ void score_cuda_core(const IndexerProblem& p, int64_t row, int64_t fi
   const float* q = reinterpret_cast<const float*>(shared + launch.q);
   const float* weights = reinterpret_cast<const float*>(shared + launch.weights);
   for (int64_t e = warp; e < count; e += kWarps) {
-    const EntryPlace place = place_of(p, row, first + e, pages);
-    const uint8_t* data = place.page + place.offset * kKeyDataBytes;
-    const uint8_t* scales =
-        place.page + p.keys.block_size * kKeyDataBytes + place.offset * key_scale_bytes(kFormat);
-    const float scale = kFormat == KeyFormat::kMXFP4 ? decode_ue8m0(scales[lane / 8])
-                                                     : decode_e4m3(scales[lane / 4]);
     float key[4];
-    for (int i = 0; i < 4; ++i) {
-      const uint8_t byte = data[2 * lane + i / 2];
-      key[i] = decode_e2m1(static_cast<uint8_t>((byte >> (4 * (i & 1))) & 0xf)) * scale;
-    }
+    decode_lane_key<kFormat>(p, place_of(p, row, first + e, pages), lane, key);
     float score = 0.0f;
     for (int64_t h = 0; h < p.num_heads; ++h) {
       const float* qh = q + h * kIndexerKeyDim + 4 * lane;
       float dot = 0.0f;
       for (int i = 0; i < 4; ++i)
         dot += qh[i] * key[i];
-      for (int offset = 16; offset > 0; offset >>= 1)
-        dot += __shfl_xor_sync(kFullMask, dot, offset);
+      if constexpr (kQ == QueryKind::kMXFP4) {
+        for (int offset = 4; offset > 0; offset >>= 1)
+          dot += __shfl_xor_sync(kFullMask, dot, offset);
+        float total = __shfl_sync(kFullMask, dot, 0);
+        for (int g = 1; g < 4; ++g)
+          total += __shfl_sync(kFullMask, dot, 8 * g);
+        dot = total;
+      } else {
+        for (int offset = 16; offset > 0; offset >>= 1)
+          dot += __shfl_xor_sync(kFullMask, dot, offset);
+      }
       score += relu(dot) * weights[h];
     }
     if (lane == 0) out[e] = ordered_key(score);
@@ -575,18 +915,22 @@ __device__ void score_cuda_core(const IndexerProblem& p, int64_t row, int64_t fi
 // Scores entries first .. first + count - 1 of the row into out[0 .. count) (shared or global
 // memory) on the kernel's path; the warpgroup kernel also counts them into `first_level` when
 // given.
-template <ScoreKernel kScore, bool kFp32Q, KeyFormat kFormat>
+template <ScoreKernel kScore, QueryKind kQ, KeyFormat kFormat>
 __device__ __forceinline__ void score_entries(const IndexerProblem& p, int64_t row, int64_t first,
                                               int64_t count, const IndexLaunch& launch,
                                               const uint8_t* shared, uint32_t* out, bool wide,
-                                              const KeyPages& pages, uint32_t* first_level) {
-  if (kScore == ScoreKernel::kWarpgroup) {
-    score_warpgroup<kFp32Q, kFormat>(p, row, first, count, launch, shared, out, wide, pages,
-                                     first_level);
-  } else if (kScore == ScoreKernel::kWarp) {
-    score_warp<kFp32Q, kFormat>(p, row, first, count, launch, shared, out, wide, pages);
+                                              const KeyPages& pages, uint32_t* first_level,
+                                              bool remainder) {
+  if constexpr (is_fp8_query(kQ) && kScore != ScoreKernel::kCudaCore) {
+    score_warpgroup_fp8<kQ>(p, row, first, count, launch, shared, out, wide, pages, first_level,
+                            remainder);
+  } else if constexpr (kScore == ScoreKernel::kWarpgroup) {
+    score_warpgroup<kQ, kFormat>(p, row, first, count, launch, shared, out, wide, pages,
+                                 first_level);
+  } else if constexpr (kScore == ScoreKernel::kWarp) {
+    score_warp<kQ, kFormat>(p, row, first, count, launch, shared, out, wide, pages);
   } else {
-    score_cuda_core<kFormat>(p, row, first, count, launch, shared, out, pages);
+    score_cuda_core<kQ, kFormat>(p, row, first, count, launch, shared, out, pages);
   }
 }
 
@@ -631,10 +975,10 @@ __device__ __forceinline__ Segment cluster_segment(int64_t length, int parts, in
 // entries: the block ids of its pages are kept in shared memory when they fit (`pages`). Zeroes
 // `first_level` when given. Every thread calls it; it ends with a barrier and returns whether the
 // row is invalid, with num_entries in `length`.
-template <ScoreKernel kScore, bool kFp32Q, typename SegmentOf>
+template <ScoreKernel kScore, QueryKind kQ, typename SegmentOf>
 __device__ bool stage_row(const IndexerProblem& p, int64_t row, const IndexLaunch& launch,
                           uint8_t* shared, uint32_t* first_level, SegmentOf&& segment_of,
-                          int64_t& length, KeyPages& pages) {
+                          int64_t& length, KeyPages& pages, bool& remainder) {
   const int tid = threadIdx.x;
   float* weights = reinterpret_cast<float*>(shared + launch.weights);
   // A load does not pass a store to shared memory through a generic pointer, so the loads go out
@@ -656,7 +1000,8 @@ __device__ bool stage_row(const IndexerProblem& p, int64_t row, const IndexLaunc
     }
   };
   load_blocks(0);
-  bad |= stage_queries<kScore, kFp32Q>(p, row, launch, shared);
+  bool own_remainder = false;
+  bad |= stage_queries<kScore, kQ>(p, row, launch, shared, own_remainder);
   // A caller that counts the select's first level while it scores counts from zero (the barrier
   // at the end orders this before any count).
   zero_first_level(first_level);
@@ -694,7 +1039,9 @@ __device__ bool stage_row(const IndexerProblem& p, int64_t row, const IndexLaunc
       }
     }
   }
-  return __syncthreads_or(bad ? 1 : 0) != 0;  // also the barrier after staging
+  // The row's verdicts; also the barrier after staging.
+  remainder = kQ == QueryKind::kMXFP4 && __syncthreads_or(own_remainder ? 1 : 0) != 0;
+  return __syncthreads_or(bad ? 1 : 0) != 0;
 }
 
 // 2 and 3, for the one-launch kernel and the workspace's select kernel alike: every CTA of the
@@ -782,7 +1129,7 @@ __device__ void select_row(const IndexerProblem& p, int64_t row, int64_t length,
 
 // The one-launch kernel: a cluster per row stages, scores its segments into shared memory (again
 // on every pass of the select where they do not fit) and selects.
-template <ScoreKernel kScore, bool kFp32Q, KeyFormat kFormat>
+template <ScoreKernel kScore, QueryKind kQ, KeyFormat kFormat>
 __global__ void __launch_bounds__(kThreads, 1)
     index_topk_kernel(IndexerProblem p, IndexLaunch launch, FastDivide page_divide, bool wide) {
   hdk::detail::begin_dependent_kernel();
@@ -799,24 +1146,26 @@ __global__ void __launch_bounds__(kThreads, 1)
   KeyPages pages;
   pages.divide = page_divide;
   int64_t length = 0;
-  const bool bad = stage_row<kScore, kFp32Q>(
+  bool remainder = false;
+  const bool bad = stage_row<kScore, kQ>(
       p, row, launch, shared, first_level,
-      [&](int64_t entries) { return cluster_segment(entries, cluster_size, rank); }, length, pages);
+      [&](int64_t entries) { return cluster_segment(entries, cluster_size, rank); }, length, pages,
+      remainder);
   if (bad) {
     length = 0;
     if (rank == 0 && threadIdx.x == 0) count_invalid(p.invalid_count);
   }
   select_row(p, row, length, launch, shared, first_level,
              [&](int64_t first, int64_t count, uint32_t* out, uint32_t* counts) {
-               score_entries<kScore, kFp32Q, kFormat>(p, row, first, count, launch, shared, out,
-                                                      wide, pages, counts);
+               score_entries<kScore, kQ, kFormat>(p, row, first, count, launch, shared, out, wide,
+                                                  pages, counts, remainder);
              });
 }
 
 // Scoring through the workspace, over every SM: CTA `segment` of the row's `segments` scores its
 // share (index_score_segment) straight into the row's workspace keys; segment 0 writes the row's
 // invalid flag, the only word of the row that every call writes whatever the row holds.
-template <ScoreKernel kScore, bool kFp32Q, KeyFormat kFormat>
+template <ScoreKernel kScore, QueryKind kQ, KeyFormat kFormat>
 __global__ void __launch_bounds__(kThreads, 1)
     index_score_kernel(IndexerProblem p, IndexLaunch launch, IndexWorkspaceLayout layout,
                        int segments, FastDivide page_divide, bool wide) {
@@ -840,8 +1189,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   KeyPages pages;
   pages.divide = page_divide;
   int64_t length = 0;
+  bool remainder = false;
   const bool bad =
-      stage_row<kScore, kFp32Q>(p, row, launch, shared, nullptr, segment_of, length, pages);
+      stage_row<kScore, kQ>(p, row, launch, shared, nullptr, segment_of, length, pages, remainder);
   if (segment == 0 && threadIdx.x == 0)
     reinterpret_cast<int32_t*>(p.workspace + layout.flags_offset)[row] = bad ? 1 : 0;
   if (bad) return;
@@ -849,8 +1199,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (share.last <= share.first) return;
   uint32_t* keys =
       reinterpret_cast<uint32_t*>(p.workspace + layout.keys_offset) + row * layout.row_stride;
-  score_entries<kScore, kFp32Q, kFormat>(p, row, share.first, share.last - share.first, launch,
-                                         shared, keys + share.first, wide, pages, nullptr);
+  score_entries<kScore, kQ, kFormat>(p, row, share.first, share.last - share.first, launch, shared,
+                                     keys + share.first, wide, pages, nullptr, remainder);
 }
 
 // The select through the workspace: a cluster per row loads its segments' keys from the row's
@@ -898,32 +1248,56 @@ struct Kernels {
   ScoringKernel scoring;
 };
 
-template <ScoreKernel kScore, bool kFp32Q, KeyFormat kFormat>
+template <ScoreKernel kScore, QueryKind kQ, KeyFormat kFormat>
 Kernels kernels_of() {
-  return Kernels{index_topk_kernel<kScore, kFp32Q, kFormat>,
-                 index_score_kernel<kScore, kFp32Q, kFormat>};
+  return Kernels{index_topk_kernel<kScore, kQ, kFormat>, index_score_kernel<kScore, kQ, kFormat>};
 }
 
+// The exact forms' kernels (bf16 tensor cores or CUDA cores).
 template <ScoreKernel kScore>
-Kernels pick_kernels(bool fp32_q, KeyFormat format) {
-  if (fp32_q) {
-    return format == KeyFormat::kMXFP4 ? kernels_of<kScore, true, KeyFormat::kMXFP4>()
-                                       : kernels_of<kScore, true, KeyFormat::kNVFP4>();
+Kernels pick_kernels(QueryKind query, KeyFormat format) {
+  if (query == QueryKind::kFp32) {
+    return format == KeyFormat::kMXFP4 ? kernels_of<kScore, QueryKind::kFp32, KeyFormat::kMXFP4>()
+                                       : kernels_of<kScore, QueryKind::kFp32, KeyFormat::kNVFP4>();
   }
-  return format == KeyFormat::kMXFP4 ? kernels_of<kScore, false, KeyFormat::kMXFP4>()
-                                     : kernels_of<kScore, false, KeyFormat::kNVFP4>();
+  return format == KeyFormat::kMXFP4 ? kernels_of<kScore, QueryKind::kBf16, KeyFormat::kMXFP4>()
+                                     : kernels_of<kScore, QueryKind::kBf16, KeyFormat::kNVFP4>();
 }
 
-Kernels pick_kernels(ScoreKernel score, bool fp32_q, KeyFormat format) {
+// The FP8 forms run on FP8 tensor cores at any head count (kWarpgroup, whatever the path asks
+// for) or, asked for, on CUDA cores.
+Kernels pick_kernels(ScoreKernel score, QueryKind query, KeyFormat format) {
+  if (query == QueryKind::kE4M3) {
+    return score == ScoreKernel::kCudaCore
+               ? kernels_of<ScoreKernel::kCudaCore, QueryKind::kE4M3, KeyFormat::kFP8>()
+               : kernels_of<ScoreKernel::kWarpgroup, QueryKind::kE4M3, KeyFormat::kFP8>();
+  }
+  if (query == QueryKind::kMXFP4) {
+    return score == ScoreKernel::kCudaCore
+               ? kernels_of<ScoreKernel::kCudaCore, QueryKind::kMXFP4, KeyFormat::kMXFP4>()
+               : kernels_of<ScoreKernel::kWarpgroup, QueryKind::kMXFP4, KeyFormat::kMXFP4>();
+  }
   switch (score) {
     case ScoreKernel::kWarpgroup:
-      return pick_kernels<ScoreKernel::kWarpgroup>(fp32_q, format);
+      return pick_kernels<ScoreKernel::kWarpgroup>(query, format);
     case ScoreKernel::kWarp:
-      return pick_kernels<ScoreKernel::kWarp>(fp32_q, format);
+      return pick_kernels<ScoreKernel::kWarp>(query, format);
     case ScoreKernel::kCudaCore:
       break;
   }
-  return pick_kernels<ScoreKernel::kCudaCore>(fp32_q, format);
+  return pick_kernels<ScoreKernel::kCudaCore>(query, format);
+}
+
+QueryKind query_kind(const IndexerProblem& p) {
+  switch (p.q_form) {
+    case IndexQueryForm::kE4M3:
+      return QueryKind::kE4M3;
+    case IndexQueryForm::kMXFP4:
+      return QueryKind::kMXFP4;
+    case IndexQueryForm::kExact:
+      break;
+  }
+  return p.q.dtype == DType::kFloat32 ? QueryKind::kFp32 : QueryKind::kBf16;
 }
 
 }  // namespace
@@ -956,9 +1330,9 @@ IndexLaunchChoice choose_launch(const IndexerProblem& p, int device) {
                 " pages of " + std::to_string(block_size) + " entries exceed the " +
                 std::to_string(INT_MAX) + " entries per row the int32 indices can name");
   }
-  // Key pages hold 4-byte (MXFP4) or 8-byte (NVFP4) scale words read whole (as the KV cache
+  // Key pages hold 4-byte (MXFP4, FP8) or 8-byte (NVFP4) scale words read whole (as the KV cache
   // kernels do); 16-byte code loads when the pool allows them.
-  const int64_t alignment = p.format == KeyFormat::kMXFP4 ? 4 : 8;
+  const int64_t alignment = key_scale_bytes(p.format);
   const uintptr_t base = reinterpret_cast<uintptr_t>(p.keys.data);
   if (base % alignment != 0 || p.keys.page_stride % alignment != 0) {
     throw Error(std::string(kOperation) + ": argument 'key_cache' must be " +
@@ -975,28 +1349,34 @@ IndexLaunchChoice choose_launch(const IndexerProblem& p, int device) {
       : path == IndexScorePath::kTensorCore && warpgroup_scoring_fits(p.num_heads)
           ? ScoreKernel::kWarpgroup
           : ScoreKernel::kWarp;
-  const bool fp32_q = p.q.dtype == DType::kFloat32;
+  const QueryKind query = query_kind(p);
+  const bool fp32_q = query == QueryKind::kFp32;
+  // The FP8 kernel stages whole tiles of 64 heads (codes, then MXFP4's multipliers: less than
+  // the bf16 bytes the plan keeps for as many heads).
+  const int64_t planned_heads = is_fp8_query(query) && tensor
+                                    ? ceil_div(p.num_heads, kFp8HeadTile) * kFp8HeadTile
+                                    : p.num_heads;
 
   const int sm_count =
       hdk::detail::cached_device_attribute(cudaDevAttrMultiProcessorCount, device, kOperation);
   const int shared_limit = hdk::detail::cached_device_attribute(
       cudaDevAttrMaxSharedMemoryPerBlockOptin, device, kOperation);
 
-  choice.kernels = pick_kernels(score, fp32_q, p.format);
+  choice.kernels = pick_kernels(score, query, p.format);
   // The kernels run one CTA per SM (their registers), whatever shared memory they take.
   hdk::detail::allow_dynamic_shared_memory(choice.kernels.one_launch, shared_limit, device,
                                            kOperation);
   // Every size; above 8 the non-portable sizes, 0 where the device does not run them.
   const hdk::detail::ResidentClusterCounts& clusters = hdk::detail::resident_clusters(
       choice.kernels.one_launch, kThreads, static_cast<size_t>(shared_limit), device, kOperation);
-  choice.plan = plan_index_launch(p.num_rows, p.num_heads, capacity, p.top_k, tensor, fp32_q,
+  choice.plan = plan_index_launch(p.num_rows, planned_heads, capacity, p.top_k, tensor, fp32_q,
                                   sm_count, shared_limit, clusters);
   if (p.workspace != nullptr) {
     hdk::detail::allow_dynamic_shared_memory(index_select_kernel, shared_limit, device, kOperation);
     const hdk::detail::ResidentClusterCounts& select_clusters = hdk::detail::resident_clusters(
         index_select_kernel, kThreads, static_cast<size_t>(shared_limit), device, kOperation);
     choice.workspace =
-        plan_index_workspace(p.num_rows, p.num_heads, capacity, p.top_k, tensor, fp32_q, sm_count,
+        plan_index_workspace(p.num_rows, planned_heads, capacity, p.top_k, tensor, fp32_q, sm_count,
                              shared_limit, choice.plan, select_clusters);
     if (choice.workspace.segments > 0) {
       hdk::detail::allow_dynamic_shared_memory(choice.kernels.scoring, shared_limit, device,

@@ -1,0 +1,106 @@
+// Who holds what in index_topk's FP8 tensor-core scoring (cuda/index_topk_cuda.cu,
+// score_warpgroup_fp8), as host-and-device functions so that tests/dsv4/index_fp8_layout_test.cpp
+// emulates a warpgroup's products with exactly the fragments the kernel builds.
+//
+// Two forms of q multiply on FP8 tensor cores (wgmma m64n64k32, E4M3 x E4M3, fp32 accumulate):
+//  - E4M3 q against kFP8 keys (DeepGEMM's fp8_paged_mqa_logits form): the stored key codes are
+//    the A operand as they are, with no conversion; one chain of 4 k-steps covers the 128 dims
+//    and the key's fp32 scale multiplies the product.
+//  - MXFP4 q against kMXFP4 keys (DeepSeek-V4's reference indexer quantizes q like the keys):
+//    every E2M1 value is exact in E4M3, so the key codes become E4M3 codes of the same values by
+//    a table lookup, and q enters as E4M3 codes of its values times the part of its group scale
+//    E4M3 can hold. k-step g is the 32 dims of scale group g and starts from zero: each group's
+//    sum of 32 products of 2-bit mantissas is an exact multiple of 2^-2 below 2^11 (times a power
+//    of two), so the tensor core computes it exactly, and the kernel applies both scales to the
+//    fp32 partial sums, adding the groups in order as the CPU backend does.
+//
+// A (64 entries x 32 bytes a k-step) is in registers: the PTX ISA's fragment of 8-bit types has
+// one 32-bit register per 8-row x 16-byte square, thread (lane / 4) of the square's rows holding
+// bytes 4 (lane % 4) .. + 3 of its row; register r of k-step s is rows + 8 (r % 2), bytes
+// + 16 (r / 2). B (q: 32 bytes x 64 heads a k-step) is K-major in shared memory, 128 bytes a head
+// (all 4 k-steps) in the 128-byte swizzle of sparse_decode_layout.h, a tile of 64 heads 8 KiB.
+// As in the bf16 kernels the k order is a permutation of the dims chosen for the loads: quad lane
+// t holds, per k-step, two 4-byte pieces of each of its two entries.
+#pragma once
+
+#include <cstdint>
+
+#include "core/bf16_pairs.h"
+#include "core/host_device.h"
+#include "dsv4/sparse_decode/cuda/sparse_decode_layout.h"
+
+namespace hdk {
+namespace dsv4 {
+namespace detail {
+
+constexpr int kFp8Steps = 4;                           // k-steps of 32 over the 128 dims
+constexpr int kFp8HeadTile = 64;                       // n of the product
+constexpr int kFp8HeadTileBytes = kFp8HeadTile * 128;  // one staged tile of q codes
+
+// The key dim that byte `k` (0..31) of k-step `step` stands for, E4M3 form: quad lane t loads
+// its entry's 32 contiguous bytes 32t .. 32t + 31 (two 16-byte loads) and gives words 2 step and
+// 2 step + 1 of them to k-step `step`.
+HDK_HOST_DEVICE int fp8_key_dim(int step, int k) {
+  return 32 * ((k % 16) / 4) + 8 * step + 4 * (k / 16) + k % 4;
+}
+
+// The same for the MXFP4 form: k-step g is scale group g; quad lane t loads word 4g + t of the
+// key's 64 bytes (dims 32g + 8t .. + 7), its low 4 codes for bytes 4t .. + 3, its high 4 for
+// bytes 16 + 4t .. + 3.
+HDK_HOST_DEVICE int mxfp4_key_dim(int step, int k) {
+  return 32 * step + 8 * ((k % 16) / 4) + 4 * (k / 16) + k % 4;
+}
+
+// Byte offset of staged chunk `chunk` (bytes 16 chunk .. + 15 of the head's 128, i.e. k-step
+// chunk / 2, bytes 16 (chunk % 2) .. of it) of head `head` among tiles of 64 heads.
+HDK_HOST_DEVICE int fp8_query_chunk_offset(int head, int chunk) {
+  return (head / kFp8HeadTile) * kFp8HeadTileBytes +
+         operand_chunk_offset(head % kFp8HeadTile, chunk, kFp8HeadTile);
+}
+
+// E4M3 form: word i (0..3) of staged chunk `chunk` is q's word 8 i + chunk (dims 32 i + 4 chunk
+// .. + 3), fp8_key_dim's inverse on the chunk.
+HDK_HOST_DEVICE int fp8_chunk_query_word(int chunk, int i) {
+  return 8 * i + chunk;
+}
+
+// MXFP4 form: word i of staged chunk `chunk` is half chunk % 2 of packed q's word
+// 4 (chunk / 2) + i (its codes 4 (chunk % 2) .. + 3).
+HDK_HOST_DEVICE int mxfp4_chunk_query_word(int chunk, int i) {
+  return 4 * (chunk / 2) + i;
+}
+
+// The E4M3 codes of the values of 4 E2M1 codes (bits 0..15 of `codes`, code n in bits 4n ..
+// 4n + 3), one byte each: magnitudes by one byte permute from the table of the 8 E2M1 magnitudes'
+// E4M3 codes (0, 0.5, 1, 1.5, 2, 3, 4, 6), signs moved from bit 3 of each code to bit 7 of its
+// byte (-0 stays -0).
+HDK_HOST_DEVICE uint32_t e2m1x4_as_e4m3(uint32_t codes) {
+  const uint32_t magnitudes = byte_perm(0x3c383000u, 0x4c484440u, codes & 0x7777u);
+  const uint32_t spread = byte_perm(codes, 0u, 0x1100u);  // bytes b0, b0, b1, b1
+  return magnitudes | ((spread << 4) & 0x00800080u) | (spread & 0x80008000u);
+}
+
+// A register `reg` (0..3) of k-step `step`, E4M3 form, from the thread's two entries' 8 words
+// (rows r and r + 8): word 2 step (bytes 4t ..) or 2 step + 1 (bytes 16 + 4t ..).
+HDK_HOST_DEVICE uint32_t fp8_step_fragment(const uint32_t (&upper)[8], const uint32_t (&lower)[8],
+                                           int step, int reg) {
+  return (reg % 2 == 0 ? upper : lower)[2 * step + reg / 2];
+}
+
+// The same for the MXFP4 form, from each entry's 4 words (word g = the key's word 4g + t).
+HDK_HOST_DEVICE uint32_t mxfp4_step_fragment(const uint32_t (&upper)[4], const uint32_t (&lower)[4],
+                                             int step, int reg) {
+  const uint32_t word = (reg % 2 == 0 ? upper : lower)[step];
+  return e2m1x4_as_e4m3(reg / 2 == 0 ? word : word >> 16);
+}
+
+// How much of an MXFP4 q group's scale exponent (byte - 127) its E4M3 codes hold: E2M1 values
+// times 2^e are exact E4M3 values for e in -8 .. 6 (0.5 x 2^-8 is E4M3's least subnormal,
+// 6 x 2^6 = 384 below its 448). The rest, 2^(exponent - folded), multiplies the group's sums.
+HDK_HOST_DEVICE int folded_query_exponent(int exponent) {
+  return exponent < -8 ? -8 : exponent > 6 ? 6 : exponent;
+}
+
+}  // namespace detail
+}  // namespace dsv4
+}  // namespace hdk

@@ -1,0 +1,203 @@
+// index_topk's FP8 tensor-core scoring, checked on the CPU: the k orders of
+// dsv4/index_topk/index_fp8_layout.h cover each key dim once per k-step group as the kernel
+// needs (MXFP4: k-step g is exactly scale group g), the staged q chunks are their inverse, the
+// E2M1-to-E4M3 translation keeps every value, and a warpgroup's products, emulated thread by
+// thread with the very fragment builders the kernel calls (A from the loaded key words, B from
+// the staged, swizzled q tile), equal a plain float64 dot product of the same codes. What this
+// cannot check: that the hardware follows the PTX fragment layout transcribed here (the CUDA
+// cases of index_topk_test.cpp do, against the reference).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "dsv4/index_topk/index_fp8_layout.h"
+#include "dsv4/kv_cache/kv_formats.h"
+
+namespace hdk {
+namespace dsv4 {
+namespace detail {
+namespace {
+
+constexpr int kDim = 128;
+constexpr int kThreads = 128;  // a warpgroup
+
+// Register `reg` of a thread's A fragment holds, for k-step s, bytes k = 4 (lane % 4) + b +
+// 16 (reg / 2) of row 16 warp + lane / 4 + 8 (reg % 2).
+int a_row(int thread, int reg) {
+  return 16 * (thread / 32) + (thread % 32) / 4 + 8 * (reg % 2);
+}
+int a_k(int thread, int reg, int byte) {
+  return 4 * (thread % 4) + byte + 16 * (reg / 2);
+}
+
+uint32_t word_of(const uint8_t* bytes) {
+  uint32_t word;
+  std::memcpy(&word, bytes, 4);
+  return word;
+}
+
+TEST(IndexFp8Layout, EachStepCoversItsDimsOnce) {
+  std::set<int> fp8, mxfp4;
+  for (int step = 0; step < kFp8Steps; ++step) {
+    std::set<int> group;
+    for (int k = 0; k < 32; ++k) {
+      ASSERT_TRUE(fp8.insert(fp8_key_dim(step, k)).second);
+      ASSERT_TRUE(mxfp4.insert(mxfp4_key_dim(step, k)).second);
+      group.insert(mxfp4_key_dim(step, k) / 32);
+    }
+    EXPECT_EQ(group, std::set<int>{step}) << "MXFP4 k-step " << step << " mixes scale groups";
+  }
+  EXPECT_EQ(fp8.size(), 128u);
+  EXPECT_EQ(mxfp4.size(), 128u);
+}
+
+TEST(IndexFp8Layout, StagedChunksAreTheInverseOfTheKeyOrder) {
+  for (int chunk = 0; chunk < 8; ++chunk) {
+    for (int i = 0; i < 4; ++i) {
+      for (int b = 0; b < 4; ++b) {
+        const int step = chunk / 2, k = 16 * (chunk % 2) + 4 * i + b;
+        // E4M3: byte b of word fp8_chunk_query_word is q's dim 4 word + b.
+        EXPECT_EQ(4 * fp8_chunk_query_word(chunk, i) + b, fp8_key_dim(step, k));
+        // MXFP4: code 4 (chunk % 2) + b of packed word mxfp4_chunk_query_word: dim 8 word + code.
+        EXPECT_EQ(8 * mxfp4_chunk_query_word(chunk, i) + 4 * (chunk % 2) + b,
+                  mxfp4_key_dim(step, k));
+      }
+    }
+  }
+}
+
+TEST(IndexFp8Layout, E2m1TranslationKeepsEveryValue) {
+  for (uint32_t codes = 0; codes < 0x10000u; ++codes) {
+    const uint32_t bytes = e2m1x4_as_e4m3(codes);
+    for (int n = 0; n < 4; ++n) {
+      const uint8_t code = static_cast<uint8_t>((codes >> (4 * n)) & 0xf);
+      const uint8_t byte = static_cast<uint8_t>(bytes >> (8 * n));
+      const float want = decode_e2m1(code), got = decode_e4m3(byte);
+      ASSERT_EQ(want, got) << std::hex << codes << " code " << n;
+      ASSERT_EQ(std::signbit(want), std::signbit(got)) << std::hex << codes;
+    }
+  }
+}
+
+TEST(IndexFp8Layout, FoldedQueryExponentsStayExactInE4m3) {
+  for (int exponent = -127; exponent <= 127; ++exponent) {
+    const int folded = folded_query_exponent(exponent);
+    EXPECT_GE(folded, -8);
+    EXPECT_LE(folded, 6);
+    if (exponent >= -8 && exponent <= 6) EXPECT_EQ(folded, exponent);
+    for (uint8_t code = 1; code < 8; ++code) {
+      const double value = std::ldexp(decode_e2m1(code), folded);
+      EXPECT_EQ(decode_e4m3(encode_e4m3(static_cast<float>(value))), value) << exponent;
+    }
+  }
+}
+
+// One warpgroup's 64 x 64 product over a 64-entry tile, built as the kernel builds it, against
+// the plain dot products: `mxfp4` picks the form. The q tile is staged byte for byte at
+// fp8_query_chunk_offset; B element (k of step s, head h) is read back through the swizzle
+// (row h, logical byte 32 s + k).
+void check_product(bool mxfp4, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  constexpr int kHeads = 128;                              // two head tiles
+  std::vector<uint8_t> keys(64 * kDim), q(kHeads * kDim);  // E4M3 codes of each value
+  std::vector<uint8_t> packed_keys(64 * 64), packed_q(kHeads * 64);
+  auto finite_e4m3 = [&] {
+    uint8_t code;
+    do {
+      code = static_cast<uint8_t>(rng());
+    } while ((code & 0x7f) == 0x7f);
+    return code;
+  };
+  for (auto* codes : {&keys, &q}) {
+    for (auto& c : *codes)
+      c = finite_e4m3();
+  }
+  for (auto* packed : {&packed_keys, &packed_q}) {
+    for (auto& byte : *packed)
+      byte = static_cast<uint8_t>(rng());
+  }
+  auto value = [&](bool key, int row, int dim) -> double {
+    if (!mxfp4) return decode_e4m3((key ? keys : q)[row * kDim + dim]);
+    const uint8_t byte = (key ? packed_keys : packed_q)[row * 64 + dim / 2];
+    return decode_e2m1(static_cast<uint8_t>((byte >> (4 * (dim % 2))) & 0xf));
+  };
+  // The staged B tiles: MXFP4 q enters as the E4M3 codes of its E2M1 values (scale folded
+  // elsewhere: 2^0 here).
+  std::vector<uint8_t> staged(2 * kFp8HeadTileBytes, 0xee);
+  for (int head = 0; head < kHeads; ++head) {
+    for (int chunk = 0; chunk < 8; ++chunk) {
+      for (int i = 0; i < 4; ++i) {
+        uint32_t word;
+        if (!mxfp4) {
+          word = word_of(&q[head * kDim + 4 * fp8_chunk_query_word(chunk, i)]);
+        } else {
+          const uint32_t loaded =
+              word_of(&packed_q[head * 64 + 4 * mxfp4_chunk_query_word(chunk, i)]);
+          word = e2m1x4_as_e4m3(chunk % 2 == 0 ? loaded : loaded >> 16);
+        }
+        std::memcpy(&staged[fp8_query_chunk_offset(head, chunk) + 4 * i], &word, 4);
+      }
+    }
+  }
+  auto b_element = [&](int step, int k, int head) {
+    const int logical = 32 * step + k;
+    return staged[fp8_query_chunk_offset(head, logical / 16) + logical % 16];
+  };
+  std::vector<double> product(64 * kHeads, 0.0);
+  for (int thread = 0; thread < kThreads; ++thread) {
+    const int t = thread % 4, upper = a_row(thread, 0);
+    uint32_t fp8_rows[2][8], mxfp4_rows[2][4];
+    for (int r = 0; r < 2; ++r) {
+      const int entry = upper + 8 * r;
+      for (int w = 0; w < 8; ++w)
+        fp8_rows[r][w] = word_of(&keys[entry * kDim + 32 * t + 4 * w]);
+      for (int g = 0; g < 4; ++g)
+        mxfp4_rows[r][g] = word_of(&packed_keys[entry * 64 + 16 * g + 4 * t]);
+    }
+    for (int step = 0; step < kFp8Steps; ++step) {
+      for (int reg = 0; reg < 4; ++reg) {
+        const uint32_t a = mxfp4 ? mxfp4_step_fragment(mxfp4_rows[0], mxfp4_rows[1], step, reg)
+                                 : fp8_step_fragment(fp8_rows[0], fp8_rows[1], step, reg);
+        const int row = a_row(thread, reg);
+        for (int byte = 0; byte < 4; ++byte) {
+          const int k = a_k(thread, reg, byte);
+          const double a_value = decode_e4m3(static_cast<uint8_t>(a >> (8 * byte)));
+          // The A byte must be the key's value at the dim the order names.
+          const int dim = mxfp4 ? mxfp4_key_dim(step, k) : fp8_key_dim(step, k);
+          ASSERT_EQ(a_value, value(true, row, dim)) << "step " << step << " k " << k;
+          for (int head = 0; head < kHeads; ++head)
+            product[row * kHeads + head] += a_value * decode_e4m3(b_element(step, k, head));
+        }
+      }
+    }
+  }
+  for (int entry = 0; entry < 64; ++entry) {
+    for (int head = 0; head < kHeads; ++head) {
+      double want = 0.0;
+      for (int dim = 0; dim < kDim; ++dim)
+        want += value(true, entry, dim) * value(false, head, dim);
+      ASSERT_NEAR(product[entry * kHeads + head], want, 1e-9 * (1.0 + std::fabs(want)))
+          << (mxfp4 ? "mxfp4" : "e4m3") << " entry " << entry << " head " << head;
+    }
+  }
+}
+
+TEST(IndexFp8Layout, E4m3WarpgroupProductIsTheDotProduct) {
+  check_product(false, 1);
+  check_product(false, 2);
+}
+
+TEST(IndexFp8Layout, Mxfp4WarpgroupProductIsTheDotProduct) {
+  check_product(true, 3);
+  check_product(true, 4);
+}
+
+}  // namespace
+}  // namespace detail
+}  // namespace dsv4
+}  // namespace hdk
