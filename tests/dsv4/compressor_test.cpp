@@ -1,6 +1,6 @@
 // hdk::dsv4::compress over whole sequences against the float64 reference (CompressorReference,
 // which keeps the spec's raw rows): HCA with m = 128 over 3 windows, CSA with m = 4 over more
-// than 10 windows, d = 512 (MODEL1 entries) and d = 128 (MXFP4 / NVFP4 keys, rotated or not),
+// than 10 windows, d = 512 (MODEL1 entries) and d = 128 (MXFP4 / NVFP4 / FP8 keys, rotated or not),
 // T = 1 and T = 2 tokens per row, fp32 and bf16 inputs. Two requests interleave in random order
 // with padding rows between them; one starts mid-window and mid-page from a state the reference
 // exports; pages fill and the next page comes from the block table. After every step each new
@@ -43,7 +43,7 @@ struct CompressorCase {
     return "ratio=" + std::to_string(ratio) + " d=" + std::to_string(dim) +
            " T=" + std::to_string(tokens_per_row) + " windows=" + std::to_string(windows) +
            " block_size=" + std::to_string(block_size) + " " + dtype_name(input_dtype) +
-           (dim == 128 ? (format == dsv4::KeyFormat::kMXFP4 ? " mxfp4" : " nvfp4") : "") +
+           (dim == 128 ? std::string(" ") + key_format_name(format) : std::string()) +
            (dim == 128 && rotate ? " rotated" : "") + (nan_token ? " nan-token" : "") +
            " seed=" + std::to_string(seed);
   }
@@ -233,14 +233,16 @@ CompressorRun run_sequences(const CompressorCase& c, Backend backend) {
       } else {
         const std::vector<double> stored =
             dsv4::decode_key_reference(page_data, c.block_size, offset, c.format);
-        const StoredError error = check_stored_key(stored, entry.stored, 1e-4);
+        const StoredError error = check_stored_key(stored, entry.stored, 1e-4, c.format);
         EXPECT_TRUE(error.failure.empty())
             << "key " << entry.index << " of state " << entry.state_slot << ": " << error.failure;
         run.worst_relative = std::max(run.worst_relative, error.max_relative);
-        const int64_t scale_bytes = entry_bytes - 64;
-        std::memset(&written[page * page_bytes + offset * 64], 1, 64);
-        std::memset(&written[page * page_bytes + c.block_size * 64 + offset * scale_bytes], 1,
-                    static_cast<size_t>(scale_bytes));
+        const int64_t data_bytes = c.format == dsv4::KeyFormat::kFP8 ? 128 : 64;
+        const int64_t scale_bytes = entry_bytes - data_bytes;
+        std::memset(&written[page * page_bytes + offset * data_bytes], 1,
+                    static_cast<size_t>(data_bytes));
+        std::memset(&written[page * page_bytes + c.block_size * data_bytes + offset * scale_bytes],
+                    1, static_cast<size_t>(scale_bytes));
       }
       ++run.entries;
     }
@@ -327,6 +329,21 @@ std::vector<CompressorCase> compressor_cases() {
     c.nan_token = true, c.seed = ++seed;
     cases.push_back(c);
     c.ratio = 4, c.windows = 11, c.block_size = 4, c.seed = ++seed;
+    cases.push_back(c);
+  }
+  // FP8 indexer keys (128 E4M3 and one fp32 scale per key), rotated or not; then T = 2 bf16
+  // tokens on pages of 5 with a NaN score (its key is stored as NaN markers and counted).
+  for (bool rotate : {false, true}) {
+    CompressorCase c;
+    c.ratio = 4, c.dim = 128, c.windows = 11, c.block_size = 3, c.mid_start = 9;
+    c.format = dsv4::KeyFormat::kFP8, c.rotate = rotate, c.seed = ++seed;
+    cases.push_back(c);
+  }
+  {
+    CompressorCase c;
+    c.ratio = 4, c.dim = 128, c.tokens_per_row = 2, c.windows = 12, c.block_size = 5;
+    c.mid_start = 26, c.input_dtype = DType::kBFloat16, c.format = dsv4::KeyFormat::kFP8;
+    c.nan_token = true, c.seed = ++seed;
     cases.push_back(c);
   }
   return cases;

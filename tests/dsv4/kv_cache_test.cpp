@@ -2,13 +2,16 @@
 // reference on every backend this build and machine have: fp32 and bf16 rows with the formats'
 // hard cases (zero groups, values beyond FP8's range, denormal-range values, rounding ties, NaN,
 // infinity), int32/int64 slots with skipped rows, block sizes 1, 3, 64 and 128, padded pages and
-// poisoned caches and outputs. Bytes are compared exactly, except rotated keys (fp32 Hadamard
-// against float64), which are compared after decoding within the FP4 bound.
+// poisoned caches and outputs; keys in MXFP4, NVFP4 and FP8 (one fp32 scale per key: keys of
+// far-apart magnitudes in one page, NaN markers, and pages holding any fp32 scale, NaN included).
+// Bytes are compared exactly, except rotated keys (fp32 Hadamard against float64), which are
+// compared after decoding within the format's bound.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <utility>
@@ -39,13 +42,17 @@ struct StoreCase {
 
   int64_t entry_bytes() const { return keys ? dsv4::key_bytes(format) : dsv4::kEntryBytes; }
   int64_t width() const { return keys ? dsv4::kIndexerKeyDim : dsv4::kHeadDim; }
+  // The rows' special patterns fill one scale group (an FP8 key is one group of 128).
+  int64_t group_size() const {
+    return !keys ? 64 : format == dsv4::KeyFormat::kFP8 ? dsv4::kIndexerKeyDim : 16;
+  }
   int64_t page_stride() const { return block_size * entry_bytes() + page_padding; }
   std::string describe() const {
-    return std::string(keys ? (format == dsv4::KeyFormat::kMXFP4 ? "mxfp4" : "nvfp4") : "entries") +
-           (rotate ? " rotated" : "") + " N=" + std::to_string(N) +
-           " blocks=" + std::to_string(num_blocks) + " block_size=" + std::to_string(block_size) +
-           " pad=" + std::to_string(page_padding) + " " + dtype_name(values_dtype) + " " +
-           dtype_name(slots_dtype) + " seed=" + std::to_string(seed);
+    return std::string(keys ? key_format_name(format) : "entries") + (rotate ? " rotated" : "") +
+           " N=" + std::to_string(N) + " blocks=" + std::to_string(num_blocks) +
+           " block_size=" + std::to_string(block_size) + " pad=" + std::to_string(page_padding) +
+           " " + dtype_name(values_dtype) + " " + dtype_name(slots_dtype) +
+           " seed=" + std::to_string(seed);
   }
 };
 
@@ -58,7 +65,7 @@ struct StoreInputs {
 StoreInputs make_store_inputs(const StoreCase& c) {
   std::mt19937_64 rng(c.seed);
   StoreInputs in;
-  in.values = random_rows(rng, c.N, c.width(), true, c.keys ? 16 : 64);
+  in.values = random_rows(rng, c.N, c.width(), true, c.group_size());
   in.value_bytes = encode_rows(in.values, c.values_dtype);
   in.slots = distinct_slots(rng, c.N, c.num_blocks * c.block_size, true);
   in.slot_bytes = index_bytes(in.slots, c.slots_dtype);
@@ -172,17 +179,18 @@ void run_store(const StoreCase& c, Backend backend) {
     const std::vector<double> want = dsv4::hadamard_reference(row);
     const std::vector<double> got = dsv4::decode_key_reference(
         got_cache.data() + page * c.page_stride(), c.block_size, offset, c.format);
-    const StoredError error = check_stored_key(got, want, 1e-5);
+    const StoredError error = check_stored_key(got, want, 1e-5, c.format);
     EXPECT_TRUE(error.failure.empty()) << "row " << n << ": " << error.failure;
     worst = std::max(worst, error.max_relative);
   }
   std::vector<uint8_t> written(got_cache.size(), 0);
-  const int64_t scale_bytes = c.entry_bytes() - 64;
+  const int64_t data_bytes = c.format == dsv4::KeyFormat::kFP8 ? 128 : 64;
+  const int64_t scale_bytes = c.entry_bytes() - data_bytes;
   for (int64_t slot : in.slots) {
     if (slot < 0) continue;
     const int64_t page = slot / c.block_size * c.page_stride(), offset = slot % c.block_size;
-    std::memset(&written[page + offset * 64], 1, 64);
-    std::memset(&written[page + c.block_size * 64 + offset * scale_bytes], 1, scale_bytes);
+    std::memset(&written[page + offset * data_bytes], 1, data_bytes);
+    std::memset(&written[page + c.block_size * data_bytes + offset * scale_bytes], 1, scale_bytes);
   }
   for (size_t i = 0; i < got_cache.size(); ++i) {
     if (!written[i]) {
@@ -207,7 +215,8 @@ std::vector<StoreCase> store_cases() {
           c.page_padding = block_size == 3 ? 16 : 0;
           c.seed = ++seed;
           if (keys) {
-            for (dsv4::KeyFormat format : {dsv4::KeyFormat::kMXFP4, dsv4::KeyFormat::kNVFP4}) {
+            for (dsv4::KeyFormat format :
+                 {dsv4::KeyFormat::kMXFP4, dsv4::KeyFormat::kNVFP4, dsv4::KeyFormat::kFP8}) {
               for (bool rotate : {false, true}) {
                 c.format = format, c.rotate = rotate, c.seed = ++seed;
                 cases.push_back(c);
@@ -257,8 +266,8 @@ struct GatherCase {
 };
 
 void run_gather(const GatherCase& c, Backend backend) {
-  SCOPED_TRACE(std::string(c.keys ? "keys" : "entries") + " N=" + std::to_string(c.N) +
-               " L=" + std::to_string(c.L) + " " + dtype_name(c.out_dtype) +
+  SCOPED_TRACE(std::string(c.keys ? key_format_name(c.format) : "entries") + " N=" +
+               std::to_string(c.N) + " L=" + std::to_string(c.L) + " " + dtype_name(c.out_dtype) +
                " block_size=" + std::to_string(c.block_size) + " seed=" + std::to_string(c.seed));
   std::mt19937_64 rng(c.seed);
   const int64_t entry_bytes = c.keys ? dsv4::key_bytes(c.format) : dsv4::kEntryBytes;
@@ -267,7 +276,10 @@ void run_gather(const GatherCase& c, Backend backend) {
   // Fill the cache with the reference store of random rows (special patterns included).
   std::vector<uint8_t> cache(static_cast<size_t>(num_slots * entry_bytes), 0);
   {
-    std::vector<float> rows = random_rows(rng, num_slots, width, true, c.keys ? 16 : 64);
+    const int64_t group_size = !c.keys                             ? 64
+                               : c.format == dsv4::KeyFormat::kFP8 ? dsv4::kIndexerKeyDim
+                                                                   : 16;
+    std::vector<float> rows = random_rows(rng, num_slots, width, true, group_size);
     std::vector<int64_t> all(static_cast<size_t>(num_slots));
     for (int64_t i = 0; i < num_slots; ++i)
       all[i] = i;
@@ -352,6 +364,10 @@ std::vector<GatherCase> gather_cases() {
         c.slots_dtype = out == DType::kBFloat16 ? DType::kInt64 : DType::kInt32;
         c.format = block_size == 1 ? dsv4::KeyFormat::kNVFP4 : dsv4::KeyFormat::kMXFP4;
         cases.push_back(c);
+        if (keys) {
+          c.format = dsv4::KeyFormat::kFP8, c.seed = ++seed;
+          cases.push_back(c);
+        }
       }
     }
   }
@@ -438,6 +454,237 @@ TEST(KvErrorBound, StoreThenGatherWithinFp8Bound) {
     std::printf("[ %s ] FP8 store + gather: largest relative error %.5f (bound %.4f)\n",
                 backend_name(backend), worst_normal, dsv4::kFp8RelativeErrorBound);
   }
+}
+
+// ---- FP8 keys: one fp32 scale per key --------------------------------------------------------
+
+// Keys whose magnitudes lie 2^-130 .. 2^100 apart (fp32 denormals, keys below the 1e-4 scale
+// floor, keys near fp32's largest value) in pages of 5, one with a NaN and one with an infinity:
+// store then gather. Unrotated: the store's bytes equal the reference's (the scale is the exact
+// power of two, the marked keys are 128 x 0x7F and the fp32 NaN 0x7FC00000) and so do the
+// gather's values; rotated and unrotated, every value is within the FP8 bound of the float64 key
+// (the worst relative error above 2^-6 x scale is printed).
+TEST(KvFp8Keys, FarApartScalesStoreThenGather) {
+  for (Backend backend : {Backend::kCPU, Backend::kCUDA}) {
+    if (!backend_unavailable_reason(backend).empty()) continue;
+    for (bool rotate : {false, true}) {
+      SCOPED_TRACE(std::string(backend_name(backend)) + (rotate ? " rotated" : ""));
+      const int64_t N = 24, block_size = 5, num_blocks = 6, bytes = block_size * 132;
+      std::mt19937_64 rng(rotate ? 808 : 807);
+      std::vector<float> keys = normal_values(rng, N * 128, 1.0f);
+      for (int64_t n = 0; n < N; ++n) {
+        for (int64_t i = 0; i < 128; ++i)
+          keys[n * 128 + i] = std::ldexp(keys[n * 128 + i], static_cast<int>(-130 + 10 * n));
+      }
+      keys[7 * 128 + 9] = std::numeric_limits<float>::quiet_NaN();
+      keys[16 * 128 + 127] = -std::numeric_limits<float>::infinity();
+      std::vector<int64_t> slots = distinct_slots(rng, N, num_blocks * block_size, false);
+      const std::vector<uint8_t> slot_bytes = index_bytes(slots, DType::kInt32);
+      std::vector<uint8_t> want(num_blocks * bytes, 0x3c);
+      std::vector<uint8_t> want_counter = counter_bytes(DType::kInt32, 0);
+      DeviceBuffer d_keys(backend, keys.size() * 4), d_slots(backend, slot_bytes.size()),
+          d_cache(backend, want.size()), d_counter(backend, 8), d_out(backend, N * 128 * 4);
+      d_keys.upload(keys.data(), keys.size() * 4);
+      d_slots.upload(slot_bytes.data(), slot_bytes.size());
+      d_cache.fill(0x3c);
+      d_counter.upload(want_counter.data(), 8);
+      d_out.fill(0xff);
+      const Device device = backend_device(backend);
+      dsv4::StoreIndexerKeysParams store;
+      store.block_size = block_size, store.format = dsv4::KeyFormat::kFP8, store.rotate = rotate;
+      std::vector<uint8_t> host_slots = slot_bytes;
+      store.keys = TensorView::contiguous(keys.data(), DType::kFloat32, {N, 128});
+      store.slots = TensorView::contiguous(host_slots.data(), DType::kInt32, {N});
+      store.cache = TensorView::contiguous(want.data(), DType::kUInt8, {num_blocks, bytes});
+      store.invalid_count = TensorView::contiguous(want_counter.data(), DType::kInt32, {1});
+      dsv4::store_indexer_keys_reference(store);
+      store.keys = TensorView::contiguous(d_keys.data(), DType::kFloat32, {N, 128}, device);
+      store.slots = TensorView::contiguous(d_slots.data(), DType::kInt32, {N}, device);
+      store.cache =
+          TensorView::contiguous(d_cache.data(), DType::kUInt8, {num_blocks, bytes}, device);
+      store.invalid_count = TensorView::contiguous(d_counter.data(), DType::kInt32, {1}, device);
+      dsv4::store_indexer_keys(store);
+      dsv4::GatherIndexerKeysParams gather;
+      gather.cache = store.cache, gather.block_size = block_size;
+      gather.format = dsv4::KeyFormat::kFP8;
+      gather.slots = TensorView::contiguous(d_slots.data(), DType::kInt32, {1, N}, device);
+      gather.out = TensorView::contiguous(d_out.data(), DType::kFloat32, {1, N, 128}, device);
+      dsv4::gather_indexer_keys(gather);
+      synchronize(backend);
+      std::vector<uint8_t> cache(want.size()), counter(8);
+      std::vector<float> out(N * 128);
+      d_cache.download(cache.data(), cache.size());
+      d_counter.download(counter.data(), 8);
+      d_out.download(out.data(), out.size() * 4);
+
+      EXPECT_EQ(read_counter(counter, DType::kInt32), 2);
+      EXPECT_EQ(read_counter(want_counter, DType::kInt32), 2);
+      double worst = 0;
+      for (int64_t n = 0; n < N; ++n) {
+        const int64_t page = slots[n] / block_size, offset = slots[n] % block_size;
+        const uint8_t* data = cache.data() + page * bytes + offset * 128;
+        const uint8_t* scale = cache.data() + page * bytes + block_size * 128 + offset * 4;
+        if (!rotate) {
+          ASSERT_EQ(std::memcmp(data, want.data() + page * bytes + offset * 128, 128), 0)
+              << "codes of key " << n;
+          ASSERT_EQ(
+              std::memcmp(scale, want.data() + page * bytes + block_size * 128 + offset * 4, 4), 0)
+              << "scale of key " << n;
+        }
+        uint32_t scale_bits;
+        std::memcpy(&scale_bits, scale, 4);
+        if (n == 7 || n == 16) {
+          EXPECT_EQ(scale_bits, 0x7fc00000u) << "NaN scale of key " << n;
+          for (int64_t i = 0; i < 128; ++i)
+            ASSERT_EQ(data[i], 0x7f) << "NaN code " << i << " of key " << n;
+        } else {
+          EXPECT_EQ(scale_bits & 0x807fffffu, 0u) << "a positive power of two, key " << n;
+        }
+        std::vector<double> row(keys.begin() + n * 128, keys.begin() + n * 128 + 128);
+        if (rotate) row = dsv4::hadamard_reference(row);
+        const std::vector<double> got(out.begin() + n * 128, out.begin() + n * 128 + 128);
+        const StoredError error = check_stored_key(got, row, 1e-5, dsv4::KeyFormat::kFP8);
+        EXPECT_TRUE(error.failure.empty()) << "key " << n << ": " << error.failure;
+        float scale_value;
+        std::memcpy(&scale_value, &scale_bits, 4);
+        for (int64_t i = 0; i < 128 && std::isfinite(scale_value); ++i) {
+          if (std::fabs(row[i]) >= scale_value / 64) {
+            worst = std::max(worst, std::fabs(got[i] - row[i]) / std::fabs(row[i]));
+          }
+        }
+      }
+      EXPECT_LE(worst, dsv4::kFp8RelativeErrorBound);
+      std::printf("[ %s ] FP8 keys%s store + gather: largest relative error %.5f (bound %.4f)\n",
+                  backend_name(backend), rotate ? " (rotated)" : "", worst,
+                  dsv4::kFp8RelativeErrorBound);
+    }
+  }
+}
+
+// gather_indexer_keys of FP8 pages that hold any fp32 scale (written by another engine, or
+// garbage): code x scale for NaN scales (two payloads), infinities, zeros, a denormal, negative
+// and non-power-of-two scales, fp32's largest and smallest normal, and codes 0x7F / 0xFF; equal
+// bit for bit to the reference's decoding (one fp32 product, rounded once; the canonical NaN
+// for every NaN), in fp32 and bf16. A key with a NaN scale is NaN everywhere.
+TEST(KvFp8Keys, GatherDecodesAnyScale) {
+  const std::vector<uint32_t> scale_bits = {0x7fc00000u, 0xffffffffu, 0x7f800000u, 0xff800000u,
+                                            0x00000000u, 0x80000000u, 0x00000400u, 0x40533333u,
+                                            0xbf400000u, 0x7f7fffffu, 0x00800000u, 0x3f800000u,
+                                            0x35800000u, 0x4b000001u, 0x1f800000u, 0x3e9a209bu};
+  const int64_t block_size = 8, num_blocks = 2, num_keys = block_size * num_blocks;
+  const int64_t bytes = block_size * 132;
+  std::mt19937_64 rng(99);
+  std::vector<uint8_t> cache(num_blocks * bytes);
+  for (auto& byte : cache)
+    byte = static_cast<uint8_t>(rng());
+  for (int64_t key = 0; key < num_keys; ++key) {
+    const int64_t page = key / block_size, offset = key % block_size;
+    std::memcpy(&cache[page * bytes + block_size * 128 + offset * 4], &scale_bits[key], 4);
+    cache[page * bytes + offset * 128 + 5] = 0x7f;  // NaN codes in every key
+    cache[page * bytes + offset * 128 + 77] = 0xff;
+    cache[page * bytes + offset * 128 + 3] = 0x00;  // zeros (0 x infinity is NaN)
+    cache[page * bytes + offset * 128 + 4] = 0x80;
+  }
+  // Every key once in a shuffled order, then a zero row and a repeat: [2, 9].
+  std::vector<int64_t> slots(num_keys);
+  for (int64_t i = 0; i < num_keys; ++i)
+    slots[i] = (i * 5 + 3) % num_keys;
+  slots.push_back(-1);
+  slots.push_back(4);
+  const int64_t columns = static_cast<int64_t>(slots.size()) / 2;
+  const std::vector<uint8_t> slot_bytes = index_bytes(slots, DType::kInt64);
+  for (Backend backend : {Backend::kCPU, Backend::kCUDA}) {
+    if (!backend_unavailable_reason(backend).empty()) continue;
+    for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+      SCOPED_TRACE(std::string(backend_name(backend)) + " " + dtype_name(dtype));
+      const size_t out_bytes = slots.size() * 128 * dtype_size(dtype);
+      std::vector<uint8_t> want(out_bytes, 0xab), host_cache = cache, host_slots = slot_bytes;
+      dsv4::GatherIndexerKeysParams p;
+      p.block_size = block_size, p.format = dsv4::KeyFormat::kFP8;
+      p.cache = TensorView::contiguous(host_cache.data(), DType::kUInt8, {num_blocks, bytes});
+      p.slots = TensorView::contiguous(host_slots.data(), DType::kInt64, {2, columns});
+      p.out = TensorView::contiguous(want.data(), dtype, {2, columns, 128});
+      dsv4::gather_indexer_keys_reference(p);
+      DeviceBuffer d_cache(backend, cache.size()), d_slots(backend, slot_bytes.size()),
+          d_out(backend, out_bytes);
+      d_cache.upload(cache.data(), cache.size());
+      d_slots.upload(slot_bytes.data(), slot_bytes.size());
+      d_out.fill(0xab);
+      const Device device = backend_device(backend);
+      p.cache = TensorView::contiguous(d_cache.data(), DType::kUInt8, {num_blocks, bytes}, device);
+      p.slots = TensorView::contiguous(d_slots.data(), DType::kInt64, {2, columns}, device);
+      p.out = TensorView::contiguous(d_out.data(), dtype, {2, columns, 128}, device);
+      dsv4::gather_indexer_keys(p);
+      synchronize(backend);
+      std::vector<uint8_t> got(out_bytes);
+      d_out.download(got.data(), out_bytes);
+      const size_t element = dtype_size(dtype);
+      size_t mismatches = 0;
+      for (size_t i = 0; i < out_bytes; i += element) {
+        if (std::memcmp(&got[i], &want[i], element) != 0 && ++mismatches <= 5) {
+          const size_t index = i / element;
+          const int64_t key = slots[index / 128];
+          ADD_FAILURE() << "key " << key << " (scale bits 0x" << std::hex
+                        << (key >= 0 ? scale_bits[key] : 0u) << std::dec << ") value "
+                        << index % 128 << " differs from the reference";
+        }
+      }
+      EXPECT_EQ(mismatches, 0u);
+      // Keys 0 and 1 hold NaN scales: NaN everywhere, as the canonical NaN.
+      for (size_t row = 0; row < slots.size(); ++row) {
+        if (slots[row] != 0 && slots[row] != 1) continue;
+        for (size_t i = 0; i < 128; ++i) {
+          const size_t at = (row * 128 + i) * element;
+          if (dtype == DType::kFloat32) {
+            uint32_t bits;
+            std::memcpy(&bits, &got[at], 4);
+            ASSERT_EQ(bits, 0x7fc00000u) << "key " << slots[row] << " value " << i;
+          } else {
+            uint16_t bits;
+            std::memcpy(&bits, &got[at], 2);
+            ASSERT_EQ(bits, 0x7fc0u) << "key " << slots[row] << " value " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+// On CUDA the FP8 pages' 4-byte code words and fp32 scales need a 4-byte aligned cache: a
+// misaligned one is an hdk::Error naming 'cache', before anything is written.
+TEST(KvFp8Keys, CudaRefusesAMisalignedCache) {
+  const std::string reason = backend_unavailable_reason(Backend::kCUDA);
+  if (!reason.empty()) GTEST_SKIP() << "cuda backend skipped: " << reason;
+  const Device cuda = backend_device(Backend::kCUDA);
+  const std::vector<float> keys(2 * 128, 1.0f);
+  const std::vector<uint8_t> slot_bytes = index_bytes({0, 1}, DType::kInt32);
+  DeviceBuffer d_keys(Backend::kCUDA, keys.size() * 4), d_slots(Backend::kCUDA, 8),
+      d_cache(Backend::kCUDA, 4 * 132 + 8);
+  d_keys.upload(keys.data(), keys.size() * 4);
+  d_slots.upload(slot_bytes.data(), 8);
+  d_cache.fill(0x21);
+  dsv4::StoreIndexerKeysParams p;
+  p.keys = TensorView::contiguous(d_keys.data(), DType::kFloat32, {2, 128}, cuda);
+  p.slots = TensorView::contiguous(d_slots.data(), DType::kInt32, {2}, cuda);
+  p.cache = TensorView::contiguous(static_cast<uint8_t*>(d_cache.data()) + 2, DType::kUInt8,
+                                   {1, 4 * 132}, cuda);
+  p.block_size = 4, p.format = dsv4::KeyFormat::kFP8;
+  try {
+    dsv4::store_indexer_keys(p);
+    ADD_FAILURE() << "no hdk::Error";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what())
+                  .find("argument 'cache' must be 4-byte aligned with a page "
+                        "stride that is a multiple of 4 bytes on CUDA for "
+                        "FP8 keys"),
+              std::string::npos)
+        << error.what();
+  }
+  synchronize(Backend::kCUDA);
+  std::vector<uint8_t> cache(4 * 132 + 8);
+  d_cache.download(cache.data(), cache.size());
+  for (uint8_t byte : cache)
+    ASSERT_EQ(byte, 0x21);
 }
 
 // ---- out-of-range slots: an error on the CPU before writing, counted rows on CUDA ------------

@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -200,9 +202,41 @@ TEST(KvValidation, GatherAndKeysNameTheArgument) {
   k.format = dsv4::KeyFormat::kNVFP4;
   expect_error([&] { dsv4::store_indexer_keys(k); },
                "argument 'cache' must have block_size * 72 = 1152 bytes per page (NVFP4");
+  k.format = dsv4::KeyFormat::kFP8;
+  expect_error([&] { dsv4::store_indexer_keys(k); },
+               "argument 'cache' must have block_size * 132 = 2112 bytes per page (FP8 indexer "
+               "keys, block_size = 16), got shape [2, 1088]");
+  k.format = static_cast<dsv4::KeyFormat>(7);
+  expect_error([&] { dsv4::store_indexer_keys(k); },
+               "hdk::dsv4::store_indexer_keys: option 'format' must be KeyFormat::kMXFP4, kNVFP4 "
+               "or kFP8, got 7");
   k.format = dsv4::KeyFormat::kMXFP4;
   k.keys = TensorView::contiguous(keys.data(), DType::kFloat32, {3, 64});
   expect_error([&] { dsv4::store_indexer_keys(k); }, "argument 'keys' must have shape [N, 128]");
+  EXPECT_TRUE(std::all_of(key_cache.begin() + 3 * 64, key_cache.begin() + 16 * 64, [](uint8_t x) {
+    return x == 0;
+  })) << "a refused call wrote into the cache";
+
+  // FP8 pages (132 bytes a key) are accepted by the store and the gather; the gather's own
+  // format checks name their argument.
+  std::vector<uint8_t> fp8_cache(2 * 16 * 132, 0);
+  k.keys = TensorView::contiguous(keys.data(), DType::kFloat32, {3, 128});
+  k.cache = TensorView::contiguous(fp8_cache.data(), DType::kUInt8, {2, 16 * 132});
+  k.format = dsv4::KeyFormat::kFP8;
+  dsv4::store_indexer_keys(k);
+  std::vector<float> key_out(2 * 3 * 128);
+  dsv4::GatherIndexerKeysParams gk;
+  gk.cache = k.cache, gk.block_size = 16, gk.format = dsv4::KeyFormat::kFP8;
+  gk.slots = TensorView::contiguous(slots.data(), DType::kInt64, {2, 3});
+  gk.out = TensorView::contiguous(key_out.data(), DType::kFloat32, {2, 3, 128});
+  dsv4::gather_indexer_keys(gk);
+  gk.format = dsv4::KeyFormat::kNVFP4;
+  expect_error([&] { dsv4::gather_indexer_keys(gk); },
+               "hdk::dsv4::gather_indexer_keys: argument 'cache' must have block_size * 72 = "
+               "1152 bytes per page (NVFP4 indexer keys, block_size = 16), got shape [2, 2112]");
+  gk.format = static_cast<dsv4::KeyFormat>(-1);
+  expect_error([&] { dsv4::gather_indexer_keys(gk); },
+               "option 'format' must be KeyFormat::kMXFP4, kNVFP4 or kFP8, got -1");
 }
 
 TEST(KvValidation, CompressNamesTheArgument) {
@@ -231,6 +265,9 @@ TEST(KvValidation, CompressNamesTheArgument) {
   };
   dsv4::compress(params());
   auto p = params();
+  p.key_format = static_cast<dsv4::KeyFormat>(3);  // d = 512 reads no key format
+  dsv4::compress(p);
+  p = params();
   p.ratio = 128;
   expect_error([&] { dsv4::compress(p); }, "argument 'kv' must have a last dimension of coff * d");
   p = params();
@@ -271,6 +308,48 @@ TEST(KvValidation, CompressNamesTheArgument) {
   p = params();
   p.state.strides[0] = 0;  // every state slot in one place
   expect_error([&] { dsv4::compress(p); }, "argument 'state' has stride 0 in dim 0");
+}
+
+// d = 128 writes indexer keys: the cache's page size follows key_format, which must be one of
+// the three formats; a refused call writes nothing.
+TEST(KvValidation, CompressKeyFormat) {
+  const int64_t N = 2, d = 128, m = 4, W = 2 * d;
+  std::vector<float> kv(N * W, 0.25f), score(N * W), ape(m * W), state(3 * 3 * 3 * d),
+      norm(d, 1.0f), cos_table(64 * 32, 1.0f), sin_table(64 * 32);
+  std::vector<int64_t> positions = {0, 3};
+  std::vector<int32_t> state_slots = {0, 2}, table = {0, 1, 1, 0};
+  std::vector<uint8_t> cache(2 * 4 * 132, 0x11);
+  dsv4::CompressorParams p;
+  p.kv = TensorView::contiguous(kv.data(), DType::kFloat32, {N, W});
+  p.score = TensorView::contiguous(score.data(), DType::kFloat32, {N, W});
+  p.ape = TensorView::contiguous(ape.data(), DType::kFloat32, {m, W});
+  p.positions = TensorView::contiguous(positions.data(), DType::kInt64, {N});
+  p.state_slots = TensorView::contiguous(state_slots.data(), DType::kInt32, {N});
+  p.state = TensorView::contiguous(state.data(), DType::kFloat32, {3, 3, 3, d});
+  p.norm_weight = TensorView::contiguous(norm.data(), DType::kFloat32, {d});
+  p.rope_cos = TensorView::contiguous(cos_table.data(), DType::kFloat32, {64, 32});
+  p.rope_sin = TensorView::contiguous(sin_table.data(), DType::kFloat32, {64, 32});
+  p.block_table = TensorView::contiguous(table.data(), DType::kInt32, {N, 2});
+  p.cache = TensorView::contiguous(cache.data(), DType::kUInt8, {2, 4 * 132});
+  p.block_size = 4;
+  p.ratio = m;
+  p.key_format = dsv4::KeyFormat::kMXFP4;
+  expect_error([&] { dsv4::compress(p); },
+               "hdk::dsv4::compress: argument 'cache' must have block_size * 68 = 272 bytes per "
+               "page (MXFP4 indexer keys, block_size = 4), got shape [2, 528]");
+  p.key_format = static_cast<dsv4::KeyFormat>(5);
+  expect_error([&] { dsv4::compress(p); },
+               "option 'key_format' must be KeyFormat::kMXFP4, kNVFP4 or kFP8, got 5");
+  EXPECT_TRUE(std::all_of(cache.begin(), cache.end(), [](uint8_t x) { return x == 0x11; }));
+  EXPECT_TRUE(std::all_of(state.begin(), state.end(), [](float x) { return x == 0.0f; }));
+  p.key_format = dsv4::KeyFormat::kFP8;
+  dsv4::compress(p);  // row 1 completes entry 0: block 1's first key
+  const uint8_t* page = cache.data() + 4 * 132;
+  EXPECT_FALSE(std::all_of(page, page + 128, [](uint8_t x) { return x == 0x11; }));
+  float scale;
+  std::memcpy(&scale, page + 4 * 128, 4);
+  int exponent = 0;
+  EXPECT_EQ(std::frexp(scale, &exponent), 0.5f) << "a power-of-two fp32 scale, got " << scale;
 }
 
 TEST(BlockAllocator, AllocateReleaseAndErrors) {

@@ -190,8 +190,37 @@ StoredError check_stored_entry(const std::vector<double>& stored, const std::vec
 }
 
 StoredError check_stored_key(const std::vector<double>& stored, const std::vector<double>& want,
-                             double slack) {
+                             double slack, dsv4::KeyFormat format) {
   StoredError result;
+  if (format == dsv4::KeyFormat::kFP8) {
+    // One power-of-two scale per key: below 2 max(amax, 1e-4) / 448 (a backend's fp32 rotation
+    // may give a slightly other amax than float64's, so the bound allows the next power).
+    double amax = 0;
+    bool finite = true;
+    for (double x : want) {
+      finite = finite && std::isfinite(x);
+      if (std::isfinite(x)) amax = std::max(amax, std::fabs(x));
+    }
+    const double scale = 2 * std::max(amax, 1e-4) / 448 * (1 + slack);
+    for (size_t i = 0; i < want.size(); ++i) {
+      if (!finite) {  // the whole key is marked
+        if (!std::isnan(stored[i]) && result.failure.empty()) {
+          result.failure = describe("FP8 key not marked NaN at", i, stored[i], want[i], 0);
+        }
+        continue;
+      }
+      const double x = want[i], got = stored[i];
+      if (checked_as_nan(i, got, x, result)) continue;
+      const double bound = 0.0625 * std::fabs(x) + std::ldexp(scale, -10) + slack * amax;
+      const double error = std::fabs(got - x);
+      result.max_relative =
+          std::max(result.max_relative, error / std::max(std::fabs(x), amax / 256));
+      if (error > bound && result.failure.empty()) {
+        result.failure = describe("FP8 key", i, got, x, bound);
+      }
+    }
+    return result;
+  }
   for (size_t i = 0; i < want.size(); ++i) {
     const double x = want[i], got = stored[i];
     if (checked_as_nan(i, got, x, result)) continue;
@@ -210,6 +239,18 @@ StoredError check_stored_key(const std::vector<double>& stored, const std::vecto
     }
   }
   return result;
+}
+
+const char* key_format_name(dsv4::KeyFormat format) {
+  switch (format) {
+    case dsv4::KeyFormat::kMXFP4:
+      return "mxfp4";
+    case dsv4::KeyFormat::kNVFP4:
+      return "nvfp4";
+    case dsv4::KeyFormat::kFP8:
+      return "fp8";
+  }
+  return "?";
 }
 
 }  // namespace testing

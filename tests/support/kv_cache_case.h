@@ -42,15 +42,21 @@ std::vector<uint8_t> index_bytes(const std::vector<int64_t>& values, DType dtype
 
 // Bounds of a stored value against its float64 original (see kv_cache.h):
 // FP8 non-RoPE values: |x' - x| <= 2^-4 |x| + 2^-10 scale + slack; bf16 RoPE: 2^-8 |x| + slack;
-// FP4 keys: 0.25 max(scale, |x|) + saturation + slack. Returns "" or the first failure.
+// FP4 keys: 0.25 max(scale, |x|) + saturation + slack; FP8 keys (one scale per key):
+// 2^-4 |x| + 2^-10 scale + slack, and NaN everywhere for a key holding a NaN or infinity.
+// Returns "" or the first failure.
 struct StoredError {
   std::string failure;
   double max_relative = 0;  // largest |x' - x| / max(|x|, group amax * 2^-8) seen
 };
 StoredError check_stored_entry(const std::vector<double>& stored, const std::vector<double>& want,
                                const uint8_t* scale_bytes, double slack);
+// max_relative: FP4 keys relative to the group amax, FP8 keys as for entries.
 StoredError check_stored_key(const std::vector<double>& stored, const std::vector<double>& want,
-                             double slack);
+                             double slack, dsv4::KeyFormat format = dsv4::KeyFormat::kMXFP4);
+
+// "mxfp4", "nvfp4" or "fp8" (test names and traces).
+const char* key_format_name(dsv4::KeyFormat format);
 
 }  // namespace testing
 }  // namespace hdk

@@ -98,8 +98,9 @@ struct StoreIndexerKeysParams {
 void store_indexer_keys(const StoreIndexerKeysParams& params);
 void store_indexer_keys(const StoreIndexerKeysParams& params, CudaStream stream);
 
-// The decoder of stored keys (what the indexer reads): out = E2M1 value x its group's scale, in
-// the rotated basis (no inverse rotation).
+// The decoder of stored keys (what the indexer reads): out = E2M1 value x its group's scale
+// (kFP8: E4M3 value x the key's fp32 scale, whatever fp32 the page holds), in the rotated basis
+// (no inverse rotation); NaN markers decode to NaN.
 struct GatherIndexerKeysParams {
   TensorView cache;
   int64_t block_size = 0;

@@ -75,12 +75,28 @@ Counter counter(const ArgumentChecks& check, const TensorView& view) {
 }
 
 const char* format_name(KeyFormat format) {
-  return format == KeyFormat::kMXFP4 ? "MXFP4 indexer keys" : "NVFP4 indexer keys";
+  switch (format) {
+    case KeyFormat::kMXFP4:
+      return "MXFP4 indexer keys";
+    case KeyFormat::kNVFP4:
+      return "NVFP4 indexer keys";
+    case KeyFormat::kFP8:
+      return "FP8 indexer keys";
+  }
+  return "indexer keys";
 }
 
 void check_format(const ArgumentChecks& check, KeyFormat format, const char* name) {
   if (format != KeyFormat::kMXFP4 && format != KeyFormat::kNVFP4) {
     check.fail(std::string("option '") + name + "' must be KeyFormat::kMXFP4 or kNVFP4, got " +
+               text(static_cast<int64_t>(format)));
+  }
+}
+
+void check_key_format(const ArgumentChecks& check, KeyFormat format, const char* name) {
+  if (format != KeyFormat::kMXFP4 && format != KeyFormat::kNVFP4 && format != KeyFormat::kFP8) {
+    check.fail(std::string("option '") + name +
+               "' must be KeyFormat::kMXFP4, kNVFP4 or kFP8, got " +
                text(static_cast<int64_t>(format)));
   }
 }
@@ -167,7 +183,7 @@ StoreKeysProblem validate_store_indexer_keys(const StoreIndexerKeysParams& p) {
   const std::initializer_list<NamedView> outputs = {{&p.cache, "cache"},
                                                     {&p.invalid_count, "invalid_count"}};
   check.same_device(inputs, outputs);
-  check_format(check, p.format, "format");
+  check_key_format(check, p.format, "format");
   StoreKeysProblem problem;
   check_rows(check, p.keys, "keys", kIndexerKeyDim, "[N, 128]");
   problem.num_rows = p.keys.shape[0];
@@ -191,7 +207,7 @@ GatherKeysProblem validate_gather_indexer_keys(const GatherIndexerKeysParams& p)
   check.require(p.out, "out", "([N, L, 128] fp32 or bf16)");
   check.same_device({{&p.cache, "cache"}, {&p.slots, "slots"}},
                     {{&p.out, "out"}, {&p.invalid_count, "invalid_count"}});
-  check_format(check, p.format, "format");
+  check_key_format(check, p.format, "format");
   GatherKeysProblem problem;
   problem.cache =
       paged_pool(check, p.cache, p.block_size, key_entry_bytes(p.format), format_name(p.format));
@@ -329,7 +345,7 @@ CompressorProblem validate_compress(const CompressorParams& p) {
     problem.cache =
         paged_pool(check, p.cache, p.block_size, kEntryBytes, "MODEL1 entries, d = 512");
   } else {
-    check_format(check, p.key_format, "key_format");
+    check_key_format(check, p.key_format, "key_format");
     problem.cache = paged_pool(check, p.cache, p.block_size, key_entry_bytes(p.key_format),
                                format_name(p.key_format));
   }

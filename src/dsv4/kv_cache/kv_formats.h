@@ -18,7 +18,8 @@ namespace detail {
 constexpr uint8_t kFp8NaN = 0x7f;    // E4M3 has no infinities; 0x7F is NaN
 constexpr uint8_t kScaleNaN = 0xff;  // UE8M0's NaN
 constexpr uint8_t kE4m3ScaleNaN = 0x7f;
-constexpr float kScaleFloor = 1e-4f;  // amax below this takes the scale of 1e-4
+constexpr uint32_t kFp32ScaleNaN = 0x7fc00000u;  // kFP8 keys: the fp32 scale of a marked key
+constexpr float kScaleFloor = 1e-4f;             // amax below this takes the scale of 1e-4
 
 HDK_HOST_DEVICE uint32_t bits_of(float value) {
 #if defined(__CUDA_ARCH__)

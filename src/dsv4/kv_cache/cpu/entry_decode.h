@@ -1,8 +1,9 @@
 // Host decoding of one stored MODEL1 entry or indexer key into fp32, shared by the gathers and the
 // read side (index_topk, sparse_decode), which decode one entry at a time straight from its page.
 // Every decoded value is exact in fp32 (a code times a power of two, or an E2M1 value times an
-// E4M3 scale). A value of a group stored with NaN markers decodes to NaN: the NaN code or the NaN
-// scale byte makes the product NaN, so no separate test is needed.
+// E4M3 scale; a kFP8 key's fp32 scale is a power of two where hdk wrote it, and any other scale
+// is one fp32 product, rounded once). A value of a group stored with NaN markers decodes to NaN:
+// the NaN code or the NaN scale byte makes the product NaN, so no separate test is needed.
 #pragma once
 
 #include <cstdint>
@@ -41,13 +42,25 @@ inline void decode_entry(const PagedPool& pool, int64_t slot, float* out) {
   }
 }
 
-// The 128 values of the indexer key at `slot`, in the basis it was stored in.
+// The 128 values of the indexer key at `slot`, in the basis it was stored in. kFP8: code x the
+// key's fp32 scale (whatever fp32 the page holds; a NaN code or a NaN scale gives NaN).
 inline void decode_key(const PagedPool& pool, int64_t slot, KeyFormat format, float* out) {
-  const int64_t group_size = format == KeyFormat::kMXFP4 ? 32 : 16;
   const int64_t offset = slot % pool.block_size;
+  const int64_t data_bytes = key_data_bytes(format);
   const uint8_t* page = pool.page(slot);
-  const uint8_t* data = page + offset * kKeyDataBytes;
-  const uint8_t* scales = page + pool.block_size * kKeyDataBytes + offset * key_scale_bytes(format);
+  const uint8_t* data = page + offset * data_bytes;
+  const uint8_t* scales = page + pool.block_size * data_bytes + offset * key_scale_bytes(format);
+  if (format == KeyFormat::kFP8) {
+    uint32_t bits = 0;
+    for (int b = 0; b < 4; ++b)
+      bits |= static_cast<uint32_t>(scales[b]) << (8 * b);
+    float scale;
+    std::memcpy(&scale, &bits, 4);
+    for (int64_t i = 0; i < kIndexerKeyDim; ++i)
+      out[i] = decode_e4m3(data[i]) * scale;
+    return;
+  }
+  const int64_t group_size = format == KeyFormat::kMXFP4 ? 32 : 16;
   for (int64_t g = 0; g < kIndexerKeyDim / group_size; ++g) {
     const float scale =
         format == KeyFormat::kMXFP4 ? decode_ue8m0(scales[g]) : decode_e4m3(scales[g]);

@@ -10,6 +10,7 @@
 #include "core/thread_pool.h"
 #include "dsv4/kv_cache/compressor_math.h"
 #include "dsv4/kv_cache/cpu/entry_decode.h"
+#include "dsv4/kv_cache/cpu/key_encode.h"
 #include "dsv4/kv_cache/kv_formats.h"
 
 namespace hdk {
@@ -58,60 +59,12 @@ bool write_entry(const PagedPool& pool, int64_t slot, const float* x) {
   return nonfinite;
 }
 
-// In-place H_128 / sqrt(128) (Sylvester order) in fp32, butterflies of span 1, 2, ..., 64: the
-// same operations in the same order as the CUDA warp version, so both write the same bytes.
-void hadamard_128(float* x) {
-  for (int span = 1; span < kIndexerKeyDim; span *= 2) {
-    for (int i = 0; i < kIndexerKeyDim; ++i) {
-      if (i & span) continue;
-      const float a = x[i], b = x[i + span];
-      x[i] = a + b;
-      x[i + span] = a - b;
-    }
-  }
-  for (int i = 0; i < kIndexerKeyDim; ++i)
-    x[i] *= kHadamardNorm;
-}
-
 // Writes one indexer key from 128 floats (rotated first when asked); true when non-finite.
 bool write_key(const PagedPool& pool, int64_t slot, KeyFormat format, bool rotate, float* x) {
-  if (rotate) hadamard_128(x);
   const auto [page, offset] = pool.locate(slot);
-  uint8_t* data = page + offset * kKeyDataBytes;
-  uint8_t* scales = page + pool.block_size * kKeyDataBytes + offset * key_scale_bytes(format);
-  const int64_t group_size = format == KeyFormat::kMXFP4 ? 32 : 16;
-  bool nonfinite = false;
-  uint8_t codes[kIndexerKeyDim];
-  for (int64_t g = 0; g < kIndexerKeyDim / group_size; ++g) {
-    const float* group = x + g * group_size;
-    float amax = 0.0f;
-    bool finite = true;
-    for (int64_t i = 0; i < group_size; ++i) {
-      finite = finite && is_finite(group[i]);
-      amax = std::fmax(amax, std::fabs(group[i]));
-    }
-    uint8_t* group_codes = codes + g * group_size;
-    std::memset(group_codes, 0, static_cast<size_t>(group_size));
-    if (!finite) {
-      nonfinite = true;
-      scales[g] = format == KeyFormat::kMXFP4 ? kScaleNaN : kE4m3ScaleNaN;
-    } else if (format == KeyFormat::kMXFP4) {
-      const int e = e2m1_scale_exponent(amax);
-      const float scale = power_of_two(e);
-      for (int64_t i = 0; i < group_size; ++i)
-        group_codes[i] = encode_e2m1(group[i], scale);
-      scales[g] = static_cast<uint8_t>(e + 127);
-    } else {
-      const uint8_t scale_code = nvfp4_scale_code(amax);
-      const float scale = decode_e4m3(scale_code);
-      for (int64_t i = 0; i < group_size && scale > 0.0f; ++i)
-        group_codes[i] = encode_e2m1(group[i], scale);
-      scales[g] = scale_code;
-    }
-  }
-  for (int64_t j = 0; j < kKeyDataBytes; ++j)
-    data[j] = static_cast<uint8_t>(codes[2 * j] | (codes[2 * j + 1] << 4));
-  return nonfinite;
+  const int64_t data_bytes = key_data_bytes(format);
+  return encode_key(x, format, rotate, page + offset * data_bytes,
+                    page + pool.block_size * data_bytes + offset * key_scale_bytes(format));
 }
 
 void store_value(void* out, DType dtype, int64_t offset, float value, bool nan) {

@@ -1,7 +1,7 @@
 // CUDA kernels of the KV cache operations. One warp per entry or key: a MODEL1 entry is 28 lanes
 // of 16 FP8 values (4 lanes per scale group of 64) and 4 lanes of 16 RoPE values, each lane
 // moving 16 bytes at a time; a key is 32 lanes of 4 values (the Hadamard butterflies of span >= 4
-// go through shuffles). The compressor runs one CTA per batch row, one thread per channel, and
+// go through shuffles; the encoder, shared with quantize_indexer_query, is key_encode.cuh). The compressor runs one CTA per batch row, one thread per channel, and
 // hands the finished entry to the same warp writers through shared memory. No atomics except
 // the invalid-row counter, which only invalid rows touch; 64-bit offsets throughout.
 #include <cuda_bf16.h>
@@ -16,6 +16,7 @@
 #include "core/cuda/dependent_launch.cuh"
 #include "core/cuda_helpers.h"
 #include "dsv4/kv_cache/compressor_math.h"
+#include "dsv4/kv_cache/cuda/key_encode.cuh"
 #include "dsv4/kv_cache/cuda/kv_cache_cuda.h"
 #include "dsv4/kv_cache/e4m3_bits.h"
 #include "dsv4/kv_cache/kv_formats.h"
@@ -77,17 +78,6 @@ __device__ __forceinline__ void load_values(const void* base, DType dtype, int64
         x[i] = bf16_value(source[i]);
     }
   }
-}
-
-// The E4M3 codes of two finite, already scaled values, the first in the low byte: the hardware's
-// conversion (round to nearest even, saturating at 448) gives encode_e4m3's bytes (the CPU
-// backend's and the reference's; the CUDA tests compare them bit for bit) in one instruction,
-// where encode_e4m3's normalizing loops took dozens per value. At N = 1 one warp's chain of
-// those was most of what store_entries spent above an empty kernel (H200: 8.0 -> 4.0 us; the
-// compressor's step, which writes through the same code, 1.5-1.7x faster).
-__device__ __forceinline__ uint32_t e4m3_pair(float first, float second) {
-  return static_cast<uint32_t>(
-      __nv_cvt_float2_to_fp8x2(make_float2(first, second), __NV_SATFINITE, __NV_E4M3));
 }
 
 // 16 bytes to a page: one 16-byte store when pages are 16-byte aligned, else two 8-byte ones
@@ -165,87 +155,17 @@ __device__ bool warp_write_entry(const float (&x)[16], const PagedPool& pool, in
   return __any_sync(kFullMask, !finite) != 0;
 }
 
-// Writes the key whose values 4 * lane .. 4 * lane + 3 this lane holds, rotating first when
-// asked (butterflies in the CPU backend's order, so both write the same bytes).
+// Writes the key whose values 4 * lane .. 4 * lane + 3 this lane holds into its slot of `pool`,
+// rotating first when asked (key_encode.cuh, the encoder quantize_indexer_query shares).
+// Returns, on every lane, whether it is non-finite.
 __device__ bool warp_write_key(float (&x)[4], const PagedPool& pool, int64_t slot, KeyFormat format,
                                bool rotate, int lane) {
-  if (rotate) {
-#pragma unroll
-    for (int span = 1; span <= 2; span *= 2) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        if (i & span) continue;
-        const float a = x[i], b = x[i + span];
-        x[i] = a + b;
-        x[i + span] = a - b;
-      }
-    }
-#pragma unroll
-    for (int lane_span = 1; lane_span < 32; lane_span *= 2) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float partner = __shfl_xor_sync(kFullMask, x[i], lane_span);
-        x[i] = (lane & lane_span) ? partner - x[i] : x[i] + partner;
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      x[i] *= kHadamardNorm;
-  }
-  bool finite = true;
-  float amax = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    finite = finite && is_finite(x[i]);
-    amax = fmaxf(amax, fabsf(x[i]));
-  }
-  const bool mx = format == KeyFormat::kMXFP4;
-  const int group_lanes = mx ? 8 : 4;  // 32 or 16 values
-  for (int mask = 1; mask < group_lanes; mask *= 2) {
-    amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, mask));
-    finite = __shfl_xor_sync(kFullMask, static_cast<int>(finite), mask) != 0 && finite;
-  }
-  uint32_t scale_byte;
-  uint32_t codes = 0;  // 4 nibbles, value 4 * lane + i in nibble i
-  if (!finite) {
-    scale_byte = mx ? kScaleNaN : kE4m3ScaleNaN;
-  } else if (mx) {
-    const int e = e2m1_scale_exponent(amax);
-    const float scale = power_of_two(e);
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      codes |= static_cast<uint32_t>(encode_e2m1(x[i], scale)) << (4 * i);
-    scale_byte = static_cast<uint32_t>(e + 127);
-  } else {
-    scale_byte = nvfp4_scale_code(amax);
-    const float scale = decode_e4m3(static_cast<uint8_t>(scale_byte));
-    if (scale > 0.0f) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        codes |= static_cast<uint32_t>(encode_e2m1(x[i], scale)) << (4 * i);
-    }
-  }
+  const WarpKey key = warp_encode_key(x, format, rotate, lane);
   const auto [page, offset] = pool.locate(slot);
-  reinterpret_cast<uint16_t*>(page + offset * kKeyDataBytes)[lane] = static_cast<uint16_t>(codes);
-  uint32_t low = 0, high = 0;
-  const int groups = mx ? 4 : 8;
-  for (int g = 0; g < groups; ++g) {
-    const uint32_t byte = __shfl_sync(kFullMask, scale_byte, g * group_lanes);
-    if (g < 4) {
-      low |= byte << (8 * g);
-    } else {
-      high |= byte << (8 * (g - 4));
-    }
-  }
-  if (lane == 0) {
-    uint8_t* scales = page + pool.block_size * kKeyDataBytes + offset * key_scale_bytes(format);
-    if (mx) {
-      *reinterpret_cast<uint32_t*>(scales) = low;
-    } else {
-      *reinterpret_cast<uint2*>(scales) = make_uint2(low, high);
-    }
-  }
-  return __any_sync(kFullMask, !finite) != 0;
+  const int64_t data_bytes = key_data_bytes(format);
+  warp_store_key(key, format, page + offset * data_bytes,
+                 page + pool.block_size * data_bytes + offset * key_scale_bytes(format), lane);
+  return key.nonfinite;
 }
 
 // ---- store / gather kernels -----------------------------------------------------------------
@@ -436,18 +356,32 @@ __global__ void gather_keys_kernel(GatherKeysProblem p) {
   Out* out = static_cast<Out*>(p.out) + n * p.out_row_stride + l * p.out_column_stride + 4 * lane;
   float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   if (slot >= 0 && slot < p.cache.num_slots()) {
-    const bool mx = p.format == KeyFormat::kMXFP4;
     const auto [page, offset] = p.cache.locate(slot);
-    const uint32_t codes = reinterpret_cast<const uint16_t*>(page + offset * kKeyDataBytes)[lane];
-    const uint8_t scale_byte =
-        page[p.cache.block_size * kKeyDataBytes + offset * key_scale_bytes(p.format) +
-             (mx ? lane / 8 : lane / 4)];
-    const bool nan = mx ? scale_byte == kScaleNaN : (scale_byte & 0x7f) == kE4m3ScaleNaN;
-    const float scale = mx ? decode_ue8m0(scale_byte) : decode_e4m3(scale_byte);
+    const int64_t data_bytes = key_data_bytes(p.format);
+    const uint8_t* data = page + offset * data_bytes;
+    const uint8_t* scales =
+        page + p.cache.block_size * data_bytes + offset * key_scale_bytes(p.format);
+    if (p.format == KeyFormat::kFP8) {
+      // Code x the key's fp32 scale, whatever fp32 the page holds; a NaN product (a NaN code or
+      // scale, or 0 x infinity) is the canonical NaN, as on the CPU.
+      const uint32_t codes = reinterpret_cast<const uint32_t*>(data)[lane];
+      const float scale = *reinterpret_cast<const float*>(scales);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      x[i] = nan ? __uint_as_float(kCanonicalNaN)
-                 : decode_e2m1(static_cast<uint8_t>((codes >> (4 * i)) & 0xf)) * scale;
+      for (int i = 0; i < 4; ++i) {
+        const float value = decode_e4m3(static_cast<uint8_t>(codes >> (8 * i))) * scale;
+        x[i] = isnan(value) ? __uint_as_float(kCanonicalNaN) : value;
+      }
+    } else {
+      const bool mx = p.format == KeyFormat::kMXFP4;
+      const uint32_t codes = reinterpret_cast<const uint16_t*>(data)[lane];
+      const uint8_t scale_byte = scales[mx ? lane / 8 : lane / 4];
+      const bool nan = mx ? scale_byte == kScaleNaN : (scale_byte & 0x7f) == kE4m3ScaleNaN;
+      const float scale = mx ? decode_ue8m0(scale_byte) : decode_e4m3(scale_byte);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        x[i] = nan ? __uint_as_float(kCanonicalNaN)
+                   : decode_e2m1(static_cast<uint8_t>((codes >> (4 * i)) & 0xf)) * scale;
+      }
     }
   } else if (slot >= 0 && lane == 0) {
     count_invalid(p.invalid_count, 1);
@@ -648,17 +582,19 @@ bool wide_pool(const PagedPool& pool, const char* operation) {
   return aligned_16(pool.data) && pool.page_stride % 16 == 0;
 }
 
-// Key pages hold 2-byte code pairs and 4-byte (MXFP4) or 8-byte (NVFP4) scale words, so an
-// MXFP4 pool needs only 4-byte alignment: its page stride (block_size x 68 bytes) is a multiple
-// of 8 only for even block sizes.
+// Key pages hold 2-byte code pairs (FP4) or 4-byte code words (FP8) and 4-byte (MXFP4, FP8's
+// fp32 scale) or 8-byte (NVFP4) scale words, so MXFP4 and FP8 pools need only 4-byte alignment:
+// their page strides (block_size x 68 or 132 bytes) are multiples of 8 only for even block sizes.
 void check_key_pool(const PagedPool& pool, KeyFormat format, const char* operation) {
-  const int64_t alignment = format == KeyFormat::kMXFP4 ? 4 : 8;
+  const int64_t alignment = format == KeyFormat::kNVFP4 ? 8 : 4;
   if (reinterpret_cast<uintptr_t>(pool.data) % alignment != 0 ||
       pool.page_stride % alignment != 0) {
+    const char* name = format == KeyFormat::kMXFP4   ? "MXFP4"
+                       : format == KeyFormat::kNVFP4 ? "NVFP4"
+                                                     : "FP8";
     throw Error(std::string(operation) + ": argument 'cache' must be " + std::to_string(alignment) +
                 "-byte aligned with a page stride that is a multiple of " +
-                std::to_string(alignment) + " bytes on CUDA for " +
-                (format == KeyFormat::kMXFP4 ? "MXFP4" : "NVFP4") + " keys");
+                std::to_string(alignment) + " bytes on CUDA for " + name + " keys");
   }
 }
 

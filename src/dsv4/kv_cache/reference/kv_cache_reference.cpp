@@ -117,12 +117,13 @@ void place_entry(const PagedPool& pool, int64_t slot, const uint8_t* image) {
 }
 
 void place_key(const PagedPool& pool, int64_t slot, KeyFormat format, const uint8_t* image) {
+  const int64_t data_bytes = detail::key_data_bytes(format);
   const int64_t scale_bytes = detail::key_scale_bytes(format);
   const int64_t offset = slot % pool.block_size;
   uint8_t* page = pool.page(slot);
-  std::memcpy(page + offset * detail::kKeyDataBytes, image, detail::kKeyDataBytes);
-  std::memcpy(page + pool.block_size * detail::kKeyDataBytes + offset * scale_bytes,
-              image + detail::kKeyDataBytes, static_cast<size_t>(scale_bytes));
+  std::memcpy(page + offset * data_bytes, image, static_cast<size_t>(data_bytes));
+  std::memcpy(page + pool.block_size * data_bytes + offset * scale_bytes, image + data_bytes,
+              static_cast<size_t>(scale_bytes));
 }
 
 void store_output(void* out, DType dtype, int64_t offset, double value) {
@@ -172,13 +173,33 @@ bool encode_entry_reference(const double* values, uint8_t* entry) {
 }
 
 bool encode_key_reference(const double* values, KeyFormat format, uint8_t* key) {
+  std::memset(key, 0, static_cast<size_t>(detail::key_entry_bytes(format)));
+  if (format == KeyFormat::kFP8) {
+    // 128 E4M3 codes of x / 2^e, then 2^e as a little-endian fp32; NaN markers for a key with a
+    // NaN or infinity.
+    uint8_t* scale = key + kIndexerKeyDim;
+    uint32_t scale_bits = 0x7fc00000u;
+    const bool finite = all_finite(values, kIndexerKeyDim);
+    if (finite) {
+      const int e = scale_exponent_reference(amax_of(values, kIndexerKeyDim), 448.0);
+      for (int64_t i = 0; i < kIndexerKeyDim; ++i)
+        key[i] = fp8_reference(std::ldexp(values[i], -e));
+      const float power = std::ldexp(1.0f, e);
+      std::memcpy(&scale_bits, &power, 4);
+    } else {
+      std::memset(key, 0x7f, kIndexerKeyDim);
+    }
+    for (int b = 0; b < 4; ++b)
+      scale[b] = static_cast<uint8_t>(scale_bits >> (8 * b));
+    return !finite;
+  }
   const int64_t group_size = format == KeyFormat::kMXFP4 ? 32 : 16;
   const int64_t groups = kIndexerKeyDim / group_size;
+  const int64_t data_bytes = detail::key_data_bytes(format);
   bool nonfinite = false;
-  std::memset(key, 0, static_cast<size_t>(detail::key_entry_bytes(format)));
   for (int64_t g = 0; g < groups; ++g) {
     const double* group = values + g * group_size;
-    uint8_t* scale = key + detail::kKeyDataBytes + g;
+    uint8_t* scale = key + data_bytes + g;
     uint8_t codes[32] = {};
     if (!all_finite(group, group_size)) {
       nonfinite = true;
@@ -245,10 +266,30 @@ std::vector<double> decode_entry_reference(const uint8_t* page, int64_t block_si
 std::vector<double> decode_key_reference(const uint8_t* page, int64_t block_size, int64_t offset,
                                          KeyFormat format) {
   const int64_t group_size = format == KeyFormat::kMXFP4 ? 32 : 16;
+  const int64_t data_bytes = detail::key_data_bytes(format);
   const int64_t scale_bytes = detail::key_scale_bytes(format);
-  const uint8_t* data = page + offset * detail::kKeyDataBytes;
-  const uint8_t* scales = page + block_size * detail::kKeyDataBytes + offset * scale_bytes;
+  const uint8_t* data = page + offset * data_bytes;
+  const uint8_t* scales = page + block_size * data_bytes + offset * scale_bytes;
   std::vector<double> out(kIndexerKeyDim);
+  if (format == KeyFormat::kFP8) {
+    // Code x the key's fp32 scale, whatever fp32 it is (NaN codes and NaN scales give NaN).
+    uint32_t bits = 0;
+    for (int b = 0; b < 4; ++b)
+      bits |= static_cast<uint32_t>(scales[b]) << (8 * b);
+    float single;
+    std::memcpy(&single, &bits, 4);
+    const double scale = single;
+    for (int64_t i = 0; i < kIndexerKeyDim; ++i) {
+      const uint8_t code = data[i];
+      if ((code & 0x7f) == 0x7f) {
+        out[i] = kNaN;
+        continue;
+      }
+      const double magnitude = e4m3_values()[code & 0x7f];
+      out[i] = (code & 0x80 ? -magnitude : magnitude) * scale;
+    }
+    return out;
+  }
   for (int64_t i = 0; i < kIndexerKeyDim; ++i) {
     const uint8_t code = (data[i / 2] >> (i % 2 ? 4 : 0)) & 0xf;
     const uint8_t scale_byte = scales[i / group_size];
@@ -309,7 +350,7 @@ void store_indexer_keys_reference(const StoreIndexerKeysParams& params) {
     if (slot < 0) continue;
     std::vector<double> x = load_row(params.keys, n, kIndexerKeyDim);
     if (p.rotate) x = hadamard_reference(x);
-    uint8_t image[kNvfp4KeyBytes];
+    uint8_t image[kFp8KeyBytes];
     invalid += encode_key_reference(x.data(), p.format, image) ? 1 : 0;
     place_key(p.cache, slot, p.format, image);
   }

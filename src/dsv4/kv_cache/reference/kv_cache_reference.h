@@ -23,8 +23,9 @@ void gather_indexer_keys_reference(const GatherIndexerKeysParams& params);
 // One entry's bytes, laid out as in a page of block_size 1 (584 bytes), from float64 values.
 // Returns true when the entry holds a NaN or infinity (stored as NaN markers).
 bool encode_entry_reference(const double* values, uint8_t* entry_bytes);
-// One key's bytes (68 or 72, data then scales, as in a page of block_size 1) from 128 values
-// already rotated as wanted. Returns true for a non-finite key.
+// One key's bytes (68, 72 or 132 = key_bytes(format): data then scales, as in a page of
+// block_size 1; kFP8: 128 E4M3 codes, then the little-endian fp32 scale) from 128 values already
+// rotated as wanted. Returns true for a non-finite key.
 bool encode_key_reference(const double* values, KeyFormat format, uint8_t* key_bytes);
 // H_128 / sqrt(128) x, Sylvester order, in float64.
 std::vector<double> hadamard_reference(const std::vector<double>& x);
