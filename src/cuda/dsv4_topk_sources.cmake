@@ -7,6 +7,7 @@ list(APPEND HDK_CUDA_SOURCES
   dsv4/router/cuda/router_gate_gemv.cu
   dsv4/kv_cache/cuda/kv_cache_cuda.cu
   dsv4/index_topk/cuda/index_topk_cuda.cu
+  dsv4/index_topk/cuda/query_quantize_cuda.cu
   dsv4/sparse_decode/cuda/sparse_decode_cuda.cu
   dsv4/sparse_decode/cuda/sparse_decode_mma_kernel.cu
   dsv4/sparse_decode/cuda/sparse_decode_pipelined_kernel.cu
