@@ -26,6 +26,19 @@ std::string text(int64_t value) {
   return std::to_string(value);
 }
 
+// The key format as the Python API spells it.
+const char* key_format_name(KeyFormat format) {
+  switch (format) {
+    case KeyFormat::kMXFP4:
+      return "mxfp4";
+    case KeyFormat::kNVFP4:
+      return "nvfp4";
+    case KeyFormat::kFP8:
+      return "fp8";
+  }
+  return "?";
+}
+
 // [N, H, width] bf16/fp32 queries with the last dim contiguous; records N, H and the view.
 template <typename Problem>
 void check_queries(const ArgumentChecks& check, const TensorView& q, int64_t width,
@@ -63,17 +76,80 @@ void check_workspace(const ArgumentChecks& check, const TensorView& workspace, u
   bytes = workspace.shape[0];
 }
 
+// index_topk's q in one of its three forms (hdk/dsv4/attention.h), which its dtype, its last dim
+// and q_scales' presence tell apart, each with the key formats it goes with: bf16/fp32 [N, H, 128]
+// (exact) with mxfp4 or nvfp4 keys, uint8 E4M3 codes [N, H, 128] with fp8 keys, uint8 packed E2M1
+// [N, H, 64] plus q_scales [N, H, 4] with mxfp4 keys. Records the form, N, H, q and q_scales.
+void check_index_queries(const ArgumentChecks& check, const IndexerParams& p,
+                         IndexerProblem& problem) {
+  const TensorView& q = p.q;
+  check.rank_in(q, "q", {3}, "[N, H, 128], or [N, H, 64] packed E2M1 with q_scales");
+  check.dtype_in(q, "q", {DType::kBFloat16, DType::kFloat32, DType::kUInt8});
+  const bool codes = q.dtype == DType::kUInt8;
+  const bool scaled = p.q_scales.defined();
+  const std::string format = key_format_name(p.format);
+  const std::string given = std::string(dtype_name(q.dtype)) + " q " + q.shape_str();
+  if (scaled && !(codes && p.format == KeyFormat::kMXFP4)) {
+    check.fail(
+        "argument 'q_scales' is given only with packed E2M1 q (uint8 [N, H, 64]) and "
+        "format mxfp4, got " +
+        given + " and format " + format);
+  }
+  if (p.format == KeyFormat::kFP8 && !codes) {
+    check.fail(
+        "format fp8 takes argument 'q' as uint8 E4M3 codes [N, H, 128] (DeepGEMM's "
+        "fp8_paged_mqa_logits form: q's own scale goes into weights), got " +
+        given);
+  }
+  if (p.format == KeyFormat::kNVFP4 && codes) {
+    check.fail("format nvfp4 takes argument 'q' as bfloat16 or float32 [N, H, 128], got " + given +
+               " (uint8 E4M3 q goes with format fp8, packed E2M1 q with format mxfp4)");
+  }
+  if (p.format == KeyFormat::kMXFP4 && codes && !scaled) {
+    check.fail(
+        "format mxfp4 takes argument 'q' as bfloat16 or float32 [N, H, 128], or as uint8 "
+        "packed E2M1 [N, H, 64] with argument 'q_scales' [N, H, 4]; got " +
+        given + " without q_scales (uint8 E4M3 codes [N, H, 128] go with format fp8)");
+  }
+  problem.q_form = !codes   ? IndexQueryForm::kExact
+                   : scaled ? IndexQueryForm::kMXFP4
+                            : IndexQueryForm::kE4M3;
+  const bool packed = problem.q_form == IndexQueryForm::kMXFP4;
+  check.shape_is(q, "q", {q.shape[0], q.shape[1], packed ? kIndexerKeyDim / 2 : kIndexerKeyDim},
+                 packed  ? "[N, H, 64] (packed E2M1, with q_scales)"
+                 : codes ? "[N, H, 128] (E4M3 codes)"
+                         : "[N, H, 128]");
+  check.innermost_contiguous(q, "q");
+  if (q.shape[1] < 1) check.fail("argument 'q' must have at least one head, got " + q.shape_str());
+  problem.num_rows = q.shape[0];
+  problem.num_heads = q.shape[1];
+  problem.q.data = q.data;
+  problem.q.dtype = q.dtype;
+  problem.q.row_stride = q.strides[0];
+  problem.q.head_stride = q.strides[1];
+  if (!packed) return;
+  check.shape_is(p.q_scales, "q_scales", {problem.num_rows, problem.num_heads, 4},
+                 "[N, H, 4] (UE8M0, one per 32 dims)");
+  check.dtype_in(p.q_scales, "q_scales", {DType::kUInt8});
+  check.innermost_contiguous(p.q_scales, "q_scales");
+  problem.q_scales = static_cast<const uint8_t*>(p.q_scales.data);
+  problem.q_scales_row_stride = p.q_scales.strides[0];
+  problem.q_scales_head_stride = p.q_scales.strides[1];
+}
+
 }  // namespace
 
 IndexerProblem validate_index_topk(const IndexerParams& p) {
   const ArgumentChecks check(kIndexTopk);
-  check.require(p.q, "q", "([N, H, 128] bf16 or fp32)");
+  check.require(p.q, "q",
+                "([N, H, 128] bf16 / fp32 / uint8 E4M3, or [N, H, 64] uint8 packed E2M1)");
   check.require(p.weights, "weights", "([N, H] fp32)");
   check.require(p.key_cache, "key_cache", "([num_blocks, block_size * key bytes] uint8)");
   check.require(p.block_table, "block_table", "([N, max_blocks] int32)");
   check.require(p.num_entries, "num_entries", "([N] int32/int64)");
   check.require(p.topk_indices, "topk_indices", "([N, top_k] int32)");
   const std::initializer_list<NamedView> inputs = {{&p.q, "q"},
+                                                   {&p.q_scales, "q_scales"},
                                                    {&p.weights, "weights"},
                                                    {&p.key_cache, "key_cache"},
                                                    {&p.block_table, "block_table"},
@@ -84,10 +160,10 @@ IndexerProblem validate_index_topk(const IndexerParams& p) {
                                                     {&p.invalid_count, "invalid_count"},
                                                     {&p.workspace, "workspace"}};
   check.same_device(inputs, outputs);
-  check_format(check, p.format, "format");
+  check_key_format(check, p.format, "format");  // then q's form against it
 
   IndexerProblem problem;
-  check_queries(check, p.q, kIndexerKeyDim, "[N, H, 128]", problem);
+  check_index_queries(check, p, problem);
   const int64_t N = problem.num_rows, H = problem.num_heads;
 
   check.shape_is(p.weights, "weights", {N, H}, "[N, H]");
@@ -99,6 +175,15 @@ IndexerProblem validate_index_topk(const IndexerParams& p) {
   problem.keys = paged_pool(check, p.key_cache, p.block_size, key_entry_bytes(p.format),
                             format_name(p.format), "key_cache");
   problem.format = p.format;
+  if (p.format == KeyFormat::kFP8) {  // pages of fp32 scales
+    const auto misaligned = static_cast<int64_t>(reinterpret_cast<uintptr_t>(p.key_cache.data) % 4);
+    if (misaligned != 0 || problem.keys.page_stride % 4 != 0) {
+      const std::string got = "an address " + text(misaligned) + " bytes past the boundary and " +
+                              text(problem.keys.page_stride) + " bytes between pages";
+      check.fail("argument 'key_cache' of fp8 keys (fp32 scales) must be 4-byte aligned with a " +
+                 std::string("page stride that is a multiple of 4 bytes, got ") + got);
+    }
+  }
 
   check.rank_in(p.block_table, "block_table", {2}, "[N, max_blocks]");
   check.dtype_in(p.block_table, "block_table", {DType::kInt32});

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <functional>
 #include <limits>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "core/element_io.h"
 #include "core/thread_pool.h"
 #include "dsv4/kv_cache/cpu/entry_decode.h"
+#include "dsv4/kv_cache/kv_formats.h"
 #include "topk/topk_key.h"
 
 namespace hdk {
@@ -49,25 +51,72 @@ inline float relu(float x) {
   return x < 0.0f ? 0.0f : x;
 }
 
+// The E2M1 values of 64 packed bytes (dim 2i in the low nibble of byte i), unscaled.
+inline void decode_e2m1_values(const uint8_t* packed, float* out) {
+  for (int64_t i = 0; i < kIndexerKeyDim; ++i)
+    out[i] = decode_e2m1((packed[i / 2] >> (i % 2 ? 4 : 0)) & 0xf);
+}
+
+// One 32-dim group's term of the packed-MXFP4 form: its E2M1 dot product `dot` (exact: a multiple
+// of 0.25 below 1152 in magnitude) times 2^(q_scale + key_scale - 254), rounded once to fp32
+// (exact unless that leaves fp32's normal range); NaN for a NaN key scale.
+inline float group_term(float dot, int q_scale, uint8_t key_scale) {
+  if (key_scale == kScaleNaN) return kNaN;
+  const int e = q_scale + key_scale - 254;
+  return e >= -126 && e <= 127 ? dot * power_of_two(e) : std::ldexp(dot, e);
+}
+
 }  // namespace
 
+// Scores, by q form (the order of every sum is fixed, so results do not depend on threading):
+// - exact and E4M3 (q's codes decoded to fp32, exactly): per entry the key decoded to 128 fp32
+//   values, per head the fp32 dot product of cpu_dot.h, relu, times the weight, summed over heads
+//   in head order;
+// - packed MXFP4: per entry the key's E2M1 values (unscaled) and scale bytes, per head and 32-dim
+//   group the fp32 E2M1 dot product (exact), times both scales (group_term), summed over the
+//   groups in order 0..3 in fp32, relu, times the weight, summed over heads in head order.
 void index_topk_cpu(const IndexerProblem& p) {
   const int64_t N = p.num_rows, H = p.num_heads, K = p.top_k, D = kIndexerKeyDim;
   if (N == 0) return;
+  const bool packed = p.q_form == IndexQueryForm::kMXFP4;
+  constexpr int64_t kGroups = 4, kGroupSize = kIndexerKeyDim / kGroups;
 
-  // Queries and weights in fp32; a row with a non-finite one sees no entries and is counted.
+  // Queries and weights in fp32 (packed MXFP4: the E2M1 values, with their scale bytes apart); a
+  // row with a non-finite one (a NaN code or scale byte) sees no entries and is counted.
   std::vector<float> q(static_cast<size_t>(N * H * D)), w(static_cast<size_t>(N * H));
+  std::vector<int> q_scales(static_cast<size_t>(packed ? N * H * kGroups : 0));
   std::vector<int64_t> count(static_cast<size_t>(N));
   std::vector<int64_t> score_offset(static_cast<size_t>(N + 1), 0);
   std::vector<int64_t> chunk_offset(static_cast<size_t>(N + 1), 0);
   int64_t invalid_rows = 0;
   for (int64_t n = 0; n < N; ++n) {
     float* qn = &q[n * H * D];
+    bool valid = true;
     for (int64_t h = 0; h < H; ++h) {
-      load_floats(p.q.data, p.q.dtype, n * p.q.row_stride + h * p.q.head_stride, D, qn + h * D);
+      const int64_t offset = n * p.q.row_stride + h * p.q.head_stride;  // elements (= bytes)
+      const uint8_t* codes = static_cast<const uint8_t*>(p.q.data);
+      switch (p.q_form) {
+        case IndexQueryForm::kExact:
+          load_floats(p.q.data, p.q.dtype, offset, D, qn + h * D);
+          break;
+        case IndexQueryForm::kE4M3:
+          for (int64_t i = 0; i < D; ++i)
+            qn[h * D + i] = decode_e4m3(codes[offset + i]);
+          break;
+        case IndexQueryForm::kMXFP4: {
+          decode_e2m1_values(codes + offset, qn + h * D);
+          const uint8_t* scales =
+              p.q_scales + n * p.q_scales_row_stride + h * p.q_scales_head_stride;
+          for (int64_t g = 0; g < kGroups; ++g) {
+            q_scales[(n * H + h) * kGroups + g] = scales[g];
+            valid = valid && scales[g] != kScaleNaN;
+          }
+          break;
+        }
+      }
       w[n * H + h] = p.weights[n * p.weights_row_stride + h * p.weights_head_stride];
     }
-    const bool valid = all_finite(qn, H * D) && all_finite(&w[n * H], H);
+    valid = valid && all_finite(qn, H * D) && all_finite(&w[n * H], H);
     invalid_rows += valid ? 0 : 1;
     count[n] = valid ? p.num_entries.at(n) : 0;
     score_offset[n + 1] = score_offset[n] + count[n];
@@ -85,10 +134,29 @@ void index_topk_cpu(const IndexerProblem& p) {
       const float* qn = &q[n * H * D];
       const float* wn = &w[n * H];
       for (int64_t s = first; s < last; ++s) {
-        decode_key(p.keys, p.slot(n, s), p.format, key);
+        const int64_t slot = p.slot(n, s);
         float score = 0.0f;
-        for (int64_t h = 0; h < H; ++h)
-          score += relu(dot(qn + h * D, key, D)) * wn[h];
+        if (packed) {
+          const PagedPool::Place place = p.keys.locate(slot);
+          const uint8_t* data = place.page + place.offset * kKeyDataBytes;
+          const uint8_t* key_scales = place.page + p.keys.block_size * kKeyDataBytes +
+                                      place.offset * key_scale_bytes(KeyFormat::kMXFP4);
+          decode_e2m1_values(data, key);
+          const int* qs = &q_scales[n * H * kGroups];
+          for (int64_t h = 0; h < H; ++h) {
+            const float* qh = qn + h * D;
+            float sum = 0.0f;
+            for (int64_t g = 0; g < kGroups; ++g) {
+              const float dot_g = dot(qh + g * kGroupSize, key + g * kGroupSize, kGroupSize);
+              sum += group_term(dot_g, qs[h * kGroups + g], key_scales[g]);
+            }
+            score += relu(sum) * wn[h];
+          }
+        } else {
+          decode_key(p.keys, slot, p.format, key);
+          for (int64_t h = 0; h < H; ++h)
+            score += relu(dot(qn + h * D, key, D)) * wn[h];
+        }
         scores[score_offset[n] + s] = score;
       }
     }

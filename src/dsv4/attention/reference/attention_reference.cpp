@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <numeric>
 
@@ -49,6 +50,52 @@ bool load_queries(const detail::QueryView& q, int64_t n, int64_t heads, int64_t 
   return finite;
 }
 
+// An FP8 E4M3 code's value: sign, 4 exponent bits (bias 7, subnormals below), 3 mantissa bits;
+// NaN for 0x7F and 0xFF.
+double e4m3_reference(uint8_t code) {
+  const int exponent = (code >> 3) & 0xf, mantissa = code & 7;
+  if (exponent == 0xf && mantissa == 7) return kNaN;
+  const double magnitude = exponent == 0 ? std::ldexp(mantissa / 8.0, -6)
+                                         : std::ldexp(1.0 + mantissa / 8.0, exponent - 7);
+  return code & 0x80 ? -magnitude : magnitude;
+}
+
+// An E2M1 code's value (sign bit 3, magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6).
+double e2m1_reference(uint8_t code) {
+  const int exponent = (code >> 1) & 3, mantissa = code & 1;
+  const double magnitude =
+      exponent == 0 ? mantissa * 0.5 : std::ldexp(1.0 + mantissa * 0.5, exponent - 1);
+  return code & 8 ? -magnitude : magnitude;
+}
+
+// Row n's indexer queries [H][128] in float64, dequantized from whichever form q takes: exact
+// values, E4M3 codes, or packed E2M1 codes x 2^(their group's UE8M0 byte - 127). False when one
+// is not finite (a NaN code or scale byte).
+bool load_index_queries(const detail::IndexerProblem& p, int64_t n, std::vector<double>& out) {
+  const int64_t H = p.num_heads, D = kIndexerKeyDim;
+  if (p.q_form == detail::IndexQueryForm::kExact) return load_queries(p.q, n, H, D, out);
+  out.resize(static_cast<size_t>(H * D));
+  bool finite = true;
+  for (int64_t h = 0; h < H; ++h) {
+    const uint8_t* codes =
+        static_cast<const uint8_t*>(p.q.data) + n * p.q.row_stride + h * p.q.head_stride;
+    for (int64_t d = 0; d < D; ++d) {
+      double value;
+      if (p.q_form == detail::IndexQueryForm::kE4M3) {
+        value = e4m3_reference(codes[d]);
+      } else {
+        const uint8_t scale =
+            p.q_scales[n * p.q_scales_row_stride + h * p.q_scales_head_stride + d / 32];
+        const uint8_t nibble = d % 2 == 0 ? codes[d / 2] & 0xf : codes[d / 2] >> 4;
+        value = scale == 0xff ? kNaN : std::ldexp(e2m1_reference(nibble), scale - 127);
+      }
+      out[h * D + d] = value;
+      finite = finite && std::isfinite(value);
+    }
+  }
+  return finite;
+}
+
 void add_to_counter(const TensorView& counter, int64_t count) {
   if (!counter.defined()) return;
   if (counter.dtype == DType::kInt64) {
@@ -73,8 +120,11 @@ IndexerReference index_topk_reference(const IndexerParams& params) {
   ref.indices.assign(N * K, -1);
   ref.top_scores.assign(N * K, -kInf);
   std::vector<double> q;
+  // The packed-MXFP4 form's scores are exact per 32-dim group, so its error scale sums the
+  // groups' magnitudes instead of the products'.
+  const int64_t group = p.q_form == detail::IndexQueryForm::kMXFP4 ? 32 : 1;
   for (int64_t n = 0; n < N; ++n) {
-    bool valid = load_queries(p.q, n, H, D, q);
+    bool valid = load_index_queries(p, n, q);
     std::vector<double> w(H);
     for (int64_t h = 0; h < H; ++h) {
       w[h] = p.weights[n * p.weights_row_stride + h * p.weights_head_stride];
@@ -96,9 +146,12 @@ IndexerReference index_topk_reference(const IndexerParams& params) {
                                                            slot % p.keys.block_size, p.format);
       for (int64_t h = 0; h < H; ++h) {
         double dot = 0.0, magnitude = 0.0;
-        for (int64_t d = 0; d < D; ++d) {
-          dot += q[h * D + d] * key[d];
-          magnitude += std::fabs(q[h * D + d] * key[d]);
+        for (int64_t g = 0; g < D; g += group) {
+          double part = 0.0;
+          for (int64_t d = g; d < g + group; ++d)
+            part += q[h * D + d] * key[d];
+          dot += part;
+          magnitude += std::fabs(part);
         }
         scores[s] += (dot < 0.0 ? 0.0 : dot) * w[h];  // relu, NaN kept
         magnitudes[s] += magnitude * std::fabs(w[h]);

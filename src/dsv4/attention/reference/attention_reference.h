@@ -16,7 +16,9 @@ struct IndexerReference {
   int64_t top_k = 0;
   std::vector<uint8_t> invalid;  // [N]: non-finite q or weights; only padding
   // Per row, over s < num_entries (empty for an invalid row): the score, and the scale of its
-  // rounding error, sum_h |weights[h]| * sum_d |q[h, d] * K[s, d]|.
+  // rounding error, sum_h |weights[h]| * sum_d |q[h, d] * K[s, d]| (q dequantized from its form);
+  // for packed MXFP4 q, whose 32-dim group terms are exact, sum_h |weights[h]| * sum_g
+  // |q[h, g] . K[s, g]| over the 4 groups g instead.
   std::vector<std::vector<double>> scores, magnitudes;
   std::vector<int32_t> indices;    // [N, top_k], -1 padding
   std::vector<double> top_scores;  // [N, top_k], -inf padding
