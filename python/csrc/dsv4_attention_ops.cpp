@@ -31,7 +31,7 @@ void index_topk(const at::Tensor& q, const at::Tensor& weights, const at::Tensor
     p.weights = views(weights, "weights");
     p.key_cache = views(key_cache, "key_cache");
     p.block_size = block_size;
-    p.format = format == 1 ? hdk::dsv4::KeyFormat::kNVFP4 : hdk::dsv4::KeyFormat::kMXFP4;
+    p.format = key_format(format, "hdk::dsv4::index_topk", "format");
     p.block_table = views(block_table, "block_table");
     p.num_entries = views(num_entries, "num_entries");
     p.top_k = top_k;

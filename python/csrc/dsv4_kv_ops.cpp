@@ -1,7 +1,8 @@
 // torch.ops.hdk.dsv4_store_entries, dsv4_gather_entries, dsv4_store_indexer_keys,
 // dsv4_gather_indexer_keys and dsv4_compress: the DeepSeek-V4 KV cache operations as torch custom
 // ops that write in place and return nothing (capturable in CUDA graphs). Argument names match
-// the C++ params structs; key_format is 0 (MXFP4) or 1 (NVFP4). hdk/dsv4/ops.py wraps them.
+// the C++ params structs; key_format is 0 (MXFP4), 1 (NVFP4) or 2 (FP8) (torch_glue.h's
+// key_format). hdk/dsv4/ops.py wraps them.
 #include <torch/library.h>
 
 #include <cstdint>
@@ -12,10 +13,6 @@
 
 namespace hdk_python {
 namespace {
-
-hdk::dsv4::KeyFormat key_format(int64_t value) {
-  return value == 1 ? hdk::dsv4::KeyFormat::kNVFP4 : hdk::dsv4::KeyFormat::kMXFP4;
-}
 
 template <bool kMeta>
 void store_entries(const at::Tensor& values, const at::Tensor& slots, const at::Tensor& cache,
@@ -65,7 +62,7 @@ void store_indexer_keys(const at::Tensor& keys, const at::Tensor& slots, const a
     p.slots = views(slots, "slots");
     p.cache = views(cache, "cache");
     p.block_size = block_size;
-    p.format = key_format(format);
+    p.format = key_format(format, "hdk::dsv4::store_indexer_keys", "format");
     p.rotate = rotate;
     p.invalid_count = views(invalid_count, "invalid_count");
     p.check_indices = check_indices;
@@ -86,7 +83,7 @@ void gather_indexer_keys(const at::Tensor& cache, int64_t block_size, const at::
     p.block_size = block_size;
     p.slots = views(slots, "slots");
     p.out = views(out, "out");
-    p.format = key_format(format);
+    p.format = key_format(format, "hdk::dsv4::gather_indexer_keys", "format");
     p.invalid_count = views(invalid_count, "invalid_count");
     p.check_indices = check_indices;
     if (views.tracing()) return;
@@ -119,7 +116,7 @@ void compress(const at::Tensor& kv, const at::Tensor& score, const at::Tensor& a
     p.block_size = block_size;
     p.ratio = ratio;
     p.norm_eps = static_cast<float>(norm_eps);
-    p.key_format = key_format(key_format_value);
+    p.key_format = key_format(key_format_value, "hdk::dsv4::compress", "key_format");
     p.rotate = rotate;
     p.invalid_count = views(invalid_count, "invalid_count");
     p.check_indices = check_indices;

@@ -176,6 +176,20 @@ bool extension_has_cuda() {
 #endif
 }
 
+hdk::dsv4::KeyFormat key_format(int64_t value, const char* operation, const char* name) {
+  switch (value) {
+    case 0:
+      return hdk::dsv4::KeyFormat::kMXFP4;
+    case 1:
+      return hdk::dsv4::KeyFormat::kNVFP4;
+    case 2:
+      return hdk::dsv4::KeyFormat::kFP8;
+    default:
+      throw hdk::Error(std::string(operation) + ": option '" + name +
+                       "' must be 0 (mxfp4), 1 (nvfp4) or 2 (fp8), got " + std::to_string(value));
+  }
+}
+
 void throw_value_error(const std::string& message) {
   TORCH_CHECK_VALUE(false, message);
   // TORCH_CHECK_VALUE(false, ...) always throws; this keeps [[noreturn]] honest for compilers

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "hdk/cuda_stream.h"
+#include "hdk/dsv4/kv_cache.h"
 #include "hdk/error.h"
 #include "hdk/tensor_view.h"
 
@@ -80,6 +81,11 @@ hdk::CudaStream current_stream(const at::Tensor& tensor);
 
 // True when the extension was compiled with torch's CUDA headers (HDK_PYTHON_WITH_CUDA).
 bool extension_has_cuda();
+
+// The indexer key format an op's int option names: 0 kMXFP4, 1 kNVFP4, 2 kFP8 (the values of
+// hdk.dsv4.KEY_FORMATS). Any other value is an hdk::Error naming `operation` and the option
+// `name`, so call it inside call_hdk.
+hdk::dsv4::KeyFormat key_format(int64_t value, const char* operation, const char* name);
 
 // Throws c10::ValueError with `message` and nothing else: torch shows c10 errors to Python
 // without their C++ backtrace, and hdk's Python layer re-raises messages that start with

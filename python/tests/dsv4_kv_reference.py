@@ -7,7 +7,9 @@ import torch
 
 F64 = torch.float64
 ENTRY_BYTES, DATA_BYTES = 584, 576
-KEY_BYTES = {"mxfp4": 68, "nvfp4": 72}
+KEY_BYTES = {"mxfp4": 68, "nvfp4": 72, "fp8": 132}
+# Bytes of a key's data (codes) at the start of its image; the scales follow.
+KEY_DATA_BYTES = {"mxfp4": 64, "nvfp4": 64, "fp8": 128}
 
 
 def _e4m3_table():
@@ -79,9 +81,38 @@ def encode_entries(values):
     return image, nonfinite
 
 
+def fp32_bytes(values):
+    """Little-endian bytes [..., 4] of float64 values exact in fp32."""
+    bits = values.to(torch.float32).view(torch.int32)
+    return torch.stack([(bits >> (8 * b)) & 0xFF for b in range(4)], dim=-1).to(torch.uint8)
+
+
+def encode_fp8_keys(keys):
+    """FP8 key images [N, 132] (128 E4M3 codes, then the little-endian fp32 scale) of float64
+    [N, 128] and the non-finite flags [N]: one power-of-two scale per key, 2^ceil(log2(max(amax,
+    1e-4) / 448)); a key with a NaN or infinity is 128 x 0x7F and the fp32 NaN 0x7FC00000."""
+    n = keys.shape[0]
+    finite = torch.isfinite(keys).all(-1)
+    amax = torch.where(torch.isfinite(keys), keys.abs(), torch.zeros_like(keys)).amax(-1)
+    exponent = pow2_exponent(amax, 448.0)
+    scaled = keys / torch.exp2(exponent)[:, None]
+    codes = nearest_code(scaled.abs().nan_to_num(0.0, 0.0, 0.0), E4M3)
+    codes = _signed(codes, _negative(scaled), 0x80)
+    codes = torch.where(finite[:, None], codes, torch.full_like(codes, 0x7F))
+    scale = fp32_bytes(torch.exp2(exponent))
+    nan = torch.tensor([0x00, 0x00, 0xC0, 0x7F], dtype=torch.uint8).expand(n, 4)
+    image = torch.zeros(n, KEY_BYTES["fp8"], dtype=torch.uint8)
+    image[:, :128] = codes.to(torch.uint8)
+    image[:, 128:] = torch.where(finite[:, None], scale, nan)
+    return image, ~finite
+
+
 def encode_keys(keys, fmt):
-    """FP4 key images [N, 68 | 72] (64 packed E2M1 bytes, then the scales) of float64 [N, 128]
-    (already rotated as wanted) and the non-finite flags [N]."""
+    """Key images [N, KEY_BYTES[fmt]] (the data bytes, then the scales) of float64 [N, 128]
+    (already rotated as wanted) and the non-finite flags [N]: FP4 keys are 64 packed E2M1 bytes
+    and 4 UE8M0 / 8 E4M3 scales, FP8 keys encode_fp8_keys'."""
+    if fmt == "fp8":
+        return encode_fp8_keys(keys)
     n = keys.shape[0]
     group = 32 if fmt == "mxfp4" else 16
     x = keys.reshape(n, 128 // group, group)
@@ -149,6 +180,21 @@ def decode_entry(image):
 
 
 def decode_key(image, fmt):
+    """float64 [128] of a key image. FP8: code x the image's fp32 scale, whatever fp32 it is
+    (NaN codes and NaN scales give NaN); round the result to fp32 once to get what hdk's fp32
+    gather returns for any scale (exact for the power-of-two scales hdk writes)."""
+    if fmt == "fp8":
+        codes = image[:128].long()
+        magnitude = torch.where(
+            (codes & 0x7F) == 0x7F,
+            torch.tensor(float("nan"), dtype=F64),
+            E4M3[(codes & 0x7F).clamp(max=0x7E)],
+        )
+        value = torch.where(codes >= 0x80, -magnitude, magnitude)
+        bits = sum(int(image[128 + b]) << (8 * b) for b in range(4))
+        bits = bits - (1 << 32) if bits >= 1 << 31 else bits
+        scale = torch.tensor([bits], dtype=torch.int32).view(torch.float32).double()
+        return value * scale
     codes = torch.stack([image[:64] & 15, image[:64] >> 4], dim=1).reshape(128).long()
     value = torch.where(codes >= 8, -E2M1[codes & 7], E2M1[codes & 7])
     if fmt == "mxfp4":
@@ -239,7 +285,7 @@ def check_entry(image, value, fmt="mxfp4"):
     """Asserts that a stored entry (MODEL1 for 512 values) or key (128 values, compared with
     the float64 rotation of `value`) decodes within the format's bound of the float64 `value`
     (plus 1e-5 relative for the backend's fp32 arithmetic before quantizing). Returns the largest
-    error: relative for MODEL1, relative to the group amax for keys."""
+    error: relative for MODEL1 and FP8 keys, relative to the group amax for FP4 keys."""
     if value.shape[0] == 512:
         got = decode_entry(image)
         nope, rope = value[:448], value[448:]
@@ -251,6 +297,14 @@ def check_entry(image, value, fmt="mxfp4"):
         return float(((got[:448] - nope).abs() / nope.abs()).max())
     got = decode_key(image, fmt)
     rotated = hadamard(value[None])[0]
+    if fmt == "fp8":
+        # One power-of-two scale per key (the backend's fp32 rotation may take the next one).
+        amax = rotated.abs().amax().clamp(min=1e-4)
+        scale = torch.exp2(torch.ceil(torch.log2(amax / 448)))
+        bound = rotated.abs() * (FP8_RELATIVE_ERROR_BOUND + 1e-5) + 2 * scale / 1024
+        error = (got - rotated).abs()
+        assert (error <= bound).all(), "FP8 key beyond the FP8 bound"
+        return float((error / torch.maximum(rotated.abs(), amax / 256)).max())
     group = 32 if fmt == "mxfp4" else 16
     amax = rotated.view(-1, group).abs().amax(-1).repeat_interleave(group)
     error = (got - rotated).abs()

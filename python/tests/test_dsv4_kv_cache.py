@@ -1,9 +1,10 @@
 """hdk.dsv4's KV cache ops against the float64 oracle of dsv4_kv_reference.py, on every available
 device: store bytes equal the oracle's byte for byte (zero groups, values beyond the FP8 range,
-denormal-range values, NaN and infinity), gathers equal the oracle's decoding exactly, the
-compressor over whole sequences within the FP8 bound of the float64 entries, padding rows, the
-invalid counter, errors naming the argument, blocks_to_reserve, and (CUDA) check_indices and
-graph capture."""
+denormal-range values, NaN and infinity; indexer keys in MXFP4, NVFP4 and FP8), gathers equal the
+oracle's decoding exactly (FP8 pages holding any fp32 scale too), the compressor over whole
+sequences within the FP8 bound of the float64 entries, padding rows, the invalid counter,
+quantize_indexer_query's bytes against store_indexer_keys' and the oracle's, errors naming the
+argument, blocks_to_reserve, and (CUDA) check_indices and graph capture."""
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ import dsv4_kv_reference as ref
 import hdk
 import hdk.dsv4
 from conftest import CUDA_SKIP
+from hdk._ops import run_op
 
 needs_cuda = pytest.mark.skipif(CUDA_SKIP is not None, reason=str(CUDA_SKIP))
 POISON = 0x5A
@@ -141,7 +143,7 @@ def test_nan_marks_the_group_and_counts(device):
     assert not torch.isnan(out[1, :64]).any()
 
 
-@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4", "fp8"])
 def test_store_indexer_keys_bytes_equal_the_oracle(device, fmt):
     g = ref.generator(13)
     n, block_size, num_blocks = 26, 3, 10
@@ -160,8 +162,9 @@ def test_store_indexer_keys_bytes_equal_the_oracle(device, fmt):
         invalid_count=counter,
     )
     images, nonfinite = ref.encode_keys(keys.double(), fmt)
+    data_bytes = ref.KEY_DATA_BYTES[fmt]
     expected = poisoned(shape, "cpu")
-    ref.place(expected, block_size, slots, images, 64)
+    ref.place(expected, block_size, slots, images, data_bytes)
     assert torch.equal(cache.cpu(), expected)
     assert int(counter.item()) == int((nonfinite & (slots >= 0)).sum())
 
@@ -171,12 +174,13 @@ def test_store_indexer_keys_bytes_equal_the_oracle(device, fmt):
     for (row, column), slot in zip(
         torch.cartesian_prod(torch.arange(2), torch.arange(12)), read.flatten().tolist()
     ):
-        want = ref.decode_key(ref.read(expected, block_size, slot, shape[1] // block_size, 64), fmt)
+        image = ref.read(expected, block_size, slot, shape[1] // block_size, data_bytes)
+        want = ref.decode_key(image, fmt)
         got = out[row, column].double()
         assert torch.equal(got.nan_to_num(1234.0), want.nan_to_num(1234.0)), f"slot {slot}"
 
 
-@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4", "fp8"])
 def test_rotated_keys_within_bound_of_float64_rotation(device, fmt):
     g = ref.generator(14)
     keys = torch.randn(16, 128, generator=g) * torch.rand(16, 1, generator=g) * 10
@@ -185,11 +189,101 @@ def test_rotated_keys_within_bound_of_float64_rotation(device, fmt):
     hdk.dsv4.store_indexer_keys(keys.to(device), slots.to(device), cache, 4, format=fmt)
     out = hdk.dsv4.gather_indexer_keys(cache, 4, slots.view(1, 16).to(device), format=fmt)
     rotated = ref.hadamard(keys.double())
+    if fmt == "fp8":  # one power-of-two scale per key, below 2 amax / 448
+        scale = 2 * rotated.abs().amax(-1, keepdim=True) / 448
+        error = (out[0].cpu().double() - rotated).abs()
+        assert (error <= rotated.abs() * hdk.dsv4.FP8_RELATIVE_ERROR_BOUND + scale / 1024).all()
+        return
     group = 32 if fmt == "mxfp4" else 16
     amax = rotated.view(16, -1, group).abs().amax(-1).repeat_interleave(group, dim=1)
     scale = amax / 6  # the scale up to its rounding to a power of two / to E4M3
     error = (out[0].cpu().double() - rotated).abs()
     assert (error <= 0.25 * torch.maximum(2 * scale, rotated.abs()) + 1e-6).all()
+
+
+def test_fp8_keys_far_apart_scales_and_nan_markers(device):
+    """FP8 keys of magnitudes 2^-130 .. 2^100 (fp32 denormals, below the 1e-4 floor, huge) in
+    pages of 5, one with a NaN and one with an infinity: the oracle's bytes (an exact
+    power-of-two fp32 scale per key; 128 x 0x7F and the fp32 NaN for the marked keys, counted),
+    the gather its decoding, every value within the FP8 bound."""
+    g = ref.generator(15)
+    n, block_size, num_blocks = 24, 5, 6
+    keys = torch.randn(n, 128, generator=g) * torch.exp2(torch.arange(n) * 10.0 - 130)[:, None]
+    keys[7, 9] = float("nan")
+    keys[16, 127] = float("-inf")
+    slots = torch.randperm(num_blocks * block_size, generator=g)[:n]
+    cache = poisoned((num_blocks, block_size * 132), device)
+    counter = torch.zeros(1, dtype=torch.int32, device=device)
+    hdk.dsv4.store_indexer_keys(
+        keys.to(device),
+        slots.to(device),
+        cache,
+        block_size,
+        format="fp8",
+        rotate=False,
+        invalid_count=counter,
+    )
+    images, nonfinite = ref.encode_keys(keys.double(), "fp8")
+    expected = poisoned((num_blocks, block_size * 132), "cpu")
+    ref.place(expected, block_size, slots, images, 128)
+    assert torch.equal(cache.cpu(), expected)
+    assert int(counter.item()) == 2 and nonfinite.nonzero().flatten().tolist() == [7, 16]
+    assert (images[7, :128] == 0x7F).all() and images[7, 128:].tolist() == [0, 0, 0xC0, 0x7F]
+    out = hdk.dsv4.gather_indexer_keys(cache, block_size, slots.view(1, n).to(device), format="fp8")
+    out = out[0].cpu().double()
+    for row in range(n):
+        want = ref.decode_key(images[row], "fp8")
+        assert torch.equal(out[row].nan_to_num(7.0), want.nan_to_num(7.0)), f"key {row}"
+    finite = ~nonfinite
+    x = keys.double()[finite]
+    amax = x.abs().amax(-1, keepdim=True).clamp(min=1e-4)
+    scale = torch.exp2(torch.ceil(torch.log2(amax / 448)))
+    bound = x.abs() * hdk.dsv4.FP8_RELATIVE_ERROR_BOUND + scale / 1024
+    assert ((out[finite] - x).abs() <= bound).all()
+    assert torch.isnan(out[~finite]).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fp8_gather_decodes_any_fp32_scale(device, dtype):
+    """FP8 pages another engine wrote (or garbage) may hold any fp32 scale: the gather is code x
+    scale rounded once (fp32, then bf16), NaN for NaN codes, NaN scales (any payload) and
+    0 x infinity, exactly the oracle's; a key with a NaN scale is NaN everywhere."""
+    g = ref.generator(16)
+    scales = [0x7FC00000, 0xFFFFFFFF, 0x7F800000, 0xFF800000, 0x0, 0x80000000, 0x400,
+              0x40533333, 0xBF400000, 0x7F7FFFFF, 0x00800000, 0x3F800000, 0x35800000,
+              0x4B000001, 0x1F800000, 0x3E9A209B]  # fmt: skip
+    block_size, num_blocks = 8, 2
+    cache = torch.randint(0, 256, (num_blocks, block_size * 132), generator=g, dtype=torch.uint8)
+    for key, bits in enumerate(scales):
+        page, offset = divmod(key, block_size)
+        start = block_size * 128 + offset * 4
+        cache[page, start : start + 4] = torch.tensor(
+            [(bits >> (8 * b)) & 0xFF for b in range(4)], dtype=torch.uint8
+        )
+        cache[page, offset * 128 + 3 : offset * 128 + 7] = torch.tensor(
+            [0x00, 0x80, 0x7F, 0xFF], dtype=torch.uint8
+        )
+    slots = torch.cat([torch.randperm(16, generator=g), torch.tensor([-1, 4])]).view(2, 9)
+    out = hdk.dsv4.gather_indexer_keys(
+        cache.to(device), block_size, slots.to(device), format="fp8", dtype=dtype
+    )
+    out = out.cpu()
+    for (row, column), slot in zip(
+        torch.cartesian_prod(torch.arange(2), torch.arange(9)), slots.flatten().tolist()
+    ):
+        got = out[row, column]
+        if slot < 0:
+            assert (got == 0).all()
+            continue
+        want = ref.decode_key(ref.read(cache, block_size, slot, 132, 128), "fp8")
+        want = want.float().to(dtype)
+        assert torch.equal(torch.isnan(got), torch.isnan(want)), f"key {slot}"
+        assert torch.equal(got.nan_to_num(0.0), want.nan_to_num(0.0)), f"key {slot}"
+        if scales[slot] in (0x7FC00000, 0xFFFFFFFF):
+            assert torch.isnan(got).all()
+        nan_bits = 0x7FC00000 if dtype == torch.float32 else 0x7FC0
+        as_int = got.view(torch.int32 if dtype == torch.float32 else torch.int16).long()
+        assert (as_int[torch.isnan(got)] & 0xFFFFFFFF == nan_bits).all(), "canonical NaN"
 
 
 # ------------------------------------------------------------------------------------------
@@ -278,9 +372,9 @@ def compressor_case(
     worst = 0.0
     for (row, index), value in sorted(expected.items()):
         slot = int(block_table[row, index // block_size]) * block_size + index % block_size
-        image = ref.read(host, block_size, slot, entry_bytes, 576 if dim == 512 else 64)
+        data = 576 if dim == 512 else ref.KEY_DATA_BYTES[fmt]
+        image = ref.read(host, block_size, slot, entry_bytes, data)
         page, offset = divmod(slot, block_size)
-        data = 576 if dim == 512 else 64
         written[page, offset * data : (offset + 1) * data] = True
         tail = entry_bytes - data
         written[
@@ -292,7 +386,7 @@ def compressor_case(
     return worst
 
 
-@pytest.mark.parametrize("dim,fmt", [(512, "mxfp4"), (128, "mxfp4"), (128, "nvfp4")])
+@pytest.mark.parametrize("dim,fmt", [(512, "mxfp4"), (128, "mxfp4"), (128, "nvfp4"), (128, "fp8")])
 def test_compressor_csa_sequences(device, dim, fmt):
     # 12+ windows of m = 4, one token a call; then MTP-like calls of 3 tokens.
     compressor_case(4, dim, fmt, device, seed=21 + dim)
@@ -343,6 +437,91 @@ def test_compressor_padding_rows_touch_nothing(device):
 
 
 # ------------------------------------------------------------------------------------------
+# The indexer's quantized query
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rotate", [False, True])
+def test_quantize_indexer_query_is_the_mxfp4_key_store(device, dtype, rotate):
+    """Each [n, h] vector becomes the 64 + 4 bytes store_indexer_keys writes for it as an mxfp4
+    key (on the same device), and, unrotated, the oracle's bytes; rotated ones decode within the
+    FP4 bound of the float64 rotation. Non-finite vectors are marked and counted; given outputs
+    are written in place (their padding untouched) and returned."""
+    g = ref.generator(61 + rotate)
+    n, h = 3, 5
+    q = hard_rows(n * h, 128, g).to(dtype)
+    counter = torch.zeros(1, dtype=torch.int64, device=device)
+    packed_buffer = poisoned((n, h, 70), device)
+    scales_buffer = poisoned((n, h, 6), device)
+    packed, scales = hdk.dsv4.quantize_indexer_query(
+        q.view(n, h, 128).to(device),
+        rotate=rotate,
+        q_packed=packed_buffer[:, :, 3:67],
+        q_scales=scales_buffer[:, :, 1:5],
+        invalid_count=counter,
+    )
+    assert packed.data_ptr() == packed_buffer[:, :, 3:67].data_ptr()
+    assert (packed_buffer[:, :, :3] == POISON).all() and (packed_buffer[:, :, 67:] == POISON).all()
+    assert (scales_buffer[:, :, :1] == POISON).all() and (scales_buffer[:, :, 5:] == POISON).all()
+    cache = poisoned((n * h, 68), device)
+    key_counter = torch.zeros(1, dtype=torch.int64, device=device)
+    hdk.dsv4.store_indexer_keys(
+        q.to(device),
+        torch.arange(n * h, device=device),
+        cache,
+        1,
+        rotate=rotate,
+        invalid_count=key_counter,
+    )
+    stored = cache.cpu()
+    assert torch.equal(packed.cpu().reshape(n * h, 64), stored[:, :64])
+    assert torch.equal(scales.cpu().reshape(n * h, 4), stored[:, 64:])
+    images, nonfinite = ref.encode_keys(ref.hadamard(q.double()) if rotate else q.double(), "mxfp4")
+    assert int(counter.item()) == int(key_counter.item()) == int(nonfinite.sum()) == 2
+    if not rotate:
+        assert torch.equal(stored, images)
+        return
+    for row in range(n * h):
+        if not nonfinite[row]:
+            ref.check_entry(stored[row], q[row].double(), "mxfp4")
+        else:
+            assert (stored[row, 64:] == 0xFF).all() and (stored[row, :64] == 0).all()
+
+
+def test_quantize_indexer_query_allocates_and_names_bad_arguments(device):
+    q = torch.randn(2, 64, 128, device=device)
+    packed, scales = hdk.dsv4.quantize_indexer_query(q)
+    assert packed.shape == (2, 64, 64) and packed.dtype == torch.uint8
+    assert scales.shape == (2, 64, 4) and scales.dtype == torch.uint8
+    assert packed.device == q.device and scales.device == q.device
+    # The fp32 rotation may round a value across a code boundary: compare decoded values.
+    for row in range(0, 128, 17):
+        image = torch.cat([packed.cpu().view(128, 64)[row], scales.cpu().view(128, 4)[row]])
+        ref.check_entry(image, q.cpu()[row // 64, row % 64].double(), "mxfp4")
+    untouched = poisoned((2, 64, 64), device)
+    with pytest.raises(
+        hdk.HdkError,
+        match=r"hdk::dsv4::quantize_indexer_query: argument 'q' must have shape \[N, H, 128\] "
+        r"= \[2, 64, 128\], got \[2, 64, 64\]",
+    ):
+        hdk.dsv4.quantize_indexer_query(q[:, :, :64], q_packed=untouched)
+    assert (untouched == POISON).all()
+    with pytest.raises(hdk.HdkError, match="argument 'q_scales' must have shape \\[N, H, 4\\]"):
+        hdk.dsv4.quantize_indexer_query(
+            q, q_packed=untouched, q_scales=torch.zeros(2, 64, 8, dtype=torch.uint8, device=device)
+        )
+    with pytest.raises(hdk.HdkError, match="argument 'q_packed' must have dtype uint8"):
+        hdk.dsv4.quantize_indexer_query(q, q_packed=torch.zeros(2, 64, 64, device=device))
+    with pytest.raises(hdk.HdkError, match="argument 'q' must have dtype float32 or bfloat16"):
+        hdk.dsv4.quantize_indexer_query(q.half())
+    with pytest.raises(hdk.HdkError, match="argument 'q' must have rank 3"):
+        hdk.dsv4.quantize_indexer_query(q[0])
+    assert (untouched == POISON).all()
+    with pytest.raises(TypeError, match="argument 'q_scales' must be a torch.Tensor"):
+        hdk.dsv4.quantize_indexer_query(q, q_scales=[1, 2])
+
+
+# ------------------------------------------------------------------------------------------
 # Errors and helpers
 
 
@@ -359,13 +538,63 @@ def test_errors_name_the_argument():
         hdk.dsv4.gather_entries(
             cache, 4, torch.zeros(1, 2, dtype=torch.long), out=torch.zeros(1, 2, 128)
         )
-    with pytest.raises(hdk.HdkError, match="key format must be 'mxfp4' or 'nvfp4'"):
+    with pytest.raises(hdk.HdkError, match="key format must be 'mxfp4', 'nvfp4' or 'fp8'"):
+        hdk.dsv4.store_indexer_keys(
+            torch.zeros(1, 128),
+            torch.tensor([0]),
+            torch.zeros((1, 68), dtype=torch.uint8),
+            1,
+            format="fp4",
+        )
+    with pytest.raises(
+        hdk.HdkError,
+        match=r"argument 'cache' must have block_size \* 132 = 132 bytes per page \(FP8",
+    ):
         hdk.dsv4.store_indexer_keys(
             torch.zeros(1, 128),
             torch.tensor([0]),
             torch.zeros((1, 68), dtype=torch.uint8),
             1,
             format="fp8",
+        )
+    # The ops take the format as an int: 0, 1 or 2; another is refused, naming the option.
+    with pytest.raises(
+        hdk.HdkError,
+        match=r"hdk::dsv4::store_indexer_keys: option 'format' must be 0 \(mxfp4\), "
+        r"1 \(nvfp4\) or 2 \(fp8\), got 3",
+    ):
+        run_op(
+            torch.ops.hdk.dsv4_store_indexer_keys,
+            torch.zeros(1, 128),
+            torch.tensor([0]),
+            torch.zeros((1, 68), dtype=torch.uint8),
+            1,
+            3,
+            True,
+            None,
+            False,
+        )
+    with pytest.raises(hdk.HdkError, match="option 'key_format' must be 0 \\(mxfp4\\)"):
+        run_op(
+            torch.ops.hdk.dsv4_compress,
+            torch.zeros(1, 256),
+            torch.zeros(1, 256),
+            torch.zeros(4, 256),
+            torch.tensor([3]),
+            torch.tensor([0]),
+            torch.zeros(1, 3, 3, 128),
+            torch.ones(128),
+            torch.zeros(8, 32),
+            torch.zeros(8, 32),
+            torch.tensor([[0]], dtype=torch.int32),
+            torch.zeros((1, 132), dtype=torch.uint8),
+            1,
+            4,
+            1e-6,
+            -1,
+            True,
+            None,
+            False,
         )
     with pytest.raises(hdk.HdkError, match="argument 'cache' must have block_size \\* 72"):
         hdk.dsv4.store_indexer_keys(

@@ -94,6 +94,15 @@ def test_tensors_and_memory_bytes(preset):
     assert m.memory_bytes() == expected
 
 
+def test_fp8_indexer_pages_and_the_format_error():
+    m = small(key_format="fp8")
+    csa = [layer for layer in m.layers if layer.kind == "csa"]
+    assert csa and all(layer.index_cache.shape == (6, 2 * 132) for layer in csa)
+    assert m.memory_bytes()["indexer"] == len(csa) * 6 * 2 * 132
+    with pytest.raises(hdk.HdkError, match="key format must be 'mxfp4', 'nvfp4' or 'fp8'"):
+        small(key_format="fp4")
+
+
 def test_block_allocator_rules():
     a = BlockAllocator(5)
     assert a.allocate(3) == [0, 1, 2] and a.free_count() == 2
@@ -216,17 +225,29 @@ def test_step_inputs():
     assert one.swa_slots.shape == (1,) and one.swa_slots.tolist() == [slot_a * 128 + 2]
 
 
-def test_decode_steps_through_the_manager():
+@pytest.mark.parametrize("key_format", ["mxfp4", "fp8"])
+def test_decode_steps_through_the_manager(key_format):
     """Four requests over ~68 steps of 2 tokens (MTP-like) through a 4-layer Flash config (SWA,
     SWA, CSA, HCA): one is released midway and a new one takes its slot and pages; a padding
     row in every batch. The real hdk.dsv4 calls write through the manager's tensors; the SWA
     rings must hold the oracle's bytes of the last 128 tokens, the CSA / HCA entries and the
-    indexer keys must decode within the bound of the oracle's float64 entries."""
+    indexer keys (MXFP4, or FP8 pages of 132 bytes a key) must decode within the bound of the
+    oracle's float64 entries."""
     g = ref.generator(51)
     tokens, steps = 2, 68
     m = small(
-        max_requests=3, csa_blocks=64, hca_blocks=4, block_size=2, hca_block_size=1, max_context=256
+        max_requests=3,
+        csa_blocks=64,
+        hca_blocks=4,
+        block_size=2,
+        hca_block_size=1,
+        max_context=256,
+        key_format=key_format,
     )
+    assert m.key_format == key_format
+    for layer in m.layers:
+        if layer.kind == "csa":
+            assert layer.index_cache.shape == (64, 2 * ref.KEY_BYTES[key_format])
     for layer in m.layers:  # poison: garbage a fresh request must never read
         for tensor in (layer.state, layer.index_state):
             if tensor is not None:
@@ -262,7 +283,8 @@ def test_decode_steps_through_the_manager():
             total = cache.shape[1] // size
             for index, value in entries.items():
                 slot = pages[index // size] * size + index % size
-                image = ref.read(cache, size, slot, total, 64 if indexer else 576)
+                data = ref.KEY_DATA_BYTES[m.key_format] if indexer else 576
+                image = ref.read(cache, size, slot, total, data)
                 ref.check_entry(image, value, m.key_format)
                 checked += 1
 

@@ -165,7 +165,8 @@ class KVCacheManager:
             by every layer of that kind.
         block_size, hca_block_size: entries per page of the CSA / HCA pools.
         max_context: the longest request (tokens); sizes the block tables' columns.
-        key_format: 'mxfp4' or 'nvfp4' for the indexer keys.
+        key_format: 'mxfp4', 'nvfp4' or 'fp8' for the indexer keys (``index_cache`` pages of
+            ``block_size * KEY_BYTES[key_format]`` bytes: 68, 72 or 132 a key).
         device: where the pools live.
 
     ``workspace`` is the one workspace (uint8, on CUDA; None on the CPU) that every

@@ -151,8 +151,11 @@ def route(
 # KV cache, write side (docs/dsv4-kv-cache.md): thin wrappers over torch.ops.hdk.dsv4_* with the
 # C++ field names. Each writes in place, allocates only what it returns, never synchronizes.
 
-KEY_FORMATS = {"mxfp4": 0, "nvfp4": 1}
-KEY_BYTES = {"mxfp4": 68, "nvfp4": 72}
+# Indexer key formats (the ops take the int): MXFP4 68 B a key (64 B E2M1 + 4 UE8M0 scales),
+# NVFP4 72 B (64 B E2M1 + 8 E4M3 scales), FP8 132 B (128 E4M3 + one fp32 scale: the page of
+# vLLM / SGLang / DeepGEMM's fp8_paged_mqa_logits on Hopper).
+KEY_FORMATS = {"mxfp4": 0, "nvfp4": 1, "fp8": 2}
+KEY_BYTES = {"mxfp4": 68, "nvfp4": 72, "fp8": 132}
 ENTRY_BYTES = 584
 # After store + gather, a non-RoPE value x with |x| >= 2^-6 x its group's scale is within
 # FP8_RELATIVE_ERROR_BOUND * |x| (kFp8RelativeErrorBound in kv_cache.h); smaller ones within
@@ -162,7 +165,7 @@ FP8_RELATIVE_ERROR_BOUND = 0.0625
 
 def _key_format(format):
     if format not in KEY_FORMATS:
-        raise HdkError(f"hdk::dsv4: key format must be 'mxfp4' or 'nvfp4', got {format!r}")
+        raise HdkError(f"hdk::dsv4: key format must be 'mxfp4', 'nvfp4' or 'fp8', got {format!r}")
     return KEY_FORMATS[format]
 
 
@@ -227,7 +230,14 @@ def store_indexer_keys(
     invalid_count=None,
     check_indices=False,
 ):
-    """Indexer keys [N, 128] -> FP4 pages (68 B MXFP4 or 72 B NVFP4 per key)."""
+    """Indexer keys [N, 128] fp32/bf16 -> cache [num_blocks, block_size * KEY_BYTES[format]]
+    uint8 at flat slots [N] (negative: skipped), rotated by :func:`hadamard_matrix` first when
+    ``rotate``. ``format``: ``"mxfp4"`` (68 B a key: 64 B packed E2M1, then 4 UE8M0 scales, one
+    per 32 values), ``"nvfp4"`` (72 B: 64 B E2M1, then 8 E4M3 scales, one per 16) or ``"fp8"``
+    (132 B: a page holds key i's 128 E4M3 codes at ``i * 128``, then its fp32 scale at
+    ``block_size * 128 + i * 4``; the scale is the power of two ``2^ceil(log2(max(amax, 1e-4) /
+    448))`` of the key's amax). A key with a NaN or infinity is stored with NaN markers (FP8:
+    codes 0x7F and the scale NaN 0x7FC00000) and counted in ``invalid_count``."""
     run_op(
         torch.ops.hdk.dsv4_store_indexer_keys,
         keys,
@@ -253,7 +263,9 @@ def gather_indexer_keys(
     invalid_count=None,
     check_indices=False,
 ):
-    """Decoded keys [N, L, 128] (in the rotated basis) for slots [N, L]."""
+    """Decoded keys [N, L, 128] (in the rotated basis) for slots [N, L] (negative: a zero row):
+    code x scale (``"fp8"``: E4M3 code x the key's fp32 scale, whatever fp32 the page holds);
+    NaN markers decode to NaN. ``format``: ``"mxfp4"``, ``"nvfp4"`` or ``"fp8"``, as stored."""
     if out is None:
         out = torch.empty((*slots.shape, 128), dtype=dtype, device=cache.device)
     run_op(
@@ -290,7 +302,10 @@ def compress(
     invalid_count=None,
     check_indices=False,
 ):
-    """One compressor call for a decode batch (see hdk::dsv4::CompressorParams)."""
+    """One compressor call for a decode batch (see hdk::dsv4::CompressorParams). d = 512 writes
+    MODEL1 entries; d = 128 (the CSA indexer's compressor) writes indexer keys in ``key_format``
+    (``"mxfp4"``, ``"nvfp4"`` or ``"fp8"``, pages of ``KEY_BYTES[key_format]`` bytes a key),
+    rotated when ``rotate``."""
     run_op(
         torch.ops.hdk.dsv4_compress,
         kv,
@@ -313,6 +328,62 @@ def compress(
         bool(check_indices),
     )
     return cache
+
+
+def quantize_indexer_query(q, rotate=True, q_packed=None, q_scales=None, invalid_count=None):
+    r"""The indexer's q as DeepSeek-V4's reference indexer quantizes it
+    (hdk::dsv4::quantize_indexer_query): each ``[n, h]`` vector, rotated by
+    :func:`hadamard_matrix` when ``rotate``, becomes exactly the bytes :func:`store_indexer_keys`
+    writes for an ``"mxfp4"`` key: 64 bytes of packed E2M1 codes (dim ``2i`` in the low nibble
+    of byte ``i``) into ``q_packed[n, h]`` and 4 UE8M0 scales (one per 32 dims) into
+    ``q_scales[n, h]``. A vector holding a NaN or infinity is stored with MXFP4's NaN markers
+    (scale 0xFF, codes 0, in every group it reaches) and counted. Writes in place, allocates
+    only what it returns, never synchronizes (capturable in a CUDA graph).
+
+    Args:
+        q: ``[N, H, 128]`` bf16/fp32 (last dim contiguous).
+        rotate: apply H_128 / sqrt(128) first (as the keys were stored).
+        q_packed: ``[N, H, 64]`` uint8 output (last dim contiguous); None: allocated.
+        q_scales: ``[N, H, 4]`` uint8 output (last dim contiguous); None: allocated.
+        invalid_count: ``[1]`` int32/int64 counter; +1 per non-finite vector. hdk adds, never
+            clears.
+
+    Returns:
+        ``(q_packed, q_scales)``.
+
+    Raises:
+        HdkError: with hdk's message naming the bad argument (nothing is written then).
+        TypeError: when a tensor argument is not a torch.Tensor.
+    """
+    _check_tensors(
+        "quantize_indexer_query",
+        (
+            ("q", q),
+            ("q_packed", q_packed),
+            ("q_scales", q_scales),
+            ("invalid_count", invalid_count),
+        ),
+    )
+    if q is None:
+        raise HdkError(
+            "hdk::dsv4::quantize_indexer_query: argument 'q' is required ([N, H, 128] bf16 or "
+            "fp32), but was not given"
+        )
+    # Outputs are allocated only for a q of the right rank (else hdk's message names q).
+    lead = tuple(q.shape[:2]) if q.dim() == 3 else (0, 0)
+    if q_packed is None:
+        q_packed = torch.empty((*lead, 64), dtype=torch.uint8, device=q.device)
+    if q_scales is None:
+        q_scales = torch.empty((*lead, 4), dtype=torch.uint8, device=q.device)
+    run_op(
+        torch.ops.hdk.dsv4_quantize_indexer_query,
+        q,
+        q_packed,
+        q_scales,
+        bool(rotate),
+        invalid_count,
+    )
+    return q_packed, q_scales
 
 
 def blocks_to_reserve(ratio, block_size, position_before, position_after):
