@@ -1,7 +1,8 @@
 // index_topk on CUDA with the caller's workspace, where few rows are scored over every SM into the
 // workspace and a cluster per row selects from there: on random cases (1 to 8 rows of up to 70000
 // entries, top_k up to 2048, bf16 and fp32 queries, MXFP4 and NVFP4 keys, exact ties, keys stored
-// with NaN markers, invalid rows of every kind) its outputs equal the one-launch path's bit for
+// with NaN markers, invalid rows of every kind) and on cases of the quantized q forms (E4M3 q over
+// fp8 keys, packed MXFP4 q over mxfp4 keys) its outputs equal the one-launch path's bit for
 // bit (indices, scores, slots, invalid_count), whatever bytes the workspace held before, and
 // match the float64 reference (index_topk_test.cpp's tolerances); a workspace too small is an
 // error naming it before anything is written; a CUDA graph replays it to the same bytes. Every
@@ -371,7 +372,49 @@ void graph_replay_gives_the_same_bytes(IndexBackend backend) {
   cudaStreamDestroy(stream);
 }
 
+// The quantized q forms (E4M3 codes over fp8 keys, packed MXFP4 over mxfp4 keys) through the
+// workspace: the one-launch path's bytes and the reference, rows of up to 70000 entries.
+void quantized_queries_equal_the_one_launch_path_and_the_reference(IndexBackend backend) {
+  uint64_t seed = 950;
+  for (IndexQuery form : {IndexQuery::kE4M3, IndexQuery::kMXFP4}) {
+    for (const std::vector<int64_t>& counts :
+         {std::vector<int64_t>{70000}, std::vector<int64_t>{30000, 17, 0, 45000}}) {
+      IndexCase c;
+      c.q_form = form;
+      c.format = form == IndexQuery::kE4M3 ? KeyFormat::kFP8 : KeyFormat::kMXFP4;
+      c.counts = counts;
+      c.top_k = counts.size() == 1 ? 2048 : 512;
+      c.seed = seed++;
+      SCOPED_TRACE(c.describe() + " on " + index_backend_name(backend));
+      IndexInputs in = make_index_inputs(c);
+      const Outputs one_launch = run_on_cuda(c, in, backend, nullptr);
+      bool used = false;
+      const Workspace poisoned{workspace_bytes_for(in, c), seed};
+      const Outputs through = run_on_cuda(c, in, backend, &poisoned, &used);
+      EXPECT_TRUE(used) << "few long rows are meant to spread over the SMs";
+      expect_same_bytes(through, one_launch, "poisoned workspace against no workspace");
+      std::vector<uint8_t> ref_counter = counter_bytes(DType::kInt32, 3);
+      dsv4::IndexerParams ref_params = in.params(c);
+      ref_params.invalid_count = TensorView::contiguous(ref_counter.data(), DType::kInt32, {1});
+      const dsv4::IndexerReference ref = dsv4::index_topk_reference(ref_params);
+      IndexInputs got = in;
+      got.indices = through.indices;
+      got.scores = through.scores;
+      got.slots = through.slots;
+      got.counter = through.counter;
+      EXPECT_EQ(read_counter(got.counter, DType::kInt32), 3);
+      check_index_outputs(c, got, ref, index_tolerance(backend, c));
+    }
+  }
+}
+
 #endif  // HDK_WITH_CUDA
+
+TEST_P(IndexTopkWorkspace, QuantizedQueriesEqualTheOneLaunchPathAndTheReference) {
+#ifdef HDK_WITH_CUDA
+  quantized_queries_equal_the_one_launch_path_and_the_reference(backend());
+#endif
+}
 
 TEST_P(IndexTopkWorkspace, RandomCasesEqualTheOneLaunchPathAndTheReference) {
 #ifdef HDK_WITH_CUDA

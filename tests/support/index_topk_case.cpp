@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <numeric>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -28,7 +30,67 @@ using dsv4::KeyFormat;
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
+// A random E4M3 code other than the NaN ones (0x7F, 0xFF).
+uint8_t random_e4m3(std::mt19937_64& rng) {
+  uint8_t code;
+  do {
+    code = static_cast<uint8_t>(rng());
+  } while ((code & 0x7f) == 0x7f);
+  return code;
+}
+
+// A UE8M0 byte of 2^-range .. 2^range.
+uint8_t random_ue8m0(std::mt19937_64& rng, int range) {
+  return static_cast<uint8_t>(127 - range + static_cast<int>(rng() % (2 * range + 1)));
+}
+
+// Entry e's key as bytes for the quantized-q forms (make_index_inputs): kFP8, 128 E4M3 codes and
+// an fp32 scale of 2^-6 .. 2^6 (every third key's with a random mantissa, as an engine that
+// stores amax / 448 has), 2^(e % 61 - 30) when spread; kMXFP4, 64 random bytes of E2M1 pairs and
+// 4 UE8M0 scales of 2^-4 .. 2^4, 2^-40 .. 2^40 when spread.
+std::vector<uint8_t> random_key_image(std::mt19937_64& rng, const IndexCase& c, int64_t e) {
+  std::vector<uint8_t> image(static_cast<size_t>(dsv4::key_bytes(c.format)));
+  if (c.format == KeyFormat::kFP8) {
+    for (int64_t i = 0; i < dsv4::kIndexerKeyDim; ++i)
+      image[i] = random_e4m3(rng);
+    const int exponent =
+        c.spread_key_scales ? static_cast<int>(e % 61) - 30 : static_cast<int>(rng() % 13) - 6;
+    float scale = std::ldexp(1.0f, exponent);
+    if (!c.spread_key_scales && e % 3 == 0) {
+      scale *= 1.0f + std::ldexp(static_cast<float>(rng() % (1u << 23)), -23);
+    }
+    std::memcpy(&image[dsv4::kIndexerKeyDim], &scale, sizeof(scale));
+  } else {
+    for (int64_t i = 0; i < 64; ++i)
+      image[i] = static_cast<uint8_t>(rng());
+    for (int64_t g = 0; g < 4; ++g)
+      image[64 + g] = random_ue8m0(rng, c.spread_key_scales ? 40 : 4);
+  }
+  return image;
+}
+
 }  // namespace
+
+const char* index_query_name(IndexQuery form) {
+  switch (form) {
+    case IndexQuery::kExact:
+      return "exact";
+    case IndexQuery::kE4M3:
+      return "e4m3";
+    case IndexQuery::kMXFP4:
+      return "packed-mxfp4";
+  }
+  return "?";
+}
+
+void place_key_bytes(const IndexCase& c, IndexInputs& in, int64_t slot, const uint8_t* image) {
+  const int64_t bs = c.block_size;
+  const int64_t data = c.format == KeyFormat::kFP8 ? dsv4::kIndexerKeyDim : 64;
+  const int64_t scale = dsv4::key_bytes(c.format) - data;
+  uint8_t* page = in.cache.data() + (slot / bs) * bs * dsv4::key_bytes(c.format);
+  std::memcpy(page + (slot % bs) * data, image, static_cast<size_t>(data));
+  std::memcpy(page + bs * data + (slot % bs) * scale, image + data, static_cast<size_t>(scale));
+}
 
 IndexInputs make_index_inputs(const IndexCase& c) {
   std::mt19937_64 rng(c.seed);
@@ -54,43 +116,70 @@ IndexInputs make_index_inputs(const IndexCase& c) {
       slots.push_back(in.block_table[n * in.max_blocks + s / bs] * bs + s % bs);
   }
   const int64_t entries = static_cast<int64_t>(slots.size());
-  std::vector<float> keys = normal_values(rng, entries * dsv4::kIndexerKeyDim, 1.0f);
-  if (c.distinct_keys > 0) {
-    for (int64_t e = 0; e < entries; ++e) {
-      const int64_t source = (e * 7) % c.distinct_keys;
-      for (int64_t i = 0; i < dsv4::kIndexerKeyDim; ++i)
-        keys[e * dsv4::kIndexerKeyDim + i] = keys[source * dsv4::kIndexerKeyDim + i];
-    }
-  }
-  if (c.spread_key_scales) {
-    for (int64_t e = 0; e < entries; ++e) {
-      for (int64_t i = 0; i < dsv4::kIndexerKeyDim; ++i)
-        keys[e * dsv4::kIndexerKeyDim + i] *= std::ldexp(1.0f, static_cast<int>(e % 17) - 8);
-    }
-  }
-  in.cache.resize(static_cast<size_t>(in.num_blocks * bs * dsv4::key_bytes(c.format)));
-  for (auto& byte : in.cache)
-    byte = static_cast<uint8_t>(rng());
-  if (entries > 0) {
-    std::vector<uint8_t> slot_bytes = index_bytes(slots, DType::kInt64);
-    dsv4::StoreIndexerKeysParams store;
-    store.keys =
-        TensorView::contiguous(keys.data(), DType::kFloat32, {entries, dsv4::kIndexerKeyDim});
-    store.slots = TensorView::contiguous(slot_bytes.data(), DType::kInt64, {entries});
-    store.cache = TensorView::contiguous(in.cache.data(), DType::kUInt8,
-                                         {in.num_blocks, bs * dsv4::key_bytes(c.format)});
-    store.block_size = bs;
-    store.format = c.format;
-    dsv4::store_indexer_keys(store);
-  }
-  in.q = normal_values(rng, in.N * c.heads * dsv4::kIndexerKeyDim, 1.0f);
-  in.weights = normal_values(rng, in.N * c.heads, 0.1f);
-  in.q_bytes = encode_rows(in.q, c.q_dtype);
-  in.q_bytes.insert(in.q_bytes.begin(), static_cast<size_t>(c.q_pad_bytes()), uint8_t{0x7f});
   in.counts = index_bytes(c.counts, c.count_dtype);
   in.indices.assign(static_cast<size_t>(in.N * c.top_k), 0x5a5a5a5a);
   in.scores.assign(static_cast<size_t>(in.N * c.top_k), kNaN);
   in.slots.assign(static_cast<size_t>(in.N * c.top_k), 0x5a5a5a5a);
+  in.cache.resize(static_cast<size_t>(in.num_blocks * bs * dsv4::key_bytes(c.format)));
+  if (c.q_form != IndexQuery::kExact && !c.stored_keys) {
+    for (auto& byte : in.cache)
+      byte = static_cast<uint8_t>(rng());
+    std::vector<std::vector<uint8_t>> images;
+    for (int64_t e = 0; e < entries; ++e) {
+      images.push_back(c.distinct_keys > 0 && e >= c.distinct_keys
+                           ? images[static_cast<size_t>((e * 7) % c.distinct_keys)]
+                           : random_key_image(rng, c, e));
+      place_key_bytes(c, in, slots[e], images.back().data());
+    }
+  } else {
+    std::vector<float> keys = normal_values(rng, entries * dsv4::kIndexerKeyDim, 1.0f);
+    if (c.distinct_keys > 0) {
+      for (int64_t e = 0; e < entries; ++e) {
+        const int64_t source = (e * 7) % c.distinct_keys;
+        for (int64_t i = 0; i < dsv4::kIndexerKeyDim; ++i)
+          keys[e * dsv4::kIndexerKeyDim + i] = keys[source * dsv4::kIndexerKeyDim + i];
+      }
+    }
+    if (c.spread_key_scales) {
+      for (int64_t e = 0; e < entries; ++e) {
+        for (int64_t i = 0; i < dsv4::kIndexerKeyDim; ++i)
+          keys[e * dsv4::kIndexerKeyDim + i] *= std::ldexp(1.0f, static_cast<int>(e % 17) - 8);
+      }
+    }
+    for (auto& byte : in.cache)
+      byte = static_cast<uint8_t>(rng());
+    if (entries > 0) {
+      std::vector<uint8_t> slot_bytes = index_bytes(slots, DType::kInt64);
+      dsv4::StoreIndexerKeysParams store;
+      store.keys =
+          TensorView::contiguous(keys.data(), DType::kFloat32, {entries, dsv4::kIndexerKeyDim});
+      store.slots = TensorView::contiguous(slot_bytes.data(), DType::kInt64, {entries});
+      store.cache = TensorView::contiguous(in.cache.data(), DType::kUInt8,
+                                           {in.num_blocks, bs * dsv4::key_bytes(c.format)});
+      store.block_size = bs;
+      store.format = c.format;
+      dsv4::store_indexer_keys(store);
+    }
+  }
+  const int64_t vectors = in.N * c.heads;
+  if (c.q_form == IndexQuery::kExact) {
+    in.q = normal_values(rng, vectors * dsv4::kIndexerKeyDim, 1.0f);
+    in.weights = normal_values(rng, vectors, 0.1f);
+    in.q_bytes = encode_rows(in.q, c.q_dtype);
+    in.q_bytes.insert(in.q_bytes.begin(), static_cast<size_t>(c.q_pad_bytes()), uint8_t{0x7f});
+    return in;
+  }
+  in.q_bytes.resize(static_cast<size_t>(vectors * c.q_width()));
+  for (auto& byte : in.q_bytes)
+    byte = c.q_form == IndexQuery::kE4M3 ? random_e4m3(rng) : static_cast<uint8_t>(rng());
+  if (c.q_form == IndexQuery::kMXFP4) {
+    in.q_scales.resize(static_cast<size_t>(vectors * 4));
+    for (auto& byte : in.q_scales)
+      byte = random_ue8m0(rng, c.spread_key_scales ? 40 : 4);
+    in.q_scales.insert(in.q_scales.begin(), static_cast<size_t>(c.q_pad_bytes()), 0xff);
+  }
+  in.q_bytes.insert(in.q_bytes.begin(), static_cast<size_t>(c.q_pad_bytes()), 0xff);
+  in.weights = normal_values(rng, vectors, 0.1f);
   return in;
 }
 
@@ -184,6 +273,14 @@ const char* index_backend_name(IndexBackend backend) {
   return "?";
 }
 
+void PrintTo(IndexBackend backend, std::ostream* os) {
+  *os << index_backend_name(backend);
+}
+
+void PrintTo(IndexQuery form, std::ostream* os) {
+  *os << index_query_name(form);
+}
+
 Backend memory_of(IndexBackend backend) {
   return backend == IndexBackend::kCPU ? Backend::kCPU : Backend::kCUDA;
 }
@@ -192,6 +289,20 @@ double index_tolerance(IndexBackend backend, DType q_dtype) {
   const bool split_queries =
       backend == IndexBackend::kCudaTensorCore || backend == IndexBackend::kCudaWarpMma;
   return split_queries && q_dtype == DType::kFloat32 ? 2.6e-5 : 1e-5;
+}
+
+double index_tolerance(IndexBackend backend, const IndexCase& c) {
+  switch (c.q_form) {
+    case IndexQuery::kExact:
+      return index_tolerance(backend, c.q_dtype);
+    case IndexQuery::kE4M3:
+      return 1e-5;
+    case IndexQuery::kMXFP4:
+      // Exact group terms, then 4 H + H - 1 fp32 additions and H products in any order: at most
+      // (H + 3) 2^-24 x the sum of the terms' magnitudes, to first order; 5 units of slack.
+      return static_cast<double>(c.heads + 8) * std::ldexp(1.0, -24);
+  }
+  return 1e-5;
 }
 
 ScorePathScope::ScorePathScope(IndexBackend backend) {
@@ -224,6 +335,7 @@ DeviceBuffer copy_to(Backend memory, const void* host, size_t bytes) {
 IndexDeviceCall::IndexDeviceCall(const IndexCase& c, const IndexInputs& in, Backend memory)
     : memory_(memory),
       q_(copy_to(memory, in.q_bytes.data(), in.q_bytes.size())),
+      q_scales_(copy_to(memory, in.q_scales.data(), in.q_scales.size())),
       weights_(copy_to(memory, in.weights.data(), in.weights.size() * 4)),
       cache_(copy_to(memory, in.cache.data(), in.cache.size())),
       table_(copy_to(memory, in.block_table.data(), in.block_table.size() * 4)),
@@ -241,6 +353,10 @@ IndexDeviceCall::IndexDeviceCall(const IndexCase& c, const IndexInputs& in, Back
   };
   to_device(params.q, q_);
   params.q.data = static_cast<uint8_t*>(q_.data()) + c.q_pad_bytes();
+  if (params.q_scales.defined()) {
+    to_device(params.q_scales, q_scales_);
+    params.q_scales.data = static_cast<uint8_t*>(q_scales_.data()) + c.q_pad_bytes();
+  }
   to_device(params.weights, weights_);
   to_device(params.key_cache, cache_);
   to_device(params.block_table, table_);
@@ -287,7 +403,7 @@ void run_index_case(const IndexCase& c, IndexBackend backend) {
   run_index_topk(c, in, backend);
   EXPECT_EQ(read_counter(in.counter, DType::kInt32), 3 + ref.invalid_rows);
   EXPECT_EQ(read_counter(ref_counter, DType::kInt32), 3 + ref.invalid_rows);
-  check_index_outputs(c, in, ref, index_tolerance(backend, c.q_dtype));
+  check_index_outputs(c, in, ref, index_tolerance(backend, c));
 }
 
 }  // namespace testing

@@ -1,11 +1,13 @@
 // index_topk's test cases, shared by the tests of its backends (dsv4/index_topk_test.cpp) and of
 // its CUDA workspace path (dsv4/index_topk_workspace_test.cpp): random keys stored by
-// store_indexer_keys into shuffled pages, poisoned outputs and a counter that starts at 3, the
-// comparison with the float64 reference (index_topk_test.cpp's file comment has the tolerances),
-// and the call on the CPU or on a CUDA device.
+// store_indexer_keys into shuffled pages (exact q) or written there as random bytes (the quantized
+// q forms), poisoned outputs and a counter that starts at 3, the comparison with the float64
+// reference (index_topk_test.cpp's file comment has the tolerances), and the call on the CPU or on
+// a CUDA device.
 #pragma once
 
 #include <cstdint>
+#include <iosfwd>
 #include <random>
 #include <string>
 #include <vector>
@@ -21,41 +23,62 @@
 namespace hdk {
 namespace testing {
 
+// The form of index_topk's q (hdk/dsv4/attention.h): bf16/fp32 values (kMXFP4 or kNVFP4 keys),
+// E4M3 codes (kFP8 keys) or packed E2M1 with UE8M0 q_scales (kMXFP4 keys).
+enum class IndexQuery { kExact, kE4M3, kMXFP4 };
+
+const char* index_query_name(IndexQuery form);
+
 struct IndexCase {
   std::vector<int64_t> counts;  // num_entries per row
   int64_t heads = dsv4::kIndexerHeads;
   int64_t top_k = 512;
   int64_t block_size = 64;
   dsv4::KeyFormat format = dsv4::KeyFormat::kMXFP4;
+  // The exact form's dtype; the quantized forms' q is uint8 (and `format` must be theirs: kFP8
+  // for kE4M3, kMXFP4 for kMXFP4).
   DType q_dtype = DType::kBFloat16;
+  IndexQuery q_form = IndexQuery::kExact;
   DType count_dtype = DType::kInt32;
   int64_t distinct_keys = 0;  // > 0: every key is one of this many (exact ties)
-  // Keys of entry e scaled by 2^(e % 17 - 8): stored scales from about 2^-10 to 2^6, both sides
-  // of the 2 where the warpgroup kernel's MXFP4 decode takes a second multiply.
+  // Exact q: keys of entry e scaled by 2^(e % 17 - 8): stored scales from about 2^-10 to 2^6,
+  // both sides of the 2 where the warpgroup kernel's MXFP4 decode takes a second multiply.
+  // Quantized q: kFP8 keys' scales 2^(e % 61 - 30); kMXFP4 keys' and q's group scales
+  // 2^-40 .. 2^40, drawn per group (instead of 2^-4 .. 2^4 and fp8 scales 2^-6 .. 2^6).
   bool spread_key_scales = false;
+  // Quantized q: keys stored by store_indexer_keys from normal values (as for exact q) instead
+  // of written as random bytes.
+  bool stored_keys = false;
   bool scores = true;         // pass topk_scores
   bool slots = true;          // pass topk_slots
-  bool misaligned_q = false;  // q one element past a 16-byte boundary (no vector loads)
+  bool misaligned_q = false;  // q (and q_scales) one element past a 16-byte boundary
   uint64_t seed = 1;
 
-  int64_t q_pad_bytes() const { return misaligned_q ? dtype_size(q_dtype) : 0; }
+  DType q_view_dtype() const { return q_form == IndexQuery::kExact ? q_dtype : DType::kUInt8; }
+  int64_t q_width() const { return q_form == IndexQuery::kMXFP4 ? 64 : dsv4::kIndexerKeyDim; }
+  int64_t q_pad_bytes() const { return misaligned_q ? dtype_size(q_view_dtype()) : 0; }
 
   std::string describe() const {
     std::string counts_text;
     for (int64_t c : counts)
       counts_text += std::to_string(c) + ",";
+    const char* format_text = format == dsv4::KeyFormat::kMXFP4   ? " mxfp4 "
+                              : format == dsv4::KeyFormat::kNVFP4 ? " nvfp4 "
+                                                                  : " fp8 ";
     return "counts=" + counts_text + " H=" + std::to_string(heads) +
-           " top_k=" + std::to_string(top_k) + " bs=" + std::to_string(block_size) +
-           (format == dsv4::KeyFormat::kMXFP4 ? " mxfp4 " : " nvfp4 ") + dtype_name(q_dtype) +
-           " distinct=" + std::to_string(distinct_keys) + (misaligned_q ? " misaligned" : "") +
+           " top_k=" + std::to_string(top_k) + " bs=" + std::to_string(block_size) + format_text +
+           (q_form == IndexQuery::kExact ? dtype_name(q_dtype) : index_query_name(q_form)) +
+           " distinct=" + std::to_string(distinct_keys) + (spread_key_scales ? " spread" : "") +
+           (stored_keys ? " stored" : "") + (misaligned_q ? " misaligned" : "") +
            " seed=" + std::to_string(seed);
   }
 };
 
 struct IndexInputs {
   int64_t N = 0, max_blocks = 0, num_blocks = 0;
-  std::vector<float> q, weights;
-  std::vector<uint8_t> q_bytes, cache, counts;
+  std::vector<float> q, weights;  // q: the exact form's values (empty for the other forms)
+  // q as passed (q_pad_bytes() of padding first); q_scales likewise, for packed MXFP4 q only.
+  std::vector<uint8_t> q_bytes, q_scales, cache, counts;
   std::vector<int32_t> block_table;
   std::vector<int32_t> indices;  // poisoned output
   std::vector<float> scores;     // poisoned output
@@ -64,8 +87,12 @@ struct IndexInputs {
 
   dsv4::IndexerParams params(const IndexCase& c) {
     dsv4::IndexerParams p;
-    p.q = TensorView::contiguous(q_bytes.data() + c.q_pad_bytes(), c.q_dtype,
-                                 {N, c.heads, dsv4::kIndexerKeyDim});
+    p.q = TensorView::contiguous(q_bytes.data() + c.q_pad_bytes(), c.q_view_dtype(),
+                                 {N, c.heads, c.q_width()});
+    if (c.q_form == IndexQuery::kMXFP4) {
+      p.q_scales =
+          TensorView::contiguous(q_scales.data() + c.q_pad_bytes(), DType::kUInt8, {N, c.heads, 4});
+    }
     p.weights = TensorView::contiguous(weights.data(), DType::kFloat32, {N, c.heads});
     p.key_cache = TensorView::contiguous(cache.data(), DType::kUInt8,
                                          {num_blocks, c.block_size * dsv4::key_bytes(c.format)});
@@ -83,9 +110,16 @@ struct IndexInputs {
   }
 };
 
-// Keys of every row's entries stored by store_indexer_keys into shuffled pages; unused block
-// table columns hold -1 (never read).
+// Keys of every row's entries in shuffled pages; unused block table columns hold -1 (never read).
+// Exact q: random normal keys stored by store_indexer_keys, q and weights normal. Quantized q:
+// keys written as bytes (E4M3 codes other than NaN with an fp32 scale per key, or random E2M1
+// nibbles with UE8M0 scales; stored_keys: as for exact q), q random E4M3 codes (no NaN) or E2M1
+// nibbles with UE8M0 q_scales.
 IndexInputs make_index_inputs(const IndexCase& c);
+
+// Writes key `image` (key_bytes(c.format): data, then scales, as in a page of block size 1) at
+// `slot` of in.cache.
+void place_key_bytes(const IndexCase& c, IndexInputs& in, int64_t slot, const uint8_t* image);
 
 // Checks the outputs against the reference within the tolerances of index_topk_test.cpp's file
 // comment.
@@ -98,9 +132,15 @@ void check_index_outputs(const IndexCase& c, const IndexInputs& in,
 enum class IndexBackend { kCPU, kCudaTensorCore, kCudaWarpMma, kCudaCore };
 
 const char* index_backend_name(IndexBackend backend);
+// How gtest prints the parameters in a failure's "where GetParam() = ...".
+void PrintTo(IndexBackend backend, std::ostream* os);
+void PrintTo(IndexQuery form, std::ostream* os);
 Backend memory_of(IndexBackend backend);
-// The relative score tolerance of the file comment for a backend and query dtype.
+// The relative score tolerance of the file comment for a backend and exact query dtype.
 double index_tolerance(IndexBackend backend, DType q_dtype);
+// ... for a backend and a case of any q form (relative to the reference's magnitudes, which for
+// packed MXFP4 q sum the exact group terms).
+double index_tolerance(IndexBackend backend, const IndexCase& c);
 
 // Forces the CUDA kernel's scoring path for one scope and puts the default back, so a failing
 // test cannot leave later tests on the cross-check path.
@@ -125,7 +165,8 @@ class IndexDeviceCall {
 
  private:
   Backend memory_;
-  DeviceBuffer q_, weights_, cache_, table_, counts_, indices_, scores_, slots_, counter_;
+  DeviceBuffer q_, q_scales_, weights_, cache_, table_, counts_, indices_, scores_, slots_,
+      counter_;
 };
 
 // index_topk of `in` on `backend`; in.indices, in.scores, in.slots and in.counter receive the
