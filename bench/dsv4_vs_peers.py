@@ -31,7 +31,8 @@ each timed replay a buffer of twice the L2 size is written, so every byte starts
 Medians of ``--iters`` replays. Also recorded: the device, the copy bandwidth measured now, the
 launch floor (the replay of a one-kernel graph), and per cell ``floor_us`` = launch + bytes /
 copy bandwidth (sparse: N x (128 + L) x 584 bytes; index: N x entries x 132, MXFP4 68).
-A difference beyond the tolerances prints MISMATCH; the exit status is then 1 (after the JSON).
+A difference beyond the tolerances prints MISMATCH, a cell that raises (hdk's or a peer's error)
+ERROR, and the run goes on; the exit status is then 1 (after the JSON).
 
 Needs a GPU, hdk built with CUDA, and the peers built by ``bash scripts/peers/dsv4.sh build``
 (found through PYTHONPATH or $HDK_DSV4_PEERS_DIR, default /tmp/hdk_dsv4_peers).
@@ -327,115 +328,126 @@ def parse_list(text, kind=int):
     return [kind(item) for item in text.split(",") if item]
 
 
+def sparse_point(args, timer, flash_mla, copy_gbs, launch_us, preset, list_name, rows):
+    """One sparse cell: (record, progress line)."""
+    heads, top_k = PRESETS[preset]
+    length = top_k if LISTS[list_name] is None else LISTS[list_name]
+    cell = SparseCell(flash_mla, heads, length, LISTS[list_name] is None, rows, timer.device)
+    out_diff, lse_diff, out_max = cell.check()
+    hdk_us = time_call(timer, cell.hdk_call, args.iters)
+    peer_us = time_call(timer, lambda: cell.peer.call(fresh_plan=True), args.iters)
+    cell.peer.call(fresh_plan=False)  # makes the plan the reused calls take
+    reused_us = time_call(timer, lambda: cell.peer.call(fresh_plan=False), args.iters)
+    floor_us = launch_us + cell.nbytes / (copy_gbs * 1e3)
+    ok = out_diff <= OUT_TOLERANCE and lse_diff <= LSE_TOLERANCE
+    record = {
+        "hdk_us": round(hdk_us, 3),
+        "flashmla_us": round(peer_us, 3),
+        "flashmla_reused_plan_us": round(reused_us, 3),
+        "peer_over_hdk": round(peer_us / hdk_us, 3),
+        "peer_reused_plan_over_hdk": round(reused_us / hdk_us, 3),
+        "floor_us": round(floor_us, 3),
+        "hdk_x_floor": round(hdk_us / floor_us, 3),
+        "bytes": cell.nbytes,
+        "out_max_abs_diff": out_diff,
+        "out_max_abs": out_max,
+        "lse_max_abs_diff": lse_diff,
+        "check": "ok" if ok else "MISMATCH",
+    }
+    line = (
+        f"hdk {hdk_us:8.2f} us  FlashMLA {peer_us:8.2f} (plan reused {reused_us:8.2f}) us  "
+        f"peer/hdk {peer_us / hdk_us:5.2f} ({reused_us / hdk_us:5.2f})  floor {floor_us:7.2f} us  "
+        f"|dout| {out_diff:.2e} |dlse| {lse_diff:.2e}"
+    )
+    return record, line
+
+
+def index_point(args, timer, deep_gemm, copy_gbs, launch_us, top_k, entries, rows):
+    """One index cell: (record, progress line)."""
+    cell = IndexCell(deep_gemm, rows, entries, top_k, timer.device)
+    score_diff, score_rel, overlap, overlap_mxfp4 = cell.check()
+    fp8_us = time_call(timer, cell.hdk_fp8, args.iters)
+    mxfp4_us = time_call(timer, cell.hdk_mxfp4, args.iters)
+    logits_us = time_call(timer, cell.peer_logits, args.iters)
+    torch_us = time_call(timer, cell.peer_torch_topk, args.iters)
+    hdk_topk_us = time_call(timer, cell.peer_hdk_topk, args.iters)
+    meta_us = time_call(timer, cell.peer_metadata, args.iters)
+    peer_us, peer_topk = min((torch_us, "torch.topk"), (hdk_topk_us, "hdk.topk"))
+    fp8_bytes, mxfp4_bytes = rows * entries * 132, rows * entries * 68
+    floor_fp8 = launch_us + fp8_bytes / (copy_gbs * 1e3)
+    floor_mxfp4 = launch_us + mxfp4_bytes / (copy_gbs * 1e3)
+    ok = score_rel <= SCORE_RELATIVE_TOLERANCE and overlap >= MIN_OVERLAP
+    record = {
+        "hdk_fp8_us": round(fp8_us, 3),
+        "hdk_mxfp4_us": round(mxfp4_us, 3),
+        "peer_us": round(peer_us, 3),
+        "peer_topk": peer_topk,
+        "peer_logits_us": round(logits_us, 3),
+        "peer_logits_torch_topk_us": round(torch_us, 3),
+        "peer_logits_hdk_topk_us": round(hdk_topk_us, 3),
+        "peer_metadata_us": round(meta_us, 3),
+        "peer_over_hdk_fp8": round(peer_us / fp8_us, 3),
+        "peer_over_hdk_mxfp4": round(peer_us / mxfp4_us, 3),
+        "floor_fp8_us": round(floor_fp8, 3),
+        "floor_mxfp4_us": round(floor_mxfp4, 3),
+        "hdk_fp8_x_floor": round(fp8_us / floor_fp8, 3),
+        "hdk_mxfp4_x_floor": round(mxfp4_us / floor_mxfp4, 3),
+        "bytes_fp8": fp8_bytes,
+        "bytes_mxfp4": mxfp4_bytes,
+        "score_max_abs_diff": score_diff,
+        "score_max_rel_diff": score_rel,
+        "overlap": round(overlap, 5),
+        "overlap_mxfp4_vs_peer": round(overlap_mxfp4, 5),
+        "check": "ok" if ok else "MISMATCH",
+    }
+    line = (
+        f"hdk fp8 {fp8_us:8.2f} us  mxfp4 {mxfp4_us:8.2f} us  DeepGEMM+{peer_topk} {peer_us:8.2f} "
+        f"us (logits {logits_us:.2f}, metadata {meta_us:.2f})  peer/hdk {peer_us / fp8_us:5.2f} / "
+        f"{peer_us / mxfp4_us:5.2f}  floor {floor_fp8:.2f} / {floor_mxfp4:.2f} us  score rel diff "
+        f"{score_rel:.1e}  overlap {100 * overlap:.2f}% (mxfp4 {100 * overlap_mxfp4:.1f}%)"
+    )
+    return record, line
+
+
+def run_point(results, key, label, point, *args):
+    """Runs one cell; a cell that raises (hdk's or a peer's error) is recorded with check ERROR
+    and the run goes on, so the JSON is written either way."""
+    try:
+        record, line = point(*args)
+    except Exception as error:  # noqa: BLE001; reported per cell
+        record = {"check": "ERROR", "error": f"{type(error).__name__}: {error}"[:2000]}
+        line = f"ERROR {record['error'].splitlines()[0][:300]}"
+    results.append({**key, **record})
+    suffix = "" if record["check"] == "ok" else f"  {record['check']}"
+    print(f"{label}: {line}{suffix}", flush=True)
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def bench_sparse(args, timer, flash_mla, copy_gbs, launch_us, results):
-    device = timer.device
     torch.manual_seed(21)
     for preset in parse_list(args.presets, str):
         heads, top_k = PRESETS[preset]
         for list_name in parse_list(args.lists, str):
-            length = top_k if LISTS[list_name] is None else LISTS[list_name]
+            length = WINDOW + (top_k if LISTS[list_name] is None else LISTS[list_name])
             for rows in parse_list(args.N):
-                cell = SparseCell(flash_mla, heads, length, LISTS[list_name] is None, rows, device)
-                out_diff, lse_diff, out_max = cell.check()
-                hdk_us = time_call(timer, cell.hdk_call, args.iters)
-                peer_us = time_call(timer, lambda: cell.peer.call(fresh_plan=True), args.iters)
-                cell.peer.call(fresh_plan=False)  # makes the plan the reused calls take
-                reused_us = time_call(timer, lambda: cell.peer.call(fresh_plan=False), args.iters)
-                floor_us = launch_us + cell.nbytes / (copy_gbs * 1e3)
-                ok = out_diff <= OUT_TOLERANCE and lse_diff <= LSE_TOLERANCE
-                record = {
-                    "op": "sparse_decode",
-                    "preset": preset,
-                    "list": list_name,
-                    "Hq": heads,
-                    "N": rows,
-                    "L": WINDOW + length,
-                    "bytes": cell.nbytes,
-                    "hdk_us": round(hdk_us, 3),
-                    "flashmla_us": round(peer_us, 3),
-                    "flashmla_reused_plan_us": round(reused_us, 3),
-                    "peer_over_hdk": round(peer_us / hdk_us, 3),
-                    "peer_reused_plan_over_hdk": round(reused_us / hdk_us, 3),
-                    "floor_us": round(floor_us, 3),
-                    "hdk_x_floor": round(hdk_us / floor_us, 3),
-                    "out_max_abs_diff": out_diff,
-                    "out_max_abs": out_max,
-                    "lse_max_abs_diff": lse_diff,
-                    "check": "ok" if ok else "MISMATCH",
-                }
-                results.append(record)
-                print(
-                    f"sparse {preset:5s} {list_name:9s} N={rows:3d} L={WINDOW + length:4d}: "
-                    f"hdk {hdk_us:8.2f} us  FlashMLA {peer_us:8.2f} (plan reused "
-                    f"{reused_us:8.2f}) us  peer/hdk {peer_us / hdk_us:5.2f} "
-                    f"({reused_us / hdk_us:5.2f})  floor {floor_us:7.2f} us  "
-                    f"|dout| {out_diff:.2e} |dlse| {lse_diff:.2e}" + ("" if ok else "  MISMATCH"),
-                    flush=True,
-                )
-                del cell
-                torch.cuda.empty_cache()
+                key = {"op": "sparse_decode", "preset": preset, "list": list_name}
+                key.update({"Hq": heads, "N": rows, "L": length})
+                label = f"sparse {preset:5s} {list_name:9s} N={rows:3d} L={length:4d}"
+                point = (args, timer, flash_mla, copy_gbs, launch_us, preset, list_name, rows)
+                run_point(results, key, label, sparse_point, *point)
 
 
 def bench_index(args, timer, deep_gemm, copy_gbs, launch_us, results):
-    device = timer.device
     torch.manual_seed(22)
     for top_k in parse_list(args.top_k):
         for entries in parse_list(args.entries):
             for rows in parse_list(args.N):
-                cell = IndexCell(deep_gemm, rows, entries, top_k, device)
-                score_diff, score_rel, overlap, overlap_mxfp4 = cell.check()
-                fp8_us = time_call(timer, cell.hdk_fp8, args.iters)
-                mxfp4_us = time_call(timer, cell.hdk_mxfp4, args.iters)
-                logits_us = time_call(timer, cell.peer_logits, args.iters)
-                torch_us = time_call(timer, cell.peer_torch_topk, args.iters)
-                hdk_topk_us = time_call(timer, cell.peer_hdk_topk, args.iters)
-                meta_us = time_call(timer, cell.peer_metadata, args.iters)
-                peer_us, peer_topk = min((torch_us, "torch.topk"), (hdk_topk_us, "hdk.topk"))
-                fp8_bytes, mxfp4_bytes = rows * entries * 132, rows * entries * 68
-                floor_fp8 = launch_us + fp8_bytes / (copy_gbs * 1e3)
-                floor_mxfp4 = launch_us + mxfp4_bytes / (copy_gbs * 1e3)
-                ok = score_rel <= SCORE_RELATIVE_TOLERANCE and overlap >= MIN_OVERLAP
-                record = {
-                    "op": "index_topk",
-                    "N": rows,
-                    "entries": entries,
-                    "top_k": top_k,
-                    "heads": INDEX_HEADS,
-                    "bytes_fp8": fp8_bytes,
-                    "bytes_mxfp4": mxfp4_bytes,
-                    "hdk_fp8_us": round(fp8_us, 3),
-                    "hdk_mxfp4_us": round(mxfp4_us, 3),
-                    "peer_us": round(peer_us, 3),
-                    "peer_topk": peer_topk,
-                    "peer_logits_us": round(logits_us, 3),
-                    "peer_logits_torch_topk_us": round(torch_us, 3),
-                    "peer_logits_hdk_topk_us": round(hdk_topk_us, 3),
-                    "peer_metadata_us": round(meta_us, 3),
-                    "peer_over_hdk_fp8": round(peer_us / fp8_us, 3),
-                    "peer_over_hdk_mxfp4": round(peer_us / mxfp4_us, 3),
-                    "floor_fp8_us": round(floor_fp8, 3),
-                    "floor_mxfp4_us": round(floor_mxfp4, 3),
-                    "hdk_fp8_x_floor": round(fp8_us / floor_fp8, 3),
-                    "hdk_mxfp4_x_floor": round(mxfp4_us / floor_mxfp4, 3),
-                    "score_max_abs_diff": score_diff,
-                    "score_max_rel_diff": score_rel,
-                    "overlap": round(overlap, 5),
-                    "overlap_mxfp4_vs_peer": round(overlap_mxfp4, 5),
-                    "check": "ok" if ok else "MISMATCH",
-                }
-                results.append(record)
-                print(
-                    f"index k={top_k:4d} entries={entries:6d} N={rows:3d}: hdk fp8 {fp8_us:8.2f} "
-                    f"us  mxfp4 {mxfp4_us:8.2f} us  DeepGEMM+{peer_topk} {peer_us:8.2f} us "
-                    f"(logits {logits_us:.2f}, metadata {meta_us:.2f})  peer/hdk "
-                    f"{peer_us / fp8_us:5.2f} / {peer_us / mxfp4_us:5.2f}  floor {floor_fp8:.2f} "
-                    f"/ {floor_mxfp4:.2f} us  score rel diff {score_rel:.1e}  overlap "
-                    f"{100 * overlap:.2f}% (mxfp4 {100 * overlap_mxfp4:.1f}%)"
-                    + ("" if ok else "  MISMATCH"),
-                    flush=True,
-                )
-                del cell
-                torch.cuda.empty_cache()
+                key = {"op": "index_topk", "N": rows, "entries": entries, "top_k": top_k}
+                key["heads"] = INDEX_HEADS
+                label = f"index k={top_k:4d} entries={entries:6d} N={rows:3d}"
+                point = (args, timer, deep_gemm, copy_gbs, launch_us, top_k, entries, rows)
+                run_point(results, key, label, index_point, *point)
 
 
 def print_tables(results):
@@ -456,6 +468,7 @@ def print_tables(results):
                 cells = [fmt(by_n[n]) if n in by_n else "" for n in ns]
                 print(f"| {name} {label} | " + " | ".join(cells) + " |")
 
+    results = [r for r in results if r["check"] != "ERROR"]
     sparse = [r for r in results if r["op"] == "sparse_decode"]
     table(
         "sparse_decode (us; peer = FlashMLA as vLLM calls it, plan made in the call / reused)",
@@ -584,7 +597,7 @@ def main(argv=None):
             json.dump(report, handle, indent=2)
         print(f"wrote {args.json}")
     if mismatches:
-        print(f"MISMATCH in {len(mismatches)} cell(s)")
+        print(f"{len(mismatches)} cell(s) not ok (MISMATCH or ERROR)")
         return 1
     return 0
 
