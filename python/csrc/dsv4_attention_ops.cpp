@@ -2,6 +2,7 @@
 // score + top-k, sparse MQA attention with a sink) as torch custom ops that write their outputs
 // in place and return nothing (capturable in CUDA graphs). Argument names match the C++ params
 // structs of hdk/dsv4/attention.h; format is 0 (MXFP4) or 1 (NVFP4). hdk/dsv4/ops.py wraps them.
+// index_topk's q_scales (packed MXFP4 q only) comes last, so older positional calls still work.
 // dsv4_index_topk_workspace_bytes / dsv4_sparse_decode_workspace_bytes are the size functions of
 // their optional workspace (pure host functions of the shapes and the device).
 #include <torch/library.h>
@@ -23,11 +24,13 @@ void index_topk(const at::Tensor& q, const at::Tensor& weights, const at::Tensor
                 int64_t block_size, int64_t format, const at::Tensor& block_table,
                 const at::Tensor& num_entries, int64_t top_k, const at::Tensor& topk_indices,
                 const OptionalTensor& topk_scores, const OptionalTensor& topk_slots,
-                const OptionalTensor& invalid_count, const OptionalTensor& workspace) {
+                const OptionalTensor& invalid_count, const OptionalTensor& workspace,
+                const OptionalTensor& q_scales) {
   CallViews views("hdk::dsv4::index_topk", kMeta);
   call_hdk(views, [&] {
     hdk::dsv4::IndexerParams p;
     p.q = views(q, "q");
+    p.q_scales = views(q_scales, "q_scales");
     p.weights = views(weights, "weights");
     p.key_cache = views(key_cache, "key_cache");
     p.block_size = block_size;
@@ -112,7 +115,7 @@ TORCH_LIBRARY_FRAGMENT(hdk, m) {
       "dsv4_index_topk(Tensor q, Tensor weights, Tensor key_cache, int block_size, int format, "
       "Tensor block_table, Tensor num_entries, int top_k, Tensor(a!) topk_indices, "
       "Tensor(b!)? topk_scores, Tensor(c!)? topk_slots, Tensor(d!)? invalid_count, "
-      "Tensor(e!)? workspace=None) -> ()");
+      "Tensor(e!)? workspace=None, Tensor? q_scales=None) -> ()");
   m.def(
       "dsv4_sparse_decode(Tensor q, Tensor cache, int block_size, Tensor indices, "
       "Tensor? extra_cache, int extra_block_size, Tensor? extra_indices, Tensor? sink, "

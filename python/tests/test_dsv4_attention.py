@@ -2,8 +2,11 @@
 dsv4_kv_reference.py's decoders, on keys and entries stored by hdk.dsv4.store_indexer_keys /
 store_entries into shuffled pages, with poisoned outputs and counters that start at 3: ragged
 entry counts, fewer entries than top_k, exact ties, empty lists with and without a sink, NaN
-queries counted, errors naming the argument. The cases run on the CPU; test_cuda_matches_the_cpu
-runs both ops on CUDA tensors where a GPU exists (the C++ tests hold the CUDA cases).
+queries counted, errors naming the argument. index_topk's quantized q forms (E4M3 codes, also as
+torch.float8_e4m3fn where torch has it, over fp8 keys; packed MXFP4 with q_scales over mxfp4
+keys, also as quantize_indexer_query makes it) run over key pages written here as random bytes.
+The cases run on the CPU; test_cuda_matches_the_cpu runs both ops on CUDA tensors where a GPU
+exists (the C++ tests hold the CUDA cases).
 
 Tolerances are those of tests/dsv4/attention_test.cpp (docs/dsv4-attention.md, "Accuracy")."""
 
@@ -90,7 +93,7 @@ def reference_topk(q, weights, decoded, top_k):
     return rows
 
 
-def check_topk(indices, scores, expected, top_k, exact):
+def check_topk(indices, scores, expected, top_k, exact, relative=1e-5):
     for n, (score, magnitude, order) in enumerate(expected):
         got = indices[n].tolist()
         got_scores = scores[n].tolist()
@@ -99,7 +102,7 @@ def check_topk(indices, scores, expected, top_k, exact):
         assert all(s == -INF for s in got_scores[kept:]), f"row {n}: padding scores"
         if exact:
             assert got[:kept] == order, f"row {n}: exact ties go to the lower ordinal"
-        tol = [1e-5 * m + 1e-30 for m in magnitude]
+        tol = [relative * m + 1e-30 for m in magnitude]
         chosen = got[:kept]
         assert len(set(chosen)) == kept and all(0 <= s < len(score) for s in chosen), f"row {n}"
         for j, s in enumerate(chosen):
@@ -177,6 +180,213 @@ def test_index_topk_exact_ties_and_allocated_outputs(device):
         return_scores=False,
     )
     assert none is None and torch.equal(again, indices)
+
+
+# ---- index_topk's quantized q forms -----------------------------------------------------------
+
+FLOAT8_E4M3 = getattr(torch, "float8_e4m3fn", None)
+
+
+def e4m3_value(codes):
+    """float64 values of E4M3 codes (any shape; NaN for 0x7F and 0xFF)."""
+    codes = codes.long()
+    magnitude = ref.E4M3[(codes & 0x7F).clamp(max=0x7E)]
+    magnitude = torch.where((codes & 0x7F) == 0x7F, torch.full_like(magnitude, NAN), magnitude)
+    return torch.where(codes >= 0x80, -magnitude, magnitude)
+
+
+def e2m1_value(packed):
+    """float64 [..., 2 * B] values of packed E2M1 bytes [..., B] (dim 2i in the low nibble)."""
+    codes = torch.stack([packed & 15, packed >> 4], dim=-1).flatten(-2).long()
+    return torch.where(codes >= 8, -ref.E2M1[codes & 7], ref.E2M1[codes & 7])
+
+
+def ue8m0_value(scales):
+    """float64 2^(byte - 127) (NaN for 0xFF), each repeated over its 32 dims."""
+    value = torch.exp2(scales.double() - 127)
+    value = torch.where(scales == 0xFF, torch.full_like(value, NAN), value)
+    return value.repeat_interleave(32, dim=-1)
+
+
+def random_e4m3(shape, g):
+    """Random E4M3 codes, every one but the NaN codes 0x7F and 0xFF."""
+    codes = torch.randint(0, 254, shape, generator=g)
+    return (codes + (codes >= 0x7F).long()).to(torch.uint8)
+
+
+def byte_keys(counts, block_size, fmt, g):
+    """Random key bytes in shuffled pages of a poisoned cache: fp8, 128 E4M3 codes and a
+    power-of-two fp32 scale 2^-6 .. 2^6; mxfp4, 64 random bytes of E2M1 pairs and 4 UE8M0
+    scales 2^-4 .. 2^4. Returns (cache, block_table, keys [row][entry] float64 [128])."""
+    data = 128 if fmt == "fp8" else 64
+    tail = ref.KEY_BYTES[fmt] - data
+    pages_per_row = [max(1, -(-c // block_size)) for c in counts]
+    num_blocks = sum(pages_per_row) + 3
+    order = torch.randperm(num_blocks, generator=g).tolist()
+    block_table = torch.full((len(counts), max(pages_per_row) + 1), 999, dtype=torch.int32)
+    cache = torch.randint(0, 256, (num_blocks, block_size * (data + tail)), generator=g)
+    cache = cache.to(torch.uint8)
+    keys = []
+    for row, count in enumerate(counts):
+        pages = [order.pop() for _ in range(pages_per_row[row])]
+        block_table[row, : len(pages)] = torch.tensor(pages, dtype=torch.int32)
+        keys.append([])
+        for s in range(count):
+            page, offset = pages[s // block_size], s % block_size
+            if fmt == "fp8":
+                codes = random_e4m3((128,), g)
+                scale = torch.exp2(torch.randint(-6, 7, (1,), generator=g).float())
+                scale_bytes = scale.view(torch.uint8)
+                key = e4m3_value(codes) * scale.double()
+            else:
+                codes = torch.randint(0, 256, (64,), generator=g).to(torch.uint8)
+                scale_bytes = torch.randint(123, 132, (4,), generator=g).to(torch.uint8)
+                key = e2m1_value(codes) * ue8m0_value(scale_bytes)
+            cache[page, offset * data : (offset + 1) * data] = codes
+            start = block_size * data + offset * tail
+            cache[page, start : start + tail] = scale_bytes
+            keys[-1].append(key)
+    return cache, block_table, keys
+
+
+def reference_quantized_topk(q, weights, keys, top_k, group):
+    """reference_topk for dequantized q [N, H, 128] float64 (NaN where invalid); `group` = 32
+    takes the tolerance's scale over the exact 32-dim group terms (packed MXFP4 q), 1 over the
+    products."""
+    rows = []
+    for n, row_keys in enumerate(keys):
+        qn, wn = q[n], weights[n].double()
+        if not (torch.isfinite(qn).all() and torch.isfinite(wn).all()) or not row_keys:
+            rows.append(([], [], []))
+            continue
+        k = torch.stack(row_keys)  # [S, 128]
+        heads = qn.shape[0]
+        parts = torch.einsum("hgd,sgd->hsg", qn.view(heads, -1, group), k.view(len(k), -1, group))
+        scores = (parts.sum(-1).clamp(min=0) * wn[:, None]).sum(0)
+        magnitudes = (wn.abs()[:, None] * parts.abs().sum(-1)).sum(0)
+        order = sorted(range(len(k)), key=lambda s: (-float(scores[s]), s))[:top_k]
+        rows.append((scores.tolist(), magnitudes.tolist(), order))
+    return rows
+
+
+@pytest.mark.parametrize("as_float8", [False, True])
+def test_index_topk_e4m3_query_over_fp8_keys(device, as_float8):
+    if as_float8 and FLOAT8_E4M3 is None:
+        pytest.skip(f"torch {torch.__version__} has no float8_e4m3fn")
+    g = ref.generator(33)
+    block_size, top_k, heads = 16, 64, 64
+    counts = [0, 7, 40, 100, 163, 64, 90]
+    cache, block_table, keys = byte_keys(counts, block_size, "fp8", g)
+    n = len(counts)
+    q = random_e4m3((n, heads, 128), g)
+    q[5, 3, 17] = 0x7F  # a NaN code: counted, only padding
+    weights = torch.rand(n, heads, generator=g) * 0.02
+    weights[6, 9] = INF  # counted, only padding
+    count = counter("cpu")
+    slots = torch.full((n, top_k), 54321, dtype=torch.int32)
+    indices, scores = hdk.dsv4.index_topk(
+        q.view(FLOAT8_E4M3) if as_float8 else q,
+        weights,
+        cache,
+        block_size,
+        block_table,
+        torch.tensor(counts, dtype=torch.int32),
+        top_k,
+        format="fp8",
+        topk_slots=slots,
+        invalid_count=count,
+    )
+    assert int(count.item()) == 3 + 2
+    expected = reference_quantized_topk(e4m3_value(q), weights, keys, top_k, group=1)
+    check_topk(indices, scores, expected, top_k, exact=False)
+    pages = block_table.long().gather(1, indices.clamp(min=0).long() // block_size)
+    assert torch.equal(
+        slots.long(), torch.where(indices >= 0, pages * block_size + indices % block_size, -1)
+    )
+
+
+def test_index_topk_packed_mxfp4_query(device):
+    g = ref.generator(34)
+    block_size, top_k, heads = 16, 64, 64
+    counts = [0, 7, 40, 100, 163, 64, 90]
+    cache, block_table, keys = byte_keys(counts, block_size, "mxfp4", g)
+    n = len(counts)
+    q = torch.randint(0, 256, (n, heads, 64), generator=g).to(torch.uint8)
+    q_scales = torch.randint(123, 132, (n, heads, 4), generator=g).to(torch.uint8)
+    q_scales[5, 10, 2] = 0xFF  # a NaN scale: counted, only padding
+    weights = torch.rand(n, heads, generator=g) * 0.02
+    weights[6, 0] = NAN  # counted, only padding
+    count = counter("cpu")
+    indices, scores = hdk.dsv4.index_topk(
+        q,
+        weights,
+        cache,
+        block_size,
+        block_table,
+        torch.tensor(counts, dtype=torch.int64),
+        top_k,
+        format="mxfp4",
+        q_scales=q_scales,
+        invalid_count=count,
+    )
+    assert int(count.item()) == 3 + 2
+    dequantized = e2m1_value(q) * ue8m0_value(q_scales)
+    expected = reference_quantized_topk(dequantized, weights, keys, top_k, group=32)
+    # The group terms are exact: only the fp32 sums over groups and heads round
+    # (docs/dsv4-attention.md, "Accuracy").
+    check_topk(indices, scores, expected, top_k, exact=False, relative=(heads + 8) * 2.0**-24)
+
+
+def test_index_topk_over_quantize_indexer_query(device):
+    """The engine's MXFP4 path: q quantized by quantize_indexer_query (the bytes of an mxfp4 key)
+    scores over stored mxfp4 keys as its dequantized values do; a non-finite q vector's NaN
+    markers make its row invalid."""
+    g = ref.generator(35)
+    block_size, top_k, heads = 16, 32, 64
+    counts = [50, 130, 9]
+    cache, block_table, decoded = stored_keys(counts, block_size, "mxfp4", g)
+    q = torch.randn(3, heads, 128, generator=g)
+    q[2, 5, 100] = INF
+    weights = torch.rand(3, heads, generator=g) * 0.02
+    count = counter("cpu")
+    q_packed, q_scales = hdk.dsv4.quantize_indexer_query(q, rotate=False, invalid_count=count)
+    assert int(count.item()) == 3 + 1
+    dequantized = e2m1_value(q_packed) * ue8m0_value(q_scales)
+    error = (dequantized[:2] - q[:2].double()).norm(dim=-1) / q[:2].double().norm(dim=-1)
+    assert error.max() < 0.2  # FP4's rounding, not a layout mix-up
+    indices, scores = hdk.dsv4.index_topk(
+        q_packed,
+        weights,
+        cache,
+        block_size,
+        block_table,
+        torch.tensor(counts),
+        top_k,
+        q_scales=q_scales,
+        invalid_count=count,
+    )
+    assert int(count.item()) == 3 + 1 + 1
+    expected = reference_quantized_topk(dequantized, weights, decoded, top_k, group=32)
+    check_topk(indices, scores, expected, top_k, exact=False, relative=(heads + 8) * 2.0**-24)
+
+
+def test_index_topk_quantized_query_errors():
+    index_args, _ = small_problem()
+    fp8_args = dict(index_args, key_cache=torch.zeros(4, 16 * 132, dtype=torch.uint8))
+    with pytest.raises(hdk.HdkError, match="format fp8 takes argument 'q' as uint8 E4M3 codes"):
+        hdk.dsv4.index_topk(**fp8_args, format="fp8")
+    codes = torch.zeros(2, 64, 128, dtype=torch.uint8)
+    with pytest.raises(hdk.HdkError, match="format mxfp4 takes argument 'q' as bfloat16"):
+        hdk.dsv4.index_topk(**dict(index_args, q=codes))
+    with pytest.raises(hdk.HdkError, match="argument 'q_scales' is given only with packed E2M1"):
+        hdk.dsv4.index_topk(**index_args, q_scales=torch.zeros(2, 64, 4, dtype=torch.uint8))
+    packed = dict(index_args, q=torch.zeros(2, 64, 64, dtype=torch.uint8))
+    with pytest.raises(hdk.HdkError, match=r"argument 'q_scales' must have shape \[N, H, 4\]"):
+        hdk.dsv4.index_topk(**packed, q_scales=torch.zeros(2, 64, 8, dtype=torch.uint8))
+    with pytest.raises(TypeError, match="'q_scales'"):
+        hdk.dsv4.index_topk(**packed, q_scales=[127] * 4)
+    hdk.dsv4.index_topk(**packed, q_scales=torch.full((2, 64, 4), 127, dtype=torch.uint8))
+    hdk.dsv4.index_topk(**dict(fp8_args, q=codes), format="fp8")
 
 
 # ---- sparse_decode --------------------------------------------------------------------------
@@ -368,7 +578,7 @@ def test_errors_name_the_argument():
     with pytest.raises(TypeError, match="'sink'"):
         hdk.dsv4.sparse_decode(**decode_args, sink=[0.0] * 64)
     with pytest.raises(hdk.HdkError, match="key format"):
-        hdk.dsv4.index_topk(**index_args, format="fp8")
+        hdk.dsv4.index_topk(**index_args, format="fp6")
     # Nothing written before an error: the output stays poisoned.
     out = torch.full((2, 64, 512), 7.0, dtype=torch.bfloat16)
     with pytest.raises(hdk.HdkError):

@@ -471,6 +471,11 @@ def _workspace(size, device):
     return torch.empty(bytes_needed, dtype=torch.uint8, device=device)
 
 
+# torch.float8_e4m3fn where torch has it (2.1 and later): index_topk passes such a q as its
+# uint8 codes.
+_FLOAT8_E4M3 = getattr(torch, "float8_e4m3fn", None)
+
+
 def index_topk(
     q,
     weights,
@@ -481,6 +486,7 @@ def index_topk(
     top_k,
     *,
     format="mxfp4",
+    q_scales=None,
     topk_indices=None,
     topk_scores=None,
     return_scores=True,
@@ -492,11 +498,23 @@ def index_topk(
 
         score[n, s] = sum_h relu(q[n, h] . K[s]) * weights[n, h]      for s < num_entries[n]
 
-    with K[s] the row's compressed entry s, decoded straight from the FP4 key pages (entry s of
+    with K[s] the row's compressed entry s, decoded straight from the key pages (entry s of
     row n is at slot ``block_table[n, s // block_size] * block_size + s % block_size``).
 
+    q comes in one of three forms, each with its key formats:
+
+    - exact: ``[N, H, 128]`` bf16/fp32, with ``format="mxfp4"`` or ``"nvfp4"``;
+    - E4M3: ``[N, H, 128]`` ``torch.float8_e4m3fn`` (where torch has it) or uint8 E4M3 codes,
+      with ``format="fp8"``: DeepGEMM's ``fp8_paged_mqa_logits`` form, q without a scale of its
+      own (fold it into ``weights``), K[s] = E4M3 code x the key's fp32 scale;
+    - packed MXFP4: ``[N, H, 64]`` uint8 E2M1 codes (dim 2i in the low nibble of byte i) with
+      ``q_scales`` ``[N, H, 4]`` uint8 UE8M0 (one per 32 dims), with ``format="mxfp4"``: what
+      :func:`quantize_indexer_query` returns. Each 32-dim group's term
+      ``2^(qs + ks - 254) x (E2M1 dot)`` is exact in fp32.
+
     Args:
-        q: ``[N, H, 128]`` bf16/fp32, already rotated like the stored keys (H = 64).
+        q: the query in one of the forms above (last dim contiguous), already rotated like the
+            stored keys (H = 64).
         weights: ``[N, H]`` fp32, already scaled.
         key_cache: ``[num_blocks, block_size * KEY_BYTES[format]]`` uint8 pages written by
             :func:`store_indexer_keys` or :func:`compress`.
@@ -506,7 +524,8 @@ def index_topk(
         top_k: 1..2048; more than ``num_entries[n]`` pads the row.
 
     Keyword Args:
-        format: ``"mxfp4"`` (68 B per key) or ``"nvfp4"`` (72 B).
+        format: ``"mxfp4"`` (68 B per key), ``"nvfp4"`` (72 B) or ``"fp8"`` (132 B).
+        q_scales: ``[N, H, 4]`` uint8 UE8M0 scales of a packed MXFP4 q; None for the other forms.
         topk_indices: ``[N, top_k]`` int32 output (entry ordinals, best first, ties to the lower
             ordinal, -1 as padding); None: allocated.
         topk_scores: ``[N, top_k]`` fp32 output (-inf as padding); None: allocated when
@@ -516,7 +535,8 @@ def index_topk(
             ``indices`` for a pool sharing the key cache's block table and block size (the CSA
             compressed pool of :class:`KVCacheManager`).
         invalid_count: ``[1]`` int32/int64 counter; +1 per row whose q or weights hold a NaN or
-            infinity (the row gets only padding). hdk adds, never clears.
+            infinity (an E4M3 NaN code 0x7F / 0xFF, a q_scales byte 0xFF), which gets only
+            padding. hdk adds, never clears.
         workspace: optional 1-D uint8 tensor on the call's device, 256-byte aligned, of at least
             :func:`index_topk_workspace_bytes` ``(N, max_blocks * block_size, device)`` bytes,
             sharing no memory with the other arguments: allocate one for the largest call and
@@ -535,6 +555,7 @@ def index_topk(
         "index_topk",
         (
             ("q", q),
+            ("q_scales", q_scales),
             ("weights", weights),
             ("key_cache", key_cache),
             ("block_table", block_table),
@@ -561,6 +582,8 @@ def index_topk(
         topk_indices = torch.empty((rows, columns), dtype=torch.int32, device=device)
     if topk_scores is None and return_scores:
         topk_scores = torch.empty((rows, columns), dtype=torch.float32, device=device)
+    if q is not None and _FLOAT8_E4M3 is not None and q.dtype == _FLOAT8_E4M3:
+        q = q.view(torch.uint8)
     run_op(
         torch.ops.hdk.dsv4_index_topk,
         q,
@@ -576,6 +599,7 @@ def index_topk(
         topk_slots,
         invalid_count,
         workspace,
+        q_scales,
     )
     return topk_indices, topk_scores
 
