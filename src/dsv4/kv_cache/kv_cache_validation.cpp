@@ -86,13 +86,6 @@ const char* format_name(KeyFormat format) {
   return "indexer keys";
 }
 
-void check_format(const ArgumentChecks& check, KeyFormat format, const char* name) {
-  if (format != KeyFormat::kMXFP4 && format != KeyFormat::kNVFP4) {
-    check.fail(std::string("option '") + name + "' must be KeyFormat::kMXFP4 or kNVFP4, got " +
-               text(static_cast<int64_t>(format)));
-  }
-}
-
 void check_key_format(const ArgumentChecks& check, KeyFormat format, const char* name) {
   if (format != KeyFormat::kMXFP4 && format != KeyFormat::kNVFP4 && format != KeyFormat::kFP8) {
     check.fail(std::string("option '") + name +

@@ -36,9 +36,7 @@ IndexView index_view(const hdk::detail::ArgumentChecks& check, const TensorView&
 // The optional invalid_count: [1] or scalar int32/int64.
 Counter counter(const hdk::detail::ArgumentChecks& check, const TensorView& view);
 const char* format_name(KeyFormat format);
-// The FP4 key formats only: kMXFP4 or kNVFP4.
-void check_format(const hdk::detail::ArgumentChecks& check, KeyFormat format, const char* name);
-// Every KeyFormat (the write side: store_indexer_keys, gather_indexer_keys, compress).
+// `format` (the option called `name`) is one of the three KeyFormats.
 void check_key_format(const hdk::detail::ArgumentChecks& check, KeyFormat format, const char* name);
 
 // Whether a call reads the slots it is given or writes them: two rows writing one slot race on
