@@ -24,7 +24,9 @@ process on one GPU, over the same bytes:
   made before timing and its own time is a column (``peer_metadata_us``). Checked per cell:
   hdk's FP8 scores against DeepGEMM's logits at the entries hdk selected (max abs and relative
   difference) and the share of hdk's top-k that DeepGEMM's top-k holds (``overlap``; the MXFP4
-  column's overlap with DeepGEMM's FP8 selection is reported, not checked).
+  column's overlap with DeepGEMM's FP8 selection is reported, not checked). ``--index-peer
+  none`` times hdk's two columns alone (with their floors and bytes; ``peer`` is ``none`` in
+  each record and nothing is checked against a peer), for a machine where DeepGEMM does not run.
 
 Every call is captured in its own CUDA graph and replayed (hdk.bench.timing.CudaTimer): before
 each timed replay a buffer of twice the L2 size is written, so every byte starts in DRAM.
@@ -39,7 +41,7 @@ Needs a GPU, hdk built with CUDA, and the peers built by ``bash scripts/peers/ds
 
 Usage: python3 bench/dsv4_vs_peers.py --json out.json [--ops sparse,index] [--N 1,8,64]
            [--presets flash,pro] [--lists csa,hca65536,hca262144] [--entries 2048,16384,65536]
-           [--top-k 512,1024] [--iters 100]
+           [--top-k 512,1024] [--index-peer deepgemm|none] [--iters 100]
 """
 
 import argparse
@@ -213,7 +215,8 @@ call_index_topk.form = None
 
 class IndexCell:
     """One index point: N rows of `entries` keys each, on their own shuffled pages of 64; the
-    same random bf16 keys stored as FP8 pages (hdk and DeepGEMM) and MXFP4 pages (hdk)."""
+    same random bf16 keys stored as FP8 pages (hdk and DeepGEMM) and MXFP4 pages (hdk).
+    deep_gemm None: hdk's columns only (no peer)."""
 
     def __init__(self, deep_gemm, rows, entries, top_k, device):
         pages = -(-entries // BLOCK_SIZE)
@@ -246,15 +249,17 @@ class IndexCell:
         self.workspace = workspace(
             hdk.dsv4.index_topk_workspace_bytes(rows, pages * BLOCK_SIZE, device), device
         )
-        self.peer = dsv4_peers.DeepGEMMIndexer(
-            deep_gemm,
-            self.q_e4m3,
-            self.weights_e4m3,
-            self.fp8_cache,
-            BLOCK_SIZE,
-            self.table,
-            entries,
-        )
+        self.peer = None
+        if deep_gemm is not None:
+            self.peer = dsv4_peers.DeepGEMMIndexer(
+                deep_gemm,
+                self.q_e4m3,
+                self.weights_e4m3,
+                self.fp8_cache,
+                BLOCK_SIZE,
+                self.table,
+                entries,
+            )
         self.peer_out = {}
         self.lengths = self.num_entries
 
@@ -362,8 +367,38 @@ def sparse_point(args, timer, flash_mla, copy_gbs, launch_us, preset, list_name,
     return record, line
 
 
+def index_point_hdk_only(args, timer, copy_gbs, launch_us, top_k, entries, rows):
+    """One index cell without a peer (--index-peer none): hdk's FP8 and MXFP4 columns with
+    their floors and bytes; (record, progress line)."""
+    cell = IndexCell(None, rows, entries, top_k, timer.device)
+    fp8_us = time_call(timer, cell.hdk_fp8, args.iters)
+    mxfp4_us = time_call(timer, cell.hdk_mxfp4, args.iters)
+    fp8_bytes, mxfp4_bytes = rows * entries * 132, rows * entries * 68
+    floor_fp8 = launch_us + fp8_bytes / (copy_gbs * 1e3)
+    floor_mxfp4 = launch_us + mxfp4_bytes / (copy_gbs * 1e3)
+    record = {
+        "peer": "none",
+        "hdk_fp8_us": round(fp8_us, 3),
+        "hdk_mxfp4_us": round(mxfp4_us, 3),
+        "floor_fp8_us": round(floor_fp8, 3),
+        "floor_mxfp4_us": round(floor_mxfp4, 3),
+        "hdk_fp8_x_floor": round(fp8_us / floor_fp8, 3),
+        "hdk_mxfp4_x_floor": round(mxfp4_us / floor_mxfp4, 3),
+        "bytes_fp8": fp8_bytes,
+        "bytes_mxfp4": mxfp4_bytes,
+        "check": "ok",
+    }
+    line = (
+        f"hdk fp8 {fp8_us:8.2f} us  mxfp4 {mxfp4_us:8.2f} us  (no peer)  floor {floor_fp8:.2f} / "
+        f"{floor_mxfp4:.2f} us  x floor {fp8_us / floor_fp8:.2f} / {mxfp4_us / floor_mxfp4:.2f}"
+    )
+    return record, line
+
+
 def index_point(args, timer, deep_gemm, copy_gbs, launch_us, top_k, entries, rows):
     """One index cell: (record, progress line)."""
+    if deep_gemm is None:
+        return index_point_hdk_only(args, timer, copy_gbs, launch_us, top_k, entries, rows)
     cell = IndexCell(deep_gemm, rows, entries, top_k, timer.device)
     score_diff, score_rel, overlap, overlap_mxfp4 = cell.check()
     fp8_us = time_call(timer, cell.hdk_fp8, args.iters)
@@ -378,6 +413,7 @@ def index_point(args, timer, deep_gemm, copy_gbs, launch_us, top_k, entries, row
     floor_mxfp4 = launch_us + mxfp4_bytes / (copy_gbs * 1e3)
     ok = score_rel <= SCORE_RELATIVE_TOLERANCE and overlap >= MIN_OVERLAP
     record = {
+        "peer": "deepgemm",
         "hdk_fp8_us": round(fp8_us, 3),
         "hdk_mxfp4_us": round(mxfp4_us, 3),
         "peer_us": round(peer_us, 3),
@@ -485,7 +521,19 @@ def print_tables(results):
             ("floor", lambda r: f"{r['floor_us']:.1f}"),
         ],
     )
-    index = [r for r in results if r["op"] == "index_topk"]
+    hdk_only = [r for r in results if r["op"] == "index_topk" and r.get("peer") == "none"]
+    table(
+        "index_topk (us; hdk alone, no peer: --index-peer none)",
+        hdk_only,
+        lambda r: f"k={r['top_k']} {r['entries']}",
+        [
+            ("hdk fp8", lambda r: f"{r['hdk_fp8_us']:.1f}"),
+            ("hdk mxfp4", lambda r: f"{r['hdk_mxfp4_us']:.1f}"),
+            ("floor fp8", lambda r: f"{r['floor_fp8_us']:.1f}"),
+            ("floor mxfp4", lambda r: f"{r['floor_mxfp4_us']:.1f}"),
+        ],
+    )
+    index = [r for r in results if r["op"] == "index_topk" and r.get("peer") != "none"]
     table(
         "index_topk (us; peer = DeepGEMM fp8_paged_mqa_logits + the faster top-k)",
         index,
@@ -522,6 +570,12 @@ def main(argv=None):
         "--entries", default="2048,16384,65536", help="index: keys a row (default 2048,16384,65536)"
     )
     parser.add_argument("--top-k", default="512", help="index: top-k (512 Flash, 1024 Pro)")
+    parser.add_argument(
+        "--index-peer",
+        default="deepgemm",
+        choices=["deepgemm", "none"],
+        help="index: DeepGEMM (default), or none: hdk's FP8 and MXFP4 columns alone",
+    )
     parser.add_argument("--iters", type=int, default=100, help="timed replays a call (default 100)")
     args = parser.parse_args(argv)
     ops = set(parse_list(args.ops, str))
@@ -547,7 +601,7 @@ def main(argv=None):
         ("sparse", "FlashMLA", dsv4_peers.load_flashmla),
         ("index", "DeepGEMM", dsv4_peers.load_deepgemm),
     ):
-        if op in ops:
+        if op in ops and not (op == "index" and args.index_peer == "none"):
             module, why = load()
             if module is None:
                 sys.exit(f"dsv4_vs_peers: {name} is missing: {why}")
@@ -569,7 +623,7 @@ def main(argv=None):
     if "sparse" in ops:
         bench_sparse(args, timer, peers["sparse"], copy_gbs, launch_us, results)
     if "index" in ops:
-        bench_index(args, timer, peers["index"], copy_gbs, launch_us, results)
+        bench_index(args, timer, peers.get("index"), copy_gbs, launch_us, results)
     print_tables(results)
     mismatches = [r for r in results if r["check"] != "ok"]
     report = {
@@ -578,6 +632,7 @@ def main(argv=None):
         "hdk": hdk.__version__,
         "peers": pins,
         "deep_gemm": getattr(peers.get("index"), "__version__", None),
+        "index_peer": args.index_peer if "index" in ops else None,
         "copy_bandwidth_gbs": round(copy_gbs, 2),
         "launch_us": round(launch_us, 3),
         "timing": f"CUDA graph replay, L2 flushed before each, median of {args.iters}",

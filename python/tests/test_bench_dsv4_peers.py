@@ -195,7 +195,7 @@ def run_script(*args):
 def test_script_help():
     result = run_script("--help")
     assert result.returncode == 0, result.stderr
-    for option in ("--json", "--device", "--ops", "--N", "--iters", "--entries", "--lists"):
+    for option in ("--json", "--ops", "--N", "--iters", "--entries", "--lists", "--index-peer"):
         assert option in result.stdout
 
 
@@ -288,3 +288,20 @@ def test_index_cell_through_deepgemms_definition():
     score_diff, score_rel, overlap, overlap_mxfp4 = cell.check()
     assert score_rel <= 1e-5 and overlap >= 0.97
     assert 0 <= overlap_mxfp4 <= 1
+
+
+def test_index_cell_without_a_peer():
+    """--index-peer none: the index cell holds no peer and runs hdk's two columns alone."""
+    if E4M3 is None:
+        pytest.skip("this torch has no float8_e4m3fn")
+    if not fp8_format_supported():
+        pytest.skip("this hdk build has no format='fp8' indexer keys yet")
+    bench = bench_module()
+    torch.manual_seed(5)
+    cell = bench.IndexCell(None, 2, 256, 32, "cpu")
+    assert cell.peer is None
+    cell.hdk_fp8()
+    cell.hdk_mxfp4()
+    assert cell.indices.shape == (2, 32) and cell.mxfp4_indices.shape == (2, 32)
+    result = run_script("--index-peer", "nope")
+    assert result.returncode == 2 and "--index-peer" in result.stderr

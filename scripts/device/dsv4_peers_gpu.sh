@@ -9,10 +9,15 @@
 #              build-cuda), incremental; HDK_PREBUILT_LIB=path skips it.
 #   3. python  hdk's package in prebuilt mode into $HDK_SITE (default /tmp/hdk_dsv4_site), reused
 #              while libhdk and python/csrc are unchanged (the .py files are refreshed each time).
-#   4. bench   bench/dsv4_vs_peers.py --json $OUT/dsv4_vs_peers.json $HDK_PEERS_ARGS (e.g.
-#              "--ops sparse --N 1,8,64"), under $HDK_PEERS_TIMEOUT seconds (default 420).
+#   4. bench   bench/dsv4_vs_peers.py in two processes (a peer's crash in one loses nothing of
+#              the other): --ops sparse -> $OUT/dsv4_vs_peers_sparse.json (when flash_mla imports)
+#              and --ops index -> $OUT/dsv4_vs_peers_index.json (against DeepGEMM when its
+#              build and JIT warm-up passed, else --index-peer none: hdk's columns alone), each
+#              with $HDK_PEERS_ARGS (e.g. "--N 1,8,64") under $HDK_PEERS_TIMEOUT seconds (default
+#              420). They run even when the peers' stage failed. When it failed,
+#              scripts/peers/dsv4.sh diagnose -> $OUT/dsv4_peers_diagnose.log first.
 #   5. save    scripts/peers/dsv4.sh save -> $OUT/built.tar.xz (carry it as
-#              .peers/dsv4/built.tar.xz next time: no peer compile then).
+#              .peers/dsv4/built.tar.xz next time: no peer compile then), when the peers passed.
 # Logs: $OUT/dsv4_peers_*.log (OUT default /tmp/hdk-out). Exits non-zero if any stage failed.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
@@ -81,12 +86,30 @@ cat "$out/dsv4_peers_build.log"
 echo "=== peers: exit $peers_status after $((SECONDS - peers_start)) s"
 [[ $peers_status -eq 0 ]] || failed+=(peers)
 
-# 4. The comparison.
-if [[ ${#failed[@]} -eq 0 ]]; then
+# 4. The comparison: sparse and index in separate processes, whatever the peers' stage said.
+if [[ $peers_status -ne 0 ]]; then
+  echo "=== peers: failed; scripts/peers/dsv4.sh diagnose -> $out/dsv4_peers_diagnose.log"
+  timeout 900 bash scripts/peers/dsv4.sh diagnose >"$out/dsv4_peers_diagnose.log" 2>&1
+  cat "$out/dsv4_peers_diagnose.log"
+fi
+if [[ " ${failed[*]} " != *" libhdk "* && " ${failed[*]} " != *" python "* ]]; then
   # shellcheck source=/dev/null
   source <(bash scripts/peers/dsv4.sh env)
-  stage bench env PYTHONPATH="$site:$PYTHONPATH" timeout "${HDK_PEERS_TIMEOUT:-420}" \
-    "$python" bench/dsv4_vs_peers.py --json "$out/dsv4_vs_peers.json" ${HDK_PEERS_ARGS:-}
+  bench_env=(env PYTHONPATH="$site:$PYTHONPATH" timeout "${HDK_PEERS_TIMEOUT:-420}" "$python")
+  if "$python" -c 'import flash_mla' >/dev/null 2>&1; then
+    # shellcheck disable=SC2086
+    stage bench_sparse "${bench_env[@]}" bench/dsv4_vs_peers.py --ops sparse \
+      --json "$out/dsv4_vs_peers_sparse.json" ${HDK_PEERS_ARGS:-}
+  else
+    echo "=== bench_sparse: flash_mla does not import; skipped"
+    failed+=(bench_sparse)
+  fi
+  index_peer=deepgemm
+  [[ $peers_status -eq 0 ]] || index_peer=none  # DeepGEMM's build or JIT warm-up failed
+  echo "=== bench_index: --index-peer $index_peer"
+  # shellcheck disable=SC2086
+  stage bench_index "${bench_env[@]}" bench/dsv4_vs_peers.py --ops index \
+    --index-peer "$index_peer" --json "$out/dsv4_vs_peers_index.json" ${HDK_PEERS_ARGS:-}
 fi
 
 # 5. The peers' build for the next machine (not when it came from the carried one).

@@ -24,6 +24,11 @@
 #       machine) and the same payload and versions, it is unpacked instead of compiling.
 #   scripts/peers/dsv4.sh save      after build: $OUT/built.tar.xz (site/ and jit-cache/, under
 #       16 MiB) for .peers/dsv4/built.tar.xz on the next machine.
+#   scripts/peers/dsv4.sh diagnose  after build (GPU machine): ldd / NEEDED / RUNPATH of deep_gemm's
+#       _C, which libcudart / libnvrtc / libcuda / libcublasLt a process loads (after importing
+#       torch, deep_gemm, after a CUDA op), nvcc and c++ versions, the package's include tree,
+#       HOME / CUDA_HOME, and one metadata call under faulthandler with DG_JIT_DEBUG=1 (and under
+#       gdb when it fails and gdb exists). Always exits 0: it is a report.
 #   scripts/peers/dsv4.sh env       prints the environment the peers need (PYTHONPATH, CUDA_HOME,
 #       DG_JIT_CACHE_DIR); `source <(scripts/peers/dsv4.sh env)`. bench/dsv4_vs_peers.py finds
 #       $HDK_DSV4_PEERS_DIR/site by itself too.
@@ -168,10 +173,59 @@ peer_python() {  # peer_python <args...>: python with the peers' environment
     CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} "$python" "$@"
 }
 
+# The warm-up script (also diagnose's): one step a line on stdout, flushed, so the last step a
+# crashed process reached is in its log; faulthandler (-X faulthandler) adds the Python stack.
+WARM_PY='import sys
+
+import torch
+
+batch, blocks, block_kv = int(sys.argv[1]), 4, 64
+print(f"warm {batch}: import deep_gemm", flush=True)
+import deep_gemm
+
+print(f"warm {batch}: deep_gemm {deep_gemm.__version__} from {deep_gemm.__file__}", flush=True)
+cache = torch.zeros(blocks, block_kv, 1, 132, dtype=torch.uint8, device="cuda")
+lens = torch.full((batch, 1), blocks * block_kv, dtype=torch.int32, device="cuda")
+print(f"warm {batch}: deep_gemm.get_num_sms() (DeepGEMM device runtime: cuBLASLt handle)", flush=True)
+sms = deep_gemm.get_num_sms()
+print(f"warm {batch}: {sms} SMs; get_paged_mqa_logits_metadata (JIT: nvcc)", flush=True)
+meta = deep_gemm.get_paged_mqa_logits_metadata(lens, block_kv, sms)
+torch.cuda.synchronize()
+print(f"warm {batch}: metadata {tuple(meta.shape)}", flush=True)
+if "logits" in sys.argv[2:]:
+    q = torch.zeros(batch, 1, 64, 128, device="cuda").to(torch.float8_e4m3fn)
+    weights = torch.zeros(batch, 64, device="cuda")
+    table = torch.zeros(batch, blocks, dtype=torch.int32, device="cuda")
+    print(f"warm {batch}: fp8_paged_mqa_logits", flush=True)
+    deep_gemm.fp8_paged_mqa_logits(q, cache, weights, lens, table, meta, blocks * block_kv, False)
+    torch.cuda.synchronize()
+print(f"warm {batch}: done", flush=True)
+'
+
+jit_debug() {  # jit_debug <command...>: with DeepGEMM's JIT saying what it runs (nvcc commands)
+  DG_JIT_DEBUG=1 DG_JIT_PRINT_COMPILER_COMMAND=1 TORCH_SHOW_CPP_STACKTRACES=1 \
+    TORCH_DISABLE_ADDR2LINE=1 "$@"
+}
+
+gdb_backtrace() {  # gdb_backtrace <python args...>: one run under gdb, its native backtrace
+  if ! command -v gdb >/dev/null; then
+    say "no gdb on this machine: no native backtrace"
+    return 0
+  fi
+  say "re-running under gdb: python $*"
+  PYTHONPATH="$target/site${PYTHONPATH:+:$PYTHONPATH}" DG_JIT_CACHE_DIR="$target/jit-cache" \
+    CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} jit_debug timeout 300 gdb -q -batch \
+    -ex "set pagination off" -ex "handle SIGPIPE nostop noprint" -ex run -ex bt \
+    -ex "info sharedlibrary" --args "$(command -v "$python")" -X faulthandler "$@" 2>&1 |
+    grep -v -e '^\[New Thread' -e '^\[Thread .* exited' | tail -n 400 | sed 's/^/    gdb: /'
+}
+
 check() {  # check [warm]: the packages import; with `warm`, on a GPU, DeepGEMM's JIT compiles
   # the kernels the benchmark uses (nvcc, tens of seconds each; cached in jit-cache/), three
   # processes at once: the logits kernel (64 heads, next_n 1) with the scheduler for batches
-  # up to 32, and the scheduler for batches aligned to 64 and to 128.
+  # up to 32, and the scheduler for batches aligned to 64 and to 128. Each runs under
+  # faulthandler with DeepGEMM's JIT debug output into $target/warm-logs/, printed after; on a
+  # failure one is re-run under gdb (where there is one) for the native backtrace.
   peer_python -c 'import deep_gemm, flash_mla
 print(f"dsv4.sh: flash_mla from {flash_mla.__file__}; deep_gemm {deep_gemm.__version__} from {deep_gemm.__file__}")' ||
     return 1
@@ -180,32 +234,99 @@ print(f"dsv4.sh: flash_mla from {flash_mla.__file__}; deep_gemm {deep_gemm.__ver
     say "no GPU: DeepGEMM's JIT cache is not warmed"
     return 0
   fi
-  local start=$SECONDS pids=() batch status=0
-  for batch in "1 logits" 64 128; do
-    # shellcheck disable=SC2086
-    peer_python - $batch <<'EOF' &
-import sys
-
-import deep_gemm
-import torch
-
-batch, blocks, block_kv = int(sys.argv[1]), 4, 64
-cache = torch.zeros(blocks, block_kv, 1, 132, dtype=torch.uint8, device="cuda")
-lens = torch.full((batch, 1), blocks * block_kv, dtype=torch.int32, device="cuda")
-meta = deep_gemm.get_paged_mqa_logits_metadata(lens, block_kv, deep_gemm.get_num_sms())
-if "logits" in sys.argv[2:]:
-    q = torch.zeros(batch, 1, 64, 128, device="cuda").to(torch.float8_e4m3fn)
-    weights = torch.zeros(batch, 64, device="cuda")
-    table = torch.zeros(batch, blocks, dtype=torch.int32, device="cuda")
-    deep_gemm.fp8_paged_mqa_logits(q, cache, weights, lens, table, meta, blocks * block_kv, False)
-torch.cuda.synchronize()
-EOF
+  local start=$SECONDS pids=() batches=(1 64 128) status=0 logs=$target/warm-logs i rc
+  rm -rf "$logs" && mkdir -p "$logs" "$target/jit-cache"
+  printf '%s' "$WARM_PY" >"$target/warm.py"
+  for i in "${!batches[@]}"; do
+    local extra=()
+    [[ $i -eq 0 ]] && extra=(logits)
+    jit_debug peer_python -X faulthandler "$target/warm.py" "${batches[$i]}" "${extra[@]}" \
+      >"$logs/warm-${batches[$i]}.log" 2>&1 &
     pids+=($!)
   done
-  local pid
-  for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+  for i in "${!pids[@]}"; do
+    rc=0
+    wait "${pids[$i]}" || rc=$?
+    [[ $rc -eq 0 ]] || status=1
+    say "--- warm-up batch ${batches[$i]}: exit $rc$([[ $rc -gt 128 ]] && echo " (signal $((rc - 128)))")"
+    tail -n 150 "$logs/warm-${batches[$i]}.log" | sed 's/^/    /'
+  done
   say "DeepGEMM's JIT cache warmed in $((SECONDS - start)) s (status $status)"
+  [[ $status -eq 0 ]] || gdb_backtrace "$target/warm.py" 64
   return "$status"
+}
+
+diagnose() {  # what DeepGEMM's _C links and loads, the toolchain, and one metadata call
+  set +e +o pipefail  # a report: a missing tool or a failing step says so and the rest runs
+  local so home=${CUDA_HOME:-/usr/local/cuda}
+  so=$(ls "$target"/site/deep_gemm/_C*.so 2>/dev/null | head -1)
+  say "HOME=${HOME:-<unset>} CUDA_HOME=${CUDA_HOME:-<unset>} DG_JIT_CACHE_DIR=$target/jit-cache"
+  say "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-<unset>}"
+  say "python $(command -v "$python"); c++: $(${CXX:-c++} --version 2>&1 | head -1)"
+  "$home/bin/nvcc" --version 2>&1 | tail -2 | sed 's/^/    /'
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -2 | sed 's/^/    /'
+  say "gdb: $(command -v gdb || echo none)"
+  if [[ -n $so ]]; then
+    say "ldd $so"
+    ldd "$so" 2>&1 | grep -E "torch|c10|cuda|cublas|nvrtc|stdc|not found" | sed "s/^/    /"
+    say "NEEDED and RPATH/RUNPATH"
+    readelf -d "$so" 2>&1 | grep -E 'NEEDED|RPATH|RUNPATH' | sed 's/^/    /'
+    say "undefined cuBLAS / CUDA runtime / NVRTC symbols"
+    nm -D --undefined-only "$so" 2>/dev/null | grep -E ' (cublas|cuda|nvrtc)' | sed 's/^/    /'
+  else
+    say "no deep_gemm/_C*.so under $target/site"
+  fi
+  say "include tree: $target/site/deep_gemm/include"
+  ls "$target/site/deep_gemm/include" 2>&1 | sed 's/^/    /'
+  ls "$target/site/deep_gemm/include/deep_gemm" 2>&1 | sed 's/^/    deep_gemm\//'
+  ls "$target/site/deep_gemm/include/cute" 2>&1 | head -4 | sed 's/^/    cute\//'
+  ls "$target/site/deep_gemm/include/cutlass" 2>&1 | head -4 | sed 's/^/    cutlass\//'
+  say "package: $(ls "$target/site/deep_gemm" 2>&1 | tr '\n' ' ')"
+  say "libraries a process maps (/proc/self/maps): after import torch, import deep_gemm, a CUDA op"
+  peer_python -X faulthandler - <<'PYEOF' 2>&1 | sed 's/^/    /'
+import re
+
+
+def loaded(stage):
+    pattern = r"lib(cudart|nvrtc|cuda|cublasLt|cublas|torch_cuda|c10_cuda|stdc\+\+)[.-][^/]*$"
+    with open("/proc/self/maps") as maps:
+        names = {line.split()[-1] for line in maps if re.search(pattern, line.strip())}
+    print(f"{stage}:")
+    for name in sorted(names):
+        print(f"  {name}")
+
+
+import torch
+
+loaded("import torch")
+import deep_gemm
+
+loaded("import deep_gemm")
+print("deep_gemm", deep_gemm.__version__, deep_gemm.__file__)
+print("torch", torch.__version__, "cuda", torch.version.cuda, "cxx11 abi",
+      torch._C._GLIBCXX_USE_CXX11_ABI)
+if torch.cuda.is_available():
+    torch.ones(1, device="cuda").add_(1)
+    torch.cuda.synchronize()
+    loaded("after a torch CUDA op")
+    import ctypes
+
+    version = ctypes.c_int()
+    ctypes.CDLL("libcudart.so.13").cudaRuntimeGetVersion(ctypes.byref(version))
+    print("cudaRuntimeGetVersion (the libcudart.so.13 loaded):", version.value)
+    ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(version))
+    print("cuDriverGetVersion:", version.value)
+PYEOF
+  say "one metadata call (batch 64) under faulthandler with DeepGEMM's JIT debug output"
+  mkdir -p "$target/jit-cache"
+  printf '%s' "$WARM_PY" >"$target/warm.py"
+  local rc=0
+  jit_debug peer_python -X faulthandler "$target/warm.py" 64 >"$target/diagnose-warm.log" 2>&1 ||
+    rc=$?
+  tail -n 300 "$target/diagnose-warm.log" | sed 's/^/    /'
+  say "metadata call: exit $rc"
+  [[ $rc -eq 0 ]] || gdb_backtrace "$target/warm.py" 64
+  return 0
 }
 
 build() {
@@ -285,8 +406,9 @@ case ${1:-} in
   build) build ;;
   save) save ;;
   env) env_lines ;;
+  diagnose) diagnose ;;
   *)
-    echo "usage: $0 pack [flashmla-git deepgemm-git cutlass-git fmt-git]|objects|build|save|env (see the header)" >&2
+    echo "usage: $0 pack [flashmla-git deepgemm-git cutlass-git fmt-git]|objects|build|save|env|diagnose (see the header)" >&2
     exit 2
     ;;
 esac

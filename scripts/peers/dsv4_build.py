@@ -333,7 +333,17 @@ def build_deepgemm(src, prefix, jobs):
     for name in ("cute", "cutlass"):
         shutil.copytree(src / "cutlass-deepgemm" / "include" / name, package / "include" / name)
     target = package / f"_C{suffix}"
-    run([cxx(), str(obj), *link, "-lnvrtc", "-o", str(target)], quiet=True)
+    # The first DeepGEMM call of every process (get_num_sms: DeviceRuntime's constructor,
+    # csrc/jit/device_runtime.hpp:45) calls cublasLtCreate, which setup.py never links: its
+    # cuBLASLt symbols were left unversioned and undefined, bound at load time to whatever the
+    # process holds. Link cuBLASLt and NVRTC by soname, and look for them (and cudart) first in
+    # the CUDA libraries torch's wheel loads (site-packages/nvidia/cu*/lib), then CUDA_HOME, so
+    # the process holds one copy of each, torch's.
+    import torch
+
+    wheel_libs = sorted(Path(torch.__file__).resolve().parent.parent.glob("nvidia/cu*/lib"))
+    runpath = [f"-Wl,-rpath,{path}" for path in wheel_libs]
+    run([cxx(), str(obj), *runpath, *link, "-lnvrtc", "-lcublasLt", "-o", str(target)], quiet=True)
     log(f"DeepGEMM: linked {target} ({target.stat().st_size / 2**20:.1f} MiB)")
     log(f"DeepGEMM build: {time.time() - start:.1f} s")
 
