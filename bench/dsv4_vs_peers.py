@@ -607,8 +607,11 @@ def main(argv=None):
                 sys.exit(f"dsv4_vs_peers: {name} is missing: {why}")
             peers[op] = module
 
-    timer = CudaTimer(args.device)
-    torch.cuda.set_device(timer.device)
+    device = torch.device(args.device)
+    if device.index is None:  # "cuda": the current device, which set_device needs by number
+        device = torch.device("cuda", torch.cuda.current_device())
+    torch.cuda.set_device(device)
+    timer = CudaTimer(device)
     copy_gbs = timer.copy_bandwidth() / 1e9
     launch_us = timer.launch_floor_us(args.iters)
     pins = dsv4_peers.peer_pins()
