@@ -11,8 +11,9 @@
 //    a table lookup, and q enters as E4M3 codes of its values times the part of its group scale
 //    E4M3 can hold. k-step g is the 32 dims of scale group g and starts from zero: each group's
 //    sum of 32 products of 2-bit mantissas is an exact multiple of 2^-2 below 2^11 (times a power
-//    of two), so the tensor core computes it exactly, and the kernel applies both scales to the
-//    fp32 partial sums, adding the groups in order as the CPU backend does.
+//    of two), so the tensor core computes it exactly. Each group's product then gets both
+//    scales (exact powers of two) and the groups are added in order, as the CPU backend adds
+//    them.
 //
 // A (64 entries x 32 bytes a k-step) is in registers: the PTX ISA's fragment of 8-bit types has
 // one 32-bit register per 8-row x 16-byte square, thread (lane / 4) of the square's rows holding
