@@ -168,8 +168,20 @@ stamp() {  # what a build depends on: the payload and this machine's Python and 
   } 2>&1
 }
 
+# The C++ runtime DeepGEMM's _C was linked against, loaded first. Without it, the first JIT call
+# died in std::regex's constructor (DeepGEMM's IncludeParser) with a null facet, in
+# std::codecvt's neighbourhood (a backtrace from a SIGSEGV handler on the H200 machine): another
+# library of the process (torch's, Triton's) answered the locale's facet lookups. Preloading the
+# system libstdc++ makes every library use its facets; the warm-up and the benchmark then ran.
+libstdcxx() {
+  local path
+  path=$(${CXX:-c++} -print-file-name=libstdc++.so.6 2>/dev/null)
+  [[ -f $path ]] && readlink -f "$path"
+}
+
 peer_python() {  # peer_python <args...>: python with the peers' environment
   PYTHONPATH="$target/site${PYTHONPATH:+:$PYTHONPATH}" DG_JIT_CACHE_DIR="$target/jit-cache" \
+    LD_PRELOAD="$(libstdcxx)${LD_PRELOAD:+:$LD_PRELOAD}" \
     CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} "$python" "$@"
 }
 
@@ -394,6 +406,7 @@ export PYTHONPATH="$target/site\${PYTHONPATH:+:\$PYTHONPATH}"
 export CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
 export DG_JIT_CACHE_DIR="$target/jit-cache"
 export HDK_DSV4_PEERS_DIR="$target"
+export LD_PRELOAD="$(libstdcxx)\${LD_PRELOAD:+:\$LD_PRELOAD}"
 EOF
 }
 
