@@ -54,7 +54,7 @@ import torch
 try:
     import hdk
     import hdk.dsv4
-    from hdk.bench import dsv4_peers
+    from hdk.bench import dsv4_attention_torch, dsv4_peers
     from hdk.bench.timing import CudaTimer
 
     IMPORT_ERROR = None
@@ -105,23 +105,6 @@ def workspace(nbytes, device):
     return torch.empty(nbytes, dtype=torch.uint8, device=device) if nbytes > 0 else None
 
 
-def valid_model1_pages(num_blocks, block_size, device):
-    """MODEL1 pages of random valid entries, made on the device (as bench/dsv4_vs_torch.py):
-    FP8 codes except NaN, bf16 RoPE values ~N(0, 1), scale bytes 119..121, pad byte 0."""
-    cache = torch.randint(0, 256, (num_blocks, block_size * 584), dtype=torch.uint8, device=device)
-    data = cache[:, : block_size * 576].view(num_blocks, block_size, 576)
-    codes = data[..., :448]
-    codes[(codes & 0x7F) == 0x7F] &= 0xFE
-    rope = torch.randn(num_blocks, block_size, 64, device=device).to(torch.bfloat16)
-    data[..., 448:] = rope.view(torch.uint8).view(num_blocks, block_size, 128)
-    scales = cache[:, block_size * 576 :].view(num_blocks, block_size, 8)
-    scales[..., :7] = torch.randint(119, 122, (num_blocks, block_size, 7), device=device).to(
-        torch.uint8
-    )
-    scales[..., 7] = 0
-    return cache
-
-
 class SparseCell:
     """One sparse_decode point: N queries, each over its own ring page (the window, in position
     order from a random start) and its own compressed entries (CSA: `length` distinct ones out
@@ -130,8 +113,8 @@ class SparseCell:
     def __init__(self, flash_mla, heads, length, csa, rows, device):
         pool = length * (CSA_SPREAD if csa else 1)
         pages = -(-pool // BLOCK_SIZE)
-        self.cache = valid_model1_pages(rows * pages, BLOCK_SIZE, device)
-        self.ring = valid_model1_pages(rows, WINDOW, device)
+        self.cache = dsv4_attention_torch.valid_model1_pages(rows * pages, BLOCK_SIZE, device)
+        self.ring = dsv4_attention_torch.valid_model1_pages(rows, WINDOW, device)
         table = torch.randperm(rows * pages, device=device).view(rows, pages)
         if csa:
             ordinals = torch.rand(rows, pool, device=device).argsort(dim=1)[:, :length]

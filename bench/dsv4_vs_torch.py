@@ -559,23 +559,6 @@ ATTENTION_PRESETS = {"flash": (64, 512), "pro": (128, 1024)}  # query heads, CSA
 WINDOW, HCA_LENGTH, ATTENTION_BLOCK_SIZE, CSA_SPREAD = 128, 4096, 64, 4
 
 
-def valid_model1_pages(num_blocks, block_size, device):
-    """MODEL1 pages of random valid entries, made on the device: FP8 codes except NaN (0x7F,
-    0xFF become +-448), bf16 RoPE values ~N(0, 1), scale bytes 119..121 (entries of RMS ~1)."""
-    cache = torch.randint(0, 256, (num_blocks, block_size * 584), dtype=torch.uint8, device=device)
-    data = cache[:, : block_size * 576].view(num_blocks, block_size, 576)
-    codes = data[..., :448]
-    codes[(codes & 0x7F) == 0x7F] &= 0xFE
-    rope = torch.randn(num_blocks, block_size, 64, device=device).to(torch.bfloat16)
-    data[..., 448:] = rope.view(torch.uint8).view(num_blocks, block_size, 128)
-    scales = cache[:, block_size * 576 :].view(num_blocks, block_size, 8)
-    scales[..., :7] = torch.randint(119, 122, (num_blocks, block_size, 7), device=device).to(
-        torch.uint8
-    )
-    scales[..., 7] = 0
-    return cache
-
-
 class SparseCase:
     """One sparse_decode point: N queries, each over its own `compressed` entries of the
     compressed pool (CSA: a random subset of CSA_SPREAD x that many of its own, in random order,
@@ -585,8 +568,10 @@ class SparseCase:
     def __init__(self, heads, compressed, rows, csa, device):
         pool = compressed * (CSA_SPREAD if csa else 1)
         pages = -(-pool // ATTENTION_BLOCK_SIZE)
-        self.cache = valid_model1_pages(rows * pages, ATTENTION_BLOCK_SIZE, device)
-        self.ring = valid_model1_pages(rows, WINDOW, device)
+        self.cache = dsv4_attention_torch.valid_model1_pages(
+            rows * pages, ATTENTION_BLOCK_SIZE, device
+        )
+        self.ring = dsv4_attention_torch.valid_model1_pages(rows, WINDOW, device)
         table = torch.randperm(rows * pages, device=device).view(rows, pages)
         if csa:
             ordinals = torch.rand(rows, pool, device=device).argsort(dim=1)[:, :compressed]

@@ -274,3 +274,21 @@ def check_selection(indices, scores, reference_scores, bound):
         n, s = [int(x) for x in missed.nonzero()[0]]
         return f"row {n}: entry {s} (score {float(reference[n, s])}) should have been chosen"
     return None
+
+
+def valid_model1_pages(num_blocks, block_size, device):
+    """MODEL1 pages of random valid entries, made on the device (the benchmarks' data): FP8 codes
+    except NaN (0x7F, 0xFF become +-448), bf16 RoPE values ~N(0, 1), scale bytes 119..121
+    (entries of RMS ~1), pad byte 0."""
+    cache = torch.randint(0, 256, (num_blocks, block_size * 584), dtype=torch.uint8, device=device)
+    data = cache[:, : block_size * 576].view(num_blocks, block_size, 576)
+    codes = data[..., :448]
+    codes[(codes & 0x7F) == 0x7F] &= 0xFE
+    rope = torch.randn(num_blocks, block_size, 64, device=device).to(torch.bfloat16)
+    data[..., 448:] = rope.view(torch.uint8).view(num_blocks, block_size, 128)
+    scales = cache[:, block_size * 576 :].view(num_blocks, block_size, 8)
+    scales[..., :7] = torch.randint(119, 122, (num_blocks, block_size, 7), device=device).to(
+        torch.uint8
+    )
+    scales[..., 7] = 0
+    return cache
