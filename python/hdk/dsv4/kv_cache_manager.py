@@ -547,9 +547,11 @@ class KVCacheManager:
 
     def index_topk(self, layer, step, q, weights, top_k, *, topk_slots=None, **options):
         """CSA layers: the indexer's top-k over the layer's key pool for the step's query rows
-        (``q`` [N * T, H, 128], ``weights`` [N * T, H]). Returns ``(topk_indices, topk_scores,
-        topk_slots)``; ``topk_slots`` are the selected entries' slots in the layer's compressed
-        pool, :meth:`attend`'s ``selected``. Other options go to :func:`hdk.dsv4.index_topk`."""
+        (``q`` [N * T, H, 128] in the form the manager's ``key_format`` takes: bf16/fp32, or E4M3
+        codes for fp8, or packed E2M1 [N * T, H, 64] with ``q_scales=`` for mxfp4; ``weights``
+        [N * T, H]). Returns ``(topk_indices, topk_scores, topk_slots)``; ``topk_slots`` are the
+        selected entries' slots in the layer's compressed pool, :meth:`attend`'s ``selected``.
+        Other options (``q_scales`` among them) go to :func:`hdk.dsv4.index_topk`."""
         layer = self.layers[layer] if isinstance(layer, int) else layer
         if layer.kind != "csa":
             raise HdkError(
