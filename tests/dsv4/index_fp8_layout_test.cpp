@@ -89,7 +89,9 @@ TEST(IndexFp8Layout, FoldedQueryExponentsStayExactInE4m3) {
     const int folded = folded_query_exponent(exponent);
     EXPECT_GE(folded, -8);
     EXPECT_LE(folded, 6);
-    if (exponent >= -8 && exponent <= 6) EXPECT_EQ(folded, exponent);
+    if (exponent >= -8 && exponent <= 6) {
+      EXPECT_EQ(folded, exponent);
+    }
     for (uint8_t code = 1; code < 8; ++code) {
       const double value = std::ldexp(decode_e2m1(code), folded);
       EXPECT_EQ(decode_e4m3(encode_e4m3(static_cast<float>(value))), value) << exponent;
