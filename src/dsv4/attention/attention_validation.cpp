@@ -39,6 +39,19 @@ const char* key_format_name(KeyFormat format) {
   return "?";
 }
 
+// Records N, H and the view of [N, H, ...] queries whose shape and dtype were checked; at least
+// one head.
+template <typename Problem>
+void record_queries(const ArgumentChecks& check, const TensorView& q, Problem& problem) {
+  if (q.shape[1] < 1) check.fail("argument 'q' must have at least one head, got " + q.shape_str());
+  problem.num_rows = q.shape[0];
+  problem.num_heads = q.shape[1];
+  problem.q.data = q.data;
+  problem.q.dtype = q.dtype;
+  problem.q.row_stride = q.strides[0];
+  problem.q.head_stride = q.strides[1];
+}
+
 // [N, H, width] bf16/fp32 queries with the last dim contiguous; records N, H and the view.
 template <typename Problem>
 void check_queries(const ArgumentChecks& check, const TensorView& q, int64_t width,
@@ -47,13 +60,7 @@ void check_queries(const ArgumentChecks& check, const TensorView& q, int64_t wid
   check.shape_is(q, "q", {q.shape[0], q.shape[1], width}, dims);
   check.dtype_in(q, "q", {DType::kBFloat16, DType::kFloat32});
   check.innermost_contiguous(q, "q");
-  if (q.shape[1] < 1) check.fail("argument 'q' must have at least one head, got " + q.shape_str());
-  problem.num_rows = q.shape[0];
-  problem.num_heads = q.shape[1];
-  problem.q.data = q.data;
-  problem.q.dtype = q.dtype;
-  problem.q.row_stride = q.strides[0];
-  problem.q.head_stride = q.strides[1];
+  record_queries(check, q, problem);
 }
 
 // The optional workspace: 1-D contiguous uint8 on the call's device, 256-byte aligned (its size is
@@ -120,13 +127,7 @@ void check_index_queries(const ArgumentChecks& check, const IndexerParams& p,
                  : codes ? "[N, H, 128] (E4M3 codes)"
                          : "[N, H, 128]");
   check.innermost_contiguous(q, "q");
-  if (q.shape[1] < 1) check.fail("argument 'q' must have at least one head, got " + q.shape_str());
-  problem.num_rows = q.shape[0];
-  problem.num_heads = q.shape[1];
-  problem.q.data = q.data;
-  problem.q.dtype = q.dtype;
-  problem.q.row_stride = q.strides[0];
-  problem.q.head_stride = q.strides[1];
+  record_queries(check, q, problem);
   if (!packed) return;
   check.shape_is(p.q_scales, "q_scales", {problem.num_rows, problem.num_heads, 4},
                  "[N, H, 4] (UE8M0, one per 32 dims)");
