@@ -53,6 +53,7 @@ struct MmaSharedMemory {
   int valid[2][kTile];                           // which entries of two tiles are real
   float stat_m[kHeads];                          // row maxima (log2 units)
   float stat_l[kHeads];                          // row sums
+  float sink[kHeads];                            // the heads' sinks (load_sink)
   int bad;                                       // the CTA's invalid-row flag
   int unused[3];                                 // pads the flag to 16 bytes
   float factors[kSparseMaxWideCluster][kHeads];  // each split's weight in the combined row
@@ -228,9 +229,11 @@ __global__ void __launch_bounds__(kSparseThreads, 1)
   const bool q_async = q_vector && p.q.dtype != DType::kFloat32;
   EntrySource next_source;
   if (first < last) next_source = resolve_entry(p, n, first, bad, warp, lane);
+  const float sink = load_sink(p, head0, tid);
   load_queries(p, n, head0, q_async, q_vector, shared.q, bad, tid);
   if (first < last) issue_tile<kWide>(next_source, smem, valid + (first & 1) * kTile, warp, lane);
   cp_async_commit();
+  if (tid < kHeads) shared.sink[tid] = sink;  // read back by the same thread in finish_row
 
   const uint32_t q_tile = shared_address(shared.q);
   const uint32_t e_tile = shared_address(shared.e);
@@ -299,7 +302,8 @@ __global__ void __launch_bounds__(kSparseThreads, 1)
   wgmma_wait<0>();
   cp_async_wait<0>();
   if (q_async && !queries_finite(shared.q, tid)) *bad = 1;
-  const CtaSpace space{reinterpret_cast<float*>(shared.q), stat_m, stat_l, bad, factors};
+  const CtaSpace space{
+      reinterpret_cast<float*>(shared.q), stat_m, stat_l, shared.sink, bad, factors};
   finish_row<kSparseThreads, kThroughWorkspace>(p, plan, space, n, tid, half, half == 0, o, row_max,
                                                 row_sum, out_vector);
 }

@@ -80,6 +80,7 @@ struct PipelinedSharedMemory {
   int valid[kPipelinedStages][kTile];            // which entries of each stage are real
   float stat_m[kHeads];                          // row maxima (log2 units)
   float stat_l[kHeads];                          // row sums
+  float sink[kHeads];                            // the heads' sinks (load_sink)
   int bad;                                       // the CTA's invalid-row flag
   int unused[3];                                 // pads the flag to 16 bytes
   float factors[kSparseMaxWideCluster][kHeads];  // each split's weight in the combined row
@@ -178,7 +179,11 @@ __global__ void __launch_bounds__(kSparsePipelinedThreads, 1)
   int* valid = shared.valid[0];
   float* alpha_shared = shared.alpha;
   int* bad = &shared.bad;
-  const CtaSpace space{reinterpret_cast<float*>(shared.q), shared.stat_m, shared.stat_l, bad,
+  const CtaSpace space{reinterpret_cast<float*>(shared.q),
+                       shared.stat_m,
+                       shared.stat_l,
+                       shared.sink,
+                       bad,
                        shared.factors[0]};
   const PipelineBarriers barriers = pipeline_barriers(shared);
   // With kSharedConversion (two head groups) each CTA converts half of every tile for itself
@@ -400,9 +405,11 @@ __global__ void __launch_bounds__(kSparsePipelinedThreads, 1)
     raise_registers<kLaunchRegisters>();
   } else {
     // ---- consumers: the queries first ---------------------------------------------------------
+    const float sink = load_sink(p, head0, tid);
     load_queries(p, n, head0, q_async, q_vector, shared.q, bad, tid);
     cp_async_commit();
     cp_async_wait<0>();
+    if (tid < kHeads) shared.sink[tid] = sink;  // read back by the same thread in finish_row
     // Checked now, not after the list: the last reads of Q by the threads are then far from the
     // O staging that overwrites it.
     if (q_async && !queries_finite(shared.q, tid)) *bad = 1;
