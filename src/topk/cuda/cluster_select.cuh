@@ -204,13 +204,31 @@ __device__ __forceinline__ void exchange_in_warp(uint64_t& low, uint64_t& high, 
 
 // Strides min(32, width / 2) down to 1 of every width from `first_width` to `last_width` on each
 // 64-entry run of values[0 .. size), warp w taking runs w, w + warps, ...: no block barrier.
+// A warp with two runs sorts them together, so that the shuffles of one run wait while the other's
+// are in flight: each stage waits for the last, and one run at a time took an H200 7.2 us to sort
+// index_topk's 1024 winners with 8 warps.
 __device__ __forceinline__ void bitonic_in_warps(uint64_t* values, int size, int first_width,
                                                  int last_width) {
   const int lane = threadIdx.x & 31;
-  const int warps = blockDim.x >> 5;
-  for (int run = (threadIdx.x >> 5) * 64; run < size; run += warps * 64) {
-    uint64_t low = values[run + lane];
-    uint64_t high = values[run + lane + 32];
+  const int step = (blockDim.x >> 5) * 64;
+  int run = (threadIdx.x >> 5) * 64;
+  for (; run + step < size; run += 2 * step) {
+    const int other = run + step;
+    uint64_t low = values[run + lane], high = values[run + lane + 32];
+    uint64_t other_low = values[other + lane], other_high = values[other + lane + 32];
+    for (int width = first_width; width <= last_width; width <<= 1) {
+      for (int stride = min(32, width >> 1); stride > 0; stride >>= 1) {
+        exchange_in_warp(low, high, run, lane, stride, width);
+        exchange_in_warp(other_low, other_high, other, lane, stride, width);
+      }
+    }
+    values[run + lane] = low;
+    values[run + lane + 32] = high;
+    values[other + lane] = other_low;
+    values[other + lane + 32] = other_high;
+  }
+  if (run < size) {
+    uint64_t low = values[run + lane], high = values[run + lane + 32];
     for (int width = first_width; width <= last_width; width <<= 1) {
       for (int stride = min(32, width >> 1); stride > 0; stride >>= 1)
         exchange_in_warp(low, high, run, lane, stride, width);
