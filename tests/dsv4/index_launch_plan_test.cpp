@@ -285,13 +285,17 @@ void check_workspace_plan(const Call& c, const hdk::detail::ResidentClusterCount
     return;
   }
   if (plan.segments == 0) {
-    // Only where CTAs of kIndexScoreMinEntries or more would be no more than the cluster's.
-    ASSERT_LE(std::min<int64_t>(c.sms / c.rows,
-                                (c.capacity + kIndexScoreMinEntries - 1) / kIndexScoreMinEntries),
+    // Only where CTAs of kIndexWorkspaceMinEntries would be no more than the cluster's.
+    ASSERT_LE(std::min<int64_t>(c.sms / c.rows, (c.capacity + kIndexWorkspaceMinEntries - 1) /
+                                                    kIndexWorkspaceMinEntries),
               cluster.cluster_size);
     return;
   }
   ASSERT_GT(plan.segments, cluster.cluster_size);
+  // As many CTAs as fit the SMs, of at least kIndexScoreMinEntries each.
+  ASSERT_EQ(plan.segments,
+            std::min<int64_t>(c.sms / c.rows,
+                              (c.capacity + kIndexScoreMinEntries - 1) / kIndexScoreMinEntries));
   ASSERT_LE(plan.segments * c.rows, c.sms);  // one wave, one CTA an SM
   // Every entry of any row up to the capacity in exactly one share of whole 64-entry tiles.
   for (int64_t length : {int64_t{0}, int64_t{1}, c.capacity / 3, c.capacity - 1, c.capacity}) {
@@ -363,8 +367,8 @@ TEST(IndexWorkspacePlan, RegionsFitAndFewRowsFillTheSms) {
   }
 }
 
-// The issue's shapes on an H100 that runs clusters of 16: one row of 16384 entries in 64 CTAs of
-// 256 (its cluster: 16), of 65536 over all 132 SMs; 4 rows in 33 CTAs each; from 8 rows of 16384
+// The issue's shapes on an H100 that runs clusters of 16: one row of 16384 entries in 128 CTAs of
+// 128 (its cluster: 16), of 65536 over all 132 SMs; 4 rows in 33 CTAs each; from 8 rows of 16384
 // (clusters of 16 on 128 SMs) and 16 rows of 65536 (clusters of 6 on 96) the one-launch plan.
 TEST(IndexWorkspacePlan, IssueShapesOnAnH100) {
   hdk::detail::ResidentClusterCounts h100;
@@ -378,7 +382,7 @@ TEST(IndexWorkspacePlan, IssueShapesOnAnH100) {
                                 cluster, h100)
         .segments;
   };
-  EXPECT_EQ(segments(1, 16384), 64);
+  EXPECT_EQ(segments(1, 16384), 128);
   EXPECT_EQ(segments(1, 65536), 132);
   EXPECT_EQ(segments(1, 262144), 132);
   EXPECT_EQ(segments(4, 16384), 33);
@@ -386,8 +390,9 @@ TEST(IndexWorkspacePlan, IssueShapesOnAnH100) {
   EXPECT_EQ(segments(8, 16384), 0);
   EXPECT_EQ(segments(16, 65536), 0);
   EXPECT_EQ(segments(64, 16384), 0);
-  EXPECT_EQ(segments(1, 2048), 8);  // 8 CTAs of 256 against a cluster of 2
-  EXPECT_EQ(segments(1, 256), 0);   // one CTA either way
+  EXPECT_EQ(segments(1, 2048), 16);  // 16 CTAs of 128 against a cluster of 2
+  EXPECT_EQ(segments(1, 512), 4);    // 2 CTAs of 256 outnumber a cluster of 1: 4 of 128
+  EXPECT_EQ(segments(1, 256), 0);    // one CTA either way
 }
 
 // index_topk_workspace_bytes promises enough for every call up to its arguments.

@@ -204,10 +204,15 @@ inline IndexLaunchPlan plan_index_launch(
 // A row whose cluster would leave most SMs idle is scored by `segments` CTAs of its own (no
 // cluster), each writing its entries' keys to the row's workspace score row; a second launch of
 // one cluster per row (`select`, planned as above) loads them in place of scoring and selects.
-// Fewest entries a scoring CTA takes: its two warpgroups hold three 64-entry tiles each in
-// flight (kWarpgroupStages), so below a few hundred entries another CTA adds its staging
-// (queries, weights, block ids: about 3 us on an H100) but saves no memory round trip.
-constexpr int64_t kIndexScoreMinEntries = 256;
+// Fewest entries a scoring CTA takes: two 64-entry tiles. Against 256 (its two warpgroups'
+// three tiles in flight each), one or two rows of 8192-16384 keys ran 1.02-1.14x faster on an
+// H200 (16384 keys 26.8 -> 25.1 us), every other cell 0.99-1.01x: the scoring CTAs finish sooner
+// than their staging costs.
+constexpr int64_t kIndexScoreMinEntries = 128;
+// A row goes through the workspace only where its CTAs of this many entries would outnumber its
+// cluster's CTAs: the rule as measured (H100), kept where 128 a CTA was not measured (rows of a
+// few hundred keys keep one launch).
+constexpr int64_t kIndexWorkspaceMinEntries = 256;
 
 struct IndexWorkspacePlan {
   int64_t segments = 0;  // scoring CTAs per row; 0: the one-cluster plan runs, no workspace
@@ -226,7 +231,7 @@ HDK_HOST_DEVICE int64_t index_score_segment(int64_t length, int64_t segments) {
 // The plan for a call with a workspace, given its one-cluster plan (`cluster_plan`, for the
 // scoring kernel's clusters) and the clusters the select kernel runs at once: segments = 0 where
 // the rows are more than kIndexMaxWorkspaceRows or their clusters already keep half the SMs or
-// more busy, or where scoring CTAs of kIndexScoreMinEntries or more would be no more than the
+// more busy, or where scoring CTAs of kIndexWorkspaceMinEntries would be no more than the
 // cluster's.
 inline IndexWorkspacePlan plan_index_workspace(
     int64_t num_rows, int64_t num_heads, int64_t capacity, int64_t top_k, bool tensor, bool fp32_q,
@@ -237,9 +242,11 @@ inline IndexWorkspacePlan plan_index_workspace(
   if (num_rows <= 0 || num_rows > kIndexMaxWorkspaceRows || capacity <= 0) return plan;
   const int64_t busy = std::min<int64_t>(num_rows * cluster_plan.cluster_size, sm_count);
   if (2 * busy > sm_count) return plan;
-  const int64_t segments = std::min<int64_t>(
-      sm_count / num_rows, (capacity + kIndexScoreMinEntries - 1) / kIndexScoreMinEntries);
-  if (segments <= cluster_plan.cluster_size) return plan;
+  auto ctas_of = [&](int64_t entries) {
+    return std::min<int64_t>(sm_count / num_rows, (capacity + entries - 1) / entries);
+  };
+  if (ctas_of(kIndexWorkspaceMinEntries) <= cluster_plan.cluster_size) return plan;
+  const int64_t segments = ctas_of(kIndexScoreMinEntries);
   plan.segments = segments;
   // The scoring kernel stages what the cluster kernel does (queries on a 1024-byte boundary)
   // and keeps no scores: they go to the workspace.
