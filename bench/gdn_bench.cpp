@@ -123,8 +123,8 @@ struct Measurement {
   std::string launch = "-";  // the CUDA dispatcher's choice
 };
 
-// "vk w4 r4 l16 x2 2048" = kernel, warps per CTA, rows per thread, lanes per row, tiles per
-// head, CTAs; " common" where the lean kernel takes the common form's parameter block.
+// "vks w4 r4 l16 x2 2048" = kernel, warps per CTA, rows per thread, lanes per row, tiles per
+// head, CTAs; " common" where the short kernel takes the common form's parameter block.
 #ifdef HDK_WITH_CUDA
 std::string describe_launch(const gdn::detail::LaunchPlan& plan) {
   return std::string(gdn::detail::decode_kernel_name(plan.kernel)) + " w" +
@@ -441,29 +441,30 @@ void print_usage() {
       "  --verify-max-batch N  skip the oracle above this batch (default 64)\n"
       "  --json FILE           also write results as JSON\n"
       "  --cpu                 run on the CPU even when a GPU is present\n"
-      "  --warps N             force warps per CTA (tuning sweeps): one-token kernel 1-8,\n"
-      "                        lean multi-token kernel 1-4\n"
-      "  --rows-per-thread N   force the VK kernels' rows per thread (tuning): one-token\n"
-      "                        kernel 4, 8 or 16; multi-token kernel 2, 4 or 8\n"
-      "  --lanes-per-row N     force the multi-token kernel's lanes per state row (tuning,\n"
-      "                        K = 128: bf16 8 or 16, fp32 16 or 32)\n"
-      "  --multi-token-kernel  use the multi-token kernel for T = 1 (tuning)\n"
-      "  --one-token-kernel    use the one-token kernel for T = 1 (tuning)\n"
-      "  --multi-token-variant classic|lean\n"
-      "                        which build of the multi-token kernel runs (default: the\n"
-      "                        dispatcher's); lean takes up to 32 tokens per request\n"
-      "  --wide-offsets        lean variant: 64-bit token offsets even where 32 bits fit\n"
-      "  --lean-build token-loop|one-token\n"
-      "                        lean variant, T = 1: the build with or without the token loop\n"
+      "  --warps N             force warps per CTA (tuning sweeps): short kernel 1-4,\n"
+      "                        one-token sweep kernel 1-8\n"
+      "  --rows-per-thread N   force the VK kernels' rows per thread (tuning): short and\n"
+      "                        general kernels 2, 4 or 8; one-token sweep kernel 4, 8 or 16\n"
+      "  --lanes-per-row N     force the short and general kernels' lanes per state row\n"
+      "                        (tuning, K = 128: bf16 8 or 16, fp32 16 or 32)\n"
+      "  --vk-kernel short|general\n"
+      "                        which kernel runs the VK calls both take (default: the\n"
+      "                        dispatcher's); short takes up to 32 tokens per request\n"
+      "  --one-token-sweep-kernel\n"
+      "                        T = 1 on the one-token sweep kernel (tuning; built with\n"
+      "                        -DHDK_GDN_SWEEP_KERNELS=ON)\n"
+      "  --wide-offsets        short kernel: 64-bit token offsets even where 32 bits fit\n"
+      "  --short-build token-loop|one-token\n"
+      "                        short kernel, T = 1: the build with or without the token loop\n"
       "                        (without: bf16 state, or fp32 in the common form; default: the\n"
       "                        dispatcher's, by the heads)\n"
       "  --load-order inputs-first|state-first\n"
-      "                        lean variant, T = 1: load the token's inputs or the state first\n"
+      "                        short kernel, T = 1: load the token's inputs or the state first\n"
       "                        (state first: fp32 state in the common form's one-token build;\n"
       "                        default: the dispatcher's, by how much of one wave the grid fills)\n"
       "  --cu-seqlens          T = 1 in SGLang's decode form: [1, B] tokens with cu_seqlens\n"
       "                        = 0..B and max_tokens_per_request = 1\n"
-      "  --full-problem        lean variant: the full parameter block even for calls of the\n"
+      "  --full-problem        short kernel: the full parameter block even for calls of the\n"
       "                        common form (A/B of the compact block)\n"
       "  --no-indices          no state_indices: request n updates slot n (FLA's call form,\n"
       "                        states gathered by the caller; the index's cost by difference)\n");
@@ -501,26 +502,22 @@ int gdn_command(Options& options) {
   const int64_t forced_warps = options.integer("warps", 0);
   const int64_t forced_rows = options.integer("rows-per-thread", 0);
   const int64_t forced_lanes = options.integer("lanes-per-row", 0);
-  const bool multi_token_always = options.flag("multi-token-kernel");
-  const bool one_token_always = options.flag("one-token-kernel");
-  if (multi_token_always && one_token_always) {
-    throw std::runtime_error("--multi-token-kernel and --one-token-kernel exclude each other");
-  }
-  const std::string variant = options.text("multi-token-variant", "");
+  const std::string vk_kernel = options.text("vk-kernel", "");
+  const bool one_token_sweep = options.flag("one-token-sweep-kernel");
   const bool wide_offsets = options.flag("wide-offsets");
-  const std::string lean_build = options.text("lean-build", "");
+  const std::string short_build = options.text("short-build", "");
   const bool full_problem = options.flag("full-problem");
   const std::string load_order = options.text("load-order", "");
   const bool cu_seqlens_form = options.flag("cu-seqlens");
   const bool no_indices = options.flag("no-indices");
-  if (!lean_build.empty() && lean_build != "token-loop" && lean_build != "one-token") {
-    throw std::runtime_error("--lean-build token-loop|one-token");
+  if (!short_build.empty() && short_build != "token-loop" && short_build != "one-token") {
+    throw std::runtime_error("--short-build token-loop|one-token");
   }
   if (!load_order.empty() && load_order != "inputs-first" && load_order != "state-first") {
     throw std::runtime_error("--load-order inputs-first|state-first");
   }
-  if (!variant.empty() && variant != "classic" && variant != "lean") {
-    throw std::runtime_error("--multi-token-variant classic|lean");
+  if (!vk_kernel.empty() && vk_kernel != "short" && vk_kernel != "general") {
+    throw std::runtime_error("--vk-kernel short|general");
   }
   if (cu_seqlens_form && (tokens.size() != 1 || tokens[0] != 1)) {
     throw std::runtime_error("--cu-seqlens runs T = 1 only (SGLang's decode form): add --T 1");
@@ -531,19 +528,18 @@ int gdn_command(Options& options) {
   forced.warps = static_cast<int>(forced_warps);
   forced.rows_per_thread = static_cast<int>(forced_rows);
   forced.lanes_per_row = static_cast<int>(forced_lanes);
-  if (multi_token_always) forced.one_token_kernel = gdn::detail::OneTokenKernel::kMultiToken;
-  if (one_token_always) forced.one_token_kernel = gdn::detail::OneTokenKernel::kOneToken;
-  if (variant == "classic") forced.multi_token_variant = gdn::detail::MultiTokenVariant::kClassic;
-  if (variant == "lean") forced.multi_token_variant = gdn::detail::MultiTokenVariant::kLean;
+  forced.one_token_sweep = one_token_sweep;
+  if (vk_kernel == "short") forced.vk_kernel = gdn::detail::VKKernel::kShort;
+  if (vk_kernel == "general") forced.vk_kernel = gdn::detail::VKKernel::kGeneral;
   forced.wide_offsets = wide_offsets;
-  if (lean_build == "token-loop") forced.lean_build = gdn::detail::LeanBuild::kTokenLoop;
-  if (lean_build == "one-token") forced.lean_build = gdn::detail::LeanBuild::kOneToken;
+  if (short_build == "token-loop") forced.short_build = gdn::detail::ShortBuild::kTokenLoop;
+  if (short_build == "one-token") forced.short_build = gdn::detail::ShortBuild::kOneToken;
   forced.full_problem = full_problem;
-  if (load_order == "inputs-first") forced.load_order = gdn::detail::LeanLoadOrder::kInputsFirst;
-  if (load_order == "state-first") forced.load_order = gdn::detail::LeanLoadOrder::kStateFirst;
+  if (load_order == "inputs-first") forced.load_order = gdn::detail::ShortLoadOrder::kInputsFirst;
+  if (load_order == "state-first") forced.load_order = gdn::detail::ShortLoadOrder::kStateFirst;
 #else
-  if (forced_warps != 0 || forced_rows != 0 || forced_lanes != 0 || multi_token_always ||
-      one_token_always || !variant.empty() || wide_offsets || !lean_build.empty() || full_problem ||
+  if (forced_warps != 0 || forced_rows != 0 || forced_lanes != 0 || !vk_kernel.empty() ||
+      one_token_sweep || wide_offsets || !short_build.empty() || full_problem ||
       !load_order.empty()) {
     throw std::runtime_error("the kernel tuning options need the CUDA backend");
   }

@@ -1,4 +1,4 @@
-// The common form of a GDN decode call, in a compact parameter block for the lean CUDA kernel.
+// The common form of a GDN decode call, in a compact parameter block for the short CUDA kernel.
 //
 // Why: at one to four requests a decode step is a chain of dependent instructions, and the
 // kernel's parameters are on it: they are read through the SM's constant cache, which starts
@@ -24,7 +24,7 @@
 #include "core/fast_divide.h"
 #include "core/host_device.h"
 #include "gdn/decode_problem.h"
-#include "gdn/lean_kernel_fit.h"
+#include "gdn/short_kernel_fit.h"
 #include "hdk/dtype.h"
 
 namespace hdk {

@@ -86,7 +86,7 @@ struct DecodeProblem {
   DType nonfinite_head_count_dtype = DType::kInt32;
 
   // Read on the host, in the other modes (variable length, per-token indices, unfused gating)
-  // and by the kernels no small batch runs (the classic multi-token kernel's grid check, kKV).
+  // and by the kernels no small batch runs (the general kernel's grid check, kKV).
   int64_t num_requests = 0;    // B
   int64_t token_capacity = 0;  // most tokens a request may have (T, index columns, cache C)
   int64_t index_columns = 0;   // C of 2-D state_indices: num_accepted_tokens lies in 1..C

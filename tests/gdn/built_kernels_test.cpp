@@ -40,15 +40,14 @@ TEST(GdnBuiltKernels, EachStateDtypeAndHeadSizeHasItsDefaultShapeOnce) {
         << "shape listed twice";
     const bool default_shape =
         entry.lanes_per_row == gdn::detail::full_lanes_per_row(entry.state_bytes, entry.head_k) &&
-        entry.rows_per_thread ==
-            gdn::detail::multi_token_default_rows(entry.state_bytes, entry.head_k);
+        entry.rows_per_thread == gdn::detail::vk_default_rows(entry.state_bytes, entry.head_k);
     EXPECT_EQ(entry.sweep_only, !default_shape)
         << entry.state_bytes << "-byte state, K = " << entry.head_k;
   }
   for (int bytes : {2, 4}) {
     for (int k : {64, 128, 256}) {
       const VKShapeEntry* entry = find_vk_shape(bytes, k, gdn::detail::full_lanes_per_row(bytes, k),
-                                                gdn::detail::multi_token_default_rows(bytes, k));
+                                                gdn::detail::vk_default_rows(bytes, k));
       ASSERT_NE(entry, nullptr) << bytes << "-byte state, K = " << k;
       EXPECT_FALSE(entry->sweep_only);
     }
@@ -76,7 +75,7 @@ TEST(GdnBuiltKernels, TheDispatchersPlansNeedNoSweepKernel) {
                 const gdn::detail::LaunchPlan plan = plan_with(problem);
                 SCOPED_TRACE(config.describe());
                 ++plans;
-                EXPECT_NE(plan.kernel, DecodeKernel::kVKSingle);
+                EXPECT_NE(plan.kernel, DecodeKernel::kVKOneTokenSweep);
                 EXPECT_TRUE(gdn::detail::launch_plan_built(problem, plan));
                 if (plan.kernel == DecodeKernel::kKV) continue;
                 const VKShapeEntry* entry = find_vk_shape(static_cast<int>(dtype_size(state)), K,
@@ -101,11 +100,11 @@ TEST(GdnBuiltKernels, ForcedSweepKernelsAreBuiltWithTheOptionOnly) {
   rows.rows_per_thread = 2;
   EXPECT_EQ(gdn::detail::launch_plan_built(problem, plan_with(problem, rows)),
             gdn::detail::kSweepKernelsBuilt);
-  LaunchOverride one_token;
-  one_token.one_token_kernel = gdn::detail::OneTokenKernel::kOneToken;
-  const gdn::detail::LaunchPlan single = plan_with(problem, one_token);
-  EXPECT_EQ(single.kernel, DecodeKernel::kVKSingle);
-  EXPECT_EQ(gdn::detail::launch_plan_built(problem, single), gdn::detail::kOneTokenKernelBuilt);
+  LaunchOverride one_token_sweep;
+  one_token_sweep.one_token_sweep = true;
+  const gdn::detail::LaunchPlan sweep = plan_with(problem, one_token_sweep);
+  EXPECT_EQ(sweep.kernel, DecodeKernel::kVKOneTokenSweep);
+  EXPECT_EQ(gdn::detail::launch_plan_built(problem, sweep), gdn::detail::kOneTokenSweepKernelBuilt);
 }
 
 // On a GPU, a forced kernel this build lacks is an hdk::Error naming the option, before any
@@ -117,17 +116,17 @@ TEST(GdnBuiltKernels, AForcedKernelOutsideTheBuildIsAClearError) {
   config.K = 128, config.V = 32, config.B = 3;
   const GdnCase test_case(config);
   LaunchOverride forced;
-  forced.one_token_kernel = gdn::detail::OneTokenKernel::kOneToken;
-  if (gdn::detail::kOneTokenKernelBuilt) {
+  forced.one_token_sweep = true;
+  if (gdn::detail::kOneTokenSweepKernelBuilt) {
     const BufferContents expected = run_reference(test_case);
     gdn::detail::LaunchPlan launched;
     EXPECT_TRUE(outputs_match(test_case, expected, run_cuda_tuned(test_case, forced, &launched)));
-    EXPECT_EQ(launched.kernel, DecodeKernel::kVKSingle);
+    EXPECT_EQ(launched.kernel, DecodeKernel::kVKOneTokenSweep);
     return;
   }
   try {
     run_cuda_tuned(test_case, forced);
-    ADD_FAILURE() << "a forced one-token kernel ran in a build without it";
+    ADD_FAILURE() << "a forced one-token sweep kernel ran in a build without it";
   } catch (const Error& error) {
     EXPECT_NE(std::string(error.what()).find("-DHDK_GDN_SWEEP_KERNELS=ON"), std::string::npos)
         << error.what();

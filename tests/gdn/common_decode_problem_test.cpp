@@ -1,7 +1,7 @@
 // The common form of a decode call (src/gdn/common_decode_problem.h): which validated calls have
 // it, that its compact block carries the call, and that each request's plan (slots, padding,
 // invalid rows) is DecodeProblem's to the letter; with the CUDA backend built, when the
-// dispatcher hands the lean kernel the compact block. Plain C++, so these run on the CPU.
+// dispatcher hands the short kernel the compact block. Plain C++, so these run on the CPU.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -229,7 +229,7 @@ TEST(GdnLaunchPlan, CallsOfTheCommonFormTakeTheCompactBlock) {
       config.update_state = T == 1;
       SCOPED_TRACE(::testing::Message() << dtype_name(state) << ", T = " << T);
       const gdn::detail::LaunchPlan chosen = plan(config);
-      EXPECT_EQ(chosen.kernel, gdn::detail::DecodeKernel::kVKLean);
+      EXPECT_EQ(chosen.kernel, gdn::detail::DecodeKernel::kVKShort);
       EXPECT_TRUE(chosen.common_form);
       // Not where the tests or a sweep ask for the full problem, another shape or 64-bit
       // offsets, nor for a head size without an instance of the form.
@@ -262,17 +262,17 @@ TEST(GdnLaunchPlan, CallsOfTheCommonFormTakeTheCompactBlock) {
 }
 
 TEST(GdnLaunchPlan, OneTokenCallsOfTheCommonFormRunTheBuildWithoutATokenLoop) {
-  auto plan = [](int64_t B, DType state, gdn::detail::LeanBuild build) {
+  auto plan = [](int64_t B, DType state, gdn::detail::ShortBuild build) {
     GdnCaseConfig config = engine_call();
     config.B = B, config.state_dtype = state;  // 4 value heads a request
     gdn::detail::LaunchOverride forced;
-    forced.lean_build = build;
+    forced.short_build = build;
     const gdn::detail::LaunchPlan chosen = plan_with(HostCall(config).problem(), forced);
     EXPECT_TRUE(chosen.common_form);
     return chosen.one_token_build;
   };
 
-  const auto automatic = gdn::detail::LeanBuild::kAuto;
+  const auto automatic = gdn::detail::ShortBuild::kAuto;
   // bf16 state at every size (the full problem's threshold is 192 heads).
   EXPECT_TRUE(plan(1, DType::kBFloat16, automatic));
   EXPECT_TRUE(plan(48, DType::kBFloat16, automatic));
@@ -280,7 +280,7 @@ TEST(GdnLaunchPlan, OneTokenCallsOfTheCommonFormRunTheBuildWithoutATokenLoop) {
   EXPECT_TRUE(plan(1, DType::kFloat32, automatic));
   EXPECT_TRUE(plan(1023, DType::kFloat32, automatic));
   EXPECT_TRUE(plan(1025, DType::kFloat32, automatic));
-  EXPECT_FALSE(plan(1, DType::kFloat32, gdn::detail::LeanBuild::kTokenLoop));
+  EXPECT_FALSE(plan(1, DType::kFloat32, gdn::detail::ShortBuild::kTokenLoop));
 }
 
 TEST(GdnLaunchPlan, Fp32OneTokenCallsRunTheCommonFormsOneTokenBuildAtEverySize) {
@@ -295,7 +295,7 @@ TEST(GdnLaunchPlan, Fp32OneTokenCallsRunTheCommonFormsOneTokenBuildAtEverySize) 
   for (int64_t B : {1, 256, 257, 1023, 1024, 1025}) {
     const gdn::detail::LaunchPlan chosen = plan(B, DType::kFloat32);
     SCOPED_TRACE(::testing::Message() << "B = " << B);
-    EXPECT_EQ(chosen.kernel, gdn::detail::DecodeKernel::kVKLean);
+    EXPECT_EQ(chosen.kernel, gdn::detail::DecodeKernel::kVKShort);
     EXPECT_TRUE(chosen.common_form);
     EXPECT_TRUE(chosen.one_token_build);
     EXPECT_EQ(chosen.lanes_per_row, 32);
@@ -318,7 +318,7 @@ TEST(GdnLaunchPlan, Fp32OneTokenCallsRunTheCommonFormsOneTokenBuildAtEverySize) 
 
 TEST(GdnLaunchPlan, Fp32OneTokenCallsLoadTheStateFirstOutsideOneWave) {
   auto plan = [](int64_t B, DType state,
-                 gdn::detail::LeanLoadOrder order = gdn::detail::LeanLoadOrder::kAuto,
+                 gdn::detail::ShortLoadOrder order = gdn::detail::ShortLoadOrder::kAuto,
                  IndexKind indices = IndexKind::kPerRequest) {
     GdnCaseConfig config = engine_call();
     config.B = B, config.state_dtype = state;  // 4 value heads of 4 warps a request
@@ -327,7 +327,7 @@ TEST(GdnLaunchPlan, Fp32OneTokenCallsLoadTheStateFirstOutsideOneWave) {
     forced.load_order = order;
     return plan_with(HostCall(config).problem(), forced);  // 132 SMs: 4224 warp slots
   };
-  const auto automatic = gdn::detail::LeanLoadOrder::kAuto;
+  const auto automatic = gdn::detail::ShortLoadOrder::kAuto;
   // The state first up to half of the slots (132 requests: 2112 warps) and beyond all of them
   // (265: 4240), with or without a pool index; the inputs first in between (133 to 264).
   for (IndexKind indices : {IndexKind::kPerRequest, IndexKind::kNone}) {
@@ -343,14 +343,14 @@ TEST(GdnLaunchPlan, Fp32OneTokenCallsLoadTheStateFirstOutsideOneWave) {
   }
   EXPECT_TRUE(plan(1025, DType::kFloat32).state_first);  // beyond the slots at any size
   // Forced either way where the order is built; never for bf16 state.
-  EXPECT_TRUE(plan(1, DType::kFloat32, gdn::detail::LeanLoadOrder::kStateFirst).state_first);
-  EXPECT_FALSE(plan(265, DType::kFloat32, gdn::detail::LeanLoadOrder::kInputsFirst).state_first);
+  EXPECT_TRUE(plan(1, DType::kFloat32, gdn::detail::ShortLoadOrder::kStateFirst).state_first);
+  EXPECT_FALSE(plan(265, DType::kFloat32, gdn::detail::ShortLoadOrder::kInputsFirst).state_first);
   EXPECT_FALSE(plan(265, DType::kBFloat16).state_first);
-  EXPECT_FALSE(plan(265, DType::kBFloat16, gdn::detail::LeanLoadOrder::kStateFirst).state_first);
+  EXPECT_FALSE(plan(265, DType::kBFloat16, gdn::detail::ShortLoadOrder::kStateFirst).state_first);
   // Nor off the common form's one-token build: the token loop or the full block when forced,
   // or a verify call.
   gdn::detail::LaunchOverride forced;
-  forced.lean_build = gdn::detail::LeanBuild::kTokenLoop;
+  forced.short_build = gdn::detail::ShortBuild::kTokenLoop;
   GdnCaseConfig config = engine_call();
   config.B = 265, config.state_dtype = DType::kFloat32;
   EXPECT_FALSE(plan_with(HostCall(config).problem(), forced).state_first);

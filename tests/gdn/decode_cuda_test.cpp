@@ -35,24 +35,23 @@ void check(cudaError_t status) {
   ASSERT_EQ(status, cudaSuccess) << cudaGetErrorString(status);
 }
 
-using gdn::detail::MultiTokenVariant;
+using gdn::detail::VKKernel;
 
-// The launch override that forces a multi-token kernel variant, and the kernel it must launch
-// for a VK-layout call.
-gdn::detail::LaunchOverride forced_variant(MultiTokenVariant variant) {
+// The launch override that forces the short or the general kernel, and the kernel it must
+// launch for a VK-layout call.
+gdn::detail::LaunchOverride forced_kernel(VKKernel kernel) {
   gdn::detail::LaunchOverride forced;
-  forced.multi_token_variant = variant;
+  forced.vk_kernel = kernel;
   return forced;
 }
 
-gdn::detail::DecodeKernel variant_kernel(MultiTokenVariant variant) {
-  return variant == MultiTokenVariant::kLean ? gdn::detail::DecodeKernel::kVKLean
-                                             : gdn::detail::DecodeKernel::kVK;
+gdn::detail::DecodeKernel launched_kernel(VKKernel kernel) {
+  return kernel == VKKernel::kShort ? gdn::detail::DecodeKernel::kVKShort
+                                    : gdn::detail::DecodeKernel::kVKGeneral;
 }
 
-const char* variant_name(MultiTokenVariant variant) {
-  return variant == MultiTokenVariant::kLean ? "lean multi-token kernel"
-                                             : "classic multi-token kernel";
+const char* kernel_name(VKKernel kernel) {
+  return kernel == VKKernel::kShort ? "short kernel" : "general kernel";
 }
 
 // Runs a small case inside a much larger problem on the GPU: its slots are placed at
@@ -196,9 +195,9 @@ BufferContents run_embedded(const GdnCase& c, const Embedding& e, std::vector<in
 TEST(GdnDecodeCuda, PoolLargerThan4GiB) {
   HDK_SKIP_WITHOUT_CUDA();
 #ifdef HDK_WITH_CUDA
-  for (MultiTokenVariant variant : {MultiTokenVariant::kClassic, MultiTokenVariant::kLean}) {
-    const gdn::detail::LaunchOverride forced = forced_variant(variant);
-    SCOPED_TRACE(variant_name(variant));
+  for (VKKernel kernel : {VKKernel::kGeneral, VKKernel::kShort}) {
+    const gdn::detail::LaunchOverride forced = forced_kernel(kernel);
+    SCOPED_TRACE(kernel_name(kernel));
     for (DType state : {DType::kFloat32, DType::kBFloat16}) {
       for (gdn::StateLayout layout : {gdn::StateLayout::kVK, gdn::StateLayout::kKV}) {
         GdnCaseConfig config;
@@ -223,7 +222,7 @@ TEST(GdnDecodeCuda, PoolLargerThan4GiB) {
         const BufferContents actual = run_embedded(c, e, &used, &neighbours_ok, forced, &launched);
         EXPECT_TRUE(outputs_match(c, run_reference(c), actual));
         EXPECT_EQ(launched.kernel, layout == gdn::StateLayout::kKV ? gdn::detail::DecodeKernel::kKV
-                                                                   : variant_kernel(variant));
+                                                                   : launched_kernel(kernel));
         ASSERT_FALSE(neighbours_ok.empty());
         for (uint8_t ok : neighbours_ok)
           EXPECT_EQ(ok, 1) << "a slot next to a used one changed";
@@ -238,9 +237,9 @@ TEST(GdnDecodeCuda, PoolLargerThan4GiB) {
 TEST(GdnDecodeCuda, IntermediateCacheBeyond2To31Elements) {
   HDK_SKIP_WITHOUT_CUDA();
 #ifdef HDK_WITH_CUDA
-  for (MultiTokenVariant variant : {MultiTokenVariant::kClassic, MultiTokenVariant::kLean}) {
-    const gdn::detail::LaunchOverride forced = forced_variant(variant);
-    SCOPED_TRACE(variant_name(variant));
+  for (VKKernel kernel : {VKKernel::kGeneral, VKKernel::kShort}) {
+    const gdn::detail::LaunchOverride forced = forced_kernel(kernel);
+    SCOPED_TRACE(kernel_name(kernel));
     GdnCaseConfig config;
     config.B = 3, config.T = 8, config.H = 16, config.HV = 64, config.K = 128, config.V = 128;
     config.state_dtype = DType::kBFloat16;
@@ -260,7 +259,7 @@ TEST(GdnDecodeCuda, IntermediateCacheBeyond2To31Elements) {
     gdn::detail::LaunchPlan launched;
     const BufferContents actual = run_embedded(c, e, &used, &neighbours_ok, forced, &launched);
     EXPECT_TRUE(outputs_match(c, run_reference(c), actual));
-    EXPECT_EQ(launched.kernel, variant_kernel(variant));
+    EXPECT_EQ(launched.kernel, launched_kernel(kernel));
   }
 #endif
 }
@@ -398,13 +397,13 @@ TEST(GdnDecodeCuda, GraphCaptureAndReplay) {
 #endif
 }
 
-// The same for a verify pass (T = 2, cache on) through both multi-token variants.
+// The same for a verify pass (T = 2, cache on) through the short and the general kernel.
 TEST(GdnDecodeCuda, MultiTokenGraphCaptureAndReplay) {
   HDK_SKIP_WITHOUT_CUDA();
 #ifdef HDK_WITH_CUDA
-  for (MultiTokenVariant variant : {MultiTokenVariant::kClassic, MultiTokenVariant::kLean}) {
-    const gdn::detail::LaunchOverride forced = forced_variant(variant);
-    SCOPED_TRACE(variant_name(variant));
+  for (VKKernel kernel : {VKKernel::kGeneral, VKKernel::kShort}) {
+    const gdn::detail::LaunchOverride forced = forced_kernel(kernel);
+    SCOPED_TRACE(kernel_name(kernel));
     GdnCaseConfig config;
     config.B = 8, config.T = 2, config.H = 8, config.HV = 32, config.K = 128, config.V = 128;
     config.state_dtype = DType::kBFloat16;
@@ -414,7 +413,7 @@ TEST(GdnDecodeCuda, MultiTokenGraphCaptureAndReplay) {
     config.seed = 41;
     gdn::detail::LaunchPlan launched;
     capture_and_replay(config, forced, &launched);
-    EXPECT_EQ(launched.kernel, variant_kernel(variant));
+    EXPECT_EQ(launched.kernel, launched_kernel(kernel));
   }
 #endif
 }

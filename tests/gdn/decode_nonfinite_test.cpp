@@ -267,7 +267,7 @@ std::vector<GdnCaseConfig> nonfinite_cases() {
   c.state_dtype = DType::kBFloat16;
   c.intermediate = true;
   cases.push_back(c);
-  c = base(908);  // more tokens than one 32-token window of the v check (the classic kernel)
+  c = base(908);  // more tokens than one 32-token window of the v check (the general kernel)
   c.T = 35;
   c.intermediate = true;
   cases.push_back(c);
@@ -280,22 +280,18 @@ std::vector<GdnCaseConfig> nonfinite_cases() {
 std::vector<gdn::detail::LaunchOverride> forced_kernels() {
   using gdn::detail::LaunchOverride;
   std::vector<LaunchOverride> runs(7);
-  // Run 1 forces the one-token kernel where this build has it (built_kernels.h), and is the
-  // dispatcher's choice again otherwise.
-  if (gdn::detail::kOneTokenKernelBuilt) {
-    runs[1].one_token_kernel = gdn::detail::OneTokenKernel::kOneToken;
-  }
-  runs[2].one_token_kernel = gdn::detail::OneTokenKernel::kMultiToken;
-  runs[2].multi_token_variant = gdn::detail::MultiTokenVariant::kClassic;
-  runs[3].one_token_kernel = gdn::detail::OneTokenKernel::kMultiToken;
-  runs[3].multi_token_variant = gdn::detail::MultiTokenVariant::kLean;
-  runs[3].lean_build = gdn::detail::LeanBuild::kTokenLoop;
+  // Run 1 forces the one-token sweep kernel where this build has it (built_kernels.h), and is
+  // the dispatcher's choice again otherwise.
+  runs[1].one_token_sweep = gdn::detail::kOneTokenSweepKernelBuilt;
+  runs[2].vk_kernel = gdn::detail::VKKernel::kGeneral;
+  runs[3].vk_kernel = gdn::detail::VKKernel::kShort;
+  runs[3].short_build = gdn::detail::ShortBuild::kTokenLoop;
   runs[4] = runs[3];
-  runs[4].lean_build = gdn::detail::LeanBuild::kOneToken;
+  runs[4].short_build = gdn::detail::ShortBuild::kOneToken;
   runs[5] = runs[4];
   runs[5].full_problem = true;
   runs[6] = runs[4];
-  runs[6].load_order = gdn::detail::LeanLoadOrder::kStateFirst;
+  runs[6].load_order = gdn::detail::ShortLoadOrder::kStateFirst;
   return runs;
 }
 #endif

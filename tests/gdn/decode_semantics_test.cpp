@@ -99,8 +99,8 @@ std::vector<GdnCaseConfig> semantic_cases() {
     }
   }
 
-  // The lean multi-token kernel holds one token per lane: 32 tokens (every lane, 2-D indices
-  // and the cache) and 40 (more than it takes: the classic kernel runs even when lean is forced).
+  // The short kernel holds one token per lane: 32 tokens (every lane, 2-D indices and the
+  // cache) and 40 (more than it takes: the general kernel runs even when the short one is forced).
   for (DType state : {DType::kFloat32, DType::kBFloat16}) {
     GdnCaseConfig c;
     c.B = 3, c.T = 32, c.H = 2, c.HV = 4, c.K = 128, c.V = 32;
@@ -140,7 +140,7 @@ std::vector<GdnCaseConfig> semantic_cases() {
 
   // Pool semantics. At K = 128 with layout kVK, the calls of the common form
   // (common_decode_problem.h: fixed length, fused gating, bf16 q/k/v, per-request int32 indices
-  // or none) run on the lean kernel's compact parameter block; the forced runs below repeat them
+  // or none) run on the short kernel's compact parameter block; the forced runs below repeat them
   // on the full block.
   for (StateLayout layout : {StateLayout::kVK, StateLayout::kKV}) {
     for (int64_t K : {64, 128}) {
@@ -276,68 +276,56 @@ TEST_P(GdnDecodeSemantics, MatchesReference) {
   const BufferContents actual = run_backend(test_case, backend);
   EXPECT_TRUE(outputs_match(test_case, expected, actual));
 #ifdef HDK_WITH_CUDA
-  // The dispatcher sends one-token calls to either of two kernels depending on the batch, and
-  // multi-token calls to the classic multi-token kernel or its lean variant (32- or 64-bit token
-  // offsets, the compact or the full parameter block): each must honour every semantic of the
-  // grid, whichever the grid's sizes select.
+  // The dispatcher sends [V, K] calls to the short or the general kernel (32- or 64-bit token
+  // offsets, the compact or the full parameter block, two builds for one-token calls), and a
+  // sweep may force the one-token sweep kernel: each must honour every semantic of the grid,
+  // whichever the grid's sizes select.
   if (backend == Backend::kCUDA) {
     using gdn::detail::LaunchOverride;
-    using gdn::detail::MultiTokenVariant;
-    using gdn::detail::OneTokenKernel;
+    using gdn::detail::VKKernel;
     struct Forced {
       const char* name;
-      OneTokenKernel one_token;
-      MultiTokenVariant variant;
+      bool one_token_sweep;  // one-token calls on the one-token sweep kernel
+      VKKernel kernel;
       bool wide_offsets;
       int warps;  // per CTA, 0 = the dispatcher's
-      gdn::detail::LeanBuild lean_build = gdn::detail::LeanBuild::kAuto;
-      bool full_problem = false;  // the lean kernel's full parameter block for the common form
-      gdn::detail::LeanLoadOrder load_order = gdn::detail::LeanLoadOrder::kAuto;
+      gdn::detail::ShortBuild short_build = gdn::detail::ShortBuild::kAuto;
+      bool full_problem = false;  // the short kernel's full parameter block for the common form
+      gdn::detail::ShortLoadOrder load_order = gdn::detail::ShortLoadOrder::kAuto;
     };
     const Forced forced_runs[] = {
-        {"one-token kernel forced", OneTokenKernel::kOneToken, MultiTokenVariant::kClassic, false,
-         0},
-        {"classic multi-token kernel forced", OneTokenKernel::kMultiToken,
-         MultiTokenVariant::kClassic, false, 0},
-        {"lean multi-token kernel forced", OneTokenKernel::kMultiToken, MultiTokenVariant::kLean,
-         false, 0},
-        {"lean multi-token kernel forced, 64-bit token offsets", OneTokenKernel::kMultiToken,
-         MultiTokenVariant::kLean, true, 0},
-        {"lean multi-token kernel forced, 1-warp CTAs", OneTokenKernel::kMultiToken,
-         MultiTokenVariant::kLean, false, 1},
-        {"lean multi-token kernel forced, 3-warp CTAs (a partial last CTA per head)",
-         OneTokenKernel::kMultiToken, MultiTokenVariant::kLean, false, 3},
-        {"lean multi-token kernel forced, its token-loop build for one-token calls",
-         OneTokenKernel::kMultiToken, MultiTokenVariant::kLean, false, 0,
-         gdn::detail::LeanBuild::kTokenLoop},
-        {"lean multi-token kernel forced, its one-token build for one-token calls (bf16 state)",
-         OneTokenKernel::kMultiToken, MultiTokenVariant::kLean, false, 0,
-         gdn::detail::LeanBuild::kOneToken},
-        {"lean multi-token kernel forced, its one-token build, 64-bit token offsets",
-         OneTokenKernel::kMultiToken, MultiTokenVariant::kLean, true, 0,
-         gdn::detail::LeanBuild::kOneToken},
-        {"lean multi-token kernel forced, on the full parameter block", OneTokenKernel::kMultiToken,
-         MultiTokenVariant::kLean, false, 0, gdn::detail::LeanBuild::kAuto, true},
-        {"lean multi-token kernel forced, its one-token build on the full parameter block",
-         OneTokenKernel::kMultiToken, MultiTokenVariant::kLean, false, 0,
-         gdn::detail::LeanBuild::kOneToken, true},
-        {"lean multi-token kernel forced, its one-token build loading the state first (fp32 "
-         "state in the common form)",
-         OneTokenKernel::kMultiToken, MultiTokenVariant::kLean, false, 0,
-         gdn::detail::LeanBuild::kOneToken, false, gdn::detail::LeanLoadOrder::kStateFirst},
+        {"one-token sweep kernel forced", true, VKKernel::kGeneral, false, 0},
+        {"general kernel forced", false, VKKernel::kGeneral, false, 0},
+        {"short kernel forced", false, VKKernel::kShort, false, 0},
+        {"short kernel forced, 64-bit token offsets", false, VKKernel::kShort, true, 0},
+        {"short kernel forced, 1-warp CTAs", false, VKKernel::kShort, false, 1},
+        {"short kernel forced, 3-warp CTAs (a partial last CTA per head)", false, VKKernel::kShort,
+         false, 3},
+        {"short kernel forced, its token-loop build for one-token calls", false, VKKernel::kShort,
+         false, 0, gdn::detail::ShortBuild::kTokenLoop},
+        {"short kernel forced, its one-token build for one-token calls (bf16 state)", false,
+         VKKernel::kShort, false, 0, gdn::detail::ShortBuild::kOneToken},
+        {"short kernel forced, its one-token build, 64-bit token offsets", false, VKKernel::kShort,
+         true, 0, gdn::detail::ShortBuild::kOneToken},
+        {"short kernel forced, on the full parameter block", false, VKKernel::kShort, false, 0,
+         gdn::detail::ShortBuild::kAuto, true},
+        {"short kernel forced, its one-token build on the full parameter block", false,
+         VKKernel::kShort, false, 0, gdn::detail::ShortBuild::kOneToken, true},
+        {"short kernel forced, its one-token build loading the state first (fp32 state in the "
+         "common form)",
+         false, VKKernel::kShort, false, 0, gdn::detail::ShortBuild::kOneToken, false,
+         gdn::detail::ShortLoadOrder::kStateFirst},
     };
     for (const Forced& run : forced_runs) {
-      // The one-token kernel exists only in builds with the tuning-sweep kernels
+      // The one-token sweep kernel exists only in builds with the tuning-sweep kernels
       // (built_kernels.h); GdnBuiltKernels checks the refusal elsewhere.
-      if (run.one_token == OneTokenKernel::kOneToken && !gdn::detail::kOneTokenKernelBuilt) {
-        continue;
-      }
+      if (run.one_token_sweep && !gdn::detail::kOneTokenSweepKernelBuilt) continue;
       LaunchOverride forced;
-      forced.one_token_kernel = run.one_token;
-      forced.multi_token_variant = run.variant;
+      forced.one_token_sweep = run.one_token_sweep;
+      forced.vk_kernel = run.kernel;
       forced.wide_offsets = run.wide_offsets;
       forced.warps = run.warps;
-      forced.lean_build = run.lean_build;
+      forced.short_build = run.short_build;
       forced.full_problem = run.full_problem;
       forced.load_order = run.load_order;
       SCOPED_TRACE(run.name);

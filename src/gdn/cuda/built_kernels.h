@@ -1,19 +1,21 @@
 // The GDN decode kernels that are built: one constexpr table the launchers instantiate from and
 // the dispatcher checks a launch plan against. Host code only (CPU-tested).
 //
-// The dispatcher's own choices need few shapes: each (state dtype, K) runs the multi-token
-// kernels (lean and classic) at its full lanes per row and default rows per thread. The other
-// K = 128 shapes and the one-token kernel serve tuning sweeps only (hdk-bench's --rows-per-thread,
-// --lanes-per-row, --one-token-kernel): they are built with -DHDK_GDN_SWEEP_KERNELS=ON and
+// The dispatcher's own choices need few shapes: each (state dtype, K) runs the short and general
+// kernels at its full lanes per row and default rows per thread. The other K = 128 shapes and the
+// one-token sweep kernel serve tuning sweeps only (hdk-bench's --rows-per-thread,
+// --lanes-per-row, --one-token-sweep-kernel): they are built with -DHDK_GDN_SWEEP_KERNELS=ON and
 // compiling them roughly doubles the GDN CUDA sources' build time.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <type_traits>
 #include <utility>
 
 #include "gdn/cuda/decode_launch.h"
+#include "hdk/error.h"
 
 #ifndef HDK_GDN_SWEEP_KERNELS
 #define HDK_GDN_SWEEP_KERNELS 0
@@ -26,8 +28,7 @@ namespace detail {
 // Whether this build has the sweep-only kernels (CMake option HDK_GDN_SWEEP_KERNELS).
 inline constexpr bool kSweepKernelsBuilt = HDK_GDN_SWEEP_KERNELS != 0;
 
-// One shape of the VK multi-token kernels (lean and classic): lanes sharing a state row, rows
-// each thread holds.
+// One shape of the short and general kernels: lanes sharing a state row, rows each thread holds.
 struct VKShapeEntry {
   int state_bytes;
   int head_k;
@@ -38,7 +39,7 @@ struct VKShapeEntry {
 
 constexpr VKShapeEntry default_vk_shape(int state_bytes, int head_k) {
   return {state_bytes, head_k, full_lanes_per_row(state_bytes, head_k),
-          multi_token_default_rows(state_bytes, head_k), false};
+          vk_default_rows(state_bytes, head_k), false};
 }
 
 // Every shape with an instance, the dispatcher's first. K = 128 also has the shapes the
@@ -98,9 +99,20 @@ bool launch_built_vk_shape(int lanes_per_row, int rows_per_thread, Launch&& laun
                                                     std::make_index_sequence<kVKShapeCount>());
 }
 
-// Whether the one-token kernel (gdn_decode_vk_single_kernel) is built: the dispatcher never
-// picks it (the lean kernel's builds are faster at every size, docs/gdn-cuda-dispatch.md).
-inline constexpr bool kOneTokenKernelBuilt = kSweepKernelsBuilt;
+// Whether the one-token sweep kernel (gdn_decode_vk_one_token_sweep_kernel) is built: the
+// dispatcher never picks it (the short kernel's builds are faster at every size,
+// docs/gdn-cuda-dispatch.md).
+inline constexpr bool kOneTokenSweepKernelBuilt = kSweepKernelsBuilt;
+
+// A launcher's refusal of a plan whose kernel has no instance for its shape (launch_plan_built
+// refuses such plans before any launch, so this is an internal error).
+[[noreturn]] inline void no_kernel_for(const char* kernel, int64_t head_k, int lanes_per_row,
+                                       int rows_per_thread) {
+  throw Error(std::string("hdk::gdn::decode: internal launch plan error: no ") + kernel +
+              " kernel for K = " + std::to_string(head_k) + " with " +
+              std::to_string(lanes_per_row) + " lanes per row and " +
+              std::to_string(rows_per_thread) + " rows per thread");
+}
 
 }  // namespace detail
 }  // namespace gdn

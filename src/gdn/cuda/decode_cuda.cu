@@ -1,7 +1,7 @@
 // CUDA entry of GDN decode: backend capability checks, the optional host-side index check, the
-// launch plan, and the launch. Kernels: decode_kernel_vk.cuh (and its lean variant,
-// decode_kernel_vk_lean.cuh), decode_kernel_vk_single.cuh, decode_kernel_kv.cuh; the choices and
-// the measurements behind them: docs/gdn-cuda-dispatch.md.
+// launch plan, and the launch. Kernels: decode_kernel_vk_short.cuh, decode_kernel_vk_general.cuh,
+// decode_kernel_vk_one_token_sweep.cuh, decode_kernel_kv.cuh; the choices and the measurements
+// behind them: docs/gdn-cuda-dispatch.md.
 #include "gdn/cuda/decode_cuda.h"
 
 #include <cuda_bf16.h>
@@ -18,7 +18,7 @@
 #include "gdn/cuda/built_kernels.h"
 #include "gdn/cuda/decode_launch.h"
 #include "gdn/decode_validation.h"
-#include "gdn/lean_kernel_fit.h"
+#include "gdn/short_kernel_fit.h"
 #include "hdk/error.h"
 
 namespace hdk {
@@ -103,16 +103,16 @@ int kv_columns_per_cta(DType state_dtype) {
 
 const char* decode_kernel_name(DecodeKernel kernel) {
   switch (kernel) {
-    case DecodeKernel::kVKSingle:
+    case DecodeKernel::kVKOneTokenSweep:
       return "vk1";
     case DecodeKernel::kKV:
       return "kv";
-    case DecodeKernel::kVKLean:
-      return "vkl";
-    case DecodeKernel::kVK:
+    case DecodeKernel::kVKShort:
+      return "vks";
+    case DecodeKernel::kVKGeneral:
       break;
   }
-  return "vk";
+  return "vkg";
 }
 
 LaunchPlan plan_launch(const DecodeProblem& p, const DeviceInfo& device,
@@ -130,41 +130,39 @@ LaunchPlan plan_launch(const DecodeProblem& p, const DeviceInfo& device,
     plan.ctas = heads * plan.tiles_per_head;
     return plan;
   }
-  // One token per request: the lean multi-token kernel's builds serve every such call (the
-  // one-token kernel was slower at every batch), as 1-warp CTAs above kLeanOneTokenMaxHeads,
+  // One token per request: the short kernel's builds serve every such call (the one-token
+  // sweep kernel was slower at every batch), as 1-warp CTAs above kShortOneTokenMaxHeads,
   // where a CTA's granule no longer matters and finer CTAs fill the SMs' warp slots better.
   const bool one_token = p.token_capacity == 1 || p.tokens_per_request == 1;
-  const OneTokenKernel forced_kernel = tuning.one_token_kernel;
-  const bool single = one_token && forced_kernel == OneTokenKernel::kOneToken;
+  const bool one_token_sweep = one_token && tuning.one_token_sweep;
   const int state_bytes = static_cast<int>(dtype_size(p.state_dtype));
   const int full_lanes = full_lanes_per_row(state_bytes, p.head_k);
   const int forced_rows = tuning.rows_per_thread;
   const int forced_lanes = tuning.lanes_per_row;
-  if (!single) {
-    // Multi-token kernels: independent warps. The lean variant (fewer live values) serves
-    // every call but fp32 verify with a cache of more than two tokens above
-    // kLeanFp32VerifyMaxHeads, where the classic kernel's extra registers pay for the cache
-    // writes. Lean holds one token per lane: longer requests stay classic, and so do calls whose
-    // grid would exceed its (tile, head, request) limits.
-    const MultiTokenVariant variant = tuning.multi_token_variant;
+  if (!one_token_sweep) {
+    // The short and general kernels: independent warps. The short one (fewer live values)
+    // serves every call but fp32 verify with a cache of more than two tokens above
+    // kShortFp32VerifyMaxHeads, where the general kernel's extra registers pay for the cache
+    // writes. The short kernel holds one token per lane: longer requests run the general one,
+    // and so do calls whose grid would exceed its (tile, head, request) limits.
+    const VKKernel forced_kernel = tuning.vk_kernel;
     const int64_t most_tokens = most_tokens_per_request(p);
     const bool verify_cache = p.intermediate_states != nullptr;
-    const bool lean_by_default = one_token || p.state_dtype == DType::kBFloat16 ||
-                                 most_tokens <= 2 || !verify_cache ||
-                                 heads <= kLeanFp32VerifyMaxHeads;
-    const bool lean = variant == MultiTokenVariant::kLean ||
-                      (variant == MultiTokenVariant::kAuto && lean_by_default);
+    const bool short_by_default = one_token || p.state_dtype == DType::kBFloat16 ||
+                                  most_tokens <= 2 || !verify_cache ||
+                                  heads <= kShortFp32VerifyMaxHeads;
+    const bool short_kernel =
+        forced_kernel == VKKernel::kShort || (forced_kernel == VKKernel::kAuto && short_by_default);
     plan.lanes_per_row = forced_lanes > 0 ? forced_lanes : full_lanes;
-    plan.rows_per_thread =
-        forced_rows > 0 ? forced_rows : multi_token_default_rows(state_bytes, p.head_k);
+    plan.rows_per_thread = forced_rows > 0 ? forced_rows : vk_default_rows(state_bytes, p.head_k);
     const int rows_per_warp = vk_rows_per_warp(plan.lanes_per_row, plan.rows_per_thread);
     plan.tiles_per_head = ceil_div(p.head_v, rows_per_warp);
-    plan.kernel = DecodeKernel::kVK;
-    plan.warps_per_cta = kMultiTokenWarpsPerCta;
-    const bool lean_grid_fits = p.num_requests <= kMaxGridYZ && p.num_v_heads <= kMaxGridYZ &&
-                                plan.tiles_per_head <= kMaxGridX;
-    if (lean && most_tokens <= kLeanMaxTokens && lean_grid_fits) {
-      plan.kernel = DecodeKernel::kVKLean;
+    plan.kernel = DecodeKernel::kVKGeneral;
+    plan.warps_per_cta = kVKWarpsPerCta;
+    const bool short_grid_fits = p.num_requests <= kMaxGridYZ && p.num_v_heads <= kMaxGridYZ &&
+                                 plan.tiles_per_head <= kMaxGridX;
+    if (short_kernel && most_tokens <= kShortMaxTokens && short_grid_fits) {
+      plan.kernel = DecodeKernel::kVKShort;
       plan.narrow_offsets = !tuning.wide_offsets && token_offsets_fit_32_bits(p);
       // Calls of the common form (fixed length, or SGLang's one-token decode step with
       // cu_seqlens) take the compact parameter block where an instance for it is built: each
@@ -177,32 +175,32 @@ LaunchPlan plan_launch(const DecodeProblem& p, const DeviceInfo& device,
                          common_form_built(state_bytes, p.head_k, plan.lanes_per_row,
                                            plan.rows_per_thread, bf16_input) &&
                          p.head_v % rows_per_warp == 0 &&
-                         common_form_fits(p, lean_input_piece_bytes(state_bytes, 2));
+                         common_form_fits(p, short_input_piece_bytes(state_bytes, 2));
       // The build without a token loop (one-token calls) needs fewer registers, so more warps
       // hide the state's latency: on the common form at every size; on the full parameter
-      // block (bf16 state only) above kLeanTokenLoopBuildMaxHeads, below which its longer
+      // block (bf16 state only) above kShortTokenLoopBuildMaxHeads, below which its longer
       // prologue is not hidden.
-      const LeanBuild forced_build = tuning.lean_build;
+      const ShortBuild forced_build = tuning.short_build;
       const bool bf16_state = p.state_dtype == DType::kBFloat16;
       const bool one_token_build_exists = one_token && (bf16_state || plan.common_form);
-      const bool one_token_build_pays = plan.common_form || heads > kLeanTokenLoopBuildMaxHeads;
+      const bool one_token_build_pays = plan.common_form || heads > kShortTokenLoopBuildMaxHeads;
       plan.one_token_build =
-          one_token_build_exists && (forced_build == LeanBuild::kOneToken ||
-                                     (forced_build == LeanBuild::kAuto && one_token_build_pays));
+          one_token_build_exists && (forced_build == ShortBuild::kOneToken ||
+                                     (forced_build == ShortBuild::kAuto && one_token_build_pays));
       // The state before the token's inputs, with fp32 state on the common form's one-token
       // build, unless the grid fills more than half of the warp slots without exceeding them
-      // (lean_fp32_state_first_pays): then every warp issues its loads together and the inputs'
-      // loads would wait behind all of the state's.
-      const LeanLoadOrder forced_order = tuning.load_order;
+      // (short_fp32_state_first_pays): then every warp issues its loads together and the
+      // inputs' loads would wait behind all of the state's.
+      const ShortLoadOrder forced_order = tuning.load_order;
       const int64_t grid_warps = heads * plan.tiles_per_head;
       plan.state_first = plan.common_form &&
-                         lean_state_first_built(state_bytes, plan.one_token_build) &&
-                         (forced_order == LeanLoadOrder::kStateFirst ||
-                          (forced_order == LeanLoadOrder::kAuto &&
-                           lean_fp32_state_first_pays(grid_warps, device.sm_count)));
-      if (one_token && heads > kLeanOneTokenMaxHeads) plan.warps_per_cta = 1;
+                         short_state_first_built(state_bytes, plan.one_token_build) &&
+                         (forced_order == ShortLoadOrder::kStateFirst ||
+                          (forced_order == ShortLoadOrder::kAuto &&
+                           short_fp32_state_first_pays(grid_warps, device.sm_count)));
+      if (one_token && heads > kShortOneTokenMaxHeads) plan.warps_per_cta = 1;
       const int forced_warps = tuning.warps;
-      if (forced_warps >= 1 && forced_warps <= kMultiTokenWarpsPerCta) {
+      if (forced_warps >= 1 && forced_warps <= kVKWarpsPerCta) {
         plan.warps_per_cta = forced_warps;
       }
       plan.ctas = heads * ceil_div(plan.tiles_per_head, plan.warps_per_cta);
@@ -211,10 +209,10 @@ LaunchPlan plan_launch(const DecodeProblem& p, const DeviceInfo& device,
     plan.ctas = ceil_div(heads * plan.tiles_per_head, plan.warps_per_cta);
     return plan;
   }
-  // One-token kernel, 2 warps per CTA, capped at 64 registers (32 warps per SM): fp32 state
+  // One-token sweep kernel, 2 warps per CTA, capped at 64 registers (32 warps per SM): fp32 state
   // 8 rows per thread, which fit the cap except at K = 256; bf16 4 rows, which fit it, where 8
   // would need 124 (H100, B = 256: bf16 R=4 82.5% of copy vs R=8 74.0%; fp32 R=8 96.2%).
-  plan.kernel = DecodeKernel::kVKSingle;
+  plan.kernel = DecodeKernel::kVKOneTokenSweep;
   plan.lanes_per_row = full_lanes;
   const bool eight_fit = p.state_dtype == DType::kFloat32 && p.head_k <= 128;
   plan.rows_per_thread = eight_fit ? 8 : 4;
@@ -236,10 +234,10 @@ bool launch_plan_built(const DecodeProblem& problem, const LaunchPlan& plan) {
   switch (plan.kernel) {
     case DecodeKernel::kKV:
       return true;
-    case DecodeKernel::kVKSingle:
-      return kOneTokenKernelBuilt;
-    case DecodeKernel::kVK:
-    case DecodeKernel::kVKLean:
+    case DecodeKernel::kVKOneTokenSweep:
+      return kOneTokenSweepKernelBuilt;
+    case DecodeKernel::kVKGeneral:
+    case DecodeKernel::kVKShort:
       break;
   }
   const VKShapeEntry* entry =
@@ -265,41 +263,41 @@ LaunchPlan decode_cuda(const DecodeProblem& problem, int device, bool check_indi
                 " rows per thread) has no kernel in this build: tuning-sweep kernels are built "
                 "with -DHDK_GDN_SWEEP_KERNELS=ON");
   }
-  if (plan.kernel != DecodeKernel::kVKLean && plan.ctas > kMaxGridX) {
+  if (plan.kernel != DecodeKernel::kVKShort && plan.ctas > kMaxGridX) {
     throw Error("hdk::gdn::decode: " + std::to_string(plan.ctas) +
                 " CTAs exceed the CUDA grid limit; split the batch");
   }
   const bool fp32 = problem.state_dtype == DType::kFloat32;
-  if (plan.kernel == DecodeKernel::kVKSingle) {
+  if (plan.kernel == DecodeKernel::kVKOneTokenSweep) {
     if (fp32) {
-      launch_decode_vk_single<float>(problem, plan.warps_per_cta, plan.rows_per_thread,
-                                     plan.tiles_per_head, cuda_stream);
+      launch_decode_vk_one_token_sweep<float>(problem, plan.warps_per_cta, plan.rows_per_thread,
+                                              plan.tiles_per_head, cuda_stream);
     } else {
-      launch_decode_vk_single<__nv_bfloat16>(problem, plan.warps_per_cta, plan.rows_per_thread,
-                                             plan.tiles_per_head, cuda_stream);
+      launch_decode_vk_one_token_sweep<__nv_bfloat16>(
+          problem, plan.warps_per_cta, plan.rows_per_thread, plan.tiles_per_head, cuda_stream);
     }
-  } else if (plan.kernel == DecodeKernel::kVKLean) {
-    LeanLaunch lean;
-    lean.warps_per_cta = plan.warps_per_cta;
-    lean.lanes_per_row = plan.lanes_per_row;
-    lean.rows_per_thread = plan.rows_per_thread;
-    lean.tiles_per_head = plan.tiles_per_head;
-    lean.narrow_offsets = plan.narrow_offsets;
-    lean.one_token = plan.one_token_build;
-    lean.common_form = plan.common_form;
-    lean.state_first = plan.state_first;
+  } else if (plan.kernel == DecodeKernel::kVKShort) {
+    ShortLaunch launch;
+    launch.warps_per_cta = plan.warps_per_cta;
+    launch.lanes_per_row = plan.lanes_per_row;
+    launch.rows_per_thread = plan.rows_per_thread;
+    launch.tiles_per_head = plan.tiles_per_head;
+    launch.narrow_offsets = plan.narrow_offsets;
+    launch.one_token = plan.one_token_build;
+    launch.common_form = plan.common_form;
+    launch.state_first = plan.state_first;
     if (fp32) {
-      launch_decode_vk_lean<float>(problem, lean, cuda_stream);
+      launch_decode_vk_short<float>(problem, launch, cuda_stream);
     } else {
-      launch_decode_vk_lean<__nv_bfloat16>(problem, lean, cuda_stream);
+      launch_decode_vk_short<__nv_bfloat16>(problem, launch, cuda_stream);
     }
-  } else if (plan.kernel == DecodeKernel::kVK) {
+  } else if (plan.kernel == DecodeKernel::kVKGeneral) {
     if (fp32) {
-      launch_decode_vk<float>(problem, plan.lanes_per_row, plan.rows_per_thread,
-                              plan.tiles_per_head, cuda_stream);
-    } else {
-      launch_decode_vk<__nv_bfloat16>(problem, plan.lanes_per_row, plan.rows_per_thread,
+      launch_decode_vk_general<float>(problem, plan.lanes_per_row, plan.rows_per_thread,
                                       plan.tiles_per_head, cuda_stream);
+    } else {
+      launch_decode_vk_general<__nv_bfloat16>(problem, plan.lanes_per_row, plan.rows_per_thread,
+                                              plan.tiles_per_head, cuda_stream);
     }
   } else if (fp32) {
     launch_decode_kv<float>(problem, plan.tiles_per_head, cuda_stream);

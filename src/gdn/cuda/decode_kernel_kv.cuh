@@ -60,7 +60,7 @@ __global__ void __launch_bounds__(K, KVShape<StateT, K>::kMinCtasPerSm)
   const bool column_valid = column < p.head_v;               // V is a multiple of kVec
 
   // Token loads first (this warp's token inputs, a share of v), then the pool index, then the
-  // state: see decode_kernel_vk.cuh for why the order matters.
+  // state: see decode_kernel_vk_general.cuh for why the order matters.
   constexpr int kValuesLoadedPerThread = (kChunk * Shape::kColumns + K - 1) / K;
   TokenInputs<K> inputs;
   float loaded_v[kValuesLoadedPerThread];

@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "gdn/cuda/decode_vk_lean_registers.h"
+#include "gdn/cuda/decode_vk_short_registers.h"
 #include "gdn/decode_problem.h"
 
 namespace hdk {
@@ -27,84 +27,84 @@ constexpr int vk_rows_per_warp(int lanes_per_row, int rows_per_thread) {
   return (32 / lanes_per_row) * rows_per_thread;
 }
 
-// The multi-token kernel's rows per thread where the dispatcher has no measured choice: as
+// The short and general kernels' rows per thread where the dispatcher has no measured choice: as
 // many as keep every dot owned by one lane after the butterfly (2 x rows <= lanes) and the
 // fp32 state within 32 registers per thread.
-constexpr int multi_token_default_rows(int state_bytes, int64_t head_k) {
+constexpr int vk_default_rows(int state_bytes, int64_t head_k) {
   const int lanes = full_lanes_per_row(state_bytes, head_k);
   const int by_lanes = lanes / 2;
   const int by_registers = static_cast<int>(32 / (head_k / lanes));
   return by_lanes < by_registers ? by_lanes : by_registers;
 }
 
-// Warps per CTA of the multi-token kernel: its warps never wait for each other, so this only
-// sets the scheduling granule.
-constexpr int kMultiTokenWarpsPerCta = 4;
+// Warps per CTA of the short and general kernels (the short one may run fewer): their warps
+// never wait for each other, so this only sets the scheduling granule.
+constexpr int kVKWarpsPerCta = 4;
 
-// One-token calls with more than this many (request, value head) pairs run the lean multi-token
-// kernel as 1-warp CTAs (docs/gdn-cuda-dispatch.md has the measurements).
-constexpr int64_t kLeanOneTokenMaxHeads = 1024;
+// One-token calls with more than this many (request, value head) pairs run the short kernel as
+// 1-warp CTAs (docs/gdn-cuda-dispatch.md has the measurements).
+constexpr int64_t kShortOneTokenMaxHeads = 1024;
 
-// One-token calls with bf16 state and at most this many (request, value head) pairs run the lean
+// One-token calls with bf16 state and at most this many (request, value head) pairs run the short
 // kernel's build with the token loop, more run its one-token build, on the full parameter block;
 // calls of the common form run the one-token build at every size (docs/gdn-cuda-dispatch.md has
 // the measurements).
-constexpr int64_t kLeanTokenLoopBuildMaxHeads = 192;
+constexpr int64_t kShortTokenLoopBuildMaxHeads = 192;
 
 // Whether the common form's one-token build with fp32 state loads the state before the token's
 // inputs, for a grid of `warps` warps on `sm_count` SMs (64 registers a thread: 32 warps an SM):
 // yes, unless the grid fills more than half of the warp slots without exceeding them. Then every
 // warp's loads are issued together, and the inputs' loads would wait behind all of the state's
 // (docs/gdn-cuda-dispatch.md has the measurements).
-constexpr bool lean_fp32_state_first_pays(int64_t warps, int sm_count) {
+constexpr bool short_fp32_state_first_pays(int64_t warps, int sm_count) {
   constexpr int64_t kRegistersPerSm = 65536;
-  const int64_t warps_per_sm = kRegistersPerSm / (lean_common_form_register_cap(4, true) * 32);
+  const int64_t warps_per_sm = kRegistersPerSm / (short_common_form_register_cap(4, true) * 32);
   const int64_t resident = sm_count * warps_per_sm;
   return warps > resident || 2 * warps <= resident;
 }
 
-// The lean kernel's instances that load the state before the token's inputs: the common form's
+// The short kernel's instances that load the state before the token's inputs: the common form's
 // one-token build with fp32 state (bf16 state spilled in that order at the one-token build's
 // register caps).
-constexpr bool lean_state_first_built(int state_bytes, bool one_token) {
+constexpr bool short_state_first_built(int state_bytes, bool one_token) {
   return state_bytes == 4 && one_token;
 }
 
-// Verify calls with fp32 state and more than two tokens per request run the lean kernel up to
-// this many (request, value head) pairs, the classic one above (docs/gdn-cuda-dispatch.md has
+// Verify calls with fp32 state and more than two tokens per request run the short kernel up to
+// this many (request, value head) pairs, the general one above (docs/gdn-cuda-dispatch.md has
 // the measurements).
-constexpr int64_t kLeanFp32VerifyMaxHeads = 1024;
+constexpr int64_t kShortFp32VerifyMaxHeads = 1024;
 
-// CUDA grid limits: x, then y and z. The lean kernel's grid is (CTA of row tiles, value head,
-// request), so it takes at most 65535 requests (larger batches run the classic kernel); the
+// CUDA grid limits: x, then y and z. The short kernel's grid is (CTA of row tiles, value head,
+// request), so it takes at most 65535 requests (larger batches run the general kernel); the
 // other kernels' grids are one-dimensional.
 constexpr int64_t kMaxGridX = 0x7fffffff;
 constexpr int64_t kMaxGridYZ = 65535;
 
-// The lean kernel's instances built for calls of the common form (common_decode_problem.h): bf16
+// The short kernel's instances built for calls of the common form (common_decode_problem.h): bf16
 // q/k/v, K = 128, the dispatcher's default shape for the state dtype (lanes per row, rows per
 // thread). Other shapes and input types run on the full DecodeProblem.
 constexpr bool common_form_built(int state_bytes, int64_t head_k, int lanes_per_row,
                                  int rows_per_thread, bool bf16_input) {
   return bf16_input && head_k == 128 && lanes_per_row == full_lanes_per_row(state_bytes, head_k) &&
-         rows_per_thread == multi_token_default_rows(state_bytes, head_k);
+         rows_per_thread == vk_default_rows(state_bytes, head_k);
 }
 
-// Bytes of q (and k) one lane of the lean kernel loads as one piece: a state fragment's columns
+// Bytes of q (and k) one lane of the short kernel loads as one piece: a state fragment's columns
 // (16 bytes of state) in the input type.
-constexpr int64_t lean_input_piece_bytes(int state_bytes, int input_bytes) {
+constexpr int64_t short_input_piece_bytes(int state_bytes, int input_bytes) {
   return (16 / state_bytes) * input_bytes;
 }
 
-// The multi-token kernel: every warp owns rows_per_thread x (32 / lanes_per_row) rows of one
-// head; tiles_per_head counts warps.
+// The general kernel: every warp owns rows_per_thread x (32 / lanes_per_row) rows of one head;
+// tiles_per_head counts warps.
 template <typename StateT>
-void launch_decode_vk(const DecodeProblem& problem, int lanes_per_row, int rows_per_thread,
-                      int64_t tiles_per_head, cudaStream_t stream);
+void launch_decode_vk_general(const DecodeProblem& problem, int lanes_per_row, int rows_per_thread,
+                              int64_t tiles_per_head, cudaStream_t stream);
 
-// How the lean variant of the multi-token kernel is launched: its shape (the multi-token
-// kernel's), its grid, and which of its builds runs.
-struct LeanLaunch {
+// How the short kernel is launched: its shape (one of kVKShapes, as for the general kernel), its
+// grid, and which of its builds runs.
+struct ShortLaunch {
   int warps_per_cta = 0;
   int lanes_per_row = 0;
   int rows_per_thread = 0;
@@ -118,15 +118,15 @@ struct LeanLaunch {
   // parameters go as a CommonDecodeProblem.
   bool common_form = false;
   // Load the state before the token's inputs (q, k, v, gates); only where
-  // lean_state_first_built holds, in the common form.
+  // short_state_first_built holds, in the common form.
   bool state_first = false;
 };
 
-// The lean variant of the multi-token kernel (decode_kernel_vk_lean.cuh), same shapes; only for
-// calls whose requests have at most kLeanMaxTokens tokens.
+// The short kernel (decode_kernel_vk_short.cuh), at the general kernel's shapes; only for calls
+// whose requests have at most kShortMaxTokens tokens.
 template <typename StateT>
-void launch_decode_vk_lean(const DecodeProblem& problem, const LeanLaunch& launch,
-                           cudaStream_t stream);
+void launch_decode_vk_short(const DecodeProblem& problem, const ShortLaunch& launch,
+                            cudaStream_t stream);
 
 // Throws unless tiles_per_head tiles of warps_per_cta x rows_per_warp rows cover a head's V
 // rows: the host's launch plan must agree with the compile-time shape of the kernel it picked,
@@ -134,10 +134,12 @@ void launch_decode_vk_lean(const DecodeProblem& problem, const LeanLaunch& launc
 void check_row_coverage(const DecodeProblem& problem, int warps_per_cta, int rows_per_warp,
                         int64_t tiles_per_head);
 
-// One token per request (T = 1, or a capacity of 1 with cu_seqlens); rows per thread 4 or 8.
+// The one-token sweep kernel: one token per request (T = 1, or a capacity of 1 with
+// cu_seqlens); rows per thread 4 or 8.
 template <typename StateT>
-void launch_decode_vk_single(const DecodeProblem& problem, int warps_per_cta, int rows_per_thread,
-                             int64_t tiles_per_head, cudaStream_t stream);
+void launch_decode_vk_one_token_sweep(const DecodeProblem& problem, int warps_per_cta,
+                                      int rows_per_thread, int64_t tiles_per_head,
+                                      cudaStream_t stream);
 
 template <typename StateT>
 void launch_decode_kv(const DecodeProblem& problem, int64_t tiles_per_head, cudaStream_t stream);

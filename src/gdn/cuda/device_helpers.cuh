@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "gdn/common_decode_problem.h"
+#include "gdn/cuda/decode_launch.h"
 #include "gdn/decode_problem.h"
 #include "gdn/gating.h"
 
@@ -46,11 +47,11 @@ __device__ __forceinline__ void store_element(void* base, DType dtype, int64_t o
 }
 
 // One 16-byte global store, written out: from a plain uint4 or float4 store the compiler made
-// four 4-byte stores in some places (the multi-token kernels' final state store), four times
-// the store instructions and L2 write requests for the same bytes. The lean kernel's final store
-// uses it; elsewhere the plain store stays (Fragment::store): inside the token loops it already
-// compiles to one instruction, and the asm, which pins the four words into one register quad,
-// made instances of both multi-token kernels spill.
+// four 4-byte stores in some places (the short and general kernels' final state store), four
+// times the store instructions and L2 write requests for the same bytes. The short kernel's final
+// store uses it; elsewhere the plain store stays (Fragment::store): inside the token loops it
+// already compiles to one instruction, and the asm, which pins the four words into one register
+// quad, made instances of both the short and the general kernel spill.
 __device__ __forceinline__ void store_16_bytes(void* target, uint32_t w0, uint32_t w1, uint32_t w2,
                                                uint32_t w3) {
   asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(__cvta_generic_to_global(target)),
@@ -112,6 +113,27 @@ struct Fragment<__nv_bfloat16> {
     pack(values, words);
     store_16_bytes(target, words[0], words[1], words[2], words[3]);
   }
+};
+
+// Lanes that share one state row when each lane reads whole 16-byte fragments: K / (elements
+// per fragment), at most a warp.
+template <typename StateT, int K>
+constexpr int full_lanes_per_row() {
+  return full_lanes_per_row(static_cast<int>(sizeof(StateT)), K);
+}
+
+// A VK kernel's row tile: kRowsPerThread rows a thread, kLanes lanes a row, in 16-byte
+// fragments.
+template <typename StateT, int K, int kRowsPerThread, int kLanes = full_lanes_per_row<StateT, K>()>
+struct VKShape {
+  static constexpr int kVec = Fragment<StateT>::kSize;  // one 16-byte access per fragment
+  static constexpr int kLanesPerRow = kLanes;
+  static_assert(kLanes >= 1 && kLanes <= 32 && (kLanes & (kLanes - 1)) == 0, "lanes per row");
+  static_assert(K % (kVec * kLanes) == 0, "a row is whole fragments per lane");
+  static constexpr int kFragmentsPerLane = K / (kVec * kLanesPerRow);
+  static constexpr int kValuesPerLane = kFragmentsPerLane * kVec;  // state floats per row
+  static constexpr int kRowsPerPass = 32 / kLanesPerRow;           // rows one warp load covers
+  static constexpr int kRowsPerWarp = kRowsPerPass * kRowsPerThread;
 };
 
 // n contiguous elements of an input tensor (q or k) into fp32 registers: one vector load when
@@ -662,8 +684,8 @@ __device__ __forceinline__ void count_refused_head(const Problem& p) {
 // The first of tokens origin .. origin + count - 1 of one (request, value head) with a NaN or an
 // infinity among its inputs (q and k of its query/key head, its v, its two gate inputs), as an
 // offset from origin, on every lane; count when there is none. For the kernels that do not check
-// the inputs as they load them (kKV, the one-token kernel): 32 tokens at a time, each a single
-// round of loads.
+// the inputs as they load them (kKV, the one-token sweep kernel): 32 tokens at a time, each a
+// single round of loads.
 __device__ __forceinline__ int64_t first_nonfinite_token(const DecodeProblem& p,
                                                          int64_t request_row, int64_t origin,
                                                          int64_t count, int64_t hv, int lane) {

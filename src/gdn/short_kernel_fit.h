@@ -1,6 +1,6 @@
-// Host-side checks that decide which build of the CUDA lean multi-token kernel a validated call
-// may use (decode_kernel_vk_lean.cuh): whether its per-token offsets fit in 32 bits, and whether
-// its requests are short enough for the kernel's one-token-per-lane scalars. Plain C++ so the
+// Host-side checks that decide which build of the CUDA short kernel a validated call may use
+// (decode_kernel_vk_short.cuh): whether its per-token offsets fit in 32 bits, and whether its
+// requests are short enough for the kernel's one-token-per-lane scalars. Plain C++ so the
 // CPU tests cover them.
 #pragma once
 
@@ -13,9 +13,9 @@ namespace hdk {
 namespace gdn {
 namespace detail {
 
-// Most tokens one request may have in a call the lean kernel runs: token t's gates (and per-token
+// Most tokens one request may have in a call the short kernel runs: token t's gates (and per-token
 // slot) are held by lane t of the warp.
-constexpr int64_t kLeanMaxTokens = 32;
+constexpr int64_t kShortMaxTokens = 32;
 
 // The largest |element offset| a kernel forms into a per-token tensor of `rows` x `tokens` x
 // `heads` x `row_length` (the last dim contiguous): every stride taken by magnitude, so negative
@@ -29,7 +29,7 @@ inline int64_t token_tensor_reach(const TokenTensor& x, int64_t rows, int64_t to
          (row_length > 0 ? row_length - 1 : 0);
 }
 
-// Whether every offset the lean kernel computes in 32 bits fits: offsets into q, k, v, out and
+// Whether every offset the short kernel computes in 32 bits fits: offsets into q, k, v, out and
 // the gate tensors, the request and head indices (B x HV), and pool slot numbers (their byte
 // offsets stay 64-bit, as do the verify cache's).
 inline bool token_offsets_fit_32_bits(const DecodeProblem& p) {
@@ -63,7 +63,7 @@ inline int64_t most_tokens_per_request(const DecodeProblem& p) {
   return p.variable_length ? p.token_capacity : p.tokens_per_request;
 }
 
-// Whether the per-token pool slots of 2-D state_indices are written (the lean kernel compiles
+// Whether the per-token pool slots of 2-D state_indices are written (the short kernel compiles
 // that path only into the instances it launches for such calls).
 inline bool writes_token_slots(const DecodeProblem& p) {
   return p.update_state && p.index_mode == IndexMode::kPerToken;

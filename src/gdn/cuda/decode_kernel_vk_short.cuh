@@ -1,16 +1,17 @@
-// GDN decode for pools in layout kVK, any number of tokens: the lean variant of the multi-token
-// kernel (decode_kernel_vk.cuh). Same work split and the same arithmetic per row (a warp owns a
-// tile of rows of one (request, head), each lane R rows x K / L columns in fp32 registers across
-// the tokens, one butterfly for all dots), with fewer values live in the token loop, so that
-// more warps fit an SM without a spill (the classic kernel takes 146-174 registers uncapped and
-// is capped at 128):
+// GDN decode for pools in layout kVK, requests of up to 32 tokens: every one-token call, and the
+// multi-token calls the dispatcher does not send to the general kernel (docs/gdn-cuda-dispatch.md).
+// The general kernel's work split and arithmetic per row
+// (decode_kernel_vk_general.cuh: a warp owns a tile of rows of one (request, head), each lane
+// R rows x K / L columns in fp32 registers across the tokens, one butterfly for all dots), with
+// fewer values live in the token loop, so that more warps fit an SM without a spill (the general
+// kernel takes 146-174 registers uncapped and is capped at 128):
 // - q, k and v have their dtype as a template parameter, and q and k stay in the 32-bit words
 //   they were loaded as; an element is converted where it is used (a shift or a mask for
 //   bf16), once per column for all rows (columns outside, rows inside);
 // - the decay and beta of token t are computed once, by lane t of the warp, before the first
 //   token, and broadcast by a shuffle when the token runs: no lane holds the gate inputs of the
 //   next token or computes exp and sigmoid for every token. So a call runs here only when no
-//   request has more than 32 tokens (kLeanMaxTokens; the dispatcher checks it): reloading the
+//   request has more than 32 tokens (kShortMaxTokens; the dispatcher checks it): reloading the
 //   gates inside the loop every 32 tokens raised the lowest spill-free register cap by 8;
 // - token offsets (q, k, v, out, the gates) are 32-bit where the host proved every offset of the
 //   call fits (token_offsets_fit_32_bits); pool and verify-cache offsets stay 64-bit;
@@ -44,13 +45,12 @@
 
 #include "core/fast_divide.h"
 #include "gdn/common_decode_problem.h"
-#include "gdn/cuda/decode_kernel_vk.cuh"
 #include "gdn/cuda/decode_launch.h"
-#include "gdn/cuda/decode_vk_lean_registers.h"
+#include "gdn/cuda/decode_vk_short_registers.h"
 #include "gdn/cuda/device_helpers.cuh"
 #include "gdn/decode_problem.h"
 #include "gdn/gating.h"
-#include "gdn/lean_kernel_fit.h"
+#include "gdn/short_kernel_fit.h"
 #include "hdk/dtype.h"
 
 namespace hdk {
@@ -123,15 +123,15 @@ __device__ __forceinline__ void hide_from_hoisting(T& value) {
   }
 }
 
-// Register cap of each lean instance (decode_vk_lean_registers.h).
+// Register cap of each instance (decode_vk_short_registers.h).
 template <typename StateT, typename InputT, int K, int kRowsPerThread, int kLanes,
           bool kNarrowOffsets, bool kTokenSlots, bool kOneToken>
-constexpr int lean_multi_token_registers() {
-  constexpr LeanInput kInput = std::is_same_v<InputT, float>    ? LeanInput::kFp32
-                               : std::is_same_v<InputT, __half> ? LeanInput::kFp16
-                                                                : LeanInput::kBf16;
-  return lean_register_cap(static_cast<int>(sizeof(StateT)), kInput, K, kRowsPerThread, kLanes,
-                           kNarrowOffsets, kTokenSlots, kOneToken);
+constexpr int short_kernel_registers() {
+  constexpr ShortInput kInput = std::is_same_v<InputT, float>    ? ShortInput::kFp32
+                                : std::is_same_v<InputT, __half> ? ShortInput::kFp16
+                                                                 : ShortInput::kBf16;
+  return short_register_cap(static_cast<int>(sizeof(StateT)), kInput, K, kRowsPerThread, kLanes,
+                            kNarrowOffsets, kTokenSlots, kOneToken);
 }
 
 // The q/k head that value head hv reads.
@@ -148,8 +148,8 @@ __device__ __forceinline__ int qk_head_of(const CommonDecodeProblem& p, int hv) 
 template <typename Problem, typename StateT, typename InputT, int K, int kRowsPerThread, int kLanes,
           bool kNarrowOffsets, bool kTokenSlots, bool kOneToken, bool kStateFirst,
           int kMaxRegisters>
-__global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxRegisters)
-    gdn_decode_vk_lean_kernel(int tiles_per_head, const Problem p) {
+__global__ void __launch_bounds__(kVKWarpsPerCta * 32) __maxnreg__(kMaxRegisters)
+    gdn_decode_vk_short_kernel(int tiles_per_head, const Problem p) {
   // tiles_per_head comes first: it then shares the parameters' first constant-cache line with
   // the head of `p` (both problem types' field order) instead of taking a line of its own.
   constexpr bool kCommonForm = std::is_base_of_v<CommonDecodeProblem, Problem>;
@@ -248,7 +248,7 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
                ? load_input_bits<InputT>(p.v.data, token_at(p.v, token, hv) + row_of(owned_row))
                : 0u;
   };
-  // Per-token scalars, token j of the request in lane j (at most kLeanMaxTokens tokens): the
+  // Per-token scalars, token j of the request in lane j (at most kShortMaxTokens tokens): the
   // gate inputs (raw bits), turned into decay and beta once they arrived, and with per-token
   // slots the slot the state after the token goes to.
   // Each dtype read on its mode's path only: a select would read g and beta, whose constant-cache
@@ -449,7 +449,7 @@ __global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxR
       hide_from_hoisting(hv);
       hide_from_hoisting(h);
     }
-    const int token_lane = static_cast<int>(t);  // t < kLeanMaxTokens
+    const int token_lane = static_cast<int>(t);  // t < kShortMaxTokens
     // Token t's scalars: in lane t, or in every lane in the one-token build.
     auto token_scalar = [&](auto value) {
       return kOneToken ? value : __shfl_sync(0xffffffffu, value, token_lane);

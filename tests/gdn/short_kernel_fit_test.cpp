@@ -1,4 +1,4 @@
-// The host-side checks that pick a build of the CUDA lean multi-token kernel: 32-bit token
+// The host-side checks that pick a build of the CUDA short kernel: 32-bit token
 // offsets only where every offset fits, and the most tokens a request can run; with the CUDA
 // backend built, the dispatcher's choice of kernel and warps per CTA (plan_launch). Plain C++,
 // so these run on the CPU.
@@ -9,7 +9,7 @@
 #include <tuple>
 
 #include "gdn/decode_problem.h"
-#include "gdn/lean_kernel_fit.h"
+#include "gdn/short_kernel_fit.h"
 #include "hdk/dtype.h"
 #include "support/gdn_case.h"
 #include "support/gdn_host_call.h"
@@ -50,20 +50,20 @@ DecodeProblem contiguous_problem(int64_t B, int64_t T, int64_t H, int64_t HV, in
   return p;
 }
 
-TEST(GdnLeanKernelFit, ReachOfAContiguousTensorIsItsLastElement) {
+TEST(GdnShortKernelFit, ReachOfAContiguousTensorIsItsLastElement) {
   const DecodeProblem p = contiguous_problem(3, 2, 4, 8, 16, 32);
   EXPECT_EQ(gdn::detail::token_tensor_reach(p.q, 3, 2, 4, 16), 3 * 2 * 4 * 16 - 1);
   EXPECT_EQ(gdn::detail::token_tensor_reach(p.out, 3, 2, 8, 32), 3 * 2 * 8 * 32 - 1);
   EXPECT_EQ(gdn::detail::token_tensor_reach(p.a, 3, 2, 8, 1), 3 * 2 * 8 - 1);
 }
 
-TEST(GdnLeanKernelFit, NegativeStridesCountByMagnitude) {
+TEST(GdnShortKernelFit, NegativeStridesCountByMagnitude) {
   TokenTensor x;
   x.stride_request = -1000, x.stride_token = 10, x.stride_head = -1;
   EXPECT_EQ(gdn::detail::token_tensor_reach(x, 4, 3, 5, 1), 3 * 1000 + 2 * 10 + 4);
 }
 
-TEST(GdnLeanKernelFit, TokenOffsetsFitUpToInt32Max) {
+TEST(GdnShortKernelFit, TokenOffsetsFitUpToInt32Max) {
   // v and out of B x 1 x HV x V elements: the last offset is B * HV * V - 1.
   const int64_t HV = 64, V = 128, K = 128, H = 16;
   const int64_t fits = (kInt32Max + 1) / (HV * V);  // last offset exactly kInt32Max
@@ -72,7 +72,7 @@ TEST(GdnLeanKernelFit, TokenOffsetsFitUpToInt32Max) {
       gdn::detail::token_offsets_fit_32_bits(contiguous_problem(fits + 1, 1, H, HV, K, V)));
 }
 
-TEST(GdnLeanKernelFit, EachTensorAndIndexCanForceWideOffsets) {
+TEST(GdnShortKernelFit, EachTensorAndIndexCanForceWideOffsets) {
   const DecodeProblem base = contiguous_problem(4, 2, 2, 4, 64, 32);
   ASSERT_TRUE(gdn::detail::token_offsets_fit_32_bits(base));
   for (int which = 0; which < 8; ++which) {
@@ -96,7 +96,7 @@ TEST(GdnLeanKernelFit, EachTensorAndIndexCanForceWideOffsets) {
   EXPECT_FALSE(gdn::detail::token_offsets_fit_32_bits(p));
 }
 
-TEST(GdnLeanKernelFit, VariableLengthUsesTheTokenDimension) {
+TEST(GdnShortKernelFit, VariableLengthUsesTheTokenDimension) {
   DecodeProblem p = contiguous_problem(1, 5, 2, 4, 64, 32);
   p.variable_length = true;
   p.num_requests = 5;
@@ -110,7 +110,7 @@ TEST(GdnLeanKernelFit, VariableLengthUsesTheTokenDimension) {
 }
 
 // Through validation: the checks see the strides and sizes a real call produces.
-TEST(GdnLeanKernelFit, ValidatedCallsOfTheTestGrid) {
+TEST(GdnShortKernelFit, ValidatedCallsOfTheTestGrid) {
   GdnCaseConfig config;
   config.B = 3, config.T = 4, config.H = 2, config.HV = 4, config.K = 64, config.V = 32;
   config.indices = IndexKind::kPerToken;
@@ -122,12 +122,12 @@ TEST(GdnLeanKernelFit, ValidatedCallsOfTheTestGrid) {
   EXPECT_EQ(gdn::detail::most_tokens_per_request(p), 4);
   EXPECT_TRUE(gdn::detail::writes_token_slots(p));
 
-  config.varlen_lengths = {2, 40, 1};  // a request longer than the lean kernel takes
+  config.varlen_lengths = {2, 40, 1};  // a request longer than the short kernel takes
   config.indices = IndexKind::kPerRequest;
   config.num_accepted_tokens = false;
   const HostCall varlen(config);
   const DecodeProblem& q = varlen.problem();
-  EXPECT_GT(gdn::detail::most_tokens_per_request(q), gdn::detail::kLeanMaxTokens);
+  EXPECT_GT(gdn::detail::most_tokens_per_request(q), gdn::detail::kShortMaxTokens);
   EXPECT_FALSE(gdn::detail::writes_token_slots(q));
 }
 
@@ -148,7 +148,7 @@ DecodeProblem qwen_problem(int64_t B, int64_t T, DType state, bool verify) {
   return p;
 }
 
-TEST(GdnLaunchPlan, OneTokenCallsRunTheLeanKernel) {
+TEST(GdnLaunchPlan, OneTokenCallsRunTheShortKernel) {
   // 4-warp CTAs up to 1024 heads, 1-warp CTAs above (the measurements in plan_launch), with
   // either state dtype; fp32 at every batch on the common form's 32 lanes x 8 rows.
   for (const auto& [B, state, warps] :
@@ -158,7 +158,7 @@ TEST(GdnLaunchPlan, OneTokenCallsRunTheLeanKernel) {
         std::tuple{512, DType::kFloat32, 1}}) {
     const LaunchPlan chosen = plan_with(qwen_problem(B, 1, state, false));
     SCOPED_TRACE(::testing::Message() << "B = " << B << ", " << dtype_name(state));
-    EXPECT_EQ(chosen.kernel, DecodeKernel::kVKLean);
+    EXPECT_EQ(chosen.kernel, DecodeKernel::kVKShort);
     EXPECT_EQ(chosen.warps_per_cta, warps);
     // CTAs of the (row-tile CTA, head, request) grid: 16 tiles of 8 rows per head.
     EXPECT_EQ(chosen.tiles_per_head, 16);
@@ -172,38 +172,38 @@ TEST(GdnLaunchPlan, Fp32MultiTokenCallsRunTheKernelThatMeasuredFaster) {
     bool verify;
     DecodeKernel kernel;
   };
-  for (const Expectation& e : {Expectation{256, 2, true, DecodeKernel::kVKLean},
-                               Expectation{2, 8, true, DecodeKernel::kVKLean},   // 128 heads
-                               Expectation{16, 8, true, DecodeKernel::kVKLean},  // 1024 heads
-                               Expectation{17, 8, true, DecodeKernel::kVK},      // 1088 heads
-                               Expectation{256, 4, true, DecodeKernel::kVK},
-                               Expectation{256, 8, false, DecodeKernel::kVKLean}}) {  // no cache
+  for (const Expectation& e : {Expectation{256, 2, true, DecodeKernel::kVKShort},
+                               Expectation{2, 8, true, DecodeKernel::kVKShort},     // 128 heads
+                               Expectation{16, 8, true, DecodeKernel::kVKShort},    // 1024 heads
+                               Expectation{17, 8, true, DecodeKernel::kVKGeneral},  // 1088 heads
+                               Expectation{256, 4, true, DecodeKernel::kVKGeneral},
+                               Expectation{256, 8, false, DecodeKernel::kVKShort}}) {  // no cache
     SCOPED_TRACE(::testing::Message()
                  << "B = " << e.B << ", T = " << e.T << ", verify " << e.verify);
     EXPECT_EQ(plan_with(qwen_problem(e.B, e.T, DType::kFloat32, e.verify)).kernel, e.kernel);
   }
-  // bf16 state: the lean kernel for every multi-token call it can hold.
-  EXPECT_EQ(plan_with(qwen_problem(256, 8, DType::kBFloat16, true)).kernel, DecodeKernel::kVKLean);
+  // bf16 state: the short kernel for every multi-token call it can hold.
+  EXPECT_EQ(plan_with(qwen_problem(256, 8, DType::kBFloat16, true)).kernel, DecodeKernel::kVKShort);
 }
 
-TEST(GdnLaunchPlan, CallsTheLeanKernelCannotHoldRunTheClassicOne) {
-  // More tokens per request than a lane of the lean kernel holds.
+TEST(GdnLaunchPlan, CallsTheShortKernelCannotHoldRunTheGeneralOne) {
+  // More tokens per request than a lane of the short kernel holds.
   EXPECT_EQ(
-      plan_with(qwen_problem(4, gdn::detail::kLeanMaxTokens + 1, DType::kBFloat16, true)).kernel,
-      DecodeKernel::kVK);
-  // More requests than the lean kernel's grid takes in its z dimension, also when forced.
+      plan_with(qwen_problem(4, gdn::detail::kShortMaxTokens + 1, DType::kBFloat16, true)).kernel,
+      DecodeKernel::kVKGeneral);
+  // More requests than the short kernel's grid takes in its z dimension, also when forced.
   EXPECT_EQ(plan_with(qwen_problem(65535, 1, DType::kBFloat16, false)).kernel,
-            DecodeKernel::kVKLean);
-  EXPECT_EQ(plan_with(qwen_problem(65536, 1, DType::kBFloat16, false)).kernel, DecodeKernel::kVK);
-  gdn::detail::LaunchOverride lean;
-  lean.one_token_kernel = gdn::detail::OneTokenKernel::kMultiToken;
-  lean.multi_token_variant = gdn::detail::MultiTokenVariant::kLean;
-  EXPECT_EQ(plan_with(qwen_problem(65536, 1, DType::kFloat32, false), lean).kernel,
-            DecodeKernel::kVK);
-  // Forced warps per CTA reach the lean kernel's plan; the last CTA of a head is partial.
-  lean.warps = 3;
-  const LaunchPlan three = plan_with(qwen_problem(2, 1, DType::kBFloat16, false), lean);
-  EXPECT_EQ(three.kernel, DecodeKernel::kVKLean);
+            DecodeKernel::kVKShort);
+  EXPECT_EQ(plan_with(qwen_problem(65536, 1, DType::kBFloat16, false)).kernel,
+            DecodeKernel::kVKGeneral);
+  gdn::detail::LaunchOverride forced_short;
+  forced_short.vk_kernel = gdn::detail::VKKernel::kShort;
+  EXPECT_EQ(plan_with(qwen_problem(65536, 1, DType::kFloat32, false), forced_short).kernel,
+            DecodeKernel::kVKGeneral);
+  // Forced warps per CTA reach the short kernel's plan; the last CTA of a head is partial.
+  forced_short.warps = 3;
+  const LaunchPlan three = plan_with(qwen_problem(2, 1, DType::kBFloat16, false), forced_short);
+  EXPECT_EQ(three.kernel, DecodeKernel::kVKShort);
   EXPECT_EQ(three.warps_per_cta, 3);
   EXPECT_EQ(three.ctas, 2 * 64 * 6);
 }
@@ -217,7 +217,7 @@ TEST(GdnLaunchPlan, OneTokenCallsAbove192Bf16HeadsRunTheBuildWithoutATokenLoop) 
   // On the full problem (these calls' fp32 inputs are not the common form) fp32 state has no
   // one-token build, forced or not.
   gdn::detail::LaunchOverride one_token;
-  one_token.lean_build = gdn::detail::LeanBuild::kOneToken;
+  one_token.short_build = gdn::detail::ShortBuild::kOneToken;
   EXPECT_FALSE(plan_with(qwen_problem(4, 1, DType::kFloat32, false)).one_token_build);
   EXPECT_FALSE(plan_with(qwen_problem(4, 1, DType::kFloat32, false), one_token).one_token_build);
   // With cu_seqlens, only a capacity of one token per request proves it.
@@ -232,7 +232,7 @@ TEST(GdnLaunchPlan, OneTokenCallsAbove192Bf16HeadsRunTheBuildWithoutATokenLoop) 
   // Forced either way.
   EXPECT_TRUE(plan_with(qwen_problem(1, 1, bf16, false), one_token).one_token_build);
   gdn::detail::LaunchOverride token_loop;
-  token_loop.lean_build = gdn::detail::LeanBuild::kTokenLoop;
+  token_loop.short_build = gdn::detail::ShortBuild::kTokenLoop;
   EXPECT_FALSE(plan_with(qwen_problem(4, 1, bf16, false), token_loop).one_token_build);
 }
 #endif  // HDK_WITH_CUDA

@@ -1,11 +1,11 @@
-// The multi-token VK kernel for bf16 state pools.
-#include "gdn/cuda/decode_vk_launch.cuh"
+// The general kernel for float state pools.
+#include "gdn/cuda/decode_vk_general_launch.cuh"
 
 namespace hdk {
 namespace gdn {
 namespace detail {
 
-template void launch_decode_vk<__nv_bfloat16>(const DecodeProblem& problem, int lanes_per_row,
+template void launch_decode_vk_general<float>(const DecodeProblem& problem, int lanes_per_row,
                                               int rows_per_thread, int64_t tiles_per_head,
                                               cudaStream_t stream);
 

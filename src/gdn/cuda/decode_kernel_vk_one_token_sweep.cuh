@@ -1,10 +1,12 @@
-// GDN decode, layout kVK, exactly one token per request: the decode step of a serving engine.
+// GDN decode, layout kVK, exactly one token per request, for tuning sweeps only: the short
+// kernel's builds (decode_kernel_vk_short.cuh) measured faster on every one-token call, so the
+// dispatcher never picks this one, and it is built only with -DHDK_GDN_SWEEP_KERNELS=ON.
 //
-// Same row arithmetic as decode_kernel_vk.cuh, tuned for the one-token case, where the step is
-// a read-modify-write of the state behind one index lookup. On an H100 such a lookup-then-RMW
-// of 4 KiB per warp reaches 94% of the copy bandwidth (hdk-bench floor); what separates a
-// decode kernel from it is the arithmetic each warp does between its loads and its stores,
-// during which its registers are held and nothing of it is in flight. So:
+// Same row arithmetic as decode_kernel_vk_general.cuh, tuned for the one-token case, where the
+// step is a read-modify-write of the state behind one index lookup. On an H100 such a
+// lookup-then-RMW of 4 KiB per warp reaches 94% of the copy bandwidth (hdk-bench floor); what
+// separates a decode kernel from it is the arithmetic each warp does between its loads and its
+// stores, during which its registers are held and nothing of it is in flight. So:
 // - the state stays in the raw 16-byte fragments it was loaded as (no fp32 copy to hold);
 // - all 2 x kRowsPerThread dot products of a thread are summed over the row's lanes by one
 //   butterfly (2R - 1 shuffles instead of 2R x log2(lanes)); the lane that ends up owning a
@@ -14,7 +16,7 @@
 
 #include <cstdint>
 
-#include "gdn/cuda/decode_kernel_vk.cuh"
+#include "gdn/cuda/device_helpers.cuh"
 
 namespace hdk {
 namespace gdn {
@@ -40,7 +42,7 @@ __device__ __forceinline__ void unpack_fragment(const uint4& raw, float* values)
 // one dot (2R <= lanes per row) or both dots of one row (2R = 2 x lanes), so R <= lanes
 // (8 for bf16 K = 64), and at most 16.
 template <typename StateT, int K>
-constexpr int max_single_token_rows() {
+constexpr int max_one_token_sweep_rows() {
   constexpr int kLanes = VKShape<StateT, K, 1>::kLanesPerRow;
   return kLanes < 16 ? kLanes : 16;
 }
@@ -49,7 +51,7 @@ constexpr int max_single_token_rows() {
 // every instantiation), which lets 32 warps share an SM instead of 16-24: more warps, more
 // state bytes in flight (docs/gdn-cuda-dispatch.md). 255 means no cap.
 template <typename StateT, int K, int kRowsPerThread>
-constexpr int single_token_default_registers() {
+constexpr int one_token_sweep_registers() {
   constexpr bool fits_64 =
       sizeof(StateT) == 4 ? K <= 128 && kRowsPerThread <= 8 : kRowsPerThread <= 4;
   return fits_64 ? 64 : 255;
@@ -57,7 +59,7 @@ constexpr int single_token_default_registers() {
 
 template <typename StateT, int K, int kRowsPerThread, int kMaxRegisters>
 __global__ void __launch_bounds__(256) __maxnreg__(kMaxRegisters)
-    gdn_decode_vk_single_kernel(const DecodeProblem p, int tiles_per_head) {
+    gdn_decode_vk_one_token_sweep_kernel(const DecodeProblem p, int tiles_per_head) {
   using Shape = VKShape<StateT, K, kRowsPerThread>;
   constexpr int kVec = Shape::kVec;
   constexpr int kLanes = Shape::kLanesPerRow;

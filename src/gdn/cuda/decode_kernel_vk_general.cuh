@@ -1,4 +1,7 @@
-// GDN decode for pools in layout kVK ([P, HV, V, K], K contiguous), any number of tokens.
+// GDN decode for pools in layout kVK ([P, HV, V, K], K contiguous), any call: what the short
+// kernel does not take (more than 32 tokens per request, more than 65535 requests) and fp32
+// verify of more than two tokens above 1024 heads, where its extra live values pay for the cache
+// writes.
 //
 // Every row i of a head's V x K state evolves on its own: with the token's normalized q, k,
 //   o_i = decay (S_i . q) + u_i (k . q),   u_i = beta (v_i - decay (S_i . k)),
@@ -25,30 +28,6 @@ namespace hdk {
 namespace gdn {
 namespace detail {
 
-// Lanes that share one state row when each lane reads whole 16-byte fragments: K / (elements
-// per fragment), at most a warp.
-template <typename StateT, int K>
-constexpr int full_lanes_per_row() {
-  return full_lanes_per_row(static_cast<int>(sizeof(StateT)), K);
-}
-
-template <typename StateT, int K>
-constexpr int multi_token_default_rows() {
-  return multi_token_default_rows(static_cast<int>(sizeof(StateT)), K);
-}
-
-template <typename StateT, int K, int kRowsPerThread, int kLanes = full_lanes_per_row<StateT, K>()>
-struct VKShape {
-  static constexpr int kVec = Fragment<StateT>::kSize;  // one 16-byte access per fragment
-  static constexpr int kLanesPerRow = kLanes;
-  static_assert(kLanes >= 1 && kLanes <= 32 && (kLanes & (kLanes - 1)) == 0, "lanes per row");
-  static_assert(K % (kVec * kLanes) == 0, "a row is whole fragments per lane");
-  static constexpr int kFragmentsPerLane = K / (kVec * kLanesPerRow);
-  static constexpr int kValuesPerLane = kFragmentsPerLane * kVec;  // state floats per row
-  static constexpr int kRowsPerPass = 32 / kLanesPerRow;           // rows one warp load covers
-  static constexpr int kRowsPerWarp = kRowsPerPass * kRowsPerThread;
-};
-
 // One token's inputs as a lane needs them, in raw bits: its columns of q and k, the two gate
 // inputs and v of the row it finishes.
 template <int kValues, int kInputBytes>
@@ -62,8 +41,8 @@ struct RawTokenInputs {
 
 template <typename StateT, int K, int kRowsPerThread, int kLanes, int kInputBytes,
           int kMaxRegisters>
-__global__ void __launch_bounds__(kMultiTokenWarpsPerCta * 32) __maxnreg__(kMaxRegisters)
-    gdn_decode_vk_kernel(const DecodeProblem p, int64_t tiles_per_head) {
+__global__ void __launch_bounds__(kVKWarpsPerCta * 32) __maxnreg__(kMaxRegisters)
+    gdn_decode_vk_general_kernel(const DecodeProblem p, int64_t tiles_per_head) {
   using Shape = VKShape<StateT, K, kRowsPerThread, kLanes>;
   constexpr int kVec = Shape::kVec;
   constexpr int kFragments = Shape::kFragmentsPerLane;
