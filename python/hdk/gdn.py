@@ -115,7 +115,7 @@ def gdn_decode(
         max_tokens_per_request: with cu_seqlens, an upper bound on any request's token count
             (0: none); a longer request is invalid (see invalid_index_count). Decode steps in
             the ``[1, B]`` form should pass 1: the CUDA backend cannot see the lengths on the
-            host and picks its one-token kernel only then. With ``[B, T]`` inputs: 0 or >= T.
+            host and takes its one-token path only then. With ``[B, T]`` inputs: 0 or >= T.
         check_indices: read the index tensors on the host first (a copy and a synchronization
             on CUDA; never inside graph capture) and raise for any invalid request, for a slot
             written twice, and for a slot written by one request and read by another.

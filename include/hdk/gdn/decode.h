@@ -78,7 +78,7 @@ struct DecodeParams {
 
   // With cu_seqlens: an upper bound on any request's token count (0 = none). A request with
   // more tokens is invalid (padding + count). Decode steps in the [1, B] form should pass 1:
-  // the CUDA backend then runs its one-token kernel, which it cannot pick from device-side
+  // the CUDA backend then takes its one-token path, which it cannot pick from device-side
   // cu_seqlens alone. With [B, T] tensors it must be 0 or >= T.
   int64_t max_tokens_per_request = 0;
 

@@ -17,7 +17,7 @@ its production decode call form: q/k/v ``[1, B, H|HV, D]`` views of the packed q
   in the kernel. Given, hdk writes a temporary per-request buffer and scatters it to the rows
   the indices name (more memory traffic; SGLang's backend passes ``arange(N)``).
 * A ``[1, tokens]`` + cu_seqlens call with as many tokens as requests is taken to be a decode
-  step (hdk's ``max_tokens_per_request=1``, which selects the CUDA one-token kernel): a request
+  step (hdk's ``max_tokens_per_request=1``, which selects the CUDA one-token path): a request
   with more than one token in such a batch runs as padding.
 * Not supported (NotImplementedError): ``is_kda``, ``retrieve_parent_token`` (EAGLE trees),
   ``cache_ring`` / ``replayssm_*``.

@@ -23,7 +23,7 @@ and ``inplace_final_state`` both ways. Differences, all deliberate (docs/python.
   wrong when HV > H). g and beta are used in fp32 (converted when given in another dtype).
 * A ``[1, tokens]`` + cu_seqlens call with 1-D (or no) indices and as many tokens as requests
   is taken to be a decode step (hdk's ``max_tokens_per_request=1``, which selects the CUDA
-  one-token kernel): a request with more than one token in such a batch runs as padding.
+  one-token path): a request with more than one token in such a batch runs as padding.
 * Not supported (NotImplementedError): a per-V beta ``[B, T, HV, V]``, ``is_kda``, and the
   ``block_table`` / anchor arguments of the newest fused_sigmoid revision.
 """
