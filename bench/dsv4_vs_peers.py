@@ -350,17 +350,15 @@ def sparse_point(args, timer, flash_mla, copy_gbs, launch_us, preset, list_name,
     return record, line
 
 
-def index_point_hdk_only(args, timer, copy_gbs, launch_us, top_k, entries, rows):
-    """One index cell without a peer (--index-peer none): hdk's FP8 and MXFP4 columns with
-    their floors and bytes; (record, progress line)."""
-    cell = IndexCell(None, rows, entries, top_k, timer.device)
+def hdk_index_columns(args, timer, cell, copy_gbs, launch_us):
+    """hdk's FP8 and MXFP4 columns of an index cell: (fp8_us, mxfp4_us, floor_fp8, floor_mxfp4,
+    the record's fields for them)."""
     fp8_us = time_call(timer, cell.hdk_fp8, args.iters)
     mxfp4_us = time_call(timer, cell.hdk_mxfp4, args.iters)
-    fp8_bytes, mxfp4_bytes = rows * entries * 132, rows * entries * 68
+    fp8_bytes, mxfp4_bytes = cell.rows * cell.entries * 132, cell.rows * cell.entries * 68
     floor_fp8 = launch_us + fp8_bytes / (copy_gbs * 1e3)
     floor_mxfp4 = launch_us + mxfp4_bytes / (copy_gbs * 1e3)
-    record = {
-        "peer": "none",
+    fields = {
         "hdk_fp8_us": round(fp8_us, 3),
         "hdk_mxfp4_us": round(mxfp4_us, 3),
         "floor_fp8_us": round(floor_fp8, 3),
@@ -369,36 +367,36 @@ def index_point_hdk_only(args, timer, copy_gbs, launch_us, top_k, entries, rows)
         "hdk_mxfp4_x_floor": round(mxfp4_us / floor_mxfp4, 3),
         "bytes_fp8": fp8_bytes,
         "bytes_mxfp4": mxfp4_bytes,
-        "check": "ok",
     }
-    line = (
-        f"hdk fp8 {fp8_us:8.2f} us  mxfp4 {mxfp4_us:8.2f} us  (no peer)  floor {floor_fp8:.2f} / "
-        f"{floor_mxfp4:.2f} us  x floor {fp8_us / floor_fp8:.2f} / {mxfp4_us / floor_mxfp4:.2f}"
-    )
-    return record, line
+    return fp8_us, mxfp4_us, floor_fp8, floor_mxfp4, fields
 
 
 def index_point(args, timer, deep_gemm, copy_gbs, launch_us, top_k, entries, rows):
-    """One index cell: (record, progress line)."""
-    if deep_gemm is None:
-        return index_point_hdk_only(args, timer, copy_gbs, launch_us, top_k, entries, rows)
+    """One index cell, against DeepGEMM's logits + a top-k or, without a peer (--index-peer none),
+    hdk's two columns alone: (record, progress line)."""
     cell = IndexCell(deep_gemm, rows, entries, top_k, timer.device)
+    if deep_gemm is None:
+        fp8_us, mxfp4_us, floor_fp8, floor_mxfp4, fields = hdk_index_columns(
+            args, timer, cell, copy_gbs, launch_us
+        )
+        line = (
+            f"hdk fp8 {fp8_us:8.2f} us  mxfp4 {mxfp4_us:8.2f} us  (no peer)  floor {floor_fp8:.2f} "
+            f"/ {floor_mxfp4:.2f} us  x floor {fp8_us / floor_fp8:.2f} / "
+            f"{mxfp4_us / floor_mxfp4:.2f}"
+        )
+        return {"peer": "none", **fields, "check": "ok"}, line
     score_diff, score_rel, overlap, overlap_mxfp4 = cell.check()
-    fp8_us = time_call(timer, cell.hdk_fp8, args.iters)
-    mxfp4_us = time_call(timer, cell.hdk_mxfp4, args.iters)
+    fp8_us, mxfp4_us, floor_fp8, floor_mxfp4, fields = hdk_index_columns(
+        args, timer, cell, copy_gbs, launch_us
+    )
     logits_us = time_call(timer, cell.peer_logits, args.iters)
     torch_us = time_call(timer, cell.peer_torch_topk, args.iters)
     hdk_topk_us = time_call(timer, cell.peer_hdk_topk, args.iters)
     meta_us = time_call(timer, cell.peer_metadata, args.iters)
     peer_us, peer_topk = min((torch_us, "torch.topk"), (hdk_topk_us, "hdk.topk"))
-    fp8_bytes, mxfp4_bytes = rows * entries * 132, rows * entries * 68
-    floor_fp8 = launch_us + fp8_bytes / (copy_gbs * 1e3)
-    floor_mxfp4 = launch_us + mxfp4_bytes / (copy_gbs * 1e3)
     ok = score_rel <= SCORE_RELATIVE_TOLERANCE and overlap >= MIN_OVERLAP
     record = {
         "peer": "deepgemm",
-        "hdk_fp8_us": round(fp8_us, 3),
-        "hdk_mxfp4_us": round(mxfp4_us, 3),
         "peer_us": round(peer_us, 3),
         "peer_topk": peer_topk,
         "peer_logits_us": round(logits_us, 3),
@@ -407,12 +405,7 @@ def index_point(args, timer, deep_gemm, copy_gbs, launch_us, top_k, entries, row
         "peer_metadata_us": round(meta_us, 3),
         "peer_over_hdk_fp8": round(peer_us / fp8_us, 3),
         "peer_over_hdk_mxfp4": round(peer_us / mxfp4_us, 3),
-        "floor_fp8_us": round(floor_fp8, 3),
-        "floor_mxfp4_us": round(floor_mxfp4, 3),
-        "hdk_fp8_x_floor": round(fp8_us / floor_fp8, 3),
-        "hdk_mxfp4_x_floor": round(mxfp4_us / floor_mxfp4, 3),
-        "bytes_fp8": fp8_bytes,
-        "bytes_mxfp4": mxfp4_bytes,
+        **fields,
         "score_max_abs_diff": score_diff,
         "score_max_rel_diff": score_rel,
         "overlap": round(overlap, 5),

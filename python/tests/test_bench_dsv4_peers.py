@@ -212,6 +212,14 @@ def test_script_rejects_unknown_cases():
     assert result.returncode == 2 and "--ops" in result.stderr
 
 
+def skip_without_fp8_keys():
+    """The index cell needs torch's float8_e4m3fn and hdk's format='fp8' indexer keys."""
+    if E4M3 is None:
+        pytest.skip("this torch has no float8_e4m3fn")
+    if not fp8_format_supported():
+        pytest.skip("this hdk build has no format='fp8' indexer keys yet")
+
+
 def bench_module():
     """bench/dsv4_vs_peers.py as a module (bench/ is not a package)."""
     import importlib.util
@@ -278,10 +286,7 @@ def test_index_cell_through_deepgemms_definition():
     """The benchmark's index cell on the CPU with DeepGEMM replaced by its definition in torch:
     the same bytes (hdk's FP8 pages through DeepGEMM's view), vLLM's E4M3 query, and hdk's FP8
     selection checked against the logits as the benchmark checks it."""
-    if E4M3 is None:
-        pytest.skip("this torch has no float8_e4m3fn")
-    if not fp8_format_supported():
-        pytest.skip("this hdk build has no format='fp8' indexer keys yet")
+    skip_without_fp8_keys()
     bench = bench_module()
     torch.manual_seed(4)
     cell = bench.IndexCell(FakeDeepGEMM(), 2, 256, 32, "cpu")
@@ -292,10 +297,7 @@ def test_index_cell_through_deepgemms_definition():
 
 def test_index_cell_without_a_peer():
     """--index-peer none: the index cell holds no peer and runs hdk's two columns alone."""
-    if E4M3 is None:
-        pytest.skip("this torch has no float8_e4m3fn")
-    if not fp8_format_supported():
-        pytest.skip("this hdk build has no format='fp8' indexer keys yet")
+    skip_without_fp8_keys()
     bench = bench_module()
     torch.manual_seed(5)
     cell = bench.IndexCell(None, 2, 256, 32, "cpu")
