@@ -3,7 +3,7 @@
 
   dsv4_tables.py attention NEW.json [NEW2.json ...] --base BASE.json [BASE2.json ...]
       sparse_decode and index_topk: per cell the faster of the rounds given, the base binary's
-      time, new / base speed-up, what ran (kernel, cluster), floor and x floor.
+      time, new / base speed-up, what ran (kernel, cluster), floor, x floor and % of copy.
   dsv4_tables.py step STEP.json
       hdk-bench dsv4-step: the whole step per layer, preset, context and N (time, x floor), and
       each call's share at N = 1.
@@ -39,8 +39,9 @@ def attention(args):
     first = new_runs[0]
     print(f"Copy bandwidth {first['copy_bandwidth_gbs']} GB/s, empty-kernel graph replay "
           f"{first['launch_overhead_us']} us ({first['device']}).\n")
-    print("| op | preset | list | N | L | new, us | base, us | base / new | ran | floor, us | x floor |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| op | preset | list | N | L | new, us | base, us | base / new | ran | floor, us | x floor "
+          "| % of copy |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for key, row in new.items():
         base_row = base.get(key)
         base_us = float(base_row["time_us"]) if base_row else None
@@ -50,7 +51,7 @@ def attention(args):
         ran = f"{row.get('kernel', '-')} {row.get('cluster', '-')}"
         print(f"| {row['op']} | {row['preset']} | {row['list']} | {row['N']} | {row['L']} | "
               f"{new_us:.1f} | {base_text} | {ratio} | {ran} | {row.get('floor_us', '-')} | "
-              f"{row.get('x_floor', '-')} |")
+              f"{row.get('x_floor', '-')} | {row.get('%copy', '-')} |")
 
 
 def step(args):
