@@ -2,10 +2,10 @@
 // Flash (Hq = 64) and Pro (Hq = 128) lists, each query reading its own entries (a CSA list of
 // top-k compressed slots or an HCA list of every compressed slot in the compressed pool, plus its
 // own SWA ring page in a separate ring tensor, as hdk.dsv4.KVCacheManager keeps them), and
-// index_topk over MXFP4 key pages, each query scoring its own request's keys. Times are
-// CUDA-graph replays with caches flushed before each (see bench_device.h); %copy = the KV (or key)
-// bytes read / time against the copy bandwidth measured in the same run. --verify checks the
-// points small enough against the float64 reference with the tests' tolerances.
+// index_topk over MXFP4 or FP8 key pages (--formats), each query scoring its own request's keys.
+// Times are CUDA-graph replays with caches flushed before each (see bench_device.h); %copy = the KV
+// (or key) bytes read / time against the copy bandwidth measured in the same run. --verify checks
+// the points small enough against the float64 reference with the tests' tolerances.
 //
 // The pages are filled with random bytes that are valid data (finite FP8 codes, bf16 RoPE values
 // of moderate size, scale bytes in a narrow range) instead of running the store on the host: a
@@ -55,7 +55,27 @@ constexpr int64_t kWindow = 128;  // SWA entries per query: one ring page of 128
 constexpr int64_t kHcaLength =
     4096;                           // long-context HCA list: 4096 compressed entries (512K tokens)
 constexpr int64_t kBlockSize = 64;  // pages of the compressed pool and of the key cache
-constexpr int64_t kKeyBytes = dsv4::kMxfp4KeyBytes;
+
+// The index_topk forms a point can take: the keys' format and the query's form.
+struct IndexForm {
+  const char* name;
+  dsv4::KeyFormat format;
+  int64_t key_bytes;
+};
+
+// mxfp4: exact bf16 q over MXFP4 keys (the contract's default); fp8: E4M3 q over FP8 keys
+// (DeepGEMM's Hopper form); mxfp4q: packed E2M1 q with UE8M0 scales over MXFP4 keys (the
+// reference indexer's quantized query).
+const IndexForm kIndexForms[] = {{"mxfp4", dsv4::KeyFormat::kMXFP4, dsv4::kMxfp4KeyBytes},
+                                 {"fp8", dsv4::KeyFormat::kFP8, dsv4::kFp8KeyBytes},
+                                 {"mxfp4q", dsv4::KeyFormat::kMXFP4, dsv4::kMxfp4KeyBytes}};
+
+const IndexForm& find_index_form(const std::string& name) {
+  for (const IndexForm& form : kIndexForms) {
+    if (name == form.name) return form;
+  }
+  throw std::runtime_error("unknown key format '" + name + "' (mxfp4, fp8 or mxfp4q)");
+}
 
 struct Point {
   std::string op, preset, list;
@@ -285,29 +305,49 @@ class AttentionBench {
     return point;
   }
 
-  // Inputs of index_topk points: N rows, each scoring `entries` MXFP4 keys of its own pages.
+  // Inputs of index_topk points: N rows, each scoring `entries` keys of its own pages.
   struct IndexInputs {
+    const IndexForm* form = nullptr;
     int64_t N = 0, entries = 0, pages_per_row = 0, num_blocks = 0;
     std::vector<uint8_t> cache;
-    std::vector<uint16_t> q;
+    std::vector<uint8_t> q;         // bf16 (mxfp4), E4M3 codes (fp8) or packed E2M1 (mxfp4q)
+    std::vector<uint8_t> q_scales;  // mxfp4q: UE8M0 bytes [N, H, 4]
     std::vector<float> weights;
     std::vector<int32_t> block_table, num_entries;
-    std::unique_ptr<DeviceAllocation> d_cache, d_q, d_weights, d_table, d_counts;
+    std::unique_ptr<DeviceAllocation> d_cache, d_q, d_q_scales, d_weights, d_table, d_counts;
   };
 
-  std::unique_ptr<IndexInputs> index_inputs(int64_t N, int64_t entries) {
+  std::unique_ptr<IndexInputs> index_inputs(const IndexForm& form, int64_t N, int64_t entries) {
     auto in = std::make_unique<IndexInputs>();
     std::mt19937_64 rng(static_cast<uint64_t>(N * 4099 + entries));
     FastRandom random(static_cast<uint64_t>(N * 17 + entries));
+    in->form = &form;
     in->N = N;
     in->entries = entries;
     in->pages_per_row = (entries + kBlockSize - 1) / kBlockSize;
     in->num_blocks = std::max<int64_t>(N * in->pages_per_row, 1);
-    fill_key_pages(in->cache, in->num_blocks, kBlockSize, random);
+    const int64_t q_values = N * dsv4::kIndexerHeads * dsv4::kIndexerKeyDim;
+    if (form.format == dsv4::KeyFormat::kFP8) {
+      fill_fp8_key_pages(in->cache, in->num_blocks, kBlockSize, random);
+      in->q = random_e4m3(q_values, random);
+    } else {
+      fill_key_pages(in->cache, in->num_blocks, kBlockSize, random);
+      if (std::string(form.name) == "mxfp4q") {
+        in->q.resize(static_cast<size_t>(q_values / 2));
+        for (uint8_t& byte : in->q)
+          byte = static_cast<uint8_t>(random.next() >> 32);
+        in->q_scales.resize(static_cast<size_t>(q_values / 32));
+        for (uint8_t& byte : in->q_scales)
+          byte = static_cast<uint8_t>(124 + random.below(7));
+      } else {
+        const std::vector<uint16_t> q = normal_bf16(rng, q_values, 1.0f);
+        in->q.resize(q.size() * 2);
+        std::memcpy(in->q.data(), q.data(), in->q.size());
+      }
+    }
     in->block_table = shuffled_blocks(in->num_blocks, rng);
     in->block_table.resize(static_cast<size_t>(N * in->pages_per_row));
     in->num_entries.assign(static_cast<size_t>(N), static_cast<int32_t>(entries));
-    in->q = normal_bf16(rng, N * dsv4::kIndexerHeads * dsv4::kIndexerKeyDim, 1.0f);
     in->weights = normal_floats(rng, N * dsv4::kIndexerHeads, 0.1f);
     auto make = [&](size_t bytes, const void* host) {
       auto allocation = std::make_unique<DeviceAllocation>(device_, bytes);
@@ -315,7 +355,8 @@ class AttentionBench {
       return allocation;
     };
     in->d_cache = make(in->cache.size(), in->cache.data());
-    in->d_q = make(in->q.size() * 2, in->q.data());
+    in->d_q = make(in->q.size(), in->q.data());
+    in->d_q_scales = make(in->q_scales.size(), in->q_scales.data());
     in->d_weights = make(in->weights.size() * 4, in->weights.data());
     in->d_table = make(in->block_table.size() * 4, in->block_table.data());
     in->d_counts = make(in->num_entries.size() * 4, in->num_entries.data());
@@ -331,14 +372,26 @@ class AttentionBench {
     const int64_t workspace_bytes =
         workspace ? dsv4::index_topk_workspace_bytes(N, in.pages_per_row * kBlockSize, where) : 0;
     DeviceAllocation d_workspace(device_, static_cast<size_t>(workspace_bytes));
+    const IndexForm& form = *in.form;
+    const bool packed_q = !in.q_scales.empty();
+    // The query as the form takes it, over host or device bytes.
+    auto query = [&](void* q, void* scales, dsv4::IndexerParams& params, Device at) {
+      if (form.format == dsv4::KeyFormat::kFP8) {
+        params.q = TensorView::contiguous(q, DType::kUInt8, {N, H, dsv4::kIndexerKeyDim}, at);
+      } else if (packed_q) {
+        params.q = TensorView::contiguous(q, DType::kUInt8, {N, H, dsv4::kIndexerKeyDim / 2}, at);
+        params.q_scales = TensorView::contiguous(scales, DType::kUInt8, {N, H, 4}, at);
+      } else {
+        params.q = TensorView::contiguous(q, DType::kBFloat16, {N, H, dsv4::kIndexerKeyDim}, at);
+      }
+    };
     dsv4::IndexerParams p;
-    p.q = TensorView::contiguous(in.d_q->get(), DType::kBFloat16, {N, H, dsv4::kIndexerKeyDim},
-                                 where);
+    query(in.d_q->get(), in.d_q_scales->get(), p, where);
     p.weights = TensorView::contiguous(in.d_weights->get(), DType::kFloat32, {N, H}, where);
     p.key_cache = TensorView::contiguous(in.d_cache->get(), DType::kUInt8,
-                                         {in.num_blocks, kBlockSize * kKeyBytes}, where);
+                                         {in.num_blocks, kBlockSize * form.key_bytes}, where);
     p.block_size = kBlockSize;
-    p.format = dsv4::KeyFormat::kMXFP4;
+    p.format = form.format;
     p.block_table =
         TensorView::contiguous(in.d_table->get(), DType::kInt32, {N, in.pages_per_row}, where);
     p.num_entries = TensorView::contiguous(in.d_counts->get(), DType::kInt32, {N}, where);
@@ -354,12 +407,12 @@ class AttentionBench {
     Point point;
     point.op = "index_topk";
     point.preset = preset;
-    point.list = "mxfp4";
+    point.list = form.name;
     point.N = N;
     point.length = in.entries;
     point.heads = H;
     point.top_k = K;
-    point.bytes = static_cast<double>(N) * in.entries * kKeyBytes;
+    point.bytes = static_cast<double>(N) * in.entries * form.key_bytes;
     const double work = static_cast<double>(N) * in.entries * H * dsv4::kIndexerKeyDim;
     if (verify_ && work <= verify_budget_) {
       const int32_t zero = 0;
@@ -377,10 +430,10 @@ class AttentionBench {
       device_.download(scores.data(), d_scores.get(), scores.size() * 4);
       device_.download(&counter, d_counter.get(), 4);
       dsv4::IndexerParams host = p;
-      host.q = TensorView::contiguous(in.q.data(), DType::kBFloat16, {N, H, dsv4::kIndexerKeyDim});
+      query(in.q.data(), in.q_scales.data(), host, Device::cpu());
       host.weights = TensorView::contiguous(in.weights.data(), DType::kFloat32, {N, H});
       host.key_cache = TensorView::contiguous(in.cache.data(), DType::kUInt8,
-                                              {in.num_blocks, kBlockSize * kKeyBytes});
+                                              {in.num_blocks, kBlockSize * form.key_bytes});
       host.block_table =
           TensorView::contiguous(in.block_table.data(), DType::kInt32, {N, in.pages_per_row});
       host.num_entries = TensorView::contiguous(in.num_entries.data(), DType::kInt32, {N});
@@ -431,6 +484,8 @@ void print_attention_usage() {
       "                        (default 4); an HCA list reads all of its own\n"
       "  --index-N LIST        index_topk rows (default 1,4,16,64 GPU, 1 CPU)\n"
       "  --entries LIST        index_topk keys per row (default 8192,65536,262144 GPU, 8192 CPU)\n"
+      "  --formats LIST        index_topk forms: mxfp4 (bf16 q, the default), fp8 (E4M3 q over\n"
+      "                        FP8 keys), mxfp4q (packed E2M1 q with UE8M0 scales)\n"
       "  --hot                 keep caches warm between runs (default: flushed, cold)\n"
       "  --iterations N        timed runs per point (median)\n"
       "  --verify              check points up to the budget against the float64 reference\n"
@@ -481,6 +536,7 @@ int attention_command(Options& options) {
       "index-N", gpu ? std::vector<int64_t>{1, 4, 16, 64} : std::vector<int64_t>{1});
   const std::vector<int64_t> entry_counts = options.integers(
       "entries", gpu ? std::vector<int64_t>{8192, 65536, 262144} : std::vector<int64_t>{8192});
+  const std::vector<std::string> formats = options.texts("formats", {"mxfp4"});
   const bool verify = options.flag("verify");
   const double verify_budget = options.real("verify-budget", 1073741824.0);
   TimingOptions timing;
@@ -533,6 +589,8 @@ int attention_command(Options& options) {
   }
   for (const std::string& name : presets)
     find_preset(name);  // an unknown name fails before the run starts
+  for (const std::string& name : formats)
+    find_index_form(name);
   if (spread < 1) throw std::runtime_error("--csa-spread must be at least 1");
   for (int64_t n : rows) {
     if (n < 1) throw std::runtime_error("--N values must be at least 1");
@@ -626,23 +684,26 @@ int attention_command(Options& options) {
   if (has("index")) {
     for (int64_t N : index_rows) {
       for (int64_t entries : entry_counts) {
-        std::fprintf(stderr, "\rindex_topk N=%lld entries=%lld ...   ", static_cast<long long>(N),
-                     static_cast<long long>(entries));
-        std::unique_ptr<AttentionBench::IndexInputs> inputs;
-        for (const std::string& name : presets) {
-          const AttentionPreset& preset = find_preset(name);
-          Point base;
-          base.op = "index_topk";
-          base.preset = preset.name;
-          base.list = "mxfp4";
-          base.N = N;
-          base.length = entries;
-          base.heads = dsv4::kIndexerHeads;
-          base.top_k = preset.csa_length;
-          attempt(base, [&] {
-            if (!inputs) inputs = bench.index_inputs(N, entries);
-            return bench.index(*inputs, preset.name, preset.csa_length, workspace != "off");
-          });
+        for (const std::string& format : formats) {
+          const IndexForm& form = find_index_form(format);
+          std::fprintf(stderr, "\rindex_topk %s N=%lld entries=%lld ...   ", form.name,
+                       static_cast<long long>(N), static_cast<long long>(entries));
+          std::unique_ptr<AttentionBench::IndexInputs> inputs;
+          for (const std::string& name : presets) {
+            const AttentionPreset& preset = find_preset(name);
+            Point base;
+            base.op = "index_topk";
+            base.preset = preset.name;
+            base.list = form.name;
+            base.N = N;
+            base.length = entries;
+            base.heads = dsv4::kIndexerHeads;
+            base.top_k = preset.csa_length;
+            attempt(base, [&] {
+              if (!inputs) inputs = bench.index_inputs(form, N, entries);
+              return bench.index(*inputs, preset.name, preset.csa_length, workspace != "off");
+            });
+          }
         }
       }
     }
@@ -654,8 +715,9 @@ int attention_command(Options& options) {
       "\n128 SWA entries of its ring page + the compressed entries: CSA top-k picked out of"
       "\n--csa-spread x top-k of its own, HCA all 4096 of its own); not counted: q and out"
       "\n(N x Hq x 512 bf16 each), lse, sink and the int32 indices (N x L x 4)."
-      "\nindex_topk: N x entries x 68 (MXFP4 keys of the row's own pages, block size 64);"
-      "\nnot counted: q (N x 64 x 128 bf16), weights, block table, the top-k indices and"
+      "\nindex_topk: N x entries x 68 (MXFP4 keys of the row's own pages, block size 64; list"
+      "\nmxfp4 with bf16 q, mxfp4q with packed E2M1 q) or x 132 (list fp8: FP8 keys, E4M3 q);"
+      "\nnot counted: q (N x 64 x 128 values), weights, block table, the top-k indices and"
       "\nslots written (timed with topk_slots, without topk_scores). %copy = GB/s / copy bw."
       "\nkernel, cluster (sparse_decode on CUDA): the kernel that ran (pipelined, mma or simple)"
       "\nand its row cluster, head groups x list splits ('ws': the splits are combined through"

@@ -36,6 +36,14 @@ void fill_entry_pages(std::vector<uint8_t>& pages, int64_t num_blocks, int64_t b
 void fill_key_pages(std::vector<uint8_t>& pages, int64_t num_blocks, int64_t block_size,
                     FastRandom& random);
 
+// FP8 key pages (DeepGEMM's Hopper layout): 128 E4M3 codes a key, any code but NaN (0x7F, 0xFF
+// become +-448), then one fp32 scale a key, a power of two 2^-3..2^3.
+void fill_fp8_key_pages(std::vector<uint8_t>& pages, int64_t num_blocks, int64_t block_size,
+                        FastRandom& random);
+
+// E4M3 codes of finite values (no NaN code), count bytes.
+std::vector<uint8_t> random_e4m3(int64_t count, FastRandom& random);
+
 // bf16 bytes of normal values.
 std::vector<uint16_t> normal_bf16(std::mt19937_64& rng, int64_t count, float sigma);
 

@@ -10,7 +10,8 @@
 #   3. python  hdk's package in prebuilt mode into $HDK_SITE (default /tmp/hdk_dsv4_site), reused
 #              while libhdk and python/csrc are unchanged (the .py files are refreshed each time).
 #   4. bench   bench/dsv4_vs_peers.py in two processes (a peer's crash in one loses nothing of
-#              the other): --ops sparse -> $OUT/dsv4_vs_peers_sparse.json (when flash_mla imports)
+#              the other; $HDK_PEERS_OPS, default "sparse,index", picks them):
+#              --ops sparse -> $OUT/dsv4_vs_peers_sparse.json (when flash_mla imports)
 #              and --ops index -> $OUT/dsv4_vs_peers_index.json (against DeepGEMM when its
 #              build and JIT warm-up passed, else --index-peer none: hdk's columns alone), each
 #              with $HDK_PEERS_ARGS (e.g. "--N 1,8,64") under $HDK_PEERS_TIMEOUT seconds (default
@@ -96,7 +97,10 @@ if [[ " ${failed[*]} " != *" libhdk "* && " ${failed[*]} " != *" python "* ]]; t
   # shellcheck source=/dev/null
   source <(bash scripts/peers/dsv4.sh env)
   bench_env=(env PYTHONPATH="$site:$PYTHONPATH" timeout "${HDK_PEERS_TIMEOUT:-420}" "$python")
-  if "$python" -c 'import flash_mla' >/dev/null 2>&1; then
+  ops=",${HDK_PEERS_OPS:-sparse,index},"
+  if [[ $ops != *,sparse,* ]]; then
+    echo "=== bench_sparse: not asked for (HDK_PEERS_OPS)"
+  elif "$python" -c 'import flash_mla' >/dev/null 2>&1; then
     # shellcheck disable=SC2086
     stage bench_sparse "${bench_env[@]}" bench/dsv4_vs_peers.py --ops sparse \
       --json "$out/dsv4_vs_peers_sparse.json" ${HDK_PEERS_ARGS:-}
@@ -106,10 +110,14 @@ if [[ " ${failed[*]} " != *" libhdk "* && " ${failed[*]} " != *" python "* ]]; t
   fi
   index_peer=deepgemm
   [[ $peers_status -eq 0 ]] || index_peer=none  # DeepGEMM's build or JIT warm-up failed
-  echo "=== bench_index: --index-peer $index_peer"
-  # shellcheck disable=SC2086
-  stage bench_index "${bench_env[@]}" bench/dsv4_vs_peers.py --ops index \
-    --index-peer "$index_peer" --json "$out/dsv4_vs_peers_index.json" ${HDK_PEERS_ARGS:-}
+  if [[ $ops == *,index,* ]]; then
+    echo "=== bench_index: --index-peer $index_peer"
+    # shellcheck disable=SC2086
+    stage bench_index "${bench_env[@]}" bench/dsv4_vs_peers.py --ops index \
+      --index-peer "$index_peer" --json "$out/dsv4_vs_peers_index.json" ${HDK_PEERS_ARGS:-}
+  else
+    echo "=== bench_index: not asked for (HDK_PEERS_OPS)"
+  fi
 fi
 
 # 5. The peers' build for the next machine (not when it came from the carried one).

@@ -3,7 +3,8 @@
 // needs (MXFP4: k-step g is exactly scale group g), the staged q chunks are their inverse, the
 // E2M1-to-E4M3 translation keeps every value, and a warpgroup's products, emulated thread by
 // thread with the very fragment builders the kernel calls (A from the loaded key words, B from
-// the staged, swizzled q tile), equal a plain float64 dot product of the same codes. What this
+// the staged, swizzled q tile), equal a plain float64 dot product of the same codes, and the
+// key ring gives the scoring kernel the very pieces the one-launch kernel loads. What this
 // cannot check: that the hardware follows the PTX fragment layout transcribed here (the CUDA
 // cases of index_topk_test.cpp do, against the reference).
 #include <gtest/gtest.h>
@@ -185,6 +186,53 @@ void check_product(bool mxfp4, uint64_t seed) {
         want += value(true, entry, dim) * value(false, head, dim);
       ASSERT_NEAR(product[entry * kHeads + head], want, 1e-9 * (1.0 + std::fabs(want)))
           << (mxfp4 ? "mxfp4" : "e4m3") << " entry " << entry << " head " << head;
+    }
+  }
+}
+
+// A key-ring tile: every (entry, chunk) at its own 16 bytes of the 8 KiB tile, chunk c of a row
+// at position c ^ (row % 8) of its 128 bytes (the 128-byte swizzle).
+TEST(IndexFp8Layout, KeyRingChunksFillTheTileOnce) {
+  std::set<int> offsets;
+  for (int row = 0; row < kFp8TileEntries; ++row) {
+    for (int chunk = 0; chunk < 8; ++chunk) {
+      const int offset = fp8_key_chunk_offset(row, chunk);
+      ASSERT_EQ(offset, (row / 8) * 1024 + (row % 8) * 128 + ((chunk ^ (row % 8)) * 16));
+      ASSERT_TRUE(offsets.insert(offset).second);
+    }
+  }
+  EXPECT_EQ(static_cast<int>(offsets.size()) * 16, kFp8KeyTileBytes);
+}
+
+// What a thread loads from the key ring is what the one-launch kernel loads from memory (its
+// entry's bytes 32 t .. 32 t + 31 as chunks 2 t and 2 t + 1), and the 8 lanes of a 16-byte load
+// phase (two consecutive rows of a warp's 8, quad lanes t = 0..3, the same half) read 8 distinct
+// 16-byte bank groups.
+TEST(IndexFp8Layout, KeyRingGivesTheRegisterPathsPiecesWithoutBankConflicts) {
+  std::vector<uint8_t> keys(kFp8TileEntries * kDim), tile(kFp8KeyTileBytes, 0xee);
+  for (size_t i = 0; i < keys.size(); ++i)
+    keys[i] = static_cast<uint8_t>(i * 7 + i / 128);
+  for (int entry = 0; entry < kFp8TileEntries; ++entry) {
+    for (int chunk = 0; chunk < 8; ++chunk)
+      std::memcpy(&tile[fp8_key_chunk_offset(entry, chunk)], &keys[entry * kDim + 16 * chunk], 16);
+  }
+  for (int entry = 0; entry < kFp8TileEntries; ++entry) {
+    for (int t = 0; t < 4; ++t) {
+      for (int half = 0; half < 2; ++half) {
+        ASSERT_EQ(std::memcmp(&tile[fp8_key_chunk_offset(entry, 2 * t + half)],
+                              &keys[entry * kDim + 32 * t + 16 * half], 16),
+                  0);
+      }
+    }
+  }
+  for (int first = 0; first < kFp8TileEntries; first += 2) {
+    for (int half = 0; half < 2; ++half) {
+      std::set<int> banks;
+      for (int r = 0; r < 2; ++r) {
+        for (int t = 0; t < 4; ++t)
+          banks.insert((fp8_key_chunk_offset(first + r, 2 * t + half) % 128) / 16);
+      }
+      EXPECT_EQ(banks.size(), 8u) << "rows " << first << ", " << first + 1 << " half " << half;
     }
   }
 }

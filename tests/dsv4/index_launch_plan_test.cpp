@@ -11,6 +11,7 @@
 #include <string>
 
 #include "dsv4/attention/attention_workspace.h"
+#include "dsv4/index_topk/index_fp8_layout.h"
 #include "dsv4/index_topk/index_launch_plan.h"
 #include "dsv4/index_topk/index_mma_layout.h"
 #include "hdk/error.h"
@@ -28,13 +29,18 @@ struct Call {
   int64_t rows, heads, capacity, top_k;
   bool tensor, fp32_q;
   int sms, shared;
+  size_t key_ring = 0;  // the E4M3 scoring kernel's key ring (fp8_key_ring_bytes), else 0
   std::string describe() const {
     return "N=" + std::to_string(rows) + " H=" + std::to_string(heads) +
            " capacity=" + std::to_string(capacity) + " top_k=" + std::to_string(top_k) +
            (tensor ? " tensor" : " cuda-core") + (fp32_q ? " fp32" : " bf16") +
-           " sms=" + std::to_string(sms) + " shared=" + std::to_string(shared);
+           " sms=" + std::to_string(sms) + " shared=" + std::to_string(shared) +
+           " key_ring=" + std::to_string(key_ring);
   }
 };
+
+// The E4M3 scoring kernel's key ring: two warpgroups'.
+const size_t kE4m3Ring = fp8_key_ring_bytes(2);
 
 void check_plan(const Call& c) {
   SCOPED_TRACE(c.describe());
@@ -277,26 +283,36 @@ void check_workspace_plan(const Call& c, const hdk::detail::ResidentClusterCount
   } catch (const Error&) {
     return;  // check_plan covers the refusal
   }
-  const IndexWorkspacePlan plan = plan_index_workspace(
-      c.rows, c.heads, c.capacity, c.top_k, c.tensor, c.fp32_q, c.sms, c.shared, cluster, clusters);
-  const bool idle = std::min<int64_t>(c.rows * cluster.cluster_size, c.sms) * 2 <= c.sms;
-  if (c.rows > kIndexMaxWorkspaceRows || c.capacity == 0 || !idle) {
-    ASSERT_EQ(plan.segments, 0);
-    return;
+  const IndexWorkspacePlan plan =
+      plan_index_workspace(c.rows, c.heads, c.capacity, c.top_k, c.tensor, c.fp32_q, c.sms,
+                           c.shared, cluster, clusters, c.key_ring);
+  const int64_t tiles = (c.capacity + kIndexScoreMinEntries - 1) / kIndexScoreMinEntries;
+  if (c.key_ring > 0 && c.capacity > 0 && index_rows_stream(c.rows, c.capacity)) {
+    // Streamed keys: every row through the workspace, up to kIndexMaxWorkspaceRows a launch, in
+    // CTAs of at least kIndexScoreMinEntries that keep two on every SM.
+    ASSERT_EQ(plan.rows_per_launch, std::min<int64_t>(c.rows, kIndexMaxWorkspaceRows));
+    ASSERT_EQ(plan.segments,
+              std::min<int64_t>(tiles, std::max<int64_t>(1, 2 * c.sms / plan.rows_per_launch)));
+    ASSERT_GE(plan.segments, 1);
+  } else {
+    const bool idle = std::min<int64_t>(c.rows * cluster.cluster_size, c.sms) * 2 <= c.sms;
+    if (c.rows > kIndexMaxWorkspaceRows || c.capacity == 0 || !idle) {
+      ASSERT_EQ(plan.segments, 0);
+      return;
+    }
+    if (plan.segments == 0) {
+      // Only where CTAs of kIndexWorkspaceMinEntries would be no more than the cluster's.
+      ASSERT_LE(std::min<int64_t>(c.sms / c.rows, (c.capacity + kIndexWorkspaceMinEntries - 1) /
+                                                      kIndexWorkspaceMinEntries),
+                cluster.cluster_size);
+      return;
+    }
+    ASSERT_GT(plan.segments, cluster.cluster_size);
+    // As many CTAs as fit the SMs, of at least kIndexScoreMinEntries each.
+    ASSERT_EQ(plan.segments, std::min<int64_t>(c.sms / c.rows, tiles));
+    ASSERT_LE(plan.segments * c.rows, c.sms);  // one wave, one CTA an SM
+    ASSERT_EQ(plan.rows_per_launch, c.rows);
   }
-  if (plan.segments == 0) {
-    // Only where CTAs of kIndexWorkspaceMinEntries would be no more than the cluster's.
-    ASSERT_LE(std::min<int64_t>(c.sms / c.rows, (c.capacity + kIndexWorkspaceMinEntries - 1) /
-                                                    kIndexWorkspaceMinEntries),
-              cluster.cluster_size);
-    return;
-  }
-  ASSERT_GT(plan.segments, cluster.cluster_size);
-  // As many CTAs as fit the SMs, of at least kIndexScoreMinEntries each.
-  ASSERT_EQ(plan.segments,
-            std::min<int64_t>(c.sms / c.rows,
-                              (c.capacity + kIndexScoreMinEntries - 1) / kIndexScoreMinEntries));
-  ASSERT_LE(plan.segments * c.rows, c.sms);  // one wave, one CTA an SM
   // Every entry of any row up to the capacity in exactly one share of whole 64-entry tiles.
   for (int64_t length : {int64_t{0}, int64_t{1}, c.capacity / 3, c.capacity - 1, c.capacity}) {
     const int64_t share = index_score_segment(length, plan.segments);
@@ -315,7 +331,18 @@ void check_workspace_plan(const Call& c, const hdk::detail::ResidentClusterCount
   ASSERT_EQ(s.weights % 16, 0u);
   ASSERT_GE(s.pages, s.weights + static_cast<size_t>(s.staged_heads) * 4);
   ASSERT_EQ(s.pages % 16, 0u);
-  ASSERT_EQ(s.bytes, s.pages + static_cast<size_t>(s.page_capacity) * 4 + 1024);
+  const size_t pages_end = s.pages + static_cast<size_t>(s.page_capacity) * 4;
+  ASSERT_EQ(s.key_ring_bytes, c.key_ring);
+  if (c.key_ring > 0) {  // the key ring after the staged data, on a boundary of its own
+    ASSERT_EQ(s.key_ring % 1024, 0u);
+    ASSERT_GE(s.key_ring, pages_end);
+    ASSERT_LT(s.key_ring, pages_end + 1024);
+    ASSERT_EQ(s.bytes, s.key_ring + c.key_ring + 1024);
+    // Two CTAs an SM.
+    ASSERT_LE(2 * s.bytes, static_cast<size_t>(c.shared));
+  } else {
+    ASSERT_EQ(s.bytes, pages_end + 1024);
+  }
   ASSERT_LE(s.bytes, static_cast<size_t>(c.shared));
   // The select: the one-launch plan's sizes, its first level counted while it loads the keys.
   const IndexLaunch& l = plan.select.launch;
@@ -324,7 +351,9 @@ void check_workspace_plan(const Call& c, const hdk::detail::ResidentClusterCount
   ASSERT_GE(l.sort_capacity, std::min<int64_t>(c.top_k, c.capacity));
   const int C = plan.select.cluster_size;
   ASSERT_TRUE(C >= 1 && C <= clusters.largest());
-  ASSERT_LE(c.rows * C, c.sms);
+  if (c.key_ring == 0) {
+    ASSERT_LE(c.rows * C, c.sms);
+  }
   const size_t histogram = hdk::detail::select_layout(l.sort_capacity).histogram;
   ASSERT_TRUE(l.scores >= histogram + hdk::detail::kSelectBins * size_t{4} ||
               l.scores + static_cast<size_t>(l.chunk) * 4 <= histogram);
@@ -332,11 +361,12 @@ void check_workspace_plan(const Call& c, const hdk::detail::ResidentClusterCount
     ASSERT_GE(l.chunk * C, c.capacity);
   }
   // The keys of every row and the rows' flags, within what index_topk_workspace_bytes promises.
-  ASSERT_EQ(plan.layout.rows, c.rows);
+  // A launch's rows are the workspace's rows.
+  const int64_t rows = plan.rows_per_launch;
+  ASSERT_EQ(plan.layout.rows, rows);
   ASSERT_GE(plan.layout.row_stride, c.capacity);
-  ASSERT_GE(plan.layout.flags_offset,
-            plan.layout.keys_offset + c.rows * plan.layout.row_stride * 4);
-  ASSERT_GE(plan.layout.bytes, plan.layout.flags_offset + c.rows * 4);
+  ASSERT_GE(plan.layout.flags_offset, plan.layout.keys_offset + rows * plan.layout.row_stride * 4);
+  ASSERT_GE(plan.layout.bytes, plan.layout.flags_offset + rows * 4);
   ASSERT_EQ(plan.layout.bytes, index_workspace_layout(c.rows, c.capacity).bytes);
 }
 
@@ -354,9 +384,13 @@ TEST(IndexWorkspacePlan, RegionsFitAndFewRowsFillTheSms) {
             for (bool tensor : {true, false}) {
               for (bool fp32_q : {false, true}) {
                 for (int sms : {kH100Sms, 78}) {
-                  check_workspace_plan(
-                      Call{rows, heads, capacity, top_k, tensor, fp32_q, sms, kH100Shared},
-                      clusters);
+                  // The key ring goes with E4M3 q, planned as bf16 tensor-core queries.
+                  for (size_t ring : {size_t{0}, kE4m3Ring}) {
+                    if (ring > 0 && (!tensor || fp32_q)) continue;
+                    check_workspace_plan(
+                        Call{rows, heads, capacity, top_k, tensor, fp32_q, sms, kH100Shared, ring},
+                        clusters);
+                  }
                 }
               }
             }
@@ -393,6 +427,32 @@ TEST(IndexWorkspacePlan, IssueShapesOnAnH100) {
   EXPECT_EQ(segments(1, 2048), 16);  // 16 CTAs of 128 against a cluster of 2
   EXPECT_EQ(segments(1, 512), 4);    // 2 CTAs of 256 outnumber a cluster of 1: 4 of 128
   EXPECT_EQ(segments(1, 256), 0);    // one CTA either way
+}
+
+// E4M3 keys streamed through the key ring: rows through the workspace where index_rows_stream
+// says so, two CTAs an SM, 64 rows a launch.
+TEST(IndexWorkspacePlan, E4m3RowsStreamThroughTheWorkspace) {
+  auto plan = [&](int64_t rows, int64_t capacity) {
+    const IndexLaunchPlan cluster =
+        plan_index_launch(rows, 64, capacity, 512, true, false, kH100Sms, kH100Shared);
+    return plan_index_workspace(rows, 64, capacity, 512, true, false, kH100Sms, kH100Shared,
+                                cluster, hdk::detail::ResidentClusterCounts(), kE4m3Ring);
+  };
+  EXPECT_EQ(plan(1, 65536).segments, 264);
+  EXPECT_EQ(plan(1, 16384).segments, 128);  // CTAs of 128 entries at least
+  EXPECT_EQ(plan(8, 65536).segments, 33);
+  EXPECT_EQ(plan(32, 2048).segments, 8);
+  EXPECT_EQ(plan(64, 65536).segments, 4);
+  EXPECT_EQ(plan(64, 65536).rows_per_launch, 64);
+  EXPECT_EQ(plan(128, 65536).segments, 4);
+  EXPECT_EQ(plan(128, 65536).rows_per_launch, 64);
+  EXPECT_EQ(plan(5, 65536).rows_per_launch, 5);
+  // Where the one launch is faster: many rows of few entries.
+  EXPECT_EQ(plan(64, 2048).segments, 0);
+  EXPECT_EQ(plan(128, 16384).segments, 0);
+  EXPECT_FALSE(index_rows_stream(65, 16384));
+  EXPECT_TRUE(index_rows_stream(65, 65536));
+  EXPECT_TRUE(index_rows_stream(32, 1));
 }
 
 // index_topk_workspace_bytes promises enough for every call up to its arguments.

@@ -376,9 +376,15 @@ void graph_replay_gives_the_same_bytes(IndexBackend backend) {
 // workspace: the one-launch path's bytes and the reference, rows of up to 70000 entries.
 void quantized_queries_equal_the_one_launch_path_and_the_reference(IndexBackend backend) {
   uint64_t seed = 950;
+  // 70 rows, one of them long: E4M3 keys on tensor cores stream through the workspace 64 rows a
+  // launch (two pairs of launches), MXFP4 keys take the one launch.
+  std::vector<int64_t> many_rows(70);
+  for (size_t i = 0; i < many_rows.size(); ++i)
+    many_rows[i] = static_cast<int64_t>((i * 977) % 3001);
+  many_rows[66] = 66000;
   for (IndexQuery form : {IndexQuery::kE4M3, IndexQuery::kMXFP4}) {
     for (const std::vector<int64_t>& counts :
-         {std::vector<int64_t>{70000}, std::vector<int64_t>{30000, 17, 0, 45000}}) {
+         {std::vector<int64_t>{70000}, std::vector<int64_t>{30000, 17, 0, 45000}, many_rows}) {
       IndexCase c;
       c.q_form = form;
       c.format = form == IndexQuery::kE4M3 ? KeyFormat::kFP8 : KeyFormat::kMXFP4;
@@ -391,7 +397,9 @@ void quantized_queries_equal_the_one_launch_path_and_the_reference(IndexBackend 
       bool used = false;
       const Workspace poisoned{workspace_bytes_for(in, c), seed};
       const Outputs through = run_on_cuda(c, in, backend, &poisoned, &used);
-      EXPECT_TRUE(used) << "few long rows are meant to spread over the SMs";
+      const bool streams = form == IndexQuery::kE4M3 && backend != IndexBackend::kCudaCore;
+      EXPECT_EQ(used, streams || counts.size() < 10)
+          << "few long rows spread over the SMs, and long E4M3 rows stream";
       expect_same_bytes(through, one_launch, "poisoned workspace against no workspace");
       std::vector<uint8_t> ref_counter = counter_bytes(DType::kInt32, 3);
       dsv4::IndexerParams ref_params = in.params(c);

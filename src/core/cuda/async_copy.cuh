@@ -10,7 +10,7 @@
 namespace hdk {
 namespace detail {
 
-// ---- cp.async: per-thread copies of 16 or 8 bytes, global -> shared -------------------------
+// ---- cp.async: per-thread copies of 16, 8 or 4 bytes, global -> shared -------------------------
 
 // 16 bytes (both addresses 16-byte aligned) to shared::cta address `target`, bypassing L1.
 __device__ __forceinline__ void cp_async_16(uint32_t target, const void* source) {
@@ -24,6 +24,13 @@ __device__ __forceinline__ void cp_async_16(void* target, const void* source) {
 // 8 bytes (both addresses 8-byte aligned); cp.async copies 8 bytes only through L1 (.ca).
 __device__ __forceinline__ void cp_async_8(void* target, const void* source) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(shared_address(target)),
+               "l"(source)
+               : "memory");
+}
+
+// 4 bytes (both addresses 4-byte aligned), through L1 like every cp.async below 16 bytes.
+__device__ __forceinline__ void cp_async_4(void* target, const void* source) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(shared_address(target)),
                "l"(source)
                : "memory");
 }

@@ -5,7 +5,10 @@
 // Two forms of q multiply on FP8 tensor cores (wgmma m64n64k32, E4M3 x E4M3, fp32 accumulate):
 //  - E4M3 q against kFP8 keys (DeepGEMM's fp8_paged_mqa_logits form): the stored key codes are
 //    the A operand as they are, with no conversion; one chain of 4 k-steps covers the 128 dims
-//    and the key's fp32 scale multiplies the product.
+//    and the key's fp32 scale multiplies the product. The one-launch kernel loads them into
+//    registers (below); the workspace's scoring kernel copies them by cp.async, as they are,
+//    into a ring of 64-entry tiles in shared memory (the key ring) and loads the same pieces
+//    from there, so both compute the same products.
 //  - MXFP4 q against kMXFP4 keys (DeepSeek-V4's reference indexer quantizes q like the keys):
 //    every E2M1 value is exact in E4M3, so the key codes become E4M3 codes of the same values by
 //    a table lookup, and q enters as E4M3 codes of its values times the part of its group scale
@@ -21,7 +24,9 @@
 // + 16 (r / 2). B (q: 32 bytes x 64 heads a k-step) is K-major in shared memory, 128 bytes a head
 // (all 4 k-steps) in the 128-byte swizzle of sparse_decode_layout.h, a tile of 64 heads 8 KiB.
 // As in the bf16 kernels the k order is a permutation of the dims chosen for the loads: quad lane
-// t holds, per k-step, two 4-byte pieces of each of its two entries.
+// t holds, per k-step, two 4-byte pieces of each of its two entries. A key-ring tile holds each
+// entry's 128 bytes in 16-byte chunks, in the 128-byte swizzle of B, so that the 8 lanes of a
+// load phase (two entries, quad lanes t = 0..3 reading chunk 2 t or 2 t + 1) hit distinct banks.
 #pragma once
 
 #include <cstdint>
@@ -34,9 +39,25 @@ namespace hdk {
 namespace dsv4 {
 namespace detail {
 
-constexpr int kFp8Steps = 4;                           // k-steps of 32 over the 128 dims
-constexpr int kFp8HeadTile = 64;                       // n of the product
-constexpr int kFp8HeadTileBytes = kFp8HeadTile * 128;  // one staged tile of q codes
+constexpr int kFp8Steps = 4;                             // k-steps of 32 over the 128 dims
+constexpr int kFp8HeadTile = 64;                         // n of the product
+constexpr int kFp8HeadTileBytes = kFp8HeadTile * 128;    // one staged tile of q codes
+constexpr int kFp8TileEntries = 64;                      // m of the product
+constexpr int kFp8KeyTileBytes = kFp8TileEntries * 128;  // one key-ring tile of E4M3 codes
+// Tiles a warpgroup has in its key ring: the one it multiplies and three in flight behind it.
+constexpr int kFp8KeyStages = 4;
+
+// The key ring of `warpgroups` warpgroups: kFp8KeyStages tiles of codes each (1024-byte aligned,
+// for the swizzle), then as many tiles of 64 fp32 scales.
+HDK_HOST_DEVICE constexpr int fp8_key_ring_bytes(int warpgroups) {
+  return warpgroups * kFp8KeyStages * (kFp8KeyTileBytes + kFp8TileEntries * 4);
+}
+
+// Byte offset, in a key-ring tile, of the stored bytes 16 chunk .. + 15 (chunk 0..7) of entry
+// `row`.
+HDK_HOST_DEVICE int fp8_key_chunk_offset(int row, int chunk) {
+  return operand_chunk_offset(row, chunk, kFp8TileEntries);
+}
 
 // The key dim that byte `k` (0..31) of k-step `step` stands for, E4M3 form: quad lane t loads
 // its entry's 32 contiguous bytes 32t .. 32t + 31 (two 16-byte loads) and gives words 2 step and

@@ -54,7 +54,11 @@ struct IndexLaunch {
   size_t pages = 0;           // page_capacity int32 block ids of the CTA's segment
   int64_t page_capacity = 0;  // more pages than this are looked up in the block table
   size_t scores = 0;          // chunk uint32 keys
-  size_t bytes = 0;           // dynamic shared memory, with the room to reach a 1024-byte boundary
+  // The workspace's E4M3 scoring kernel: its key ring (fp8_key_ring_bytes: tiles of codes, then
+  // their scales) on a 1024-byte boundary after the staged data, and its size (0: none).
+  size_t key_ring = 0;
+  size_t key_ring_bytes = 0;
+  size_t bytes = 0;  // dynamic shared memory, with the room to reach a 1024-byte boundary
   // The select's first-level histogram (select_layout's, buffer 0) lies apart from everything
   // staging and scoring use, so resident CTAs count it while they score.
   bool count_first_level = false;
@@ -78,6 +82,11 @@ struct IndexLaunchPlan {
 
 inline size_t align16(size_t bytes) {
   return (bytes + 15) / 16 * 16;
+}
+
+// The next 1024-byte boundary (wgmma's swizzled operands start on one).
+inline size_t align_to_boundary(size_t bytes) {
+  return (bytes + kIndexSharedAlignment - 1) / kIndexSharedAlignment * kIndexSharedAlignment;
 }
 
 // The staged queries' bytes: bf16 staged_heads x 128 (the warp kernel's m_tiles x 8 steps x 32
@@ -117,9 +126,6 @@ inline IndexLaunchPlan plan_index_launch(
   const int64_t usable = static_cast<int64_t>(shared_limit) - kIndexSharedAlignment;
   auto scores_room = [&](size_t scores_offset) {  // whole multiples of 32 scores
     return (usable - static_cast<int64_t>(scores_offset)) / 4 / 32 * 32;
-  };
-  auto align_queries = [](size_t offset) {
-    return (offset + kIndexSharedAlignment - 1) / kIndexSharedAlignment * kIndexSharedAlignment;
   };
   const size_t page_bytes = static_cast<size_t>(kIndexCachedPages) * 4;
   launch.page_capacity = kIndexCachedPages;
@@ -179,7 +185,7 @@ inline IndexLaunchPlan plan_index_launch(
   } else {
     launch.weights = select_bytes;
     launch.pages = select_bytes + weight_bytes;
-    launch.q = align_queries(launch.pages + page_bytes);
+    launch.q = align_to_boundary(launch.pages + page_bytes);
     launch.scores = launch.q + align16(q_bytes);
     chunk_limit = std::min(kIndexMaxChunk, scores_room(launch.scores));
     if (chunk_limit < kIndexMinChunk) {
@@ -214,9 +220,23 @@ constexpr int64_t kIndexScoreMinEntries = 128;
 // few hundred keys keep one launch).
 constexpr int64_t kIndexWorkspaceMinEntries = 256;
 
+// E4M3 keys stream through the scoring kernel's key ring in shared memory, with so few registers
+// that two of its CTAs share an SM: where that pays, every row goes through the workspace,
+// kIndexMaxWorkspaceRows rows a launch of each kernel, a row in as many CTAs as keep two on every
+// SM (kIndexStreamCtasPerSm). It pays (H200, against the one launch, whose E4M3 keys go through
+// registers) for up to 32 rows: 1.04-1.26x at 2048-65536 entries; for up to 64 rows from 16384
+// entries (64 x 16384: 1.02x, 64 x 2048: 0.93x); beyond 64 rows, 64 a launch, from 65536 (128 x
+// 65536: 1.10x, 128 x 16384: 0.89x).
+constexpr int64_t kIndexStreamCtasPerSm = 2;
+inline bool index_rows_stream(int64_t num_rows, int64_t capacity) {
+  if (num_rows <= 32) return true;
+  return capacity >= (num_rows <= kIndexMaxWorkspaceRows ? 16384 : 65536);
+}
+
 struct IndexWorkspacePlan {
-  int64_t segments = 0;  // scoring CTAs per row; 0: the one-cluster plan runs, no workspace
-  IndexLaunch score;     // the scoring kernel's shared memory: queries, weights, block ids
+  int64_t segments = 0;         // scoring CTAs per row; 0: the one-cluster plan runs, no workspace
+  int64_t rows_per_launch = 0;  // rows a scoring and a select launch take (the last: the rest)
+  IndexLaunch score;            // the scoring kernel's shared memory: queries, weights, block ids
   IndexLaunchPlan select;
   IndexWorkspaceLayout layout;  // where the keys and the rows' invalid flags lie
 };
@@ -229,25 +249,35 @@ HDK_HOST_DEVICE int64_t index_score_segment(int64_t length, int64_t segments) {
 }
 
 // The plan for a call with a workspace, given its one-cluster plan (`cluster_plan`, for the
-// scoring kernel's clusters) and the clusters the select kernel runs at once: segments = 0 where
-// the rows are more than kIndexMaxWorkspaceRows or their clusters already keep half the SMs or
-// more busy, or where scoring CTAs of kIndexWorkspaceMinEntries would be no more than the
-// cluster's.
+// scoring kernel's clusters) and the clusters the select kernel runs at once. `key_ring_bytes`:
+// the E4M3 scoring kernel's key ring (0: the kernel scores from registers); its rows stream
+// where index_rows_stream says so. Otherwise segments = 0 where the rows are more than
+// kIndexMaxWorkspaceRows or their clusters already keep half the SMs or more busy, or where
+// scoring CTAs of kIndexWorkspaceMinEntries would be no more than the cluster's.
 inline IndexWorkspacePlan plan_index_workspace(
     int64_t num_rows, int64_t num_heads, int64_t capacity, int64_t top_k, bool tensor, bool fp32_q,
     int sm_count, int shared_limit, const IndexLaunchPlan& cluster_plan,
     const hdk::detail::ResidentClusterCounts& select_clusters =
-        hdk::detail::ResidentClusterCounts()) {
+        hdk::detail::ResidentClusterCounts(),
+    size_t key_ring_bytes = 0) {
   IndexWorkspacePlan plan;
-  if (num_rows <= 0 || num_rows > kIndexMaxWorkspaceRows || capacity <= 0) return plan;
-  const int64_t busy = std::min<int64_t>(num_rows * cluster_plan.cluster_size, sm_count);
-  if (2 * busy > sm_count) return plan;
-  auto ctas_of = [&](int64_t entries) {
-    return std::min<int64_t>(sm_count / num_rows, (capacity + entries - 1) / entries);
-  };
-  if (ctas_of(kIndexWorkspaceMinEntries) <= cluster_plan.cluster_size) return plan;
-  const int64_t segments = ctas_of(kIndexScoreMinEntries);
-  plan.segments = segments;
+  if (num_rows <= 0 || capacity <= 0) return plan;
+  const int64_t tiles = (capacity + kIndexScoreMinEntries - 1) / kIndexScoreMinEntries;
+  if (key_ring_bytes > 0 && index_rows_stream(num_rows, capacity)) {
+    plan.rows_per_launch = std::min(num_rows, kIndexMaxWorkspaceRows);
+    plan.segments = std::min<int64_t>(
+        tiles, std::max<int64_t>(1, kIndexStreamCtasPerSm * sm_count / plan.rows_per_launch));
+  } else {
+    if (num_rows > kIndexMaxWorkspaceRows) return plan;
+    const int64_t busy = std::min<int64_t>(num_rows * cluster_plan.cluster_size, sm_count);
+    if (2 * busy > sm_count) return plan;
+    auto ctas_of = [&](int64_t entries) {
+      return std::min<int64_t>(sm_count / num_rows, (capacity + entries - 1) / entries);
+    };
+    if (ctas_of(kIndexWorkspaceMinEntries) <= cluster_plan.cluster_size) return plan;
+    plan.segments = ctas_of(kIndexScoreMinEntries);
+    plan.rows_per_launch = num_rows;
+  }
   // The scoring kernel stages what the cluster kernel does (queries on a 1024-byte boundary)
   // and keeps no scores: they go to the workspace.
   const IndexLaunch& staged = cluster_plan.launch;
@@ -263,12 +293,18 @@ inline IndexWorkspacePlan plan_index_workspace(
   score.pages = score.weights + align16(static_cast<size_t>(staged.staged_heads) * 4);
   score.scores = score.pages + static_cast<size_t>(staged.page_capacity) * 4;
   score.chunk = 0;
-  score.bytes = score.scores + kIndexSharedAlignment;
+  score.bytes = score.scores;
+  if (key_ring_bytes > 0) {
+    score.key_ring = align_to_boundary(score.bytes);
+    score.key_ring_bytes = key_ring_bytes;
+    score.bytes = score.key_ring + key_ring_bytes;
+  }
+  score.bytes += kIndexSharedAlignment;
   // The select stages nothing: planned with the fewest staged queries (one bf16 head), its
   // shared memory is the select's and the scores'; nothing else lies in its first-level
   // histogram, so it counts that level while it loads the keys.
-  plan.select = plan_index_launch(num_rows, 1, capacity, top_k, true, false, sm_count, shared_limit,
-                                  select_clusters);
+  plan.select = plan_index_launch(plan.rows_per_launch, 1, capacity, top_k, true, false, sm_count,
+                                  shared_limit, select_clusters);
   plan.select.launch.count_first_level = true;
   plan.layout = index_workspace_layout(num_rows, capacity);
   return plan;

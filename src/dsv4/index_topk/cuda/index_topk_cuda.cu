@@ -20,6 +20,10 @@
 // 262144 entries per row with no workspace. A longer row still gets exact results: each CTA
 // then scores its segment in chunks again on every pass of the select (usually 2 or 3 passes,
 // at most 7).
+// With a workspace, few rows (and E4M3 rows where index_rows_stream says so) take two launches
+// instead: scoring CTAs over every SM write each row's keys to the workspace
+// (index_score_kernel; E4M3 keys stream through a ring in shared memory there), then a cluster
+// a row selects from them (index_select_kernel).
 // docs/dsv4-attention.md has the reasoning and the numbers.
 #include "dsv4/index_topk/cuda/index_topk_cuda.h"
 
@@ -36,9 +40,11 @@
 
 #include "core/bf16_pairs.h"
 #include "core/ceil_div.h"
+#include "core/cuda/async_copy.cuh"
 #include "core/cuda/count_invalid.cuh"
 #include "core/cuda/dependent_launch.cuh"
 #include "core/cuda/gate_mma.cuh"
+#include "core/cuda/named_barrier.cuh"
 #include "core/cuda/shared_address.cuh"
 #include "core/cuda/wgmma.cuh"
 #include "core/cuda_helpers.h"
@@ -650,6 +656,159 @@ __device__ void score_warp(const IndexerProblem& p, int64_t row, int64_t first, 
   }
 }
 
+// E4M3 q over kFP8 keys on FP8 tensor cores, the workspace's scoring kernel: scores entries
+// first .. first + count - 1 of the row into out[0 .. count), any head count. Warpgroup g takes
+// the 64-entry tiles g, g + 2, ... Their stored bytes go by cp.async, as they are, into a ring of
+// kFp8KeyStages tiles of its own in shared memory (launch.key_ring; index_fp8_layout.h): while
+// it multiplies one tile the next three are in flight and no register holds them, so the kernel
+// takes 87 registers where score_warpgroup_fp8 takes 226, and two CTAs share an SM. Each thread
+// then loads from the tile the very pieces score_warpgroup_fp8 loads from memory and builds the
+// same A fragments, so both give the same scores bit for bit: per staged 64-head tile of q one
+// chain of 4 k-steps, the key's scale, relu (NaN kept), the heads' weights and the quad's sum.
+__device__ void score_warpgroup_e4m3(const IndexerProblem& p, int64_t row, int64_t first,
+                                     int64_t count, const IndexLaunch& launch, uint8_t* shared,
+                                     uint32_t* out, bool wide, const KeyPages& pages,
+                                     uint32_t* first_level) {
+  const int warpgroup = threadIdx.x / 128, thread = threadIdx.x % 128;
+  const int t = threadIdx.x & 3;
+  const int upper = wgmma_d_coord(thread, 0).row;  // this thread's rows: upper and upper + 8
+  const float* staged_weights = reinterpret_cast<const float*>(shared + launch.weights);
+  const int head_tiles = static_cast<int>(launch.staged_heads / kFp8HeadTile);
+  const uint64_t q_tile0 =
+      wgmma_descriptor(shared_address(shared + launch.q), scores_operand(0, kFp8HeadTile));
+  uint8_t* codes = shared + launch.key_ring + warpgroup * kFp8KeyStages * kFp8KeyTileBytes;
+  float* scales = reinterpret_cast<float*>(shared + launch.key_ring +
+                                           kWarpgroups * kFp8KeyStages * kFp8KeyTileBytes) +
+                  warpgroup * kFp8KeyStages * kFp8TileEntries;
+  const int64_t tiles = ceil_div(count, int64_t{kFp8TileEntries});
+  const int64_t own_tiles =
+      tiles > warpgroup ? ceil_div(tiles - warpgroup, int64_t{kWarpgroups}) : 0;
+  const int barrier = hdk::detail::kFirstNamedBarrier + warpgroup;
+
+  // The warpgroup's k-th tile into stage k % kFp8KeyStages: thread pairs take an entry each
+  // (one lookup of its page a thread), the pair's copy i being chunks 2 i and 2 i + 1, so a warp's
+  // copy reads 16 entries' whole 32-byte sectors; the even thread also copies the scale. Past
+  // the end of the segment the pair copies entry `first` (its score is dropped). Every thread
+  // commits one group a call, empty or not, so the waits count tiles.
+  const int copy_entry = thread / 2, copy_half = thread % 2;
+  constexpr int kCopies = 4;  // 16-byte chunks a thread copies of its entry
+  int chunk_offset[kCopies];
+#pragma unroll
+  for (int i = 0; i < kCopies; ++i)
+    chunk_offset[i] = fp8_key_chunk_offset(copy_entry, copy_half + 2 * i);
+  constexpr int64_t kDataBytes = key_data_bytes(KeyFormat::kFP8);
+  const int64_t scale_offset = p.keys.block_size * kDataBytes;
+  auto issue = [&](int64_t k) {
+    if (k < own_tiles) {
+      const int stage = static_cast<int>(k % kFp8KeyStages);
+      const int64_t e = (warpgroup + k * kWarpgroups) * kFp8TileEntries + copy_entry;
+      const EntryPlace place = place_of(p, row, first + (e < count ? e : 0), pages);
+      const uint8_t* source = place.page + place.offset * kDataBytes + 16 * copy_half;
+      uint8_t* target = codes + stage * kFp8KeyTileBytes;
+#pragma unroll
+      for (int i = 0; i < kCopies; ++i) {
+        if (wide) {
+          hdk::detail::cp_async_16(target + chunk_offset[i], source + 32 * i);
+        } else {
+#pragma unroll
+          for (int w = 0; w < 4; ++w)
+            hdk::detail::cp_async_4(target + chunk_offset[i] + 4 * w, source + 32 * i + 4 * w);
+        }
+      }
+      if (copy_half == 0) {
+        hdk::detail::cp_async_4(scales + stage * kFp8TileEntries + copy_entry,
+                                place.page + scale_offset + place.offset * 4);
+      }
+    }
+    hdk::detail::cp_async_commit();
+  };
+  // The weights of this thread's 16 heads of a 64-head tile (accumulator i: head col(i), weight
+  // (i / 4) * 2 + i % 2), reloaded per head tile only when there are several.
+  float weights[16];
+  auto load_weights = [&](int head_tile) {
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+      weights[j] =
+          staged_weights[head_tile * kFp8HeadTile + wgmma_d_coord(thread, 4 * (j / 2) + j % 2).col];
+  };
+  load_weights(0);
+#pragma unroll
+  for (int k = 0; k < kFp8KeyStages - 1; ++k)
+    issue(k);
+
+  for (int64_t k = 0; k < own_tiles; ++k) {
+    // Tile k has landed for every thread; tile k - 1 is done with, so its stage takes the next.
+    hdk::detail::cp_async_wait<kFp8KeyStages - 2>();
+    fence_shared_for_wgmma();
+    hdk::detail::named_barrier_sync(barrier, 128);
+    issue(k + kFp8KeyStages - 1);
+    const int stage = static_cast<int>(k % kFp8KeyStages);
+    const float* tile_scales = scales + stage * kFp8TileEntries;
+    const float key_scale[2] = {tile_scales[upper], tile_scales[upper + 8]};
+    // This thread's two entries' bytes 32 t .. 32 t + 31 (chunks 2 t and 2 t + 1, which the
+    // swizzle puts in distinct banks for the 8 lanes of a load phase), the pieces the one-launch
+    // kernel loads from memory: the same fragments, so the same products bit for bit.
+    const uint8_t* tile = codes + stage * kFp8KeyTileBytes;
+    uint32_t words[2][8];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const uint4 v = *reinterpret_cast<const uint4*>(
+            tile + fp8_key_chunk_offset(upper + 8 * r, 2 * t + half));
+        words[r][4 * half] = v.x, words[r][4 * half + 1] = v.y;
+        words[r][4 * half + 2] = v.z, words[r][4 * half + 3] = v.w;
+      }
+    }
+    uint32_t a[kFp8Steps][4];
+#pragma unroll
+    for (int step = 0; step < kFp8Steps; ++step) {
+#pragma unroll
+      for (int reg = 0; reg < 4; ++reg)
+        a[step][reg] = fp8_step_fragment(words[0], words[1], step, reg);
+    }
+    float sum[2] = {0.0f, 0.0f};
+    for (int head_tile = 0; head_tile < head_tiles; ++head_tile) {
+      const uint64_t q_tile = wgmma_descriptor_advance(q_tile0, head_tile * kFp8HeadTileBytes);
+      // Accumulator i is row upper + 8 ((i / 2) % 2), head 64 head_tile + col(i).
+      float dot[32];
+      wgmma_fence();
+#pragma unroll
+      for (int step = 0; step < kFp8Steps; ++step) {
+        wgmma_m64n64k32_e4m3_a_registers(
+            dot, a[step],
+            wgmma_descriptor_advance(q_tile, scores_operand(step, kFp8HeadTile).start), step > 0);
+      }
+      wgmma_commit();
+      if (head_tiles > 1) load_weights(head_tile);
+      wgmma_wait<0>();
+      wgmma_fence_accumulators(dot);
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        sum[(i / 2) % 2] +=
+            relu_keep_nan(dot[i] * key_scale[(i / 2) % 2]) * weights[(i / 4) * 2 + i % 2];
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      sum[r] += __shfl_xor_sync(kFullMask, sum[r], 1);
+      sum[r] += __shfl_xor_sync(kFullMask, sum[r], 2);
+    }
+    if (t < 2) {  // lane t = 0 writes the upper row, t = 1 the lower one
+      const int64_t e = (warpgroup + k * kWarpgroups) * kFp8TileEntries + upper + 8 * t;
+      if (e < count) {
+        const uint32_t key = ordered_key(t == 0 ? sum[0] : sum[1]);
+        out[e] = key;
+        if (first_level != nullptr)
+          atomicAdd(&first_level[key >> (32 - hdk::detail::kSelectDigitBits)], 1u);
+      }
+    }
+  }
+  // The ring is free again for the next call (a chunked segment scores again on every pass).
+  hdk::detail::cp_async_wait<0>();
+  hdk::detail::named_barrier_sync(barrier, 128);
+}
+
 // FP8 tensor cores, E4M3 q and kFP8 keys: an entry's 32 bytes for quad lane t (dims 32t ..
 // 32t + 31) and its scale.
 struct Fp8KeyPiece {
@@ -915,13 +1074,16 @@ __device__ void score_cuda_core(const IndexerProblem& p, int64_t row, int64_t fi
 // Scores entries first .. first + count - 1 of the row into out[0 .. count) (shared or global
 // memory) on the kernel's path; the warpgroup kernel also counts them into `first_level` when
 // given.
-template <ScoreKernel kScore, QueryKind kQ, KeyFormat kFormat>
+// `kKeyRing`: E4M3 keys through the launch's key ring (the workspace's scoring kernel).
+template <ScoreKernel kScore, QueryKind kQ, KeyFormat kFormat, bool kKeyRing = false>
 __device__ __forceinline__ void score_entries(const IndexerProblem& p, int64_t row, int64_t first,
                                               int64_t count, const IndexLaunch& launch,
-                                              const uint8_t* shared, uint32_t* out, bool wide,
+                                              uint8_t* shared, uint32_t* out, bool wide,
                                               const KeyPages& pages, uint32_t* first_level,
                                               bool remainder) {
-  if constexpr (is_fp8_query(kQ) && kScore != ScoreKernel::kCudaCore) {
+  if constexpr (kKeyRing && kQ == QueryKind::kE4M3 && kScore != ScoreKernel::kCudaCore) {
+    score_warpgroup_e4m3(p, row, first, count, launch, shared, out, wide, pages, first_level);
+  } else if constexpr (is_fp8_query(kQ) && kScore != ScoreKernel::kCudaCore) {
     score_warpgroup_fp8<kQ>(p, row, first, count, launch, shared, out, wide, pages, first_level,
                             remainder);
   } else if constexpr (kScore == ScoreKernel::kWarpgroup) {
@@ -1164,13 +1326,16 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // Scoring through the workspace, over every SM: CTA `segment` of the row's `segments` scores its
 // share (index_score_segment) straight into the row's workspace keys; segment 0 writes the row's
-// invalid flag, the only word of the row that every call writes whatever the row holds.
+// invalid flag, the only word of the row that every call writes whatever the row holds. A launch
+// takes rows row_base .., the workspace's row r holding row row_base + r. E4M3 scoring keeps its
+// keys in shared memory, not registers, and runs two CTAs an SM.
 template <ScoreKernel kScore, QueryKind kQ, KeyFormat kFormat>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kThreads, kQ == QueryKind::kE4M3 ? 2 : 1)
     index_score_kernel(IndexerProblem p, IndexLaunch launch, IndexWorkspaceLayout layout,
-                       int segments, FastDivide page_divide, bool wide) {
+                       int segments, int64_t row_base, FastDivide page_divide, bool wide) {
   hdk::detail::begin_dependent_kernel();
-  const int64_t row = blockIdx.x / segments;
+  const int64_t local_row = blockIdx.x / segments;
+  const int64_t row = row_base + local_row;
   const int segment = static_cast<int>(blockIdx.x % segments);
   auto segment_of = [&](int64_t entries) {
     const int64_t share = index_score_segment(entries, segments);
@@ -1193,21 +1358,23 @@ __global__ void __launch_bounds__(kThreads, 1)
   const bool bad =
       stage_row<kScore, kQ>(p, row, launch, shared, nullptr, segment_of, length, pages, remainder);
   if (segment == 0 && threadIdx.x == 0)
-    reinterpret_cast<int32_t*>(p.workspace + layout.flags_offset)[row] = bad ? 1 : 0;
+    reinterpret_cast<int32_t*>(p.workspace + layout.flags_offset)[local_row] = bad ? 1 : 0;
   if (bad) return;
   const Segment share = segment_of(length);
   if (share.last <= share.first) return;
   uint32_t* keys =
-      reinterpret_cast<uint32_t*>(p.workspace + layout.keys_offset) + row * layout.row_stride;
-  score_entries<kScore, kQ, kFormat>(p, row, share.first, share.last - share.first, launch, shared,
-                                     keys + share.first, wide, pages, nullptr, remainder);
+      reinterpret_cast<uint32_t*>(p.workspace + layout.keys_offset) + local_row * layout.row_stride;
+  score_entries<kScore, kQ, kFormat, kQ == QueryKind::kE4M3>(
+      p, row, share.first, share.last - share.first, launch, shared, keys + share.first, wide,
+      pages, nullptr, remainder);
 }
 
 // The select through the workspace: a cluster per row loads its segments' keys from the row's
 // workspace keys in place of scoring them (counting the first level as it goes) and selects
 // as the one-launch kernel does.
 __global__ void __launch_bounds__(kThreads, 1)
-    index_select_kernel(IndexerProblem p, IndexLaunch launch, IndexWorkspaceLayout layout) {
+    index_select_kernel(IndexerProblem p, IndexLaunch launch, IndexWorkspaceLayout layout,
+                        int64_t row_base) {
   // Waits, but never lets the next kernel start early, though its grid is small: sparse_decode
   // scheduled during the select ran slower by more than the launch it hid (Flash CSA step at
   // N = 2 and 4, 65536 context, H200: 77.7 and 79.8 us with the early start, 69.4 and 71.5
@@ -1216,17 +1383,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   cg::cluster_group cluster = cg::this_cluster();
   const int cluster_size = static_cast<int>(cluster.num_blocks());
   const int rank = static_cast<int>(cluster.block_rank());
-  const int64_t row = blockIdx.x / cluster_size;
+  const int64_t local_row = blockIdx.x / cluster_size;
+  const int64_t row = row_base + local_row;
   extern __shared__ __align__(16) uint8_t shared_bytes[];
   uint8_t* shared = aligned_shared(shared_bytes);
   uint32_t* const first_level = first_level_of(shared, launch, launch.count_first_level);
   zero_first_level(first_level);
-  const bool bad = reinterpret_cast<const int32_t*>(p.workspace + layout.flags_offset)[row] != 0;
+  const bool bad =
+      reinterpret_cast<const int32_t*>(p.workspace + layout.flags_offset)[local_row] != 0;
   const int64_t length = bad ? 0 : p.num_entries.at(row);
   if (bad && rank == 0 && threadIdx.x == 0) count_invalid(p.invalid_count);
   __syncthreads();  // the histogram is zero before any count
-  const uint32_t* keys =
-      reinterpret_cast<const uint32_t*>(p.workspace + layout.keys_offset) + row * layout.row_stride;
+  const uint32_t* keys = reinterpret_cast<const uint32_t*>(p.workspace + layout.keys_offset) +
+                         local_row * layout.row_stride;
   select_row(p, row, length, launch, shared, first_level,
              [&](int64_t first, int64_t count, uint32_t* out, uint32_t* counts) {
                for (int64_t i = threadIdx.x; i < count; i += kThreads) {
@@ -1239,8 +1408,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 using OneLaunchKernel = void (*)(IndexerProblem, IndexLaunch, FastDivide, bool);
-using ScoringKernel = void (*)(IndexerProblem, IndexLaunch, IndexWorkspaceLayout, int, FastDivide,
-                               bool);
+using ScoringKernel = void (*)(IndexerProblem, IndexLaunch, IndexWorkspaceLayout, int, int64_t,
+                               FastDivide, bool);
 
 // The kernels of one scoring path, query dtype and key format.
 struct Kernels {
@@ -1375,9 +1544,12 @@ IndexLaunchChoice choose_launch(const IndexerProblem& p, int device) {
     hdk::detail::allow_dynamic_shared_memory(index_select_kernel, shared_limit, device, kOperation);
     const hdk::detail::ResidentClusterCounts& select_clusters = hdk::detail::resident_clusters(
         index_select_kernel, kThreads, static_cast<size_t>(shared_limit), device, kOperation);
+    // The E4M3 scoring kernel's key ring (index_score_kernel).
+    const size_t key_ring_bytes =
+        query == QueryKind::kE4M3 && tensor ? fp8_key_ring_bytes(kWarpgroups) : 0;
     choice.workspace =
         plan_index_workspace(p.num_rows, planned_heads, capacity, p.top_k, tensor, fp32_q, sm_count,
-                             shared_limit, choice.plan, select_clusters);
+                             shared_limit, choice.plan, select_clusters, key_ring_bytes);
     if (choice.workspace.segments > 0) {
       hdk::detail::allow_dynamic_shared_memory(choice.kernels.scoring, shared_limit, device,
                                                kOperation);
@@ -1415,21 +1587,25 @@ void index_topk_cuda(const IndexerProblem& p, int device, CudaStream stream) {
   const cudaStream_t cuda_stream = reinterpret_cast<cudaStream_t>(stream);
   const IndexWorkspacePlan& workspace = choice.workspace;
   if (workspace.segments > 0) {
-    // attention.cpp checked that the workspace holds index_topk_workspace_bytes.
-    const unsigned score_grid = static_cast<unsigned>(p.num_rows * workspace.segments);
-    hdk::detail::check_launch(
-        hdk::detail::launch_dependent(choice.kernels.scoring, score_grid, kThreads,
-                                      workspace.score.bytes, cuda_stream, p, workspace.score,
-                                      workspace.layout, static_cast<int>(workspace.segments),
-                                      choice.pages, choice.wide),
-        kOperation, "launching index_score_kernel");
+    // attention.cpp checked that the workspace holds index_topk_workspace_bytes. Each pair of
+    // launches takes the next rows_per_launch rows; the select never lets the next kernel start
+    // before it ends, so the next scoring writes the workspace after it is read.
     const IndexLaunchPlan& select = workspace.select;
-    hdk::detail::check_launch(
-        hdk::detail::launch_in_clusters(
-            index_select_kernel, static_cast<unsigned>(p.num_rows * select.cluster_size), kThreads,
-            select.launch.bytes, cuda_stream, static_cast<unsigned>(select.cluster_size), p,
-            select.launch, workspace.layout),
-        kOperation, "launching index_select_kernel");
+    for (int64_t base = 0; base < p.num_rows; base += workspace.rows_per_launch) {
+      const int64_t rows = std::min(workspace.rows_per_launch, p.num_rows - base);
+      hdk::detail::check_launch(
+          hdk::detail::launch_dependent(
+              choice.kernels.scoring, static_cast<unsigned>(rows * workspace.segments), kThreads,
+              workspace.score.bytes, cuda_stream, p, workspace.score, workspace.layout,
+              static_cast<int>(workspace.segments), base, choice.pages, choice.wide),
+          kOperation, "launching index_score_kernel");
+      hdk::detail::check_launch(
+          hdk::detail::launch_in_clusters(
+              index_select_kernel, static_cast<unsigned>(rows * select.cluster_size), kThreads,
+              select.launch.bytes, cuda_stream, static_cast<unsigned>(select.cluster_size), p,
+              select.launch, workspace.layout, base),
+          kOperation, "launching index_select_kernel");
+    }
     return;
   }
   const IndexLaunchPlan& plan = choice.plan;
