@@ -159,22 +159,6 @@ __device__ __forceinline__ void wgmma_m64n64k32_e4m3_a_registers(float (&d)[32],
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int>(accumulate)));
 }
 
-// d (64 x 64) = a b (+ d when `accumulate`), FP8: A 64 x 32 and B 32 x 64 E4M3, both K-major in
-// shared memory.
-__device__ __forceinline__ void wgmma_m64n64k32_e4m3(float (&d)[32], uint64_t a, uint64_t b,
-                                                     bool accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, "
-      "%8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, "
-      "%24, %25, %26, %27, %28, %29, %30, %31"
-      "}, %32, %33, p, 1, 1;\n}\n"
-      : HDK_WGMMA_ACC8(d, 0), HDK_WGMMA_ACC8(d, 8), HDK_WGMMA_ACC8(d, 16), HDK_WGMMA_ACC8(d, 24)
-      : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)));
-}
-
 #undef HDK_WGMMA_ACC128
 #undef HDK_WGMMA_D128
 #undef HDK_WGMMA_ACC8
