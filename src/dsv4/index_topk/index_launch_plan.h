@@ -223,10 +223,10 @@ constexpr int64_t kIndexWorkspaceMinEntries = 256;
 // E4M3 keys stream through the scoring kernel's key ring in shared memory, with so few registers
 // that two of its CTAs share an SM: where that pays, every row goes through the workspace,
 // kIndexMaxWorkspaceRows rows a launch of each kernel, a row in as many CTAs as keep two on every
-// SM (kIndexStreamCtasPerSm). It pays (H200, against the one launch, whose E4M3 keys go through
-// registers) for up to 32 rows: 1.04-1.26x at 2048-65536 entries; for up to 64 rows from 16384
-// entries (64 x 16384: 1.02x, 64 x 2048: 0.93x); beyond 64 rows, 64 a launch, from 65536 (128 x
-// 65536: 1.10x, 128 x 16384: 0.89x).
+// SM (kIndexStreamCtasPerSm). Measured against the one launch, whose E4M3 keys go through
+// registers (H200, top 512 and 1024): up to 32 rows 1.03-1.29x at 2048-65536 entries; 64 rows
+// 1.04x at 16384 entries, 1.13x at 65536, but 0.93-0.96x at 2048; beyond 64 rows, 64 a launch,
+// 1.11-1.12x at 65536 entries but 0.88-0.90x at 16384.
 constexpr int64_t kIndexStreamCtasPerSm = 2;
 inline bool index_rows_stream(int64_t num_rows, int64_t capacity) {
   if (num_rows <= 32) return true;
