@@ -373,9 +373,41 @@ void graph_replay_gives_the_same_bytes(IndexBackend backend) {
 }
 
 // The quantized q forms (E4M3 codes over fp8 keys, packed MXFP4 over mxfp4 keys) through the
-// workspace: the one-launch path's bytes and the reference, rows of up to 70000 entries.
+// workspace: the one-launch path's bytes and the reference, rows of up to 70000 entries, pages of
+// 64 entries and, for tiles that span pages and pools off the 16-byte grid (the key ring's 4-byte
+// copies), of 16 and 3.
 void quantized_queries_equal_the_one_launch_path_and_the_reference(IndexBackend backend) {
   uint64_t seed = 950;
+  auto run = [&](IndexQuery form, const std::vector<int64_t>& counts, int64_t block_size) {
+    IndexCase c;
+    c.q_form = form;
+    c.format = form == IndexQuery::kE4M3 ? KeyFormat::kFP8 : KeyFormat::kMXFP4;
+    c.counts = counts;
+    c.top_k = counts.size() == 1 ? 2048 : 512;
+    c.block_size = block_size;
+    c.seed = seed++;
+    SCOPED_TRACE(c.describe() + " on " + index_backend_name(backend));
+    IndexInputs in = make_index_inputs(c);
+    const Outputs one_launch = run_on_cuda(c, in, backend, nullptr);
+    bool used = false;
+    const Workspace poisoned{workspace_bytes_for(in, c), seed};
+    const Outputs through = run_on_cuda(c, in, backend, &poisoned, &used);
+    const bool streams = form == IndexQuery::kE4M3 && backend != IndexBackend::kCudaCore;
+    EXPECT_EQ(used, streams || counts.size() < 10)
+        << "few long rows spread over the SMs, and long E4M3 rows stream";
+    expect_same_bytes(through, one_launch, "poisoned workspace against no workspace");
+    std::vector<uint8_t> ref_counter = counter_bytes(DType::kInt32, 3);
+    dsv4::IndexerParams ref_params = in.params(c);
+    ref_params.invalid_count = TensorView::contiguous(ref_counter.data(), DType::kInt32, {1});
+    const dsv4::IndexerReference ref = dsv4::index_topk_reference(ref_params);
+    IndexInputs got = in;
+    got.indices = through.indices;
+    got.scores = through.scores;
+    got.slots = through.slots;
+    got.counter = through.counter;
+    EXPECT_EQ(read_counter(got.counter, DType::kInt32), 3);
+    check_index_outputs(c, got, ref, index_tolerance(backend, c));
+  };
   // 70 rows, one of them long: E4M3 keys on tensor cores stream through the workspace 64 rows a
   // launch (two pairs of launches), MXFP4 keys take the one launch.
   std::vector<int64_t> many_rows(70);
@@ -385,34 +417,10 @@ void quantized_queries_equal_the_one_launch_path_and_the_reference(IndexBackend 
   for (IndexQuery form : {IndexQuery::kE4M3, IndexQuery::kMXFP4}) {
     for (const std::vector<int64_t>& counts :
          {std::vector<int64_t>{70000}, std::vector<int64_t>{30000, 17, 0, 45000}, many_rows}) {
-      IndexCase c;
-      c.q_form = form;
-      c.format = form == IndexQuery::kE4M3 ? KeyFormat::kFP8 : KeyFormat::kMXFP4;
-      c.counts = counts;
-      c.top_k = counts.size() == 1 ? 2048 : 512;
-      c.seed = seed++;
-      SCOPED_TRACE(c.describe() + " on " + index_backend_name(backend));
-      IndexInputs in = make_index_inputs(c);
-      const Outputs one_launch = run_on_cuda(c, in, backend, nullptr);
-      bool used = false;
-      const Workspace poisoned{workspace_bytes_for(in, c), seed};
-      const Outputs through = run_on_cuda(c, in, backend, &poisoned, &used);
-      const bool streams = form == IndexQuery::kE4M3 && backend != IndexBackend::kCudaCore;
-      EXPECT_EQ(used, streams || counts.size() < 10)
-          << "few long rows spread over the SMs, and long E4M3 rows stream";
-      expect_same_bytes(through, one_launch, "poisoned workspace against no workspace");
-      std::vector<uint8_t> ref_counter = counter_bytes(DType::kInt32, 3);
-      dsv4::IndexerParams ref_params = in.params(c);
-      ref_params.invalid_count = TensorView::contiguous(ref_counter.data(), DType::kInt32, {1});
-      const dsv4::IndexerReference ref = dsv4::index_topk_reference(ref_params);
-      IndexInputs got = in;
-      got.indices = through.indices;
-      got.scores = through.scores;
-      got.slots = through.slots;
-      got.counter = through.counter;
-      EXPECT_EQ(read_counter(got.counter, DType::kInt32), 3);
-      check_index_outputs(c, got, ref, index_tolerance(backend, c));
+      run(form, counts, 64);
     }
+    for (int64_t block_size : {16, 3})
+      run(form, std::vector<int64_t>{5000, 3, 0, 2100}, block_size);
   }
 }
 
