@@ -79,6 +79,24 @@ std::vector<uint8_t> random_bytes(uint64_t seed, size_t count) {
   return bytes;
 }
 
+// Checks `outputs`, of a run on `in`, against the float64 reference of `reference_case` over
+// `reference_inputs` (what a deliberate breakage of `in` should give); returns the rows the
+// reference counts invalid.
+int64_t check_against_reference(const IndexCase& reference_case, IndexInputs& reference_inputs,
+                                const IndexInputs& in, const Outputs& outputs, double tolerance) {
+  std::vector<uint8_t> ref_counter = counter_bytes(DType::kInt32, 3);
+  dsv4::IndexerParams ref_params = reference_inputs.params(reference_case);
+  ref_params.invalid_count = TensorView::contiguous(ref_counter.data(), DType::kInt32, {1});
+  const dsv4::IndexerReference ref = dsv4::index_topk_reference(ref_params);
+  IndexInputs got = in;
+  got.indices = outputs.indices;
+  got.scores = outputs.scores;
+  got.slots = outputs.slots;
+  got.counter = outputs.counter;
+  check_index_outputs(reference_case, got, ref, tolerance);
+  return ref.invalid_rows;
+}
+
 // A workspace of `bytes` holding zeros or the random bytes of `poison`.
 struct Workspace {
   int64_t bytes = 0;
@@ -260,17 +278,9 @@ void random_cases_equal_the_one_launch_path_and_the_reference(IndexBackend backe
     expect_same_bytes(zeroed, one_launch, "zeroed workspace against no workspace");
     expect_same_bytes(garbage, zeroed, "poisoned workspace against a zeroed one");
 
-    std::vector<uint8_t> ref_counter = counter_bytes(DType::kInt32, 3);
-    dsv4::IndexerParams ref_params = reference_inputs.params(reference_case);
-    ref_params.invalid_count = TensorView::contiguous(ref_counter.data(), DType::kInt32, {1});
-    const dsv4::IndexerReference ref = dsv4::index_topk_reference(ref_params);
-    IndexInputs got = in;
-    got.indices = zeroed.indices;
-    got.scores = zeroed.scores;
-    got.slots = zeroed.slots;
-    got.counter = zeroed.counter;
-    EXPECT_EQ(read_counter(got.counter, DType::kInt32), 3 + ref.invalid_rows + extra_invalid);
-    check_index_outputs(reference_case, got, ref, index_tolerance(backend, c.q_dtype));
+    const int64_t invalid_rows = check_against_reference(
+        reference_case, reference_inputs, in, zeroed, index_tolerance(backend, c.q_dtype));
+    EXPECT_EQ(read_counter(zeroed.counter, DType::kInt32), 3 + invalid_rows + extra_invalid);
   }
   // The draws are mostly few rows: the plan must have scored most of them over every SM.
   EXPECT_GE(through_workspace, kCases / 2);
@@ -396,17 +406,8 @@ void quantized_queries_equal_the_one_launch_path_and_the_reference(IndexBackend 
     EXPECT_EQ(used, streams || counts.size() < 10)
         << "few long rows spread over the SMs, and long E4M3 rows stream";
     expect_same_bytes(through, one_launch, "poisoned workspace against no workspace");
-    std::vector<uint8_t> ref_counter = counter_bytes(DType::kInt32, 3);
-    dsv4::IndexerParams ref_params = in.params(c);
-    ref_params.invalid_count = TensorView::contiguous(ref_counter.data(), DType::kInt32, {1});
-    const dsv4::IndexerReference ref = dsv4::index_topk_reference(ref_params);
-    IndexInputs got = in;
-    got.indices = through.indices;
-    got.scores = through.scores;
-    got.slots = through.slots;
-    got.counter = through.counter;
-    EXPECT_EQ(read_counter(got.counter, DType::kInt32), 3);
-    check_index_outputs(c, got, ref, index_tolerance(backend, c));
+    EXPECT_EQ(check_against_reference(c, in, in, through, index_tolerance(backend, c)), 0);
+    EXPECT_EQ(read_counter(through.counter, DType::kInt32), 3);
   };
   // 70 rows, one of them long: E4M3 keys on tensor cores stream through the workspace 64 rows a
   // launch (two pairs of launches), MXFP4 keys take the one launch.
