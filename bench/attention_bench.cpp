@@ -61,14 +61,15 @@ struct IndexForm {
   const char* name;
   dsv4::KeyFormat format;
   int64_t key_bytes;
+  bool packed_query;  // packed E2M1 q with UE8M0 scales (else bf16, or E4M3 with FP8 keys)
 };
 
 // mxfp4: exact bf16 q over MXFP4 keys (the contract's default); fp8: E4M3 q over FP8 keys
 // (DeepGEMM's Hopper form); mxfp4q: packed E2M1 q with UE8M0 scales over MXFP4 keys (the
 // reference indexer's quantized query).
-const IndexForm kIndexForms[] = {{"mxfp4", dsv4::KeyFormat::kMXFP4, dsv4::kMxfp4KeyBytes},
-                                 {"fp8", dsv4::KeyFormat::kFP8, dsv4::kFp8KeyBytes},
-                                 {"mxfp4q", dsv4::KeyFormat::kMXFP4, dsv4::kMxfp4KeyBytes}};
+const IndexForm kIndexForms[] = {{"mxfp4", dsv4::KeyFormat::kMXFP4, dsv4::kMxfp4KeyBytes, false},
+                                 {"fp8", dsv4::KeyFormat::kFP8, dsv4::kFp8KeyBytes, false},
+                                 {"mxfp4q", dsv4::KeyFormat::kMXFP4, dsv4::kMxfp4KeyBytes, true}};
 
 const IndexForm& find_index_form(const std::string& name) {
   for (const IndexForm& form : kIndexForms) {
@@ -332,7 +333,7 @@ class AttentionBench {
       in->q = random_e4m3(q_values, random);
     } else {
       fill_key_pages(in->cache, in->num_blocks, kBlockSize, random);
-      if (std::string(form.name) == "mxfp4q") {
+      if (form.packed_query) {
         in->q.resize(static_cast<size_t>(q_values / 2));
         for (uint8_t& byte : in->q)
           byte = static_cast<uint8_t>(random.next() >> 32);
@@ -373,12 +374,11 @@ class AttentionBench {
         workspace ? dsv4::index_topk_workspace_bytes(N, in.pages_per_row * kBlockSize, where) : 0;
     DeviceAllocation d_workspace(device_, static_cast<size_t>(workspace_bytes));
     const IndexForm& form = *in.form;
-    const bool packed_q = !in.q_scales.empty();
     // The query as the form takes it, over host or device bytes.
     auto query = [&](void* q, void* scales, dsv4::IndexerParams& params, Device at) {
       if (form.format == dsv4::KeyFormat::kFP8) {
         params.q = TensorView::contiguous(q, DType::kUInt8, {N, H, dsv4::kIndexerKeyDim}, at);
-      } else if (packed_q) {
+      } else if (form.packed_query) {
         params.q = TensorView::contiguous(q, DType::kUInt8, {N, H, dsv4::kIndexerKeyDim / 2}, at);
         params.q_scales = TensorView::contiguous(scales, DType::kUInt8, {N, H, 4}, at);
       } else {
