@@ -237,6 +237,31 @@ TEST(IndexFp8Layout, KeyRingGivesTheRegisterPathsPiecesWithoutBankConflicts) {
   }
 }
 
+// The MXFP4 key ring: every (entry, group chunk) at its own 16 bytes of the 4 KiB tile, and the
+// 32 lanes of a warp's load of one group (8 rows, word t = 0..3 of the chunk) in 32 banks.
+TEST(IndexFp8Layout, Mxfp4KeyRingFillsTheTileWithoutBankConflicts) {
+  std::set<int> offsets;
+  for (int row = 0; row < kFp8TileEntries; ++row) {
+    for (int chunk = 0; chunk < 4; ++chunk) {
+      const int offset = mxfp4_key_chunk_offset(row, chunk);
+      ASSERT_EQ(offset % 16, 0);
+      ASSERT_EQ(offset / 64, row);
+      ASSERT_TRUE(offsets.insert(offset).second);
+    }
+  }
+  EXPECT_EQ(static_cast<int>(offsets.size()) * 16, kMxfp4KeyTileBytes);
+  for (int first = 0; first < kFp8TileEntries; first += 8) {
+    for (int group = 0; group < 4; ++group) {
+      std::set<int> banks;
+      for (int r = 0; r < 8; ++r) {
+        for (int t = 0; t < 4; ++t)
+          banks.insert(((mxfp4_key_chunk_offset(first + r, group) + 4 * t) / 4) % 32);
+      }
+      EXPECT_EQ(banks.size(), 32u) << "rows " << first << ".. group " << group;
+    }
+  }
+}
+
 TEST(IndexFp8Layout, E4m3WarpgroupProductIsTheDotProduct) {
   check_product(false, 1);
   check_product(false, 2);

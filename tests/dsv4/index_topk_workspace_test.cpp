@@ -402,15 +402,15 @@ void quantized_queries_equal_the_one_launch_path_and_the_reference(IndexBackend 
     bool used = false;
     const Workspace poisoned{workspace_bytes_for(in, c), seed};
     const Outputs through = run_on_cuda(c, in, backend, &poisoned, &used);
-    const bool streams = form == IndexQuery::kE4M3 && backend != IndexBackend::kCudaCore;
+    const bool streams = backend != IndexBackend::kCudaCore;
     EXPECT_EQ(used, streams || counts.size() < 10)
-        << "few long rows spread over the SMs, and long E4M3 rows stream";
+        << "few long rows spread over the SMs, and long rows of the FP8 forms stream";
     expect_same_bytes(through, one_launch, "poisoned workspace against no workspace");
     EXPECT_EQ(check_against_reference(c, in, in, through, index_tolerance(backend, c)), 0);
     EXPECT_EQ(read_counter(through.counter, DType::kInt32), 3);
   };
-  // 70 rows, one of them long: E4M3 keys on tensor cores stream through the workspace 64 rows a
-  // launch (two pairs of launches), MXFP4 keys take the one launch.
+  // 70 rows, one of them long: both FP8 forms on tensor cores stream through the workspace 64
+  // rows a launch (two pairs of launches); on CUDA cores they take the one launch.
   std::vector<int64_t> many_rows(70);
   for (size_t i = 0; i < many_rows.size(); ++i)
     many_rows[i] = static_cast<int64_t>((i * 977) % 3001);
@@ -420,8 +420,9 @@ void quantized_queries_equal_the_one_launch_path_and_the_reference(IndexBackend 
          {std::vector<int64_t>{70000}, std::vector<int64_t>{30000, 17, 0, 45000}, many_rows}) {
       run(form, counts, 64);
     }
+    // 8 rows: both forms take the key ring (index_rows_stream, index_mxfp4_ring_pays).
     for (int64_t block_size : {16, 3})
-      run(form, std::vector<int64_t>{5000, 3, 0, 2100}, block_size);
+      run(form, std::vector<int64_t>{5000, 3, 0, 2100, 700, 64, 65, 1500}, block_size);
   }
 }
 

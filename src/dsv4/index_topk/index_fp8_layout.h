@@ -59,6 +59,21 @@ HDK_HOST_DEVICE int fp8_key_chunk_offset(int row, int chunk) {
   return operand_chunk_offset(row, chunk, kFp8TileEntries);
 }
 
+// The MXFP4 key ring (packed E2M1 q over kMXFP4 keys): the same stages of 64 entries, each 64
+// bytes of codes, then as many tiles of the entries' 4 scale bytes.
+constexpr int kMxfp4KeyTileBytes = kFp8TileEntries * 64;
+HDK_HOST_DEVICE constexpr int mxfp4_key_ring_bytes(int warpgroups) {
+  return warpgroups * kFp8KeyStages * (kMxfp4KeyTileBytes + kFp8TileEntries * 4);
+}
+
+// Byte offset, in an MXFP4 key-ring tile, of the codes 16 chunk .. + 15 (chunk 0..3: scale group
+// `chunk`) of entry `row`. A thread reads word t of each chunk of its two entries (the words the
+// one-launch kernel loads, 4 g + t); XORing the chunk with bits 1-2 of the row puts the 32 lanes
+// of a warp's load (8 rows, t = 0..3, one group) in 32 distinct banks.
+HDK_HOST_DEVICE int mxfp4_key_chunk_offset(int row, int chunk) {
+  return row * 64 + ((chunk ^ ((row >> 1) & 3)) * 16);
+}
+
 // The key dim that byte `k` (0..31) of k-step `step` stands for, E4M3 form: quad lane t loads
 // its entry's 32 contiguous bytes 32t .. 32t + 31 (two 16-byte loads) and gives words 2 step and
 // 2 step + 1 of them to k-step `step`.

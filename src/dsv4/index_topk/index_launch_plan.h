@@ -233,6 +233,14 @@ inline bool index_rows_stream(int64_t num_rows, int64_t capacity) {
   return capacity >= (num_rows <= kIndexMaxWorkspaceRows ? 16384 : 65536);
 }
 
+// MXFP4 keys with the packed query take the key ring only where it beat the workspace's or the
+// cluster's register-fed scoring (H200, top 512, 1-16 rows of 16384-262144 entries): from 8 rows
+// 1.05-1.89x, and fewer rows from 262144 keys in all (1.05-1.28x); 0.86-0.94x below that, where a
+// scoring CTA has too few tiles to fill the ring (1 row of 65536, 2 or 4 rows of 16384).
+inline bool index_mxfp4_ring_pays(int64_t num_rows, int64_t capacity) {
+  return num_rows >= 8 || num_rows * capacity >= 262144;
+}
+
 struct IndexWorkspacePlan {
   int64_t segments = 0;         // scoring CTAs per row; 0: the one-cluster plan runs, no workspace
   int64_t rows_per_launch = 0;  // rows a scoring and a select launch take (the last: the rest)

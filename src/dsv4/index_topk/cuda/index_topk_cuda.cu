@@ -656,30 +656,40 @@ __device__ void score_warp(const IndexerProblem& p, int64_t row, int64_t first, 
   }
 }
 
-// E4M3 q over kFP8 keys on FP8 tensor cores, the workspace's scoring kernel: scores entries
-// first .. first + count - 1 of the row into out[0 .. count), any head count. Warpgroup g takes
-// the 64-entry tiles g, g + 2, ... Their stored bytes go by cp.async, as they are, into a ring of
-// kFp8KeyStages tiles of its own in shared memory (launch.key_ring; index_fp8_layout.h): while
-// it multiplies one tile the next three are in flight and no register holds them, so the kernel
-// takes 87 registers where score_warpgroup_fp8 takes 226, and two CTAs share an SM. Each thread
-// then loads from the tile the very pieces score_warpgroup_fp8 loads from memory and builds the
-// same A fragments, so both give the same scores bit for bit: per staged 64-head tile of q one
-// chain of 4 k-steps, the key's scale, relu (NaN kept), the heads' weights and the quad's sum.
-__device__ void score_warpgroup_e4m3(const IndexerProblem& p, int64_t row, int64_t first,
+// The FP8 forms on FP8 tensor cores, the workspace's scoring kernel (E4M3 q over kFP8 keys, packed
+// MXFP4 q over kMXFP4 keys): scores entries first .. first + count - 1 of the row into
+// out[0 .. count), any head count. Warpgroup g takes the 64-entry tiles g, g + 2, ... Their
+// stored bytes go by cp.async, as they are, into a ring of kFp8KeyStages tiles of its own in
+// shared memory (launch.key_ring; index_fp8_layout.h): while it multiplies one tile the next
+// three are in flight and no register holds them, so the E4M3 kernel takes 87 registers where
+// score_warpgroup_fp8 takes 226, and two CTAs share an SM. Each thread then loads from the tile
+// the very pieces score_warpgroup_fp8 loads from memory and builds the same A fragments, so both
+// give the same scores bit for bit. E4M3: per staged 64-head tile of q one chain of 4 k-steps,
+// the key's scale, relu (NaN kept), the heads' weights and the quad's sum. MXFP4: each k-step
+// (scale group) alone into one set of accumulators (score_warpgroup_fp8 takes two at a time; a
+// group's product is exact either way), times both scales, the groups added in order.
+template <QueryKind kQ>
+__device__ void score_warpgroup_ring(const IndexerProblem& p, int64_t row, int64_t first,
                                      int64_t count, const IndexLaunch& launch, uint8_t* shared,
                                      uint32_t* out, bool wide, const KeyPages& pages,
-                                     uint32_t* first_level) {
+                                     uint32_t* first_level, bool remainder) {
+  constexpr bool kE4M3 = kQ == QueryKind::kE4M3;
+  constexpr KeyFormat kFormat = kE4M3 ? KeyFormat::kFP8 : KeyFormat::kMXFP4;
+  constexpr int kTileBytes = kE4M3 ? kFp8KeyTileBytes : kMxfp4KeyTileBytes;
   const int warpgroup = threadIdx.x / 128, thread = threadIdx.x % 128;
   const int t = threadIdx.x & 3;
   const int upper = wgmma_d_coord(thread, 0).row;  // this thread's rows: upper and upper + 8
   const float* staged_weights = reinterpret_cast<const float*>(shared + launch.weights);
+  const float* multipliers =
+      reinterpret_cast<const float*>(shared + launch.q + launch.staged_heads * 128);
   const int head_tiles = static_cast<int>(launch.staged_heads / kFp8HeadTile);
   const uint64_t q_tile0 =
       wgmma_descriptor(shared_address(shared + launch.q), scores_operand(0, kFp8HeadTile));
-  uint8_t* codes = shared + launch.key_ring + warpgroup * kFp8KeyStages * kFp8KeyTileBytes;
-  float* scales = reinterpret_cast<float*>(shared + launch.key_ring +
-                                           kWarpgroups * kFp8KeyStages * kFp8KeyTileBytes) +
-                  warpgroup * kFp8KeyStages * kFp8TileEntries;
+  uint8_t* codes = shared + launch.key_ring + warpgroup * kFp8KeyStages * kTileBytes;
+  // 4 bytes an entry: E4M3's fp32 scale, MXFP4's 4 UE8M0 group scales.
+  uint32_t* scales = reinterpret_cast<uint32_t*>(shared + launch.key_ring +
+                                                 kWarpgroups * kFp8KeyStages * kTileBytes) +
+                     warpgroup * kFp8KeyStages * kFp8TileEntries;
   const int64_t tiles = ceil_div(count, int64_t{kFp8TileEntries});
   const int64_t own_tiles =
       tiles > warpgroup ? ceil_div(tiles - warpgroup, int64_t{kWarpgroups}) : 0;
@@ -687,16 +697,19 @@ __device__ void score_warpgroup_e4m3(const IndexerProblem& p, int64_t row, int64
 
   // The warpgroup's k-th tile into stage k % kFp8KeyStages: thread pairs take an entry each
   // (one lookup of its page a thread), the pair's copy i being chunks 2 i and 2 i + 1, so a warp's
-  // copy reads 16 entries' whole 32-byte sectors; the even thread also copies the scale. Past
+  // copy reads 16 entries' whole 32-byte sectors; the even thread also copies the scales. Past
   // the end of the segment the pair copies entry `first` (its score is dropped). Every thread
   // commits one group a call, empty or not, so the waits count tiles.
   const int copy_entry = thread / 2, copy_half = thread % 2;
-  constexpr int kCopies = 4;  // 16-byte chunks a thread copies of its entry
+  constexpr int64_t kDataBytes = key_data_bytes(kFormat);
+  constexpr int kCopies = static_cast<int>(kDataBytes / 32);  // 16-byte chunks a thread copies
+  auto chunk_offset_of = [](int entry, int chunk) {
+    return kE4M3 ? fp8_key_chunk_offset(entry, chunk) : mxfp4_key_chunk_offset(entry, chunk);
+  };
   int chunk_offset[kCopies];
 #pragma unroll
   for (int i = 0; i < kCopies; ++i)
-    chunk_offset[i] = fp8_key_chunk_offset(copy_entry, copy_half + 2 * i);
-  constexpr int64_t kDataBytes = key_data_bytes(KeyFormat::kFP8);
+    chunk_offset[i] = chunk_offset_of(copy_entry, copy_half + 2 * i);
   const int64_t scale_offset = p.keys.block_size * kDataBytes;
   auto issue = [&](int64_t k) {
     if (k < own_tiles) {
@@ -704,7 +717,7 @@ __device__ void score_warpgroup_e4m3(const IndexerProblem& p, int64_t row, int64
       const int64_t e = (warpgroup + k * kWarpgroups) * kFp8TileEntries + copy_entry;
       const EntryPlace place = place_of(p, row, first + (e < count ? e : 0), pages);
       const uint8_t* source = place.page + place.offset * kDataBytes + 16 * copy_half;
-      uint8_t* target = codes + stage * kFp8KeyTileBytes;
+      uint8_t* target = codes + stage * kTileBytes;
 #pragma unroll
       for (int i = 0; i < kCopies; ++i) {
         if (wide) {
@@ -743,50 +756,111 @@ __device__ void score_warpgroup_e4m3(const IndexerProblem& p, int64_t row, int64
     hdk::detail::named_barrier_sync(barrier, 128);
     issue(k + kFp8KeyStages - 1);
     const int stage = static_cast<int>(k % kFp8KeyStages);
-    const float* tile_scales = scales + stage * kFp8TileEntries;
-    const float key_scale[2] = {tile_scales[upper], tile_scales[upper + 8]};
-    // This thread's two entries' bytes 32 t .. 32 t + 31 (chunks 2 t and 2 t + 1, which the
-    // swizzle puts in distinct banks for the 8 lanes of a load phase), the pieces the one-launch
-    // kernel loads from memory: the same fragments, so the same products bit for bit.
-    const uint8_t* tile = codes + stage * kFp8KeyTileBytes;
-    uint32_t words[2][8];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const uint4 v = *reinterpret_cast<const uint4*>(
-            tile + fp8_key_chunk_offset(upper + 8 * r, 2 * t + half));
-        words[r][4 * half] = v.x, words[r][4 * half + 1] = v.y;
-        words[r][4 * half + 2] = v.z, words[r][4 * half + 3] = v.w;
-      }
-    }
-    uint32_t a[kFp8Steps][4];
-#pragma unroll
-    for (int step = 0; step < kFp8Steps; ++step) {
-#pragma unroll
-      for (int reg = 0; reg < 4; ++reg)
-        a[step][reg] = fp8_step_fragment(words[0], words[1], step, reg);
-    }
+    const uint32_t* tile_scales = scales + stage * kFp8TileEntries;
+    const uint32_t scale_words[2] = {tile_scales[upper], tile_scales[upper + 8]};
+    const uint8_t* tile = codes + stage * kTileBytes;
     float sum[2] = {0.0f, 0.0f};
-    for (int head_tile = 0; head_tile < head_tiles; ++head_tile) {
-      const uint64_t q_tile = wgmma_descriptor_advance(q_tile0, head_tile * kFp8HeadTileBytes);
-      // Accumulator i is row upper + 8 ((i / 2) % 2), head 64 head_tile + col(i).
-      float dot[32];
-      wgmma_fence();
+    if constexpr (kE4M3) {
+      const float key_scale[2] = {__uint_as_float(scale_words[0]), __uint_as_float(scale_words[1])};
+      // This thread's two entries' bytes 32 t .. 32 t + 31 (chunks 2 t and 2 t + 1, which the
+      // swizzle puts in distinct banks for the 8 lanes of a load phase).
+      uint32_t words[2][8];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const uint4 v = *reinterpret_cast<const uint4*>(
+              tile + fp8_key_chunk_offset(upper + 8 * r, 2 * t + half));
+          words[r][4 * half] = v.x, words[r][4 * half + 1] = v.y;
+          words[r][4 * half + 2] = v.z, words[r][4 * half + 3] = v.w;
+        }
+      }
+      uint32_t a[kFp8Steps][4];
 #pragma unroll
       for (int step = 0; step < kFp8Steps; ++step) {
-        wgmma_m64n64k32_e4m3_a_registers(
-            dot, a[step],
-            wgmma_descriptor_advance(q_tile, scores_operand(step, kFp8HeadTile).start), step > 0);
-      }
-      wgmma_commit();
-      if (head_tiles > 1) load_weights(head_tile);
-      wgmma_wait<0>();
-      wgmma_fence_accumulators(dot);
 #pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        sum[(i / 2) % 2] +=
-            relu_keep_nan(dot[i] * key_scale[(i / 2) % 2]) * weights[(i / 4) * 2 + i % 2];
+        for (int reg = 0; reg < 4; ++reg)
+          a[step][reg] = fp8_step_fragment(words[0], words[1], step, reg);
+      }
+      for (int head_tile = 0; head_tile < head_tiles; ++head_tile) {
+        const uint64_t q_tile = wgmma_descriptor_advance(q_tile0, head_tile * kFp8HeadTileBytes);
+        // Accumulator i is row upper + 8 ((i / 2) % 2), head 64 head_tile + col(i).
+        float dot[32];
+        wgmma_fence();
+#pragma unroll
+        for (int step = 0; step < kFp8Steps; ++step) {
+          wgmma_m64n64k32_e4m3_a_registers(
+              dot, a[step],
+              wgmma_descriptor_advance(q_tile, scores_operand(step, kFp8HeadTile).start), step > 0);
+        }
+        wgmma_commit();
+        if (head_tiles > 1) load_weights(head_tile);
+        wgmma_wait<0>();
+        wgmma_fence_accumulators(dot);
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+          sum[(i / 2) % 2] +=
+              relu_keep_nan(dot[i] * key_scale[(i / 2) % 2]) * weights[(i / 4) * 2 + i % 2];
+        }
+      }
+    } else {
+      float key_scale[2][kFp8Steps];  // per row, its 4 group scales
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+#pragma unroll
+        for (int g = 0; g < kFp8Steps; ++g)
+          key_scale[r][g] = decode_ue8m0(static_cast<uint8_t>((scale_words[r] >> (8 * g)) & 0xffu));
+      }
+      // Word t of each scale group's chunk of the thread's two entries: the key's words 4 g + t.
+      uint32_t words[2][4];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+#pragma unroll
+        for (int g = 0; g < kFp8Steps; ++g) {
+          words[r][g] = *reinterpret_cast<const uint32_t*>(
+              tile + mxfp4_key_chunk_offset(upper + 8 * r, g) + 4 * t);
+        }
+      }
+      uint32_t a[kFp8Steps][4];
+#pragma unroll
+      for (int step = 0; step < kFp8Steps; ++step) {
+#pragma unroll
+        for (int reg = 0; reg < 4; ++reg)
+          a[step][reg] = mxfp4_step_fragment(words[0], words[1], step, reg);
+      }
+      for (int head_tile = 0; head_tile < head_tiles; ++head_tile) {
+        const uint64_t q_tile = wgmma_descriptor_advance(q_tile0, head_tile * kFp8HeadTileBytes);
+        if (head_tiles > 1) load_weights(head_tile);
+        // Accumulator i is row upper + 8 ((i / 2) % 2), head 64 head_tile + col(i).
+        float dot[32];
+#pragma unroll
+        for (int step = 0; step < kFp8Steps; ++step) {
+          float group[32];
+          wgmma_fence();
+          wgmma_m64n64k32_e4m3_a_registers(
+              group, a[step],
+              wgmma_descriptor_advance(q_tile, scores_operand(step, kFp8HeadTile).start), false);
+          wgmma_commit();
+          wgmma_wait<0>();
+          wgmma_fence_accumulators(group);
+          if (remainder) {  // the same for the whole row
+#pragma unroll
+            for (int i = 0; i < 32; ++i) {
+              const int head = head_tile * kFp8HeadTile + wgmma_d_coord(thread, i).col;
+              group[i] *= key_scale[(i / 2) % 2][step] * multipliers[4 * head + step];
+            }
+          } else {
+#pragma unroll
+            for (int i = 0; i < 32; ++i)
+              group[i] *= key_scale[(i / 2) % 2][step];
+          }
+#pragma unroll
+          for (int i = 0; i < 32; ++i)
+            dot[i] = step == 0 ? group[i] : dot[i] + group[i];
+        }
+#pragma unroll
+        for (int i = 0; i < 32; ++i)
+          sum[(i / 2) % 2] += relu_keep_nan(dot[i]) * weights[(i / 4) * 2 + i % 2];
       }
     }
 #pragma unroll
@@ -1074,15 +1148,16 @@ __device__ void score_cuda_core(const IndexerProblem& p, int64_t row, int64_t fi
 // Scores entries first .. first + count - 1 of the row into out[0 .. count) (shared or global
 // memory) on the kernel's path; the warpgroup kernel also counts them into `first_level` when
 // given.
-// `kKeyRing`: E4M3 keys through the launch's key ring (the workspace's scoring kernel).
+// `kKeyRing`: the FP8 forms' keys through the launch's key ring (the workspace's scoring kernel).
 template <ScoreKernel kScore, QueryKind kQ, KeyFormat kFormat, bool kKeyRing = false>
 __device__ __forceinline__ void score_entries(const IndexerProblem& p, int64_t row, int64_t first,
                                               int64_t count, const IndexLaunch& launch,
                                               uint8_t* shared, uint32_t* out, bool wide,
                                               const KeyPages& pages, uint32_t* first_level,
                                               bool remainder) {
-  if constexpr (kKeyRing && kQ == QueryKind::kE4M3 && kScore != ScoreKernel::kCudaCore) {
-    score_warpgroup_e4m3(p, row, first, count, launch, shared, out, wide, pages, first_level);
+  if constexpr (kKeyRing && is_fp8_query(kQ) && kScore != ScoreKernel::kCudaCore) {
+    score_warpgroup_ring<kQ>(p, row, first, count, launch, shared, out, wide, pages, first_level,
+                             remainder);
   } else if constexpr (is_fp8_query(kQ) && kScore != ScoreKernel::kCudaCore) {
     score_warpgroup_fp8<kQ>(p, row, first, count, launch, shared, out, wide, pages, first_level,
                             remainder);
@@ -1330,7 +1405,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 // takes rows row_base .., the workspace's row r holding row row_base + r. E4M3 scoring keeps its
 // keys in shared memory, not registers, and runs two CTAs an SM.
 template <ScoreKernel kScore, QueryKind kQ, KeyFormat kFormat>
-__global__ void __launch_bounds__(kThreads, kQ == QueryKind::kE4M3 ? 2 : 1)
+__global__ void __launch_bounds__(kThreads, is_fp8_query(kQ) ? 2 : 1)
     index_score_kernel(IndexerProblem p, IndexLaunch launch, IndexWorkspaceLayout layout,
                        int segments, int64_t row_base, FastDivide page_divide, bool wide) {
   hdk::detail::begin_dependent_kernel();
@@ -1364,7 +1439,7 @@ __global__ void __launch_bounds__(kThreads, kQ == QueryKind::kE4M3 ? 2 : 1)
   if (share.last <= share.first) return;
   uint32_t* keys =
       reinterpret_cast<uint32_t*>(p.workspace + layout.keys_offset) + local_row * layout.row_stride;
-  score_entries<kScore, kQ, kFormat, kQ == QueryKind::kE4M3>(
+  score_entries<kScore, kQ, kFormat, is_fp8_query(kQ)>(
       p, row, share.first, share.last - share.first, launch, shared, keys + share.first, wide,
       pages, nullptr, remainder);
 }
@@ -1544,9 +1619,13 @@ IndexLaunchChoice choose_launch(const IndexerProblem& p, int device) {
     hdk::detail::allow_dynamic_shared_memory(index_select_kernel, shared_limit, device, kOperation);
     const hdk::detail::ResidentClusterCounts& select_clusters = hdk::detail::resident_clusters(
         index_select_kernel, kThreads, static_cast<size_t>(shared_limit), device, kOperation);
-    // The E4M3 scoring kernel's key ring (index_score_kernel).
-    const size_t key_ring_bytes =
-        query == QueryKind::kE4M3 && tensor ? fp8_key_ring_bytes(kWarpgroups) : 0;
+    // The FP8 forms' scoring kernel's key ring (index_score_kernel).
+    const bool mxfp4_ring =
+        query == QueryKind::kMXFP4 && index_mxfp4_ring_pays(p.num_rows, capacity);
+    const size_t key_ring_bytes = !tensor                     ? 0
+                                  : query == QueryKind::kE4M3 ? fp8_key_ring_bytes(kWarpgroups)
+                                  : mxfp4_ring                ? mxfp4_key_ring_bytes(kWarpgroups)
+                                                              : 0;
     choice.workspace =
         plan_index_workspace(p.num_rows, planned_heads, capacity, p.top_k, tensor, fp32_q, sm_count,
                              shared_limit, choice.plan, select_clusters, key_ring_bytes);
