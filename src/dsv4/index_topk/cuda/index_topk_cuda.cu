@@ -1402,10 +1402,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 // Scoring through the workspace, over every SM: CTA `segment` of the row's `segments` scores its
 // share (index_score_segment) straight into the row's workspace keys; segment 0 writes the row's
 // invalid flag, the only word of the row that every call writes whatever the row holds. A launch
-// takes rows row_base .., the workspace's row r holding row row_base + r. E4M3 scoring keeps its
-// keys in shared memory, not registers, and runs two CTAs an SM.
-template <ScoreKernel kScore, QueryKind kQ, KeyFormat kFormat>
-__global__ void __launch_bounds__(kThreads, is_fp8_query(kQ) ? 2 : 1)
+// takes rows row_base .., the workspace's row r holding row row_base + r. `kKeyRing`: the FP8
+// forms' keys through the launch's key ring in shared memory, not registers, two CTAs an SM.
+template <ScoreKernel kScore, QueryKind kQ, KeyFormat kFormat, bool kKeyRing>
+__global__ void __launch_bounds__(kThreads, kKeyRing ? 2 : 1)
     index_score_kernel(IndexerProblem p, IndexLaunch launch, IndexWorkspaceLayout layout,
                        int segments, int64_t row_base, FastDivide page_divide, bool wide) {
   hdk::detail::begin_dependent_kernel();
@@ -1439,9 +1439,9 @@ __global__ void __launch_bounds__(kThreads, is_fp8_query(kQ) ? 2 : 1)
   if (share.last <= share.first) return;
   uint32_t* keys =
       reinterpret_cast<uint32_t*>(p.workspace + layout.keys_offset) + local_row * layout.row_stride;
-  score_entries<kScore, kQ, kFormat, is_fp8_query(kQ)>(
-      p, row, share.first, share.last - share.first, launch, shared, keys + share.first, wide,
-      pages, nullptr, remainder);
+  score_entries<kScore, kQ, kFormat, kKeyRing>(p, row, share.first, share.last - share.first,
+                                               launch, shared, keys + share.first, wide, pages,
+                                               nullptr, remainder);
 }
 
 // The select through the workspace: a cluster per row loads its segments' keys from the row's
@@ -1487,14 +1487,29 @@ using ScoringKernel = void (*)(IndexerProblem, IndexLaunch, IndexWorkspaceLayout
                                FastDivide, bool);
 
 // The kernels of one scoring path, query dtype and key format.
+// `scoring`: the workspace's scoring kernel that reads keys into registers; `scoring_ring`: the
+// one that streams them through the key ring (the FP8 forms on tensor cores; E4M3 keys always
+// take it, MXFP4 keys where index_mxfp4_ring_pays), nullptr for the other forms.
 struct Kernels {
   OneLaunchKernel one_launch;
   ScoringKernel scoring;
+  ScoringKernel scoring_ring;
 };
 
 template <ScoreKernel kScore, QueryKind kQ, KeyFormat kFormat>
 Kernels kernels_of() {
-  return Kernels{index_topk_kernel<kScore, kQ, kFormat>, index_score_kernel<kScore, kQ, kFormat>};
+  constexpr bool kRing = is_fp8_query(kQ) && kScore != ScoreKernel::kCudaCore;
+  if constexpr (kRing && kQ == QueryKind::kE4M3) {
+    return Kernels{index_topk_kernel<kScore, kQ, kFormat>, nullptr,
+                   index_score_kernel<kScore, kQ, kFormat, true>};
+  } else if constexpr (kRing) {
+    return Kernels{index_topk_kernel<kScore, kQ, kFormat>,
+                   index_score_kernel<kScore, kQ, kFormat, false>,
+                   index_score_kernel<kScore, kQ, kFormat, true>};
+  } else {
+    return Kernels{index_topk_kernel<kScore, kQ, kFormat>,
+                   index_score_kernel<kScore, kQ, kFormat, false>, nullptr};
+  }
 }
 
 // The exact forms' kernels (bf16 tensor cores or CUDA cores).
@@ -1629,7 +1644,12 @@ IndexLaunchChoice choose_launch(const IndexerProblem& p, int device) {
     choice.workspace =
         plan_index_workspace(p.num_rows, planned_heads, capacity, p.top_k, tensor, fp32_q, sm_count,
                              shared_limit, choice.plan, select_clusters, key_ring_bytes);
+    // The scoring kernel's shared memory has a ring exactly when the plan gave it one.
+    if (key_ring_bytes > 0) choice.kernels.scoring = choice.kernels.scoring_ring;
     if (choice.workspace.segments > 0) {
+      if (choice.kernels.scoring == nullptr) {
+        throw Error(std::string(kOperation) + ": internal error: no scoring kernel for the plan");
+      }
       hdk::detail::allow_dynamic_shared_memory(choice.kernels.scoring, shared_limit, device,
                                                kOperation);
     }
