@@ -455,17 +455,19 @@ TEST(IndexWorkspacePlan, E4m3RowsStreamThroughTheWorkspace) {
   EXPECT_TRUE(index_rows_stream(32, 1));
 }
 
-// MXFP4 keys with the packed query take the key ring from 8 rows, and fewer rows only from
-// 262144 keys in all: where a scoring CTA gets few tiles, the register-fed kernels were faster.
+// MXFP4 keys with the packed query take the key ring for rows of 16384 entries and more, from 8
+// rows or from 262144 keys in all: where a scoring CTA gets few tiles, the register-fed kernels
+// were faster.
 TEST(IndexWorkspacePlan, Mxfp4KeysTakeTheRingWhereItMeasuredFaster) {
   EXPECT_FALSE(index_mxfp4_ring_pays(1, 65536));
   EXPECT_FALSE(index_mxfp4_ring_pays(2, 65536));
   EXPECT_FALSE(index_mxfp4_ring_pays(4, 16384));
   EXPECT_FALSE(index_mxfp4_ring_pays(7, 32768));
+  EXPECT_FALSE(index_mxfp4_ring_pays(16, 2048));
+  EXPECT_FALSE(index_mxfp4_ring_pays(128, 16383));
+  EXPECT_TRUE(index_mxfp4_ring_pays(8, 16384));
   EXPECT_TRUE(index_mxfp4_ring_pays(4, 65536));
   EXPECT_TRUE(index_mxfp4_ring_pays(1, 262144));
-  EXPECT_TRUE(index_mxfp4_ring_pays(8, 1));
-  EXPECT_TRUE(index_mxfp4_ring_pays(128, 2048));
 }
 
 // index_topk_workspace_bytes promises enough for every call up to its arguments.

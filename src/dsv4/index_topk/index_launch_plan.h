@@ -234,11 +234,12 @@ inline bool index_rows_stream(int64_t num_rows, int64_t capacity) {
 }
 
 // MXFP4 keys with the packed query take the key ring only where it beat the workspace's or the
-// cluster's register-fed scoring (H200, top 512, 1-16 rows of 16384-262144 entries): from 8 rows
-// 1.05-1.89x, and fewer rows from 262144 keys in all (1.05-1.28x); 0.86-0.94x below that, where a
-// scoring CTA has too few tiles to fill the ring (1 row of 65536, 2 or 4 rows of 16384).
+// cluster's register-fed scoring (H200, top 512 and 1024, 1-128 rows of 2048-262144 entries): rows
+// of 16384 entries and more, from 8 rows 1.01-1.89x, fewer rows from 262144 keys in all
+// 1.06-1.28x; 0.86-0.94x below that, where a scoring CTA has too few tiles to fill the ring (1 row
+// of 65536, 2 or 4 rows of 16384), and 0.81-0.86x for 16 and 32 rows of 2048 (8 rows: 1.06x).
 inline bool index_mxfp4_ring_pays(int64_t num_rows, int64_t capacity) {
-  return num_rows >= 8 || num_rows * capacity >= 262144;
+  return capacity >= 16384 && (num_rows >= 8 || num_rows * capacity >= 262144);
 }
 
 struct IndexWorkspacePlan {
