@@ -54,8 +54,9 @@ struct IndexLaunch {
   size_t pages = 0;           // page_capacity int32 block ids of the CTA's segment
   int64_t page_capacity = 0;  // more pages than this are looked up in the block table
   size_t scores = 0;          // chunk uint32 keys
-  // The workspace's E4M3 scoring kernel: its key ring (fp8_key_ring_bytes: tiles of codes, then
-  // their scales) on a 1024-byte boundary after the staged data, and its size (0: none).
+  // The workspace's FP8-form scoring kernel: its key ring (fp8_key_ring_bytes or
+  // mxfp4_key_ring_bytes: tiles of codes, then their scales) on a 1024-byte boundary after the
+  // staged data, and its size (0: none).
   size_t key_ring = 0;
   size_t key_ring_bytes = 0;
   size_t bytes = 0;  // dynamic shared memory, with the room to reach a 1024-byte boundary
@@ -259,7 +260,7 @@ HDK_HOST_DEVICE int64_t index_score_segment(int64_t length, int64_t segments) {
 
 // The plan for a call with a workspace, given its one-cluster plan (`cluster_plan`, for the
 // scoring kernel's clusters) and the clusters the select kernel runs at once. `key_ring_bytes`:
-// the E4M3 scoring kernel's key ring (0: the kernel scores from registers); its rows stream
+// the FP8-form scoring kernel's key ring (0: the kernel scores from registers); its rows stream
 // where index_rows_stream says so. Otherwise segments = 0 where the rows are more than
 // kIndexMaxWorkspaceRows or their clusters already keep half the SMs or more busy, or where
 // scoring CTAs of kIndexWorkspaceMinEntries would be no more than the cluster's.

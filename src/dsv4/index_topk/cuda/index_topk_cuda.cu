@@ -20,10 +20,10 @@
 // 262144 entries per row with no workspace. A longer row still gets exact results: each CTA
 // then scores its segment in chunks again on every pass of the select (usually 2 or 3 passes,
 // at most 7).
-// With a workspace, few rows (and E4M3 rows where index_rows_stream says so) take two launches
-// instead: scoring CTAs over every SM write each row's keys to the workspace
-// (index_score_kernel; E4M3 keys stream through a ring in shared memory there), then a cluster
-// a row selects from them (index_select_kernel).
+// With a workspace, few rows (and FP8-form rows where index_rows_stream and, for MXFP4 keys,
+// index_mxfp4_ring_pays say so) take two launches instead: scoring CTAs over every SM write each
+// row's keys to the workspace (index_score_kernel; FP8-form keys stream through a ring in shared
+// memory there), then a cluster a row selects from them (index_select_kernel).
 // docs/dsv4-attention.md has the reasoning and the numbers.
 #include "dsv4/index_topk/cuda/index_topk_cuda.h"
 
@@ -661,13 +661,13 @@ __device__ void score_warp(const IndexerProblem& p, int64_t row, int64_t first, 
 // out[0 .. count), any head count. Warpgroup g takes the 64-entry tiles g, g + 2, ... Their
 // stored bytes go by cp.async, as they are, into a ring of kFp8KeyStages tiles of its own in
 // shared memory (launch.key_ring; index_fp8_layout.h): while it multiplies one tile the next
-// three are in flight and no register holds them, so the E4M3 kernel takes 87 registers where
-// score_warpgroup_fp8 takes 226, and two CTAs share an SM. Each thread then loads from the tile
-// the very pieces score_warpgroup_fp8 loads from memory and builds the same A fragments, so both
-// give the same scores bit for bit. E4M3: per staged 64-head tile of q one chain of 4 k-steps,
-// the key's scale, relu (NaN kept), the heads' weights and the quad's sum. MXFP4: each k-step
-// (scale group) alone into one set of accumulators (score_warpgroup_fp8 takes two at a time; a
-// group's product is exact either way), times both scales, the groups added in order.
+// three are in flight and no register holds them, so the kernel takes 118 (E4M3) or 128 (MXFP4)
+// registers where score_warpgroup_fp8 takes 226-254, and two CTAs share an SM. Each thread then
+// loads from the tile the very pieces score_warpgroup_fp8 loads from memory and builds the same A
+// fragments, so both give the same scores bit for bit. E4M3: per staged 64-head tile of q one chain
+// of 4 k-steps, the key's scale, relu (NaN kept), the heads' weights and the quad's sum. MXFP4:
+// each k-step (scale group) alone into one set of accumulators (score_warpgroup_fp8 takes two at a
+// time; a group's product is exact either way), times both scales, the groups added in order.
 template <QueryKind kQ>
 __device__ void score_warpgroup_ring(const IndexerProblem& p, int64_t row, int64_t first,
                                      int64_t count, const IndexLaunch& launch, uint8_t* shared,
