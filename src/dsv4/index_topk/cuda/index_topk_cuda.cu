@@ -446,6 +446,59 @@ __device__ __forceinline__ KeyPiece load_key_piece(const IndexerProblem& p, int6
   return piece;
 }
 
+// Lanes t = 0..3 of a quad hold partial sums of rows upper and upper + 8 of a 64-entry tile (the
+// tile's entry `tile_entry` first) over their heads: the quad's totals, lane 0 writing row upper's
+// key and lane 1 row upper + 8's (`finish` maps a total to its score), each counted into the
+// select's first level when given. Every warpgroup kernel ends its tiles so.
+template <typename Finish>
+__device__ __forceinline__ void write_quad_rows(float (&sum)[2], int64_t tile_entry, int upper,
+                                                int t, int64_t count, uint32_t* out,
+                                                uint32_t* first_level, Finish&& finish) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    sum[r] += __shfl_xor_sync(kFullMask, sum[r], 1);
+    sum[r] += __shfl_xor_sync(kFullMask, sum[r], 2);
+  }
+  if (t < 2) {  // lane t = 0 writes the upper row, t = 1 the lower one
+    const int64_t e = tile_entry + upper + 8 * t;
+    if (e < count) {
+      const uint32_t key = ordered_key(finish(t == 0 ? sum[0] : sum[1]));
+      out[e] = key;
+      if (first_level != nullptr)
+        atomicAdd(&first_level[key >> (32 - hdk::detail::kSelectDigitBits)], 1u);
+    }
+  }
+}
+
+// An MXFP4 key's scale of group g from its 4 UE8M0 bytes (group 0 in the low bits).
+__device__ __forceinline__ float mxfp4_group_scale(uint32_t scales, int g) {
+  return decode_ue8m0(static_cast<uint8_t>((scales >> (8 * g)) & 0xffu));
+}
+
+// The product of MXFP4 scale group `step` (exact in `group`) times both its scales, the key's
+// (`key_scale`, per row) and, where the row has one (`remainder`), the head's multiplier, added
+// to `dot` in group order: the one arithmetic of both FP8 tensor-core kernels, which give the same
+// scores bit for bit.
+__device__ __forceinline__ void add_scaled_group(float (&dot)[32], float (&group)[32], int step,
+                                                 const float (&key_scale)[2][kFp8Steps],
+                                                 bool remainder, const float* multipliers,
+                                                 int head_tile, int thread) {
+  if (remainder) {  // the same for the whole row
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      const int head = head_tile * kFp8HeadTile + wgmma_d_coord(thread, i).col;
+      group[i] *= key_scale[(i / 2) % 2][step] * multipliers[4 * head + step];
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 32; ++i)
+      group[i] *= key_scale[(i / 2) % 2][step];
+  }
+#pragma unroll
+  for (int i = 0; i < 32; ++i)
+    dot[i] = step == 0 ? group[i] : dot[i] + group[i];
+}
+
 // Tensor cores, up to 64 heads: scores entries first .. first + count - 1 of the row into
 // out[0 .. count). Warpgroup g takes the 64-entry tiles g, g + 2, ...; a thread converts rows r
 // and r + 8 of its warp's 16 (dsv4/index_topk/index_wgmma_layout.h) into the A fragments of the
@@ -546,22 +599,10 @@ __device__ void score_warpgroup(const IndexerProblem& p, int64_t row, int64_t fi
 #pragma unroll
       for (int i = 0; i < 32; ++i)
         sum[(i / 2) % 2] += relu_keep_nan(d[i]) * weight[2 * (i / 4) + i % 2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        sum[r] += __shfl_xor_sync(kFullMask, sum[r], 1);
-        sum[r] += __shfl_xor_sync(kFullMask, sum[r], 2);
-      }
-      if (t < 2) {  // lane t = 0 writes the upper row, t = 1 the lower one
-        const int64_t e = tile * kWarpgroupEntries + upper + 8 * t;
-        // A carried 2^-kPlacedShift: exact back (a power of two), not folded into the weights,
-        // which could then overflow.
-        if (e < count) {
-          const uint32_t key = ordered_key((t == 0 ? sum[0] : sum[1]) * kPlacedScoreFactor);
-          out[e] = key;
-          if (first_level != nullptr)
-            atomicAdd(&first_level[key >> (32 - hdk::detail::kSelectDigitBits)], 1u);
-        }
-      }
+      // A carried 2^-kPlacedShift: exact back (a power of two), not folded into the weights,
+      // which could then overflow.
+      write_quad_rows(sum, tile * kWarpgroupEntries, upper, t, count, out, first_level,
+                      [](float total) { return total * kPlacedScoreFactor; });
     }
   }
 }
@@ -809,7 +850,7 @@ __device__ void score_warpgroup_ring(const IndexerProblem& p, int64_t row, int64
       for (int r = 0; r < 2; ++r) {
 #pragma unroll
         for (int g = 0; g < kFp8Steps; ++g)
-          key_scale[r][g] = decode_ue8m0(static_cast<uint8_t>((scale_words[r] >> (8 * g)) & 0xffu));
+          key_scale[r][g] = mxfp4_group_scale(scale_words[r], g);
       }
       // Word t of each scale group's chunk of the thread's two entries: the key's words 4 g + t.
       uint32_t words[2][4];
@@ -843,40 +884,15 @@ __device__ void score_warpgroup_ring(const IndexerProblem& p, int64_t row, int64
           wgmma_commit();
           wgmma_wait<0>();
           wgmma_fence_accumulators(group);
-          if (remainder) {  // the same for the whole row
-#pragma unroll
-            for (int i = 0; i < 32; ++i) {
-              const int head = head_tile * kFp8HeadTile + wgmma_d_coord(thread, i).col;
-              group[i] *= key_scale[(i / 2) % 2][step] * multipliers[4 * head + step];
-            }
-          } else {
-#pragma unroll
-            for (int i = 0; i < 32; ++i)
-              group[i] *= key_scale[(i / 2) % 2][step];
-          }
-#pragma unroll
-          for (int i = 0; i < 32; ++i)
-            dot[i] = step == 0 ? group[i] : dot[i] + group[i];
+          add_scaled_group(dot, group, step, key_scale, remainder, multipliers, head_tile, thread);
         }
 #pragma unroll
         for (int i = 0; i < 32; ++i)
           sum[(i / 2) % 2] += relu_keep_nan(dot[i]) * weights[(i / 4) * 2 + i % 2];
       }
     }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      sum[r] += __shfl_xor_sync(kFullMask, sum[r], 1);
-      sum[r] += __shfl_xor_sync(kFullMask, sum[r], 2);
-    }
-    if (t < 2) {  // lane t = 0 writes the upper row, t = 1 the lower one
-      const int64_t e = (warpgroup + k * kWarpgroups) * kFp8TileEntries + upper + 8 * t;
-      if (e < count) {
-        const uint32_t key = ordered_key(t == 0 ? sum[0] : sum[1]);
-        out[e] = key;
-        if (first_level != nullptr)
-          atomicAdd(&first_level[key >> (32 - hdk::detail::kSelectDigitBits)], 1u);
-      }
-    }
+    write_quad_rows(sum, (warpgroup + k * kWarpgroups) * kFp8TileEntries, upper, t, count, out,
+                    first_level, [](float total) { return total; });
   }
   // The ring is free again for the next call (a chunked segment scores again on every pass).
   hdk::detail::cp_async_wait<0>();
@@ -998,8 +1014,7 @@ __device__ void score_warpgroup_fp8(const IndexerProblem& p, int64_t row, int64_
         } else {
 #pragma unroll
           for (int g = 0; g < kFp8Steps; ++g)
-            key_scale[r][g] =
-                decode_ue8m0(static_cast<uint8_t>((stage[u][r].scales >> (8 * g)) & 0xffu));
+            key_scale[r][g] = mxfp4_group_scale(stage[u][r].scales, g);
         }
       }
       load(tile + kStride, stage[u]);  // past the end: entry `first`, dropped
@@ -1043,21 +1058,8 @@ __device__ void score_warpgroup_fp8(const IndexerProblem& p, int64_t row, int64_
             wgmma_fence_accumulators(group[1]);
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
-              const int step = 2 * pair + j;
-              if (remainder) {  // the same for the whole row
-#pragma unroll
-                for (int i = 0; i < 32; ++i) {
-                  const int head = head_tile * kFp8HeadTile + wgmma_d_coord(thread, i).col;
-                  group[j][i] *= key_scale[(i / 2) % 2][step] * multipliers[4 * head + step];
-                }
-              } else {
-#pragma unroll
-                for (int i = 0; i < 32; ++i)
-                  group[j][i] *= key_scale[(i / 2) % 2][step];
-              }
-#pragma unroll
-              for (int i = 0; i < 32; ++i)
-                dot[i] = step == 0 ? group[j][i] : dot[i] + group[j][i];
+              add_scaled_group(dot, group[j], 2 * pair + j, key_scale, remainder, multipliers,
+                               head_tile, thread);
             }
           }
         }
@@ -1067,20 +1069,8 @@ __device__ void score_warpgroup_fp8(const IndexerProblem& p, int64_t row, int64_
           sum[(i / 2) % 2] += relu_keep_nan(dot[i]) * w;
         }
       }
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        sum[r] += __shfl_xor_sync(kFullMask, sum[r], 1);
-        sum[r] += __shfl_xor_sync(kFullMask, sum[r], 2);
-      }
-      if (t < 2) {  // lane t = 0 writes the upper row, t = 1 the lower one
-        const int64_t e = tile * kWarpgroupEntries + upper + 8 * t;
-        if (e < count) {
-          const uint32_t key = ordered_key(t == 0 ? sum[0] : sum[1]);
-          out[e] = key;
-          if (first_level != nullptr)
-            atomicAdd(&first_level[key >> (32 - hdk::detail::kSelectDigitBits)], 1u);
-        }
-      }
+      write_quad_rows(sum, tile * kWarpgroupEntries, upper, t, count, out, first_level,
+                      [](float total) { return total; });
     }
   }
 }
