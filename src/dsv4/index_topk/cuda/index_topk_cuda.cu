@@ -34,6 +34,7 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -470,6 +471,25 @@ __device__ __forceinline__ void write_quad_rows(float (&sum)[2], int64_t tile_en
   }
 }
 
+// The A fragments of a tile's kFp8Steps k-steps from a thread's pieces of its two rows (upper and
+// upper + 8): E4M3 codes as they are, MXFP4 codes turned into the E4M3 codes of their values.
+template <QueryKind kQ, size_t kWords>
+__device__ __forceinline__ void fp8_step_fragments(const uint32_t (&upper)[kWords],
+                                                   const uint32_t (&lower)[kWords],
+                                                   uint32_t (&a)[kFp8Steps][4]) {
+#pragma unroll
+  for (int step = 0; step < kFp8Steps; ++step) {
+#pragma unroll
+    for (int reg = 0; reg < 4; ++reg) {
+      if constexpr (kQ == QueryKind::kE4M3) {
+        a[step][reg] = fp8_step_fragment(upper, lower, step, reg);
+      } else {
+        a[step][reg] = mxfp4_step_fragment(upper, lower, step, reg);
+      }
+    }
+  }
+}
+
 // An MXFP4 key's scale of group g from its 4 UE8M0 bytes (group 0 in the low bits).
 __device__ __forceinline__ float mxfp4_group_scale(uint32_t scales, int g) {
   return decode_ue8m0(static_cast<uint8_t>((scales >> (8 * g)) & 0xffu));
@@ -817,12 +837,7 @@ __device__ void score_warpgroup_ring(const IndexerProblem& p, int64_t row, int64
         }
       }
       uint32_t a[kFp8Steps][4];
-#pragma unroll
-      for (int step = 0; step < kFp8Steps; ++step) {
-#pragma unroll
-        for (int reg = 0; reg < 4; ++reg)
-          a[step][reg] = fp8_step_fragment(words[0], words[1], step, reg);
-      }
+      fp8_step_fragments<kQ>(words[0], words[1], a);
       for (int head_tile = 0; head_tile < head_tiles; ++head_tile) {
         const uint64_t q_tile = wgmma_descriptor_advance(q_tile0, head_tile * kFp8HeadTileBytes);
         // Accumulator i is row upper + 8 ((i / 2) % 2), head 64 head_tile + col(i).
@@ -863,12 +878,7 @@ __device__ void score_warpgroup_ring(const IndexerProblem& p, int64_t row, int64
         }
       }
       uint32_t a[kFp8Steps][4];
-#pragma unroll
-      for (int step = 0; step < kFp8Steps; ++step) {
-#pragma unroll
-        for (int reg = 0; reg < 4; ++reg)
-          a[step][reg] = mxfp4_step_fragment(words[0], words[1], step, reg);
-      }
+      fp8_step_fragments<kQ>(words[0], words[1], a);
       for (int head_tile = 0; head_tile < head_tiles; ++head_tile) {
         const uint64_t q_tile = wgmma_descriptor_advance(q_tile0, head_tile * kFp8HeadTileBytes);
         if (head_tiles > 1) load_weights(head_tile);
@@ -996,17 +1006,7 @@ __device__ void score_warpgroup_fp8(const IndexerProblem& p, int64_t row, int64_
       uint32_t a[kFp8Steps][4];
       // Per row: the key's scale (E4M3), or its 4 group scales (MXFP4).
       float key_scale[2][kQ == QueryKind::kE4M3 ? 1 : kFp8Steps];
-#pragma unroll
-      for (int step = 0; step < kFp8Steps; ++step) {
-#pragma unroll
-        for (int reg = 0; reg < 4; ++reg) {
-          if constexpr (kQ == QueryKind::kE4M3) {
-            a[step][reg] = fp8_step_fragment(stage[u][0].words, stage[u][1].words, step, reg);
-          } else {
-            a[step][reg] = mxfp4_step_fragment(stage[u][0].words, stage[u][1].words, step, reg);
-          }
-        }
-      }
+      fp8_step_fragments<kQ>(stage[u][0].words, stage[u][1].words, a);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         if constexpr (kQ == QueryKind::kE4M3) {
