@@ -471,6 +471,24 @@ __device__ __forceinline__ void write_quad_rows(float (&sum)[2], int64_t tile_en
   }
 }
 
+// Where the FP8 kernels find a row's staged q (stage_fp8_queries): the heads' weights, MXFP4's
+// per-(head, group) multipliers after the codes, the 64-head tiles and the first one's wgmma
+// descriptor.
+struct Fp8StagedQuery {
+  const float* weights;
+  const float* multipliers;
+  int head_tiles;
+  uint64_t q_tile0;
+};
+__device__ __forceinline__ Fp8StagedQuery fp8_staged_query(const uint8_t* shared,
+                                                           const IndexLaunch& launch) {
+  return Fp8StagedQuery{
+      reinterpret_cast<const float*>(shared + launch.weights),
+      reinterpret_cast<const float*>(shared + launch.q + launch.staged_heads * 128),
+      static_cast<int>(launch.staged_heads / kFp8HeadTile),
+      wgmma_descriptor(shared_address(shared + launch.q), scores_operand(0, kFp8HeadTile))};
+}
+
 // The A fragments of a tile's kFp8Steps k-steps from a thread's pieces of its two rows (upper and
 // upper + 8): E4M3 codes as they are, MXFP4 codes turned into the E4M3 codes of their values.
 template <QueryKind kQ, size_t kWords>
@@ -740,12 +758,7 @@ __device__ void score_warpgroup_ring(const IndexerProblem& p, int64_t row, int64
   const int warpgroup = threadIdx.x / 128, thread = threadIdx.x % 128;
   const int t = threadIdx.x & 3;
   const int upper = wgmma_d_coord(thread, 0).row;  // this thread's rows: upper and upper + 8
-  const float* staged_weights = reinterpret_cast<const float*>(shared + launch.weights);
-  const float* multipliers =
-      reinterpret_cast<const float*>(shared + launch.q + launch.staged_heads * 128);
-  const int head_tiles = static_cast<int>(launch.staged_heads / kFp8HeadTile);
-  const uint64_t q_tile0 =
-      wgmma_descriptor(shared_address(shared + launch.q), scores_operand(0, kFp8HeadTile));
+  const Fp8StagedQuery staged = fp8_staged_query(shared, launch);
   uint8_t* codes = shared + launch.key_ring + warpgroup * kFp8KeyStages * kTileBytes;
   // 4 bytes an entry: E4M3's fp32 scale, MXFP4's 4 UE8M0 group scales.
   uint32_t* scales = reinterpret_cast<uint32_t*>(shared + launch.key_ring +
@@ -803,7 +816,7 @@ __device__ void score_warpgroup_ring(const IndexerProblem& p, int64_t row, int64
 #pragma unroll
     for (int j = 0; j < 16; ++j)
       weights[j] =
-          staged_weights[head_tile * kFp8HeadTile + wgmma_d_coord(thread, 4 * (j / 2) + j % 2).col];
+          staged.weights[head_tile * kFp8HeadTile + wgmma_d_coord(thread, 4 * (j / 2) + j % 2).col];
   };
   load_weights(0);
 #pragma unroll
@@ -838,8 +851,9 @@ __device__ void score_warpgroup_ring(const IndexerProblem& p, int64_t row, int64
       }
       uint32_t a[kFp8Steps][4];
       fp8_step_fragments<kQ>(words[0], words[1], a);
-      for (int head_tile = 0; head_tile < head_tiles; ++head_tile) {
-        const uint64_t q_tile = wgmma_descriptor_advance(q_tile0, head_tile * kFp8HeadTileBytes);
+      for (int head_tile = 0; head_tile < staged.head_tiles; ++head_tile) {
+        const uint64_t q_tile =
+            wgmma_descriptor_advance(staged.q_tile0, head_tile * kFp8HeadTileBytes);
         // Accumulator i is row upper + 8 ((i / 2) % 2), head 64 head_tile + col(i).
         float dot[32];
         wgmma_fence();
@@ -850,7 +864,7 @@ __device__ void score_warpgroup_ring(const IndexerProblem& p, int64_t row, int64
               wgmma_descriptor_advance(q_tile, scores_operand(step, kFp8HeadTile).start), step > 0);
         }
         wgmma_commit();
-        if (head_tiles > 1) load_weights(head_tile);
+        if (staged.head_tiles > 1) load_weights(head_tile);
         wgmma_wait<0>();
         wgmma_fence_accumulators(dot);
 #pragma unroll
@@ -879,9 +893,10 @@ __device__ void score_warpgroup_ring(const IndexerProblem& p, int64_t row, int64
       }
       uint32_t a[kFp8Steps][4];
       fp8_step_fragments<kQ>(words[0], words[1], a);
-      for (int head_tile = 0; head_tile < head_tiles; ++head_tile) {
-        const uint64_t q_tile = wgmma_descriptor_advance(q_tile0, head_tile * kFp8HeadTileBytes);
-        if (head_tiles > 1) load_weights(head_tile);
+      for (int head_tile = 0; head_tile < staged.head_tiles; ++head_tile) {
+        const uint64_t q_tile =
+            wgmma_descriptor_advance(staged.q_tile0, head_tile * kFp8HeadTileBytes);
+        if (staged.head_tiles > 1) load_weights(head_tile);
         // Accumulator i is row upper + 8 ((i / 2) % 2), head 64 head_tile + col(i).
         float dot[32];
 #pragma unroll
@@ -894,7 +909,8 @@ __device__ void score_warpgroup_ring(const IndexerProblem& p, int64_t row, int64
           wgmma_commit();
           wgmma_wait<0>();
           wgmma_fence_accumulators(group);
-          add_scaled_group(dot, group, step, key_scale, remainder, multipliers, head_tile, thread);
+          add_scaled_group(dot, group, step, key_scale, remainder, staged.multipliers, head_tile,
+                           thread);
         }
 #pragma unroll
         for (int i = 0; i < 32; ++i)
@@ -976,12 +992,7 @@ __device__ void score_warpgroup_fp8(const IndexerProblem& p, int64_t row, int64_
   const int warpgroup = threadIdx.x / 128, thread = threadIdx.x % 128;
   const int lane = threadIdx.x & 31, t = lane & 3;
   const int upper = wgmma_d_coord(thread, 0).row;  // this thread's rows: upper and upper + 8
-  const float* staged_weights = reinterpret_cast<const float*>(shared + launch.weights);
-  const float* multipliers =
-      reinterpret_cast<const float*>(shared + launch.q + launch.staged_heads * 128);
-  const int head_tiles = static_cast<int>(launch.staged_heads / kFp8HeadTile);
-  const uint64_t q_tile0 =
-      wgmma_descriptor(shared_address(shared + launch.q), scores_operand(0, kFp8HeadTile));
+  const Fp8StagedQuery staged = fp8_staged_query(shared, launch);
   const int64_t tiles = ceil_div(count, kWarpgroupEntries);
 
   using Piece = Fp8ScoringPiece<kQ>;
@@ -1020,8 +1031,9 @@ __device__ void score_warpgroup_fp8(const IndexerProblem& p, int64_t row, int64_
       load(tile + kStride, stage[u]);  // past the end: entry `first`, dropped
 
       float sum[2] = {0.0f, 0.0f};
-      for (int head_tile = 0; head_tile < head_tiles; ++head_tile) {
-        const uint64_t q_tile = wgmma_descriptor_advance(q_tile0, head_tile * kFp8HeadTileBytes);
+      for (int head_tile = 0; head_tile < staged.head_tiles; ++head_tile) {
+        const uint64_t q_tile =
+            wgmma_descriptor_advance(staged.q_tile0, head_tile * kFp8HeadTileBytes);
         // Accumulator i is row upper + 8 ((i / 2) % 2), head 64 head_tile + col(i).
         float dot[32];
         if constexpr (kQ == QueryKind::kE4M3) {
@@ -1058,14 +1070,14 @@ __device__ void score_warpgroup_fp8(const IndexerProblem& p, int64_t row, int64_
             wgmma_fence_accumulators(group[1]);
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
-              add_scaled_group(dot, group[j], 2 * pair + j, key_scale, remainder, multipliers,
-                               head_tile, thread);
+              add_scaled_group(dot, group[j], 2 * pair + j, key_scale, remainder,
+                               staged.multipliers, head_tile, thread);
             }
           }
         }
 #pragma unroll
         for (int i = 0; i < 32; ++i) {
-          const float w = staged_weights[head_tile * kFp8HeadTile + wgmma_d_coord(thread, i).col];
+          const float w = staged.weights[head_tile * kFp8HeadTile + wgmma_d_coord(thread, i).col];
           sum[(i / 2) % 2] += relu_keep_nan(dot[i]) * w;
         }
       }
