@@ -98,8 +98,8 @@ HDK_HOST_DEVICE int64_t sparse_workspace_bytes_up_to(int64_t rows, int64_t heads
 
 // ---- index_topk -------------------------------------------------------------------------------
 // Rows up to this count are scored over the whole GPU through the workspace; more rows fill the
-// SMs with one cluster each, except E4M3 rows that stream, this many a launch
-// (index_launch_plan.h).
+// SMs with one cluster each, except rows of the FP8 forms that stream through the key ring, this
+// many a launch (index_launch_plan.h).
 constexpr int64_t kIndexMaxWorkspaceRows = 64;
 
 struct IndexWorkspaceLayout {
