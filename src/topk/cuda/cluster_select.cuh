@@ -298,13 +298,32 @@ __device__ inline const uint32_t* sum_over_cluster(Cluster& cluster, const uint3
   const int threads = blockDim.x;
   const int tid = threadIdx.x;
   if (cluster_size <= kDirectSumClusterSize) {
-    for (int bin = tid; bin < kBins; bin += threads) {
-      uint32_t total = 0;
-      for (int source = 0; source < cluster_size; ++source) {
-        total += cluster.map_shared_rank(counts, source)[bin];
+    // A batch of bins from every source a thread, the remote loads in flight together: one at a
+    // time waited kBins x cluster size / threads round trips.
+    constexpr int kSumBatch = 4;
+    for (int base = tid; base < kBins; base += threads * kSumBatch) {
+      uint32_t part[kSumBatch][kDirectSumClusterSize];
+#pragma unroll
+      for (int j = 0; j < kSumBatch; ++j) {
+        const int bin = base + j * threads;
+#pragma unroll
+        for (int source = 0; source < kDirectSumClusterSize; ++source) {
+          part[j][source] = bin < kBins && source < cluster_size
+                                ? cluster.map_shared_rank(counts, source)[bin]
+                                : 0u;
+        }
       }
-      share[bin] = total;
-      other[bin] = 0;  // the next level's counts
+#pragma unroll
+      for (int j = 0; j < kSumBatch; ++j) {
+        const int bin = base + j * threads;
+        if (bin >= kBins) break;
+        uint32_t total = 0;
+#pragma unroll
+        for (int source = 0; source < kDirectSumClusterSize; ++source)
+          total += part[j][source];
+        share[bin] = total;
+        other[bin] = 0;  // the next level's counts
+      }
     }
     __syncthreads();
     return share;

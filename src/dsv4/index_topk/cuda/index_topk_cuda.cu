@@ -1348,20 +1348,31 @@ __device__ void select_row(const IndexerProblem& p, int64_t row, int64_t length,
     return;
   }
 
+  // The slots of a batch of outputs are looked up before any output is written: the compiler
+  // cannot tell the stores from the block-table loads, and a loop of one of each waited a
+  // memory latency an output.
   const uint64_t* sorted =
       reinterpret_cast<const uint64_t*>(shared + select_layout(launch.sort_capacity).sorted);
-  for (int64_t j = tid; j < p.top_k; j += kThreads) {
-    if (j < want) {
-      const uint32_t s = column_of(sorted[j]);
-      out_indices[j] = static_cast<int32_t>(s);
+  constexpr int kOutputBatch = 4;
+  for (int64_t base = tid; base < p.top_k; base += kOutputBatch * kThreads) {
+    uint64_t entry[kOutputBatch];
+    int64_t slot[kOutputBatch];
+#pragma unroll
+    for (int b = 0; b < kOutputBatch; ++b) {
+      const int64_t j = base + b * kThreads;
+      entry[b] = j < want ? sorted[j] : 0;
+      // The key cache's slot of the entry: validation checked that every slot fits int32.
+      slot[b] = j < want && out_slots != nullptr ? p.slot(row, column_of(entry[b])) : -1;
+    }
+#pragma unroll
+    for (int b = 0; b < kOutputBatch; ++b) {
+      const int64_t j = base + b * kThreads;
+      if (j >= p.top_k) break;
+      const bool found = j < want;
+      out_indices[j] = found ? static_cast<int32_t>(column_of(entry[b])) : -1;
       if (out_scores != nullptr)
-        out_scores[j] = value_of_key(static_cast<uint32_t>(sorted[j] >> 32));
-      // The key cache's slot of entry s: validation checked that every slot fits int32.
-      if (out_slots != nullptr) out_slots[j] = static_cast<int32_t>(p.slot(row, s));
-    } else {
-      out_indices[j] = -1;
-      if (out_scores != nullptr) out_scores[j] = -INFINITY;
-      if (out_slots != nullptr) out_slots[j] = -1;
+        out_scores[j] = found ? value_of_key(static_cast<uint32_t>(entry[b] >> 32)) : -INFINITY;
+      if (out_slots != nullptr) out_slots[j] = static_cast<int32_t>(slot[b]);
     }
   }
 }
@@ -1446,6 +1457,9 @@ __global__ void __launch_bounds__(kThreads, kKeyRing ? 2 : 1)
                                                nullptr, remainder);
 }
 
+// Workspace keys a select thread has in flight at once.
+constexpr int kFillBatch = 16;
+
 // The select through the workspace: a cluster per row loads its segments' keys from the row's
 // workspace keys in place of scoring them (counting the first level as it goes) and selects
 // as the one-launch kernel does.
@@ -1466,20 +1480,36 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* shared = aligned_shared(shared_bytes);
   uint32_t* const first_level = first_level_of(shared, launch, launch.count_first_level);
   zero_first_level(first_level);
-  const bool bad =
-      reinterpret_cast<const int32_t*>(p.workspace + layout.flags_offset)[local_row] != 0;
-  const int64_t length = bad ? 0 : p.num_entries.at(row);
+  // Both loads go out together (num_entries is read even for an invalid row).
+  const int32_t flag =
+      reinterpret_cast<const int32_t*>(p.workspace + layout.flags_offset)[local_row];
+  const int64_t entries = p.num_entries.at(row);
+  const bool bad = flag != 0;
+  const int64_t length = bad ? 0 : entries;
   if (bad && rank == 0 && threadIdx.x == 0) count_invalid(p.invalid_count);
   __syncthreads();  // the histogram is zero before any count
   const uint32_t* keys = reinterpret_cast<const uint32_t*>(p.workspace + layout.keys_offset) +
                          local_row * layout.row_stride;
   select_row(p, row, length, launch, shared, first_level,
              [&](int64_t first, int64_t count, uint32_t* out, uint32_t* counts) {
-               for (int64_t i = threadIdx.x; i < count; i += kThreads) {
-                 const uint32_t key = keys[first + i];
-                 out[i] = key;
-                 if (counts != nullptr)
-                   atomicAdd(&counts[key >> (32 - hdk::detail::kSelectDigitBits)], 1u);
+               // kFillBatch loads a thread before any store: the compiler cannot tell the
+               // shared stores from the workspace loads, so a loop of one of each waited a
+               // memory latency a key.
+               for (int64_t base = 0; base < count; base += kFillBatch * kThreads) {
+                 uint32_t key[kFillBatch];
+#pragma unroll
+                 for (int j = 0; j < kFillBatch; ++j) {
+                   const int64_t i = base + threadIdx.x + j * kThreads;
+                   key[j] = i < count ? keys[first + i] : 0u;
+                 }
+#pragma unroll
+                 for (int j = 0; j < kFillBatch; ++j) {
+                   const int64_t i = base + threadIdx.x + j * kThreads;
+                   if (i >= count) break;
+                   out[i] = key[j];
+                   if (counts != nullptr)
+                     atomicAdd(&counts[key[j] >> (32 - hdk::detail::kSelectDigitBits)], 1u);
+                 }
                }
              });
 }
