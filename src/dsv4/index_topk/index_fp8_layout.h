@@ -1,4 +1,4 @@
-// Who holds what in index_topk's FP8 tensor-core scoring (cuda/index_topk_cuda.cu,
+// Who holds what in index_topk's FP8 tensor-core scoring (cuda/index_score_fp8.cuh,
 // score_warpgroup_fp8), as host-and-device functions so that tests/dsv4/index_fp8_layout_test.cpp
 // emulates a warpgroup's products with exactly the fragments the kernel builds.
 //

@@ -66,7 +66,7 @@ struct IndexLaunch {
 };
 
 // Up to 64 heads the tensor-core kernel scores a warpgroup's 64 entries per wgmma product
-// (cuda/index_topk_cuda.cu); above, the warp kernel's mma.sync tiles of 16 heads.
+// (cuda/index_score_bf16.cuh); above, the warp kernel's mma.sync tiles of 16 heads.
 inline bool warpgroup_scoring_fits(int64_t num_heads) {
   return num_heads <= kWarpgroupHeads;
 }

@@ -1,4 +1,4 @@
-// Who holds what in the tensor-core scoring of hdk::dsv4::index_topk (cuda/index_topk_cuda.cu),
+// Who holds what in the tensor-core scoring of hdk::dsv4::index_topk (cuda/index_score_bf16.cuh),
 // as host-and-device functions so that a CPU test (tests/dsv4/index_mma_layout_test.cpp) can
 // emulate a warp's mma.sync with exactly the fragments the kernel builds.
 //

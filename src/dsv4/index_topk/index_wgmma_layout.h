@@ -1,4 +1,4 @@
-// Who holds what in index_topk's warpgroup scoring (cuda/index_topk_cuda.cu, score_warpgroup), as
+// Who holds what in index_topk's warpgroup scoring (cuda/index_score_bf16.cuh, score_warpgroup), as
 // host-and-device functions so that tests/dsv4/index_mma_layout_test.cpp emulates a warpgroup's
 // wgmma with exactly the fragments the kernel builds.
 //
