@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 
+#include "dsv4/attention/attention_problem.h"
 #include "dsv4/attention/attention_workspace.h"
 #include "dsv4/index_topk/index_fp8_layout.h"
 #include "dsv4/index_topk/index_launch_plan.h"
@@ -468,6 +469,27 @@ TEST(IndexWorkspacePlan, Mxfp4KeysTakeTheRingWhereItMeasuredFaster) {
   EXPECT_TRUE(index_mxfp4_ring_pays(8, 16384));
   EXPECT_TRUE(index_mxfp4_ring_pays(4, 65536));
   EXPECT_TRUE(index_mxfp4_ring_pays(1, 262144));
+}
+
+// The scoring kernel's key ring follows the query form, the path and index_mxfp4_ring_pays.
+TEST(IndexWorkspacePlan, KeyRingForEachQueryForm) {
+  const size_t e4m3 = static_cast<size_t>(fp8_key_ring_bytes(2));
+  const size_t mxfp4 = static_cast<size_t>(mxfp4_key_ring_bytes(2));
+  EXPECT_LT(mxfp4, e4m3);  // 64 bytes of codes an entry, not 128
+  for (int64_t rows : {1, 8, 128}) {
+    for (int64_t capacity : {2048, 16384, 262144}) {
+      EXPECT_EQ(index_key_ring_bytes(IndexQueryForm::kE4M3, true, rows, capacity, 2), e4m3);
+      EXPECT_EQ(index_key_ring_bytes(IndexQueryForm::kMXFP4, true, rows, capacity, 2),
+                index_mxfp4_ring_pays(rows, capacity) ? mxfp4 : 0u);
+      EXPECT_EQ(index_key_ring_bytes(IndexQueryForm::kExact, true, rows, capacity, 2), 0u);
+      for (IndexQueryForm form :
+           {IndexQueryForm::kE4M3, IndexQueryForm::kMXFP4, IndexQueryForm::kExact}) {
+        EXPECT_EQ(index_key_ring_bytes(form, false, rows, capacity, 2), 0u) << "CUDA cores";
+      }
+    }
+  }
+  EXPECT_EQ(index_key_ring_bytes(IndexQueryForm::kMXFP4, true, 8, 16384, 2), mxfp4);
+  EXPECT_EQ(index_key_ring_bytes(IndexQueryForm::kMXFP4, true, 1, 65536, 2), 0u);
 }
 
 // index_topk_workspace_bytes promises enough for every call up to its arguments.

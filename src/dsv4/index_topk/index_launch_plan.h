@@ -14,7 +14,9 @@
 
 #include "core/host_device.h"
 #include "core/resident_clusters.h"
+#include "dsv4/attention/attention_problem.h"
 #include "dsv4/attention/attention_workspace.h"
+#include "dsv4/index_topk/index_fp8_layout.h"
 #include "dsv4/index_topk/index_mma_layout.h"
 #include "dsv4/index_topk/index_wgmma_layout.h"
 #include "hdk/dsv4/kv_cache.h"
@@ -241,6 +243,18 @@ inline bool index_rows_stream(int64_t num_rows, int64_t capacity) {
 // of 65536, 2 or 4 rows of 16384), and 0.81-0.86x for 16 and 32 rows of 2048 (8 rows: 1.06x).
 inline bool index_mxfp4_ring_pays(int64_t num_rows, int64_t capacity) {
   return capacity >= 16384 && (num_rows >= 8 || num_rows * capacity >= 262144);
+}
+
+// The key ring of the workspace's scoring kernel for a call, its CTAs of `warpgroups` warpgroups
+// (0: the kernel scores from registers): E4M3 q over FP8 keys on tensor cores always streams,
+// the packed MXFP4 q where index_mxfp4_ring_pays; the exact forms and CUDA cores never.
+inline size_t index_key_ring_bytes(IndexQueryForm form, bool tensor, int64_t num_rows,
+                                   int64_t capacity, int warpgroups) {
+  if (!tensor) return 0;
+  if (form == IndexQueryForm::kE4M3) return static_cast<size_t>(fp8_key_ring_bytes(warpgroups));
+  if (form == IndexQueryForm::kMXFP4 && index_mxfp4_ring_pays(num_rows, capacity))
+    return static_cast<size_t>(mxfp4_key_ring_bytes(warpgroups));
+  return 0;
 }
 
 struct IndexWorkspacePlan {

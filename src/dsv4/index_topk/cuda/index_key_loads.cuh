@@ -10,6 +10,7 @@
 #include "core/fast_divide.h"
 #include "dsv4/attention/attention_problem.h"
 #include "dsv4/index_topk/cuda/index_topk_device.cuh"
+#include "dsv4/kv_cache/kv_cache_problem.h"
 #include "dsv4/kv_cache/kv_formats.h"
 #include "hdk/dsv4/kv_cache.h"
 

@@ -10,6 +10,7 @@
 #include "dsv4/index_topk/cuda/index_key_loads.cuh"
 #include "dsv4/index_topk/cuda/index_topk_device.cuh"
 #include "dsv4/index_topk/index_launch_plan.h"
+#include "dsv4/kv_cache/kv_cache_problem.h"
 #include "dsv4/kv_cache/kv_formats.h"
 
 namespace hdk {

@@ -17,6 +17,7 @@
 #include "dsv4/index_topk/index_fp8_layout.h"
 #include "dsv4/index_topk/index_launch_plan.h"
 #include "dsv4/index_topk/index_wgmma_layout.h"
+#include "dsv4/kv_cache/kv_cache_problem.h"
 #include "dsv4/kv_cache/kv_formats.h"
 
 namespace hdk {

@@ -55,6 +55,7 @@
 #include "dsv4/index_topk/cuda/index_topk_device.cuh"
 #include "dsv4/index_topk/index_fp8_layout.h"
 #include "dsv4/index_topk/index_launch_plan.h"
+#include "dsv4/kv_cache/kv_cache_problem.h"
 #include "dsv4/kv_cache/kv_formats.h"
 #include "hdk/error.h"
 
@@ -382,13 +383,8 @@ IndexLaunchChoice choose_launch(const IndexerProblem& p, int device) {
     hdk::detail::allow_dynamic_shared_memory(index_select_kernel, shared_limit, device, kOperation);
     const hdk::detail::ResidentClusterCounts& select_clusters = hdk::detail::resident_clusters(
         index_select_kernel, kThreads, static_cast<size_t>(shared_limit), device, kOperation);
-    // The FP8 forms' scoring kernel's key ring (index_score_kernel).
-    const bool mxfp4_ring =
-        query == QueryKind::kMXFP4 && index_mxfp4_ring_pays(p.num_rows, capacity);
-    const size_t key_ring_bytes = !tensor                     ? 0
-                                  : query == QueryKind::kE4M3 ? fp8_key_ring_bytes(kWarpgroups)
-                                  : mxfp4_ring                ? mxfp4_key_ring_bytes(kWarpgroups)
-                                                              : 0;
+    const size_t key_ring_bytes =
+        index_key_ring_bytes(p.q_form, tensor, p.num_rows, capacity, kWarpgroups);
     choice.workspace =
         plan_index_workspace(p.num_rows, planned_heads, capacity, p.top_k, tensor, fp32_q, sm_count,
                              shared_limit, choice.plan, select_clusters, key_ring_bytes);
