@@ -32,7 +32,8 @@ __device__ __forceinline__ float value_of_key(uint32_t key) {
 // `counts`, the select's first level, when that is not null), and the cluster selects; the leader
 // writes the outputs. `length` is 0 for an invalid row (padding only). `first_level`: the
 // first-level histogram, zeroed before the caller's last barrier, where `fill` may count it.
-template <typename Fill>
+// kCtaThreads: the CTA's threads (kThreads in the one launch, kSelectThreads in the select kernel).
+template <int kCtaThreads = kThreads, typename Fill>
 __device__ void select_row(const IndexerProblem& p, int64_t row, int64_t length,
                            const IndexLaunch& launch, uint8_t* shared, uint32_t* first_level,
                            Fill&& fill) {
@@ -50,7 +51,7 @@ __device__ void select_row(const IndexerProblem& p, int64_t row, int64_t length,
       p.topk_slots != nullptr ? p.topk_slots + row * p.topk_slots_row_stride : nullptr;
   if (want == 0) {  // the same in every CTA of the cluster: none touches another's memory
     if (rank == 0) {
-      for (int64_t j = tid; j < p.top_k; j += kThreads) {
+      for (int64_t j = tid; j < p.top_k; j += kCtaThreads) {
         out_indices[j] = -1;
         if (out_scores != nullptr) out_scores[j] = -INFINITY;
         if (out_slots != nullptr) out_slots[j] = -1;
@@ -78,7 +79,7 @@ __device__ void select_row(const IndexerProblem& p, int64_t row, int64_t length,
         fill(begin + chunk, count, scores, nullptr);
         __syncthreads();
       }
-      for (int base = 0; base < count; base += kThreads) {
+      for (int base = 0; base < count; base += kCtaThreads) {
         const int i = base + tid;
         visit(scores[min(i, count - 1)], static_cast<uint32_t>(begin + chunk + i), i < count);
       }
@@ -97,19 +98,19 @@ __device__ void select_row(const IndexerProblem& p, int64_t row, int64_t length,
   const uint64_t* sorted =
       reinterpret_cast<const uint64_t*>(shared + select_layout(launch.sort_capacity).sorted);
   constexpr int kOutputBatch = 4;
-  for (int64_t base = tid; base < p.top_k; base += kOutputBatch * kThreads) {
+  for (int64_t base = tid; base < p.top_k; base += kOutputBatch * kCtaThreads) {
     uint64_t entry[kOutputBatch];
     int64_t slot[kOutputBatch];
 #pragma unroll
     for (int b = 0; b < kOutputBatch; ++b) {
-      const int64_t j = base + b * kThreads;
+      const int64_t j = base + b * kCtaThreads;
       entry[b] = j < want ? sorted[j] : 0;
       // The key cache's slot of the entry: validation checked that every slot fits int32.
       slot[b] = j < want && out_slots != nullptr ? p.slot(row, column_of(entry[b])) : -1;
     }
 #pragma unroll
     for (int b = 0; b < kOutputBatch; ++b) {
-      const int64_t j = base + b * kThreads;
+      const int64_t j = base + b * kCtaThreads;
       if (j >= p.top_k) break;
       const bool found = j < want;
       out_indices[j] = found ? static_cast<int32_t>(column_of(entry[b])) : -1;

@@ -180,7 +180,7 @@ constexpr int kFillBatch = 16;
 // The select through the workspace: a cluster per row loads its segments' keys from the row's
 // workspace keys in place of scoring them (counting the first level as it goes) and selects
 // as the one-launch kernel does.
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kSelectThreads, 1)
     index_select_kernel(IndexerProblem p, IndexLaunch launch, IndexWorkspaceLayout layout,
                         int64_t row_base) {
   // Waits, but never lets the next kernel start early, though its grid is small: sparse_decode
@@ -196,7 +196,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ __align__(16) uint8_t shared_bytes[];
   uint8_t* shared = aligned_shared(shared_bytes);
   uint32_t* const first_level = first_level_of(shared, launch, launch.count_first_level);
-  zero_first_level(first_level);
+  zero_first_level<kSelectThreads>(first_level);
   // Both loads go out together (num_entries is read even for an invalid row).
   const int32_t flag =
       reinterpret_cast<const int32_t*>(p.workspace + layout.flags_offset)[local_row];
@@ -207,28 +207,29 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();  // the histogram is zero before any count
   const uint32_t* keys = reinterpret_cast<const uint32_t*>(p.workspace + layout.keys_offset) +
                          local_row * layout.row_stride;
-  select_row(p, row, length, launch, shared, first_level,
-             [&](int64_t first, int64_t count, uint32_t* out, uint32_t* counts) {
-               // kFillBatch loads a thread before any store: the compiler cannot tell the
-               // shared stores from the workspace loads, so a loop of one of each waited a
-               // memory latency a key.
-               for (int64_t base = 0; base < count; base += kFillBatch * kThreads) {
-                 uint32_t key[kFillBatch];
+  select_row<kSelectThreads>(
+      p, row, length, launch, shared, first_level,
+      [&](int64_t first, int64_t count, uint32_t* out, uint32_t* counts) {
+        // kFillBatch loads a thread before any store: the compiler cannot tell the
+        // shared stores from the workspace loads, so a loop of one of each waited a
+        // memory latency a key.
+        for (int64_t base = 0; base < count; base += kFillBatch * kSelectThreads) {
+          uint32_t key[kFillBatch];
 #pragma unroll
-                 for (int j = 0; j < kFillBatch; ++j) {
-                   const int64_t i = base + threadIdx.x + j * kThreads;
-                   key[j] = i < count ? keys[first + i] : 0u;
-                 }
+          for (int j = 0; j < kFillBatch; ++j) {
+            const int64_t i = base + threadIdx.x + j * kSelectThreads;
+            key[j] = i < count ? keys[first + i] : 0u;
+          }
 #pragma unroll
-                 for (int j = 0; j < kFillBatch; ++j) {
-                   const int64_t i = base + threadIdx.x + j * kThreads;
-                   if (i >= count) break;
-                   out[i] = key[j];
-                   if (counts != nullptr)
-                     atomicAdd(&counts[key[j] >> (32 - hdk::detail::kSelectDigitBits)], 1u);
-                 }
-               }
-             });
+          for (int j = 0; j < kFillBatch; ++j) {
+            const int64_t i = base + threadIdx.x + j * kSelectThreads;
+            if (i >= count) break;
+            out[i] = key[j];
+            if (counts != nullptr)
+              atomicAdd(&counts[key[j] >> (32 - hdk::detail::kSelectDigitBits)], 1u);
+          }
+        }
+      });
 }
 
 using OneLaunchKernel = void (*)(IndexerProblem, IndexLaunch, FastDivide, bool);
@@ -382,7 +383,7 @@ IndexLaunchChoice choose_launch(const IndexerProblem& p, int device) {
   if (p.workspace != nullptr) {
     hdk::detail::allow_dynamic_shared_memory(index_select_kernel, shared_limit, device, kOperation);
     const hdk::detail::ResidentClusterCounts& select_clusters = hdk::detail::resident_clusters(
-        index_select_kernel, kThreads, static_cast<size_t>(shared_limit), device, kOperation);
+        index_select_kernel, kSelectThreads, static_cast<size_t>(shared_limit), device, kOperation);
     const size_t key_ring_bytes =
         index_key_ring_bytes(p.q_form, tensor, p.num_rows, capacity, kWarpgroups);
     choice.workspace =
@@ -444,9 +445,9 @@ void index_topk_cuda(const IndexerProblem& p, int device, CudaStream stream) {
           kOperation, "launching index_score_kernel");
       hdk::detail::check_launch(
           hdk::detail::launch_in_clusters(
-              index_select_kernel, static_cast<unsigned>(rows * select.cluster_size), kThreads,
-              select.launch.bytes, cuda_stream, static_cast<unsigned>(select.cluster_size), p,
-              select.launch, workspace.layout, base),
+              index_select_kernel, static_cast<unsigned>(rows * select.cluster_size),
+              kSelectThreads, select.launch.bytes, cuda_stream,
+              static_cast<unsigned>(select.cluster_size), p, select.launch, workspace.layout, base),
           kOperation, "launching index_select_kernel");
     }
     return;

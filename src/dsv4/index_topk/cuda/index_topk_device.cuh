@@ -36,6 +36,13 @@ using hdk::detail::shared_address;
 
 // 8 warps: with two tiles per warp the tensor-core kernels take 146-155 registers a thread.
 constexpr int kThreads = 256;
+// The workspace's select kernel, which scores nothing, runs 16 warps (127 registers, no spill):
+// every pass over a CTA's keys takes half the rounds, and Pro's 1024 winners sort one 64-entry
+// run a warp. Against 8 warps (H200): 1.05-1.12x wherever the select runs with top 1024 (one row
+// of 16384 keys 27.4 -> 25.3 us), 1.05-1.08x with top 512 from 65536 keys a row (64 x 65536
+// E4M3 keys 243.3 -> 229.0 us), ties at 2048 keys; 32 warps (64 registers, 92 bytes of spill):
+// 0.85-0.93x at 2048 keys.
+constexpr int kSelectThreads = 512;
 constexpr int kWarps = kThreads / 32;
 constexpr int kTilesPerWarp = 2;  // 8-entry tiles per warp per query fragment read
 constexpr unsigned kFullMask = 0xffffffffu;
@@ -108,9 +115,10 @@ __device__ __forceinline__ uint32_t* first_level_of(uint8_t* shared, const Index
              : nullptr;
 }
 
+template <int kCtaThreads = kThreads>
 __device__ __forceinline__ void zero_first_level(uint32_t* first_level) {
   if (first_level == nullptr) return;
-  for (int bin = threadIdx.x; bin < hdk::detail::kSelectBins; bin += kThreads)
+  for (int bin = threadIdx.x; bin < hdk::detail::kSelectBins; bin += kCtaThreads)
     first_level[bin] = 0;
 }
 
