@@ -31,13 +31,18 @@ constexpr const char* kOperation = "hdk::topk";
 constexpr int kMaxCluster = 8;
 constexpr int64_t kCachedKeys = 32768;  // 128 KiB of shared memory per CTA
 constexpr int kBatch = 16;  // entries per thread loaded before any is used (memory parallelism)
-constexpr int kMaxThreads = 512;
+// Threads a CTA: 1024 from segments of 16384 keys (kWideSegment), the passes over the keys in
+// half the rounds; below that 128-512, as many as the segment keeps busy. The 1024-thread kernel
+// is its own instance (64 registers, a few bytes of spill), so the others keep their registers.
+constexpr int kWideThreads = 1024;
+constexpr int64_t kWideSegment = 16384;
 
 // The selection's shared memory, then the key cache.
 __host__ __device__ inline size_t keys_offset(int sort_capacity) {
   return select_layout(sort_capacity).bytes;
 }
 
+template <int kMaxThreads>
 __global__ void __launch_bounds__(kMaxThreads)
     topk_kernel(TopkProblem p, int64_t cached_keys, int sort_capacity) {
   hdk::detail::begin_dependent_kernel();
@@ -145,7 +150,9 @@ void topk_cuda(const TopkProblem& p, int device, CudaStream stream) {
     cluster_size *= 2;
   const int64_t segment = ceil_div(L, cluster_size);
   const int64_t cached_keys = segment <= kCachedKeys ? segment : 0;
-  const int threads = segment >= 4096 ? 512 : segment >= 1024 ? 256 : 128;
+  const bool wide = segment >= kWideSegment;
+  const int threads = wide ? kWideThreads : segment >= 4096 ? 512 : segment >= 1024 ? 256 : 128;
+  const auto kernel = wide ? topk_kernel<kWideThreads> : topk_kernel<512>;
   int sort_capacity = 1;
   while (sort_capacity < std::min<int64_t>(p.k, std::max<int64_t>(L, 1)))
     sort_capacity <<= 1;
@@ -155,10 +162,10 @@ void topk_cuda(const TopkProblem& p, int device, CudaStream stream) {
                 std::to_string(INT_MAX / cluster_size) + " rows of this length per call, got " +
                 std::to_string(p.num_rows));
   }
-  allow_dynamic_shared_memory(topk_kernel, static_cast<int>(bytes), device, kOperation);
+  allow_dynamic_shared_memory(kernel, static_cast<int>(bytes), device, kOperation);
 
   check_launch(launch_in_clusters(
-                   topk_kernel, static_cast<unsigned>(p.num_rows * cluster_size),
+                   kernel, static_cast<unsigned>(p.num_rows * cluster_size),
                    static_cast<unsigned>(threads), bytes, reinterpret_cast<cudaStream_t>(stream),
                    static_cast<unsigned>(cluster_size), p, cached_keys, sort_capacity),
                kOperation, "launching the top-k kernel");
