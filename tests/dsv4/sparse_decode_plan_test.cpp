@@ -204,7 +204,7 @@ TEST(SparseDecodePlan, WorkspacePlansFitTheSmsAndTheWorkspace) {
           const int slices = dsv4::detail::sparse_combine_slices(
               rows, dsv4::detail::sparse_head_groups(heads), sm_count);
           EXPECT_EQ(512 % slices, 0);
-          EXPECT_LE(slices, 16);
+          EXPECT_LE(slices, dsv4::detail::kSparseCombineMaxSlices);
         }
       }
     }
