@@ -10,16 +10,15 @@
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <climits>
 #include <string>
 
-#include "core/ceil_div.h"
 #include "core/cuda/dependent_launch.cuh"
 #include "core/cuda_helpers.h"
 #include "topk/cuda/cluster_select.cuh"
 #include "topk/cuda/topk_cuda.h"
 #include "topk/topk_key.h"
+#include "topk/topk_launch_plan.h"
 
 namespace hdk {
 namespace detail {
@@ -28,19 +27,7 @@ namespace {
 namespace cg = cooperative_groups;
 
 constexpr const char* kOperation = "hdk::topk";
-constexpr int kMaxCluster = 8;
-constexpr int64_t kCachedKeys = 32768;  // 128 KiB of shared memory per CTA
 constexpr int kBatch = 16;  // entries per thread loaded before any is used (memory parallelism)
-// Threads a CTA: 1024 from segments of 16384 keys (kWideSegment), the passes over the keys in
-// half the rounds; below that 128-512, as many as the segment keeps busy. The 1024-thread kernel
-// is its own instance (64 registers, a few bytes of spill), so the others keep their registers.
-constexpr int kWideThreads = 1024;
-constexpr int64_t kWideSegment = 16384;
-
-// The selection's shared memory, then the key cache.
-__host__ __device__ inline size_t keys_offset(int sort_capacity) {
-  return select_layout(sort_capacity).bytes;
-}
 
 template <int kMaxThreads>
 __global__ void __launch_bounds__(kMaxThreads)
@@ -69,7 +56,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
 
   extern __shared__ __align__(16) uint8_t shared[];
-  uint32_t* keys = reinterpret_cast<uint32_t*>(shared + keys_offset(sort_capacity));
+  uint32_t* keys = reinterpret_cast<uint32_t*>(shared + topk_keys_offset(sort_capacity));
   const bool cached = cached_keys > 0;
 
   const int64_t segment = (length + cluster_size - 1) / cluster_size;
@@ -138,36 +125,21 @@ void topk_cuda(const TopkProblem& p, int device, CudaStream stream) {
   if (p.num_rows == 0 || p.k == 0) return;
   CudaDeviceGuard guard(device, kOperation);
   const int sm_count = cached_device_attribute(cudaDevAttrMultiProcessorCount, device, kOperation);
-  const int64_t L = p.row_size;
-
-  // Enough CTAs per row to keep its keys in shared memory, and, for few rows, to use the SMs
-  // without a second wave (the CTAs of a cluster run at once and take one SM each).
-  int cluster_size = 1;
-  while (cluster_size < kMaxCluster && ceil_div(L, cluster_size) > kCachedKeys)
-    cluster_size *= 2;
-  while (cluster_size < kMaxCluster && p.num_rows * cluster_size * 2 <= sm_count &&
-         ceil_div(L, 2 * cluster_size) >= 4096)
-    cluster_size *= 2;
-  const int64_t segment = ceil_div(L, cluster_size);
-  const int64_t cached_keys = segment <= kCachedKeys ? segment : 0;
-  const bool wide = segment >= kWideSegment;
-  const int threads = wide ? kWideThreads : segment >= 4096 ? 512 : segment >= 1024 ? 256 : 128;
-  const auto kernel = wide ? topk_kernel<kWideThreads> : topk_kernel<512>;
-  int sort_capacity = 1;
-  while (sort_capacity < std::min<int64_t>(p.k, std::max<int64_t>(L, 1)))
-    sort_capacity <<= 1;
-  const size_t bytes = keys_offset(sort_capacity) + static_cast<size_t>(cached_keys) * 4;
+  const TopkLaunchPlan plan = plan_topk_launch(p.num_rows, p.row_size, p.k, sm_count);
+  const int cluster_size = plan.cluster_size;
+  const auto kernel = plan.wide ? topk_kernel<kTopkWideThreads> : topk_kernel<kTopkThreads>;
   if (p.num_rows > INT_MAX / cluster_size) {
     throw Error(std::string(kOperation) + ": the CUDA backend handles at most " +
                 std::to_string(INT_MAX / cluster_size) + " rows of this length per call, got " +
                 std::to_string(p.num_rows));
   }
-  allow_dynamic_shared_memory(kernel, static_cast<int>(bytes), device, kOperation);
+  allow_dynamic_shared_memory(kernel, static_cast<int>(plan.shared_bytes), device, kOperation);
 
-  check_launch(launch_in_clusters(
-                   kernel, static_cast<unsigned>(p.num_rows * cluster_size),
-                   static_cast<unsigned>(threads), bytes, reinterpret_cast<cudaStream_t>(stream),
-                   static_cast<unsigned>(cluster_size), p, cached_keys, sort_capacity),
+  check_launch(launch_in_clusters(kernel, static_cast<unsigned>(p.num_rows * cluster_size),
+                                  static_cast<unsigned>(plan.threads), plan.shared_bytes,
+                                  reinterpret_cast<cudaStream_t>(stream),
+                                  static_cast<unsigned>(cluster_size), p, plan.cached_keys,
+                                  plan.sort_capacity),
                kOperation, "launching the top-k kernel");
 }
 
