@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "core/host_device.h"
 
@@ -13,6 +14,16 @@ namespace detail {
 constexpr int kSelectDigitBits = 11;
 constexpr int kSelectBins = 1 << kSelectDigitBits;
 constexpr int kSelectCandidates = 4096;  // the leader's buffer for the entries of the chosen bin
+
+// The select's sort capacity for the `k` largest of a row of up to `length` entries: the power of
+// two that holds the most winners a row can have.
+HDK_HOST_DEVICE int select_sort_capacity(int64_t k, int64_t length) {
+  const int64_t most = k < length ? k : (length > 1 ? length : 1);
+  int capacity = 1;
+  while (capacity < most)
+    capacity <<= 1;
+  return capacity;
+}
 
 // Byte offsets of the selection's shared memory (from the start of the dynamic shared memory,
 // which must be 16-byte aligned); `bytes` is where the caller's own data may start. Offsets are

@@ -4,7 +4,6 @@
 // CPU.
 #pragma once
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -28,7 +27,6 @@ constexpr int64_t kTopkWideSegment = 16384;
 struct TopkLaunchPlan {
   int cluster_size = 1;
   int threads = 128;
-  bool wide = false;        // the kTopkWideThreads instance
   int64_t cached_keys = 0;  // keys a CTA keeps in shared memory (0: later passes reread the row)
   int sort_capacity = 1;    // power of two >= the most winners a row can have
   size_t shared_bytes = 0;  // the select's layout, then the cached keys
@@ -53,13 +51,11 @@ inline TopkLaunchPlan plan_topk_launch(int64_t rows, int64_t row_size, int64_t k
     cluster_size *= 2;
   const int64_t segment = ceil_div(row_size, cluster_size);
   plan.cached_keys = segment <= kTopkCachedKeys ? segment : 0;
-  plan.wide = segment >= kTopkWideSegment;
-  plan.threads = plan.wide         ? kTopkWideThreads
-                 : segment >= 4096 ? kTopkThreads
-                 : segment >= 1024 ? 256
-                                   : 128;
-  while (plan.sort_capacity < std::min<int64_t>(k, std::max<int64_t>(row_size, 1)))
-    plan.sort_capacity <<= 1;
+  plan.threads = segment >= kTopkWideSegment ? kTopkWideThreads
+                 : segment >= 4096           ? kTopkThreads
+                 : segment >= 1024           ? 256
+                                             : 128;
+  plan.sort_capacity = select_sort_capacity(k, row_size);
   plan.shared_bytes =
       topk_keys_offset(plan.sort_capacity) + static_cast<size_t>(plan.cached_keys) * 4;
   return plan;

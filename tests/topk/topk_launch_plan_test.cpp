@@ -35,7 +35,6 @@ TEST(TopkLaunchPlan, BenchmarkShapes) {
     const TopkLaunchPlan plan = plan_topk_launch(rows, length, k, kSms);
     EXPECT_EQ(plan.cluster_size, cluster);
     EXPECT_EQ(plan.threads, threads);
-    EXPECT_EQ(plan.wide, threads == detail::kTopkWideThreads);
     EXPECT_EQ(plan.cached_keys, cached);
   }
 }
@@ -64,8 +63,7 @@ TEST(TopkLaunchPlan, EveryPlanFitsAndCoversTheRow) {
         }
         EXPECT_TRUE(plan.threads == 128 || plan.threads == 256 || plan.threads == 512 ||
                     plan.threads == 1024);
-        EXPECT_EQ(plan.wide, plan.threads == detail::kTopkWideThreads);
-        EXPECT_EQ(plan.wide, segment >= detail::kTopkWideSegment);
+        EXPECT_EQ(plan.threads == detail::kTopkWideThreads, segment >= detail::kTopkWideSegment);
         // The sort holds every winner a row can have, in a power of two.
         EXPECT_GE(plan.sort_capacity, std::min(k, length));
         EXPECT_EQ(plan.sort_capacity & (plan.sort_capacity - 1), 0);

@@ -116,8 +116,7 @@ inline IndexLaunchPlan plan_index_launch(
   auto at = [&](int size) { return size <= 1 ? 0 : clusters.by_size[size]; };
   IndexLaunchPlan plan;
   IndexLaunch& launch = plan.launch;
-  while (launch.sort_capacity < std::min<int64_t>(top_k, std::max<int64_t>(capacity, 1)))
-    launch.sort_capacity <<= 1;
+  launch.sort_capacity = hdk::detail::select_sort_capacity(top_k, capacity);
   launch.m_tiles = ceil_div(num_heads, kMmaM);
   // Either tensor-core kernel can run the plan (tests force the warp kernel at any H).
   launch.staged_heads =

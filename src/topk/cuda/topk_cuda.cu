@@ -127,7 +127,8 @@ void topk_cuda(const TopkProblem& p, int device, CudaStream stream) {
   const int sm_count = cached_device_attribute(cudaDevAttrMultiProcessorCount, device, kOperation);
   const TopkLaunchPlan plan = plan_topk_launch(p.num_rows, p.row_size, p.k, sm_count);
   const int cluster_size = plan.cluster_size;
-  const auto kernel = plan.wide ? topk_kernel<kTopkWideThreads> : topk_kernel<kTopkThreads>;
+  const auto kernel =
+      plan.threads == kTopkWideThreads ? topk_kernel<kTopkWideThreads> : topk_kernel<kTopkThreads>;
   if (p.num_rows > INT_MAX / cluster_size) {
     throw Error(std::string(kOperation) + ": the CUDA backend handles at most " +
                 std::to_string(INT_MAX / cluster_size) + " rows of this length per call, got " +
