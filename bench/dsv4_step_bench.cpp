@@ -3,8 +3,9 @@
 // bench_device.h), next to each of its calls alone in its own graph. Layers
 // (docs/dsv4-attention.md, "A whole DeepSeek-V4 decode step with hdk"):
 //   swa: store_entries of the step's entry into the SWA ring, sparse_decode over the window;
-//   csa: the SWA store, compress (main d = 512 and indexer d = 128, ratio 4), index_topk with
-//        topk_slots, sparse_decode over the window + the top-k;
+//   csa: the SWA store, compress (main d = 512 and indexer d = 128, ratio 4: one launch, or two
+//        with --compressors apart), index_topk with topk_slots, sparse_decode over the window +
+//        the top-k;
 //   hca: the SWA store, compress (d = 512, ratio 128), sparse_decode over the window + every
 //        compressed entry;
 //   moe: the router (fused gate GEMM + top-6), a row of its own.
@@ -446,12 +447,14 @@ struct Call {
 class StepBench {
  public:
   StepBench(BenchDevice& device, const TimingOptions& timing, const RunBaseline& baseline,
-            ResultTable& table, bool use_workspace, std::vector<std::string> plain)
+            ResultTable& table, bool use_workspace, bool compress_pair,
+            std::vector<std::string> plain)
       : device_(device),
         timing_(timing),
         baseline_(baseline),
         table_(table),
         use_workspace_(use_workspace),
+        compress_pair_(compress_pair),
         plain_(std::move(plain)) {}
 
   int failures() const { return failures_; }
@@ -491,6 +494,17 @@ class StepBench {
                   },
                   compress_bytes(c, N), true};
     };
+    // A CSA layer's two compressors in one launch (compress with two calls).
+    auto compress_both = [&in, N](const Compressor& first, const Compressor& second) {
+      return Call{"compress csa+index",
+                  [&in, &first, &second, N](CudaStream s, const TensorView& counter) {
+                    dsv4::CompressorParams a = in.compress(first, N);
+                    dsv4::CompressorParams b = in.compress(second, N);
+                    a.invalid_count = b.invalid_count = counter;
+                    dsv4::compress(a, b, s);
+                  },
+                  compress_bytes(first, N) + compress_bytes(second, N), true};
+    };
     auto attend = [&in, N, H, K, ws](const std::string& layer, int64_t length) {
       return Call{"sparse_decode",
                   [&in, layer, N, H, K, ws](CudaStream s, const TensorView& counter) {
@@ -513,8 +527,13 @@ class StepBench {
                          },
                          index_bytes(N, in.csa_entries(), in.csa_capacity() / kBlockSize, K),
                          false};
-        calls = {store, compress(in.csa_main()), compress(in.csa_index()), index,
-                 attend("csa", kWindow + K)};
+        if (compress_pair_) {
+          calls = {store, compress_both(in.csa_main(), in.csa_index()), index,
+                   attend("csa", kWindow + K)};
+        } else {
+          calls = {store, compress(in.csa_main()), compress(in.csa_index()), index,
+                   attend("csa", kWindow + K)};
+        }
       } else if (layer == "hca") {
         calls = {store, compress(in.hca()), attend("hca", kWindow + in.hca_entries())};
       } else {
@@ -671,6 +690,7 @@ class StepBench {
   RunBaseline baseline_;
   ResultTable& table_;
   bool use_workspace_;
+  bool compress_pair_;
   // Kernels launched plainly, the others as programmatic dependents (--plain): which boundary
   // of the step a dependent launch helps or hurts.
   std::vector<std::string> plain_;
@@ -691,12 +711,14 @@ void print_step_usage() {
       "  --workspace on|off    pass index_topk and sparse_decode a workspace sized by\n"
       "                        index_topk_workspace_bytes / sparse_decode_workspace_bytes,\n"
       "                        allocated once per point and shared by the step (default on)\n"
+      "  --compressors M       pair: a CSA layer's main and indexer compressors in one\n"
+      "                        launch (compress with two calls; default); apart: two calls\n"
       "  --pdl on|off          launch each kernel as a programmatic dependent of the one\n"
       "                        before it (Hopper; default on; off: plain launches)\n"
       "  --plain LIST          with --pdl on, launch these calls plainly all the same\n"
-      "                        (store_entries, 'compress csa', 'compress index', 'compress\n"
-      "                        hca', index_topk, sparse_decode): which boundary a dependent\n"
-      "                        launch helps or hurts\n"
+      "                        (store_entries, 'compress csa+index', 'compress csa',\n"
+      "                        'compress index', 'compress hca', index_topk, sparse_decode):\n"
+      "                        which boundary a dependent launch helps or hurts\n"
       "  --hot                 keep caches warm between runs (default: flushed, cold)\n"
       "  --iterations N        timed replays per graph (median; default 100 GPU, 3 CPU)\n"
       "  --json FILE           also write results as JSON\n"
@@ -735,6 +757,7 @@ int dsv4_step_command(Options& options) {
   const std::vector<std::string> layers = options.texts("layers", {"swa", "csa", "hca", "moe"});
   const std::string workspace = options.text("workspace", "on");
   const std::string dependent = options.text("pdl", "on");
+  const std::string compressors = options.text("compressors", "pair");
   const std::vector<std::string> plain = options.texts("plain", {});
   TimingOptions timing;
   timing.flush_cache = !options.flag("hot");
@@ -762,11 +785,15 @@ int dsv4_step_command(Options& options) {
   if (workspace != "on" && workspace != "off") {
     throw std::runtime_error("--workspace must be on or off, got '" + workspace + "'");
   }
+  if (compressors != "pair" && compressors != "apart") {
+    throw std::runtime_error("--compressors must be pair or apart, got '" + compressors + "'");
+  }
   if (dependent != "on" && dependent != "off") {
     throw std::runtime_error("--pdl must be on or off, got '" + dependent + "'");
   }
-  static const char* const kCalls[] = {"store_entries", "compress csa", "compress index",
-                                       "compress hca",  "index_topk",   "sparse_decode"};
+  static const char* const kCalls[] = {"store_entries",  "compress csa+index", "compress csa",
+                                       "compress index", "compress hca",       "index_topk",
+                                       "sparse_decode"};
   for (const std::string& call : plain) {
     if (std::find(std::begin(kCalls), std::end(kCalls), call) == std::end(kCalls)) {
       std::string known;
@@ -798,11 +825,13 @@ int dsv4_step_command(Options& options) {
       "entry context/4 - 1, main and indexer) and a ratio-128 window (HCA entry\n"
       "context/128 - 1); the compressor states hold the window's earlier tokens (CSA:\n"
       "context - 8 .. context - 2, HCA: context - 128 .. context - 2), put back before each\n"
-      "replay outside the timed span. workspace: %s, programmatic dependent launch: %s\n\n",
-      workspace.c_str(), gpu ? dependent.c_str() : "-");
+      "replay outside the timed span. workspace: %s, programmatic dependent launch: %s, CSA\n"
+      "compressors: %s\n\n",
+      workspace.c_str(), gpu ? dependent.c_str() : "-", compressors.c_str());
   ResultTable table({"preset", "context", "N", "layer", "kernel", "time_us", "MB", "floor_us",
                      "x_floor", "ws_MiB", "check"});
-  StepBench bench(*device, timing, baseline, table, workspace == "on", plain);
+  StepBench bench(*device, timing, baseline, table, workspace == "on", compressors == "pair",
+                  plain);
   const int64_t max_rows = *std::max_element(rows.begin(), rows.end());
   const bool attention = std::any_of(layers.begin(), layers.end(),
                                      [](const std::string& layer) { return layer != "moe"; });

@@ -4,9 +4,10 @@
   dsv4_tables.py attention NEW.json [NEW2.json ...] --base BASE.json [BASE2.json ...]
       sparse_decode and index_topk: per cell the faster of the rounds given, the base binary's
       time, new / base speed-up, what ran (kernel, cluster), floor, x floor and % of copy.
-  dsv4_tables.py step STEP.json
-      hdk-bench dsv4-step: the whole step per layer, preset, context and N (time, x floor), and
-      each call's share at N = 1.
+  dsv4_tables.py step STEP.json [STEP2.json ...] [--base BASE.json ...]
+      hdk-bench dsv4-step: per cell the faster of the rounds given; the whole step per layer,
+      preset, context and N (time, x floor), base / new where a base is given, and each call
+      alone at N = 1.
 """
 import argparse
 import json
@@ -59,32 +60,52 @@ def step(args):
     first = runs[0]
     print(f"Copy bandwidth {first['copy_bandwidth_gbs']} GB/s, empty-kernel graph replay "
           f"{first['launch_overhead_us']} us ({first['device']}).\n")
-    rows = [r for run in runs for r in run["results"]]
-    steps = [r for r in rows if r["kernel"] in ("step", "route")]
+    key_of = lambda r: (r["preset"], r["layer"], str(r["context"]), int(r["N"]), r["kernel"])
+    new = best(runs, key_of)
+    base = best(load(args.base), key_of) if args.base else {}
+    steps = [r for r in new.values() if r["kernel"] in ("step", "route")]
     layers = sorted({(r["preset"], r["layer"]) for r in steps}, key=lambda k: (k[0] != "flash", k))
     contexts = sorted({int(r["context"]) for r in steps if r["context"] not in ("-", "")})
     ns = sorted({int(r["N"]) for r in steps})
-    print("Whole step, time in us (x floor):\n")
-    print("| preset | layer | context | " + " | ".join(f"N={n}" for n in ns) + " |")
-    print("|---|---|---|" + "---|" * len(ns))
-    for preset, layer in layers:
-        for context in contexts if layer != "moe" else [None]:
-            cells = []
-            for n in ns:
-                match = [r for r in steps if r["preset"] == preset and r["layer"] == layer and
-                         int(r["N"]) == n and (context is None or
-                                               str(r["context"]) == str(context))]
-                cells.append(f"{float(match[0]['time_us']):.1f} ({match[0]['x_floor']})"
-                             if match else "-")
-            print(f"| {preset} | {layer} | {context if context else '-'} | " +
-                  " | ".join(cells) + " |")
-    print("\nEach call alone at N = 1 (its own graph), time in us (x floor):\n")
-    calls = [r for r in rows if r["kernel"] not in ("step", "route") and int(r["N"]) == 1]
-    print("| preset | layer | context | call | time, us | x floor |")
-    print("|---|---|---|---|---|---|")
+
+    def rows_of(layer):
+        return [None] if layer == "moe" else contexts
+
+    def cell(preset, layer, context, n, text):
+        kernel = "route" if layer == "moe" else "step"
+        key = (preset, layer, str(context) if context else "-", n, kernel)
+        return text(new[key], base.get(key)) if key in new else "-"
+
+    def table(title, text):
+        print(title + "\n")
+        print("| preset | layer | context | " + " | ".join(f"N={n}" for n in ns) + " |")
+        print("|---|---|---|" + "---|" * len(ns))
+        for preset, layer in layers:
+            for context in rows_of(layer):
+                cells = [cell(preset, layer, context, n, text) for n in ns]
+                print(f"| {preset} | {layer} | {context if context else '-'} | " +
+                      " | ".join(cells) + " |")
+        print()
+
+    table("Whole step, time in us (x floor):",
+          lambda r, b: f"{float(r['time_us']):.1f} ({r['x_floor']})")
+    if base:
+        table("Whole step, base / new (above 1.00 the new code is faster):",
+              lambda r, b: f"{float(b['time_us']) / float(r['time_us']):.3f}" if b else "-")
+    print("Each call alone at N = 1 (its own graph), time in us (x floor)" +
+          (", and the base's time:" if base else ":") + "\n")
+    calls = sorted((r for r in new.values() if r["kernel"] not in ("step", "route") and
+                    int(r["N"]) == 1),
+                   key=lambda r: (r["preset"] != "flash", r["preset"], int(r["context"]),
+                                  r["layer"]))
+    print("| preset | layer | context | call | time, us | x floor |" +
+          (" base, us |" if base else ""))
+    print("|---|---|---|---|---|---|" + ("---|" if base else ""))
     for r in calls:
+        b = base.get(key_of(r))
         print(f"| {r['preset']} | {r['layer']} | {r['context']} | {r['kernel']} | "
-              f"{float(r['time_us']):.1f} | {r['x_floor']} |")
+              f"{float(r['time_us']):.1f} | {r['x_floor']} |" +
+              ((f" {float(b['time_us']):.1f} |" if b else " - |") if base else ""))
 
 
 def main():
@@ -96,6 +117,7 @@ def main():
     a.add_argument("--base", nargs="+", required=True)
     s = sub.add_parser("step")
     s.add_argument("step", nargs="+")
+    s.add_argument("--base", nargs="+")
     args = parser.parse_args()
     {"attention": attention, "step": step}[args.table](args)
 

@@ -1,5 +1,6 @@
 // torch.ops.hdk.dsv4_store_entries, dsv4_gather_entries, dsv4_store_indexer_keys,
-// dsv4_gather_indexer_keys and dsv4_compress: the DeepSeek-V4 KV cache operations as torch custom
+// dsv4_gather_indexer_keys, dsv4_compress and dsv4_compress_pair: the DeepSeek-V4 KV cache
+// operations as torch custom
 // ops that write in place and return nothing (capturable in CUDA graphs). Argument names match
 // the C++ params structs; key_format is 0 (MXFP4), 1 (NVFP4) or 2 (FP8) (torch_glue.h's
 // key_format). hdk/dsv4/ops.py wraps them.
@@ -126,6 +127,66 @@ void compress(const at::Tensor& kv, const at::Tensor& score, const at::Tensor& a
   });
 }
 
+// A CSA layer's two compressor calls in one launch (hdk::dsv4::compress with two calls): each
+// call's tensors and options in the order of dsv4_compress, one counter and one check option for
+// both.
+template <bool kMeta>
+void compress_pair(const at::Tensor& kv, const at::Tensor& score, const at::Tensor& ape,
+                   const at::Tensor& positions, const at::Tensor& state_slots,
+                   const at::Tensor& state, const at::Tensor& norm_weight,
+                   const at::Tensor& rope_cos, const at::Tensor& rope_sin,
+                   const at::Tensor& block_table, const at::Tensor& cache, int64_t block_size,
+                   int64_t ratio, double norm_eps, int64_t key_format_value, bool rotate,
+                   const at::Tensor& kv2, const at::Tensor& score2, const at::Tensor& ape2,
+                   const at::Tensor& positions2, const at::Tensor& state_slots2,
+                   const at::Tensor& state2, const at::Tensor& norm_weight2,
+                   const at::Tensor& rope_cos2, const at::Tensor& rope_sin2,
+                   const at::Tensor& block_table2, const at::Tensor& cache2, int64_t block_size2,
+                   int64_t ratio2, double norm_eps2, int64_t key_format_value2, bool rotate2,
+                   const OptionalTensor& invalid_count, bool check_indices) {
+  CallViews views("hdk::dsv4::compress", kMeta);
+  call_hdk(views, [&] {
+    hdk::dsv4::CompressorParams first, second;
+    first.kv = views(kv, "kv");
+    first.score = views(score, "score");
+    first.ape = views(ape, "ape");
+    first.positions = views(positions, "positions");
+    first.state_slots = views(state_slots, "state_slots");
+    first.state = views(state, "state");
+    first.norm_weight = views(norm_weight, "norm_weight");
+    first.rope_cos = views(rope_cos, "rope_cos");
+    first.rope_sin = views(rope_sin, "rope_sin");
+    first.block_table = views(block_table, "block_table");
+    first.cache = views(cache, "cache");
+    first.block_size = block_size;
+    first.ratio = ratio;
+    first.norm_eps = static_cast<float>(norm_eps);
+    first.key_format = key_format(key_format_value, "hdk::dsv4::compress", "key_format");
+    first.rotate = rotate;
+    second.kv = views(kv2, "kv2");
+    second.score = views(score2, "score2");
+    second.ape = views(ape2, "ape2");
+    second.positions = views(positions2, "positions2");
+    second.state_slots = views(state_slots2, "state_slots2");
+    second.state = views(state2, "state2");
+    second.norm_weight = views(norm_weight2, "norm_weight2");
+    second.rope_cos = views(rope_cos2, "rope_cos2");
+    second.rope_sin = views(rope_sin2, "rope_sin2");
+    second.block_table = views(block_table2, "block_table2");
+    second.cache = views(cache2, "cache2");
+    second.block_size = block_size2;
+    second.ratio = ratio2;
+    second.norm_eps = static_cast<float>(norm_eps2);
+    second.key_format = key_format(key_format_value2, "hdk::dsv4::compress", "key_format2");
+    second.rotate = rotate2;
+    first.invalid_count = second.invalid_count = views(invalid_count, "invalid_count");
+    first.check_indices = second.check_indices = check_indices;
+    if (views.tracing()) return;
+    HDK_PYTHON_DEVICE_GUARD(state);
+    hdk::dsv4::compress(first, second, current_stream(state));
+  });
+}
+
 }  // namespace
 }  // namespace hdk_python
 
@@ -148,6 +209,15 @@ TORCH_LIBRARY_FRAGMENT(hdk, m) {
       "Tensor(b!) cache, int block_size, int ratio, float norm_eps, int key_format, bool rotate, "
       "Tensor(c!)? invalid_count, bool check_indices) -> ()");
   m.def(
+      "dsv4_compress_pair(Tensor kv, Tensor score, Tensor ape, Tensor positions, "
+      "Tensor state_slots, Tensor(a!) state, Tensor norm_weight, Tensor rope_cos, "
+      "Tensor rope_sin, Tensor block_table, Tensor(b!) cache, int block_size, int ratio, "
+      "float norm_eps, int key_format, bool rotate, Tensor kv2, Tensor score2, Tensor ape2, "
+      "Tensor positions2, Tensor state_slots2, Tensor(c!) state2, Tensor norm_weight2, "
+      "Tensor rope_cos2, Tensor rope_sin2, Tensor block_table2, Tensor(d!) cache2, "
+      "int block_size2, int ratio2, float norm_eps2, int key_format2, bool rotate2, "
+      "Tensor(e!)? invalid_count, bool check_indices) -> ()");
+  m.def(
       "dsv4_blocks_to_reserve(int ratio, int block_size, int position_before, int position_after) "
       "-> int",
       [](int64_t ratio, int64_t block_size, int64_t before, int64_t after) {
@@ -165,6 +235,7 @@ TORCH_LIBRARY_FRAGMENT(hdk, m) {
     m.impl("dsv4_store_indexer_keys", &hdk_python::store_indexer_keys<meta>);   \
     m.impl("dsv4_gather_indexer_keys", &hdk_python::gather_indexer_keys<meta>); \
     m.impl("dsv4_compress", &hdk_python::compress<meta>);                       \
+    m.impl("dsv4_compress_pair", &hdk_python::compress_pair<meta>);             \
   }
 
 HDK_KV_REGISTER(CPU, false)
@@ -174,7 +245,7 @@ HDK_KV_REGISTER(Meta, true)
 #if TORCH_VERSION_MAJOR < 2
 TORCH_LIBRARY_IMPL(hdk, AutogradMeta, m) {
   for (const char* name : {"dsv4_store_entries", "dsv4_gather_entries", "dsv4_store_indexer_keys",
-                           "dsv4_gather_indexer_keys", "dsv4_compress"}) {
+                           "dsv4_gather_indexer_keys", "dsv4_compress", "dsv4_compress_pair"}) {
     m.impl(name, torch::CppFunction::makeFallthrough());
   }
 }

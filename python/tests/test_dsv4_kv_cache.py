@@ -436,6 +436,76 @@ def test_compressor_padding_rows_touch_nothing(device):
     assert (state == 3.0).all() and (cache == POISON).all()
 
 
+def compress_pair_calls(device, rows=5, seed=41):
+    """A CSA layer's main (d = 512) and indexer (d = 128, FP8 keys) compress calls as dicts of
+    hdk.dsv4.compress's arguments: rows at positions that complete a window (even rows) or not,
+    row 2 padding, each row on its own state slot and pages."""
+    g = ref.generator(seed)
+    cos, sin = ref.rope_tables(4 * 40, g)
+    positions = torch.tensor([4 * (7 + r) + (3 if r % 2 == 0 else 1) for r in range(rows)])
+    slots = torch.tensor([-1 if r == 2 else (r + 3) % (rows + 1) for r in range(rows)])
+    table = torch.arange(rows * 4, dtype=torch.int32).view(rows, 4)
+    calls = []
+    for dim, fmt in ((512, "mxfp4"), (128, "fp8")):
+        entry_bytes = 584 if dim == 512 else hdk.dsv4.KEY_BYTES[fmt]
+        calls.append(
+            dict(
+                kv=torch.randn(rows, 1, 2 * dim, generator=g).to(device),
+                score=(torch.randn(rows, 1, 2 * dim, generator=g) * 2).to(device),
+                ape=torch.randn(4, 2 * dim, generator=g).to(device),
+                positions=positions.to(device),
+                state_slots=slots.to(device),
+                state=torch.randn(rows + 1, 3, 3, dim, generator=g).to(device),
+                norm_weight=(torch.rand(dim, generator=g) + 0.5).to(device),
+                rope_cos=cos.to(device),
+                rope_sin=sin.to(device),
+                block_table=table.to(device),
+                cache=poisoned((rows * 4, 8 * entry_bytes), device),
+                block_size=8,
+                ratio=4,
+                key_format=fmt,
+            )
+        )
+    return calls
+
+
+def test_compress_pair_equals_two_calls(device):
+    first, second = compress_pair_calls(device)
+    apart = [
+        {k: v.clone() if torch.is_tensor(v) else v for k, v in c.items()} for c in (first, second)
+    ]
+    counter_apart = torch.full((1,), 3, dtype=torch.int64, device=device)
+    counter_pair = counter_apart.clone()
+    first["kv"][0, 0, -1] = float("nan")  # row 0's entry carries NaN markers: counted once
+    apart[0]["kv"][0, 0, -1] = float("nan")
+    for call in apart:
+        hdk.dsv4.compress(**call, invalid_count=counter_apart)
+    hdk.dsv4.compress_pair(first, second, invalid_count=counter_pair)
+    for got, want in zip((first, second), apart):
+        assert torch.equal(got["cache"], want["cache"])
+        # Byte for byte: row 0's state holds the NaN.
+        assert torch.equal(got["state"].view(torch.int32), want["state"].view(torch.int32))
+        assert not (got["cache"] == POISON).all()
+    assert int(counter_pair.item()) == int(counter_apart.item()) == 4
+
+
+def test_compress_pair_refuses_calls_that_touch_each_other(device):
+    first, second = compress_pair_calls(device, rows=3)
+    before = [c["cache"].clone() for c in (first, second)]
+    second_on_first = dict(second, state=first["kv"].view(-1)[: 3 * 3 * 128].view(1, 3, 3, 128))
+    overlap = "second call's state' overlaps 'first call's kv"
+    with pytest.raises(hdk.dsv4.ops.HdkError, match=overlap):
+        hdk.dsv4.compress_pair(first, second_on_first)
+    bad = dict(second, ratio=1)
+    with pytest.raises(hdk.dsv4.ops.HdkError, match=r"compress \(second call\): option 'ratio'"):
+        hdk.dsv4.compress_pair(first, bad)
+    with pytest.raises(hdk.dsv4.ops.HdkError, match="the first call has unknown arguments"):
+        hdk.dsv4.compress_pair(dict(first, sink=1), second)
+    with pytest.raises(hdk.dsv4.ops.HdkError, match=r"the second call misses \['cache'\]"):
+        hdk.dsv4.compress_pair(first, {k: v for k, v in second.items() if k != "cache"})
+    assert all(torch.equal(c["cache"], b) for c, b in zip((first, second), before))
+
+
 # ------------------------------------------------------------------------------------------
 # The indexer's quantized query
 

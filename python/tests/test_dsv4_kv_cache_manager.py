@@ -309,13 +309,20 @@ def test_decode_steps_through_the_manager(key_format):
                     if request is not None:
                         position = m.position(request) + t
                         swa_values[(layer.index, request, position)] = values[row * tokens + t]
+            inputs = {}  # indexer -> (kv, score, ape, norm_weight)
             for indexer in (
                 [False, True] if layer.kind == "csa" else [False] * (layer.kind == "hca")
             ):
                 width, ape, norm = params[(layer.index, indexer)]
                 kv = torch.randn(n, tokens, width, generator=g)
                 score = torch.randn(n, tokens, width, generator=g) * 2
-                m.compress(layer, step, kv, score, ape, norm, cos, sin, indexer=indexer)
+                inputs[indexer] = (kv, score, ape, norm)
+            if layer.kind == "csa" and step_number % 2 == 0:  # both compressors in one launch
+                m.compress_csa(layer, step, inputs[False], inputs[True], cos, sin)
+            else:
+                for indexer, (kv, score, ape, norm) in inputs.items():
+                    m.compress(layer, step, kv, score, ape, norm, cos, sin, indexer=indexer)
+            for indexer, (kv, score, ape, norm) in inputs.items():
                 keys = torch.tensor([-1 if r is None else number[r] for r in batch])
                 done = oracles[(layer.index, indexer)].run(
                     kv, score, ape, step.positions, keys, norm, cos, sin
@@ -342,3 +349,10 @@ def test_decode_steps_through_the_manager(key_format):
     assert m.position("a") == 136 and m.position("d") == 96
     # a: 34 CSA entries (main + indexer) and 1 HCA entry; b: 32 + 32 + 1; c: 10 + 10; d: 24 + 24.
     assert checked == 34 * 2 + 1 + 32 * 2 + 1 + 10 * 2 + 24 * 2
+
+
+def test_compress_csa_needs_a_csa_layer():
+    m = small()
+    hca = next(layer for layer in m.layers if layer.kind == "hca")
+    with pytest.raises(hdk.HdkError, match="only CSA layers have two compressors"):
+        m.compress_csa(hca, None, (None,) * 4, (None,) * 4, None, None)

@@ -162,6 +162,14 @@ struct CompressorParams {
 void compress(const CompressorParams& params);
 void compress(const CompressorParams& params, CudaStream stream);
 
+// Two compressor calls in one launch, such as a CSA layer's main (d = 512) and indexer (d = 128)
+// compressors: the same bytes and counts as compress(first) then compress(second), where on CUDA
+// the second call's rows do not wait for the first's. Neither call may write memory the other
+// reads or writes (an hdk::Error names the call and the argument); the two may share
+// invalid_count. Every check of either call runs before anything is written.
+void compress(const CompressorParams& first, const CompressorParams& second);
+void compress(const CompressorParams& first, const CompressorParams& second, CudaStream stream);
+
 // Accumulators per state slot: 3 for ratio 4 (CSA), else 1.
 int64_t compressor_accumulators(int64_t ratio);
 

@@ -545,6 +545,43 @@ class KVCacheManager:
             **options,
         )
 
+    def compress_csa(self, layer, step, main, indexer, rope_cos, rope_sin, **options):
+        """A CSA layer's two compress calls in one launch (:func:`hdk.dsv4.compress_pair`):
+        ``main`` and ``indexer`` are each ``(kv, score, ape, norm_weight)``, the arguments
+        :meth:`compress` takes for the main (d = 512) and the indexer (d = 128) compressor. The
+        same bytes as those two calls; other options (``norm_eps``, ``invalid_count``,
+        ``check_indices``) serve both."""
+        layer = self.layers[layer] if isinstance(layer, int) else layer
+        if layer.kind != "csa":
+            raise HdkError(
+                f"hdk.dsv4.KVCacheManager.compress_csa: layer {layer.index} is "
+                f"{layer.kind.upper()}; only CSA layers have two compressors"
+            )
+        both = ("invalid_count", "check_indices")
+        shared = {key: options.pop(key) for key in both if key in options}
+        calls = []
+        for (kv, score, ape, norm_weight), is_indexer in ((main, False), (indexer, True)):
+            call = dict(
+                kv=kv,
+                score=score,
+                ape=ape,
+                positions=step.positions,
+                state_slots=step.state_slots,
+                state=layer.index_state if is_indexer else layer.state,
+                norm_weight=norm_weight,
+                rope_cos=rope_cos,
+                rope_sin=rope_sin,
+                block_table=step.csa_block_table,
+                cache=layer.index_cache if is_indexer else layer.cache,
+                block_size=self.block_size[layer.ratio],
+                ratio=layer.ratio,
+                **options,
+            )
+            if is_indexer:
+                call.setdefault("key_format", self.key_format)
+            calls.append(call)
+        return ops.compress_pair(calls[0], calls[1], **shared)
+
     def index_topk(self, layer, step, q, weights, top_k, *, topk_slots=None, **options):
         """CSA layers: the indexer's top-k over the layer's key pool for the step's query rows
         (``q`` [N * T, H, 128] in the form the manager's ``key_format`` takes: bf16/fp32, or E4M3

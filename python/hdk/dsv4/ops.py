@@ -1,6 +1,6 @@
 """DeepSeek-V4's operations on the decode path: routing (``torch.ops.hdk.dsv4_route``), the KV
-cache's write side (``dsv4_store_*``, ``dsv4_gather_*``, ``dsv4_compress``) and its read side
-(``dsv4_index_topk``, ``dsv4_sparse_decode``), with the C++ field names. Exported as
+cache's write side (``dsv4_store_*``, ``dsv4_gather_*``, ``dsv4_compress(_pair)``) and its read
+side (``dsv4_index_topk``, ``dsv4_sparse_decode``), with the C++ field names. Exported as
 ``hdk.dsv4.*``; the model-level owner of the pools (kv_cache_manager.py) builds on these, never
 the other way round."""
 
@@ -328,6 +328,62 @@ def compress(
         bool(check_indices),
     )
     return cache
+
+
+_COMPRESS_TENSORS = (
+    "kv",
+    "score",
+    "ape",
+    "positions",
+    "state_slots",
+    "state",
+    "norm_weight",
+    "rope_cos",
+    "rope_sin",
+    "block_table",
+    "cache",
+)
+_COMPRESS_OPTIONS = ("norm_eps", "key_format", "rotate")
+
+
+def _compress_arguments(call, which):
+    """One call's arguments of dsv4_compress_pair from a dict of :func:`compress`'s."""
+    known = set(_COMPRESS_TENSORS) | {"block_size", "ratio"} | set(_COMPRESS_OPTIONS)
+    unknown = sorted(set(call) - known)
+    missing = [name for name in _COMPRESS_TENSORS + ("block_size", "ratio") if name not in call]
+    if unknown or missing:
+        raise HdkError(
+            f"hdk.dsv4.compress_pair: the {which} call "
+            + (f"has unknown arguments {unknown}" if unknown else f"misses {missing}")
+            + f"; each call is a dict of compress's arguments {list(_COMPRESS_TENSORS)}, "
+            "block_size, ratio and optionally norm_eps, key_format, rotate"
+        )
+    return [call[name] for name in _COMPRESS_TENSORS] + [
+        int(call["block_size"]),
+        int(call["ratio"]),
+        float(call.get("norm_eps", 1e-6)),
+        _key_format(call.get("key_format", "mxfp4")),
+        bool(call.get("rotate", True)),
+    ]
+
+
+def compress_pair(first, second, *, invalid_count=None, check_indices=False):
+    """Two compressor calls in one launch, such as a CSA layer's main (d = 512) and indexer
+    (d = 128) compressors (hdk::dsv4::compress with two calls). ``first`` and ``second`` are dicts
+    of :func:`compress`'s arguments by name (``kv``, ``score``, ``ape``, ``positions``,
+    ``state_slots``, ``state``, ``norm_weight``, ``rope_cos``, ``rope_sin``, ``block_table``,
+    ``cache``, ``block_size``, ``ratio`` and optionally ``norm_eps``, ``key_format``,
+    ``rotate``); ``invalid_count`` and ``check_indices`` serve both. The same bytes as
+    ``compress(**first)`` then ``compress(**second)``; neither call may write what the other
+    reads or writes. Returns both caches."""
+    run_op(
+        torch.ops.hdk.dsv4_compress_pair,
+        *_compress_arguments(first, "first"),
+        *_compress_arguments(second, "second"),
+        invalid_count,
+        bool(check_indices),
+    )
+    return first["cache"], second["cache"]
 
 
 def quantize_indexer_query(q, rotate=True, q_packed=None, q_scales=None, invalid_count=None):

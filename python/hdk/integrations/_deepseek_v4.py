@@ -343,27 +343,33 @@ class DeepseekV4Runtime:
                     layer.index_cache,
                 )
             )
-        for part, ape, norm, state, cache in calls:
-            ops.compress(
-                part.kv_proj(flat),
-                part.gate_proj(flat),
-                constants[ape],
-                step.positions if positions is None else positions,
-                step.state_slots if state_slots is None else state_slots,
-                state,
-                constants[norm],
-                self.rope_cos,
-                self.rope_sin,
-                (
+        arguments = [
+            dict(
+                kv=part.kv_proj(flat),
+                score=part.gate_proj(flat),
+                ape=constants[ape],
+                positions=step.positions if positions is None else positions,
+                state_slots=step.state_slots if state_slots is None else state_slots,
+                state=state,
+                norm_weight=constants[norm],
+                rope_cos=self.rope_cos,
+                rope_sin=self.rope_sin,
+                block_table=(
                     (step.csa_block_table if layer.kind == "csa" else step.hca_block_table)
                     if table is None
                     else table
                 ),
-                cache,
-                self.manager.block_size[layer.ratio],
-                layer.ratio,
+                cache=cache,
+                block_size=self.manager.block_size[layer.ratio],
+                ratio=layer.ratio,
                 key_format=self.manager.key_format,
             )
+            for part, ape, norm, state, cache in calls
+        ]
+        if len(arguments) == 2:  # a CSA layer: both compressors in one launch
+            ops.compress_pair(*arguments)
+        else:
+            ops.compress(**arguments[0])
 
     def _decode(
         self, attention, layer, constants, hidden_states, position_embeddings, past_key_values

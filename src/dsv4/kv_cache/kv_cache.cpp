@@ -3,6 +3,7 @@
 // before anything is written); the CUDA kernels skip and count such rows instead.
 #include "hdk/dsv4/kv_cache.h"
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -134,36 +135,62 @@ void gather_indexer_keys(const GatherIndexerKeysParams& params, CudaStream strea
       });
 }
 
+namespace {
+
+// One or two compressor calls (validated) in one step: on the CPU each call's indices are checked
+// before either writes, then the calls run in order; on CUDA one launch runs them.
+void run_compress(const detail::CompressorProblem* problems, const CompressorParams* const* params,
+                  int count, CudaStream stream) {
+  const Device device = params[0]->state.device;
+  dispatch(
+      "hdk::dsv4::compress", device,
+      [&] {
+        for (int i = 0; i < count; ++i)
+          detail::check_compressor_indices(problems[i], detail::compress_operation(count, i));
+        for (int i = 0; i < count; ++i)
+          detail::compress_cpu(problems[i]);
+      },
+      [&] {
+#ifdef HDK_WITH_CUDA
+        for (int i = 0; i < count; ++i) {
+          if (!params[i]->check_indices) continue;
+          std::vector<uint8_t> positions, state_slots, table;
+          detail::CompressorProblem host = problems[i];
+          const int64_t N = host.num_rows;
+          host.positions = detail::copy_indices_to_host(problems[i].positions, N, 1, positions,
+                                                        device.index, stream);
+          host.state_slots = detail::copy_indices_to_host(problems[i].state_slots, N, 1,
+                                                          state_slots, device.index, stream);
+          host.block_table = detail::copy_indices_to_host(
+              problems[i].block_table, N, problems[i].max_blocks, table, device.index, stream);
+          detail::check_compressor_indices(host, detail::compress_operation(count, i));
+        }
+        detail::compress_cuda(problems, count, device.index, stream);
+#endif
+      });
+}
+
+}  // namespace
+
 void compress(const CompressorParams& params) {
   compress(params, nullptr);
 }
 
 void compress(const CompressorParams& params, CudaStream stream) {
   const detail::CompressorProblem problem = detail::validate_compress(params);
-  const Device device = params.state.device;
-  dispatch(
-      "hdk::dsv4::compress", device,
-      [&] {
-        detail::check_compressor_indices(problem);
-        detail::compress_cpu(problem);
-      },
-      [&] {
-#ifdef HDK_WITH_CUDA
-        if (params.check_indices) {
-          std::vector<uint8_t> positions, state_slots, table;
-          detail::CompressorProblem host = problem;
-          const int64_t N = problem.num_rows;
-          host.positions = detail::copy_indices_to_host(problem.positions, N, 1, positions,
-                                                        device.index, stream);
-          host.state_slots = detail::copy_indices_to_host(problem.state_slots, N, 1, state_slots,
-                                                          device.index, stream);
-          host.block_table = detail::copy_indices_to_host(
-              problem.block_table, N, problem.max_blocks, table, device.index, stream);
-          detail::check_compressor_indices(host);
-        }
-        detail::compress_cuda(problem, device.index, stream);
-#endif
-      });
+  const CompressorParams* calls[1] = {&params};
+  run_compress(&problem, calls, 1, stream);
+}
+
+void compress(const CompressorParams& first, const CompressorParams& second) {
+  compress(first, second, nullptr);
+}
+
+void compress(const CompressorParams& first, const CompressorParams& second, CudaStream stream) {
+  const std::array<detail::CompressorProblem, 2> problems =
+      detail::validate_compress_pair(first, second);
+  const CompressorParams* calls[2] = {&first, &second};
+  run_compress(problems.data(), calls, 2, stream);
 }
 
 }  // namespace dsv4

@@ -210,8 +210,8 @@ GatherKeysProblem validate_gather_indexer_keys(const GatherIndexerKeysParams& p)
   return problem;
 }
 
-CompressorProblem validate_compress(const CompressorParams& p) {
-  const ArgumentChecks check("hdk::dsv4::compress");
+CompressorProblem validate_compress(const CompressorParams& p, const char* operation) {
+  const ArgumentChecks check(operation);
   check.require(p.kv, "kv", "([N, T, coff*d] fp32 or bf16)");
   check.require(p.score, "score", "(same shape and dtype as kv)");
   check.require(p.ape, "ape", "([ratio, coff*d] fp32)");
@@ -356,6 +356,62 @@ CompressorProblem validate_compress(const CompressorParams& p) {
 
 namespace {
 
+// What one compressor call reads and writes, by name, for the pair's cross-checks.
+std::vector<NamedView> compressor_views(const CompressorParams& p) {
+  return {{&p.kv, "kv"},
+          {&p.score, "score"},
+          {&p.ape, "ape"},
+          {&p.positions, "positions"},
+          {&p.state_slots, "state_slots"},
+          {&p.norm_weight, "norm_weight"},
+          {&p.rope_cos, "rope_cos"},
+          {&p.rope_sin, "rope_sin"},
+          {&p.block_table, "block_table"},
+          {&p.state, "state"},
+          {&p.cache, "cache"},
+          {&p.invalid_count, "invalid_count"}};
+}
+
+}  // namespace
+
+const char* compress_operation(int count, int i) {
+  if (count == 1) return "hdk::dsv4::compress";
+  return i == 0 ? "hdk::dsv4::compress (first call)" : "hdk::dsv4::compress (second call)";
+}
+
+std::array<CompressorProblem, 2> validate_compress_pair(const CompressorParams& first,
+                                                        const CompressorParams& second) {
+  const std::array<CompressorProblem, 2> problems = {
+      validate_compress(first, compress_operation(2, 0)),
+      validate_compress(second, compress_operation(2, 1))};
+  const ArgumentChecks check("hdk::dsv4::compress");
+  if (!(first.state.device == second.state.device)) {
+    check.fail("the two calls must be on one device, got " + first.state.device.str() +
+               " (first call) and " + second.state.device.str() + " (second call)");
+  }
+  // Each call's outputs against everything the other call touches, the shared counter aside.
+  const CompressorParams* calls[2] = {&first, &second};
+  const char* names[2] = {"first", "second"};
+  for (int i = 0; i < 2; ++i) {
+    const CompressorParams& own = *calls[i];
+    const CompressorParams& other = *calls[1 - i];
+    const NamedView outputs[3] = {
+        {&own.state, "state"}, {&own.cache, "cache"}, {&own.invalid_count, "invalid_count"}};
+    for (const NamedView& out : outputs) {
+      for (const NamedView& seen : compressor_views(other)) {
+        const bool counters = out.view == &own.invalid_count && seen.view == &other.invalid_count;
+        if (counters) continue;
+        const std::string out_name = std::string(names[i]) + " call's " + out.name;
+        const std::string seen_name = std::string(names[1 - i]) + " call's " + seen.name;
+        check.no_overlap(*out.view, out_name.c_str(), *seen.view, seen_name.c_str());
+      }
+    }
+  }
+  return problems;
+}
+
+namespace {
+
 // "name[n]" for a one-column index tensor, "name[n, l]" otherwise.
 std::string index_position(const char* name, const IndexView& index, int64_t columns, int64_t row,
                            int64_t column) {
@@ -395,8 +451,8 @@ void check_slots(const char* operation, const IndexView& slots, int64_t rows, in
   }
 }
 
-void check_compressor_indices(const CompressorProblem& p) {
-  const ArgumentChecks check("hdk::dsv4::compress");
+void check_compressor_indices(const CompressorProblem& p, const char* operation) {
+  const ArgumentChecks check(operation);
   // (state slot, row) and (cache slot, row) of every live row, to find two rows sharing one.
   std::vector<std::pair<int64_t, int64_t>> state_users;
   std::vector<std::pair<int64_t, int64_t>> entry_writers;

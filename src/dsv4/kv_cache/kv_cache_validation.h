@@ -5,6 +5,8 @@
 // before anything is written; the CUDA backend counts such rows in invalid_count instead.
 #pragma once
 
+#include <array>
+
 #include <cstdint>
 #include <initializer_list>
 #include <vector>
@@ -22,7 +24,15 @@ StoreEntriesProblem validate_store_entries(const StoreEntriesParams& params);
 GatherEntriesProblem validate_gather_entries(const GatherEntriesParams& params);
 StoreKeysProblem validate_store_indexer_keys(const StoreIndexerKeysParams& params);
 GatherKeysProblem validate_gather_indexer_keys(const GatherIndexerKeysParams& params);
-CompressorProblem validate_compress(const CompressorParams& params);
+// How errors name call i of a compress with `count` (1 or 2) calls.
+const char* compress_operation(int count, int i);
+CompressorProblem validate_compress(const CompressorParams& params,
+                                    const char* operation = "hdk::dsv4::compress");
+// Two calls of one launch: each validated as a call of its own (errors name it "first" or
+// "second"), both on one device, and neither writing memory the other reads or writes (the
+// invalid counter may be shared).
+std::array<CompressorProblem, 2> validate_compress_pair(const CompressorParams& first,
+                                                        const CompressorParams& second);
 
 // Pieces of the checks above that the read side (attention_validation.cpp) shares.
 // `name`: [num_blocks, block_size * entry_bytes] uint8, last dim contiguous; `format` names the
@@ -49,7 +59,8 @@ void check_slots(const char* operation, const IndexView& slots, int64_t rows, in
                  const PagedPool& pool, SlotUse use, const char* name = "slots");
 // Positions, pages and slots every live token of the call will use; no two rows may share a state
 // slot or write one cache entry.
-void check_compressor_indices(const CompressorProblem& host_problem);
+void check_compressor_indices(const CompressorProblem& host_problem,
+                              const char* operation = "hdk::dsv4::compress");
 
 }  // namespace detail
 }  // namespace dsv4

@@ -18,7 +18,8 @@ void gather_indexer_keys_cuda(const GatherKeysProblem& problem, int device, Cuda
 // check_indices: the host copy of an index view that the data checks read.
 using hdk::detail::copy_indices_to_host;
 
-void compress_cuda(const CompressorProblem& problem, int device, CudaStream stream);
+// `count` (1 or 2) compressor calls in one launch; two must write nothing the other touches.
+void compress_cuda(const CompressorProblem* problems, int count, int device, CudaStream stream);
 
 }  // namespace detail
 }  // namespace dsv4

@@ -1,0 +1,275 @@
+// hdk::dsv4::compress with two calls in one launch against the same two calls made one after the
+// other: every byte of both states, both caches and the shared invalid counter equal, on the CPU
+// and on CUDA, for a CSA layer's main and indexer compressors and for other pairs (rows of both
+// calls mixed with padding, windows completing in some rows, several rows of a 128-channel call
+// in one CTA). A pair that writes what the other call touches, or with one bad call, is refused
+// before anything is written, the error naming the call.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "hdk/dsv4/kv_cache.h"
+#include "hdk/error.h"
+#include "support/device_memory.h"
+#include "support/kv_cache_case.h"
+
+namespace hdk {
+namespace testing {
+namespace {
+
+struct CallShape {
+  int64_t dim = 512;
+  int64_t ratio = 4;
+  int64_t tokens = 1;  // T
+  dsv4::KeyFormat format = dsv4::KeyFormat::kMXFP4;
+};
+
+constexpr int64_t kBlockSize = 4;
+constexpr int64_t kMaxBlocks = 4;  // entries 0 .. 15 of a row
+
+// One compressor call's host data: inputs drawn at random, a poisoned cache and a state of
+// earlier garbage, each row on pages of its own and with a state slot of its own.
+struct CallData {
+  CallShape shape;
+  int64_t rows = 0, width = 0, accumulators = 0, num_states = 0, num_blocks = 0;
+  int64_t entry_bytes = 0, max_position = 0;
+  std::vector<uint8_t> kv, score, positions, slots;
+  std::vector<float> ape, norm, cos, sin, state;
+  std::vector<int32_t> table;
+  std::vector<uint8_t> cache;
+
+  CallData(const CallShape& s, int64_t n, int64_t bad_row, std::mt19937_64& rng) : shape(s) {
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    rows = n;
+    width = s.ratio == 4 ? 2 * s.dim : s.dim;
+    accumulators = dsv4::compressor_accumulators(s.ratio);
+    num_states = n + 2;
+    num_blocks = n * kMaxBlocks + 2;
+    entry_bytes = s.dim == 512 ? dsv4::kEntryBytes : dsv4::key_bytes(s.format);
+    max_position = s.ratio * (kBlockSize * kMaxBlocks + 1);
+    std::vector<float> kv_values(static_cast<size_t>(n * s.tokens * width)), score_values;
+    for (auto& v : kv_values)
+      v = normal(rng);
+    score_values = kv_values;
+    for (auto& v : score_values)
+      v = 2.0f * normal(rng);
+    kv = encode_rows(kv_values, DType::kFloat32);
+    score = encode_rows(score_values, DType::kFloat32);
+    for (int64_t i = 0; i < s.ratio * width; ++i)
+      ape.push_back(0.5f * normal(rng));
+    for (int64_t i = 0; i < s.dim; ++i)
+      norm.push_back(1.0f + 0.2f * normal(rng));
+    for (int64_t p = 0; p < max_position; ++p) {
+      for (int64_t i = 0; i < 32; ++i) {
+        const double angle =
+            static_cast<double>(p) * std::pow(10000.0, -static_cast<double>(i) / 32);
+        cos.push_back(static_cast<float>(std::cos(angle)));
+        sin.push_back(static_cast<float>(std::sin(angle)));
+      }
+    }
+    for (int64_t i = 0; i < num_states * accumulators * 3 * s.dim; ++i)
+      state.push_back(normal(rng));
+    cache.resize(static_cast<size_t>(num_blocks * kBlockSize * entry_bytes));
+    for (auto& byte : cache)
+      byte = static_cast<uint8_t>(rng());
+    // Rows: every third one padding; the others at a position whose tokens complete a window
+    // (even rows) or not (odd rows), on distinct state slots and pages.
+    std::vector<int64_t> state_of(static_cast<size_t>(num_states));
+    for (int64_t i = 0; i < num_states; ++i)
+      state_of[i] = i;
+    std::shuffle(state_of.begin(), state_of.end(), rng);
+    std::vector<int64_t> position_values(n), slot_values(n);
+    table.assign(static_cast<size_t>(n * kMaxBlocks), -3);
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t window = static_cast<int64_t>(rng() % (kBlockSize * kMaxBlocks));
+      const int64_t last = window * s.ratio + s.ratio - 1;  // completes the window
+      position_values[r] = r % 2 == 0 ? last - (s.tokens - 1) : window * s.ratio;
+      slot_values[r] = r % 3 == 2 ? -1 : state_of[r];
+      for (int64_t b = 0; b < kMaxBlocks; ++b)
+        table[r * kMaxBlocks + b] = static_cast<int32_t>(r * kMaxBlocks + b);
+    }
+    // A row that completes a window on pages beyond the cache.
+    for (int64_t b = 0; bad_row >= 0 && b < kMaxBlocks; ++b)
+      table[bad_row * kMaxBlocks + b] = static_cast<int32_t>(num_blocks + 5);
+    positions = index_bytes(position_values, DType::kInt64);
+    slots = index_bytes(slot_values, DType::kInt32);
+  }
+};
+
+// The call's data on a backend, and its params over it (the counter is the caller's).
+struct CallBuffers {
+  std::vector<std::unique_ptr<DeviceBuffer>> buffers;
+  dsv4::CompressorParams params;
+
+  void* put(Backend backend, const void* host, size_t bytes) {
+    buffers.push_back(std::make_unique<DeviceBuffer>(backend, bytes));
+    buffers.back()->upload(host, bytes);
+    return buffers.back()->data();
+  }
+  CallBuffers(const CallData& c, Backend backend, void* counter) {
+    const Device where = backend_device(backend);
+    const CallShape& s = c.shape;
+    const int64_t n = c.rows, T = s.tokens;
+    dsv4::CompressorParams& p = params;
+    p.kv = TensorView::contiguous(put(backend, c.kv.data(), c.kv.size()), DType::kFloat32,
+                                  {n, T, c.width}, where);
+    p.score = TensorView::contiguous(put(backend, c.score.data(), c.score.size()), DType::kFloat32,
+                                     {n, T, c.width}, where);
+    p.ape = TensorView::contiguous(put(backend, c.ape.data(), c.ape.size() * 4), DType::kFloat32,
+                                   {s.ratio, c.width}, where);
+    p.positions = TensorView::contiguous(put(backend, c.positions.data(), c.positions.size()),
+                                         DType::kInt64, {n}, where);
+    p.state_slots = TensorView::contiguous(put(backend, c.slots.data(), c.slots.size()),
+                                           DType::kInt32, {n}, where);
+    p.state =
+        TensorView::contiguous(put(backend, c.state.data(), c.state.size() * 4), DType::kFloat32,
+                               {c.num_states, c.accumulators, 3, s.dim}, where);
+    p.norm_weight = TensorView::contiguous(put(backend, c.norm.data(), c.norm.size() * 4),
+                                           DType::kFloat32, {s.dim}, where);
+    p.rope_cos = TensorView::contiguous(put(backend, c.cos.data(), c.cos.size() * 4),
+                                        DType::kFloat32, {c.max_position, 32}, where);
+    p.rope_sin = TensorView::contiguous(put(backend, c.sin.data(), c.sin.size() * 4),
+                                        DType::kFloat32, {c.max_position, 32}, where);
+    p.block_table = TensorView::contiguous(put(backend, c.table.data(), c.table.size() * 4),
+                                           DType::kInt32, {n, kMaxBlocks}, where);
+    p.cache = TensorView::contiguous(put(backend, c.cache.data(), c.cache.size()), DType::kUInt8,
+                                     {c.num_blocks, kBlockSize * c.entry_bytes}, where);
+    p.block_size = kBlockSize;
+    p.ratio = s.ratio;
+    p.key_format = s.format;
+    p.invalid_count = TensorView::contiguous(counter, DType::kInt64, {1}, where);
+  }
+  std::vector<uint8_t> download(const TensorView& view) const {
+    for (const auto& buffer : buffers) {
+      if (buffer->data() == view.data) {
+        std::vector<uint8_t> bytes(buffer->size());
+        buffer->download(bytes.data(), bytes.size());
+        return bytes;
+      }
+    }
+    return {};
+  }
+};
+
+struct PairCase {
+  CallShape first, second;
+  int64_t rows_first, rows_second;
+  bool bad_rows;  // a row of each call with pages beyond its cache (CUDA: skipped and counted)
+};
+
+class CompressorPair : public ::testing::TestWithParam<std::tuple<Backend, int>> {};
+
+std::vector<PairCase> pair_cases() {
+  const CallShape main{512, 4, 1, dsv4::KeyFormat::kMXFP4};
+  const CallShape indexer{128, 4, 1, dsv4::KeyFormat::kMXFP4};
+  const CallShape indexer_fp8{128, 4, 2, dsv4::KeyFormat::kFP8};
+  const CallShape hca{512, 128, 3, dsv4::KeyFormat::kMXFP4};
+  return {
+      {main, indexer, 1, 1, false},     {main, indexer, 9, 9, false},
+      {main, indexer_fp8, 5, 7, false}, {indexer, main, 6, 2, false},
+      {hca, indexer, 3, 10, false},     {indexer, indexer_fp8, 5, 3, false},
+      {main, indexer, 7, 9, true},      {hca, indexer_fp8, 6, 5, true},
+  };
+}
+
+TEST_P(CompressorPair, OneLaunchEqualsTwoCalls) {
+  const Backend backend = std::get<0>(GetParam());
+  const std::string reason = backend_unavailable_reason(backend);
+  if (!reason.empty()) GTEST_SKIP() << reason;
+  const PairCase c = pair_cases()[static_cast<size_t>(std::get<1>(GetParam()))];
+  if (c.bad_rows && backend == Backend::kCPU) GTEST_SKIP() << "the CPU refuses such rows";
+  std::mt19937_64 rng(900 + static_cast<uint64_t>(std::get<1>(GetParam())));
+  // Bad rows complete a window (even rows that are not padding): row 0 and row 4.
+  const CallData first(c.first, c.rows_first, c.bad_rows ? 0 : -1, rng);
+  CallData second(c.second, c.rows_second, c.bad_rows ? 4 : -1, rng);
+  // A NaN kv value in the second call's row 0 (its last channel, which enters the window that
+  // row completes whatever the ratio): its entry carries NaN markers and both runs count it.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(second.kv.data() + (second.width - 1) * sizeof(float), &nan, sizeof(float));
+
+  const std::vector<uint8_t> counter = counter_bytes(DType::kInt64, 2);
+  DeviceBuffer sequential_counter(backend, 8), pair_counter(backend, 8);
+  sequential_counter.upload(counter.data(), 8);
+  pair_counter.upload(counter.data(), 8);
+  CallBuffers one_a(first, backend, sequential_counter.data());
+  CallBuffers one_b(second, backend, sequential_counter.data());
+  CallBuffers two_a(first, backend, pair_counter.data());
+  CallBuffers two_b(second, backend, pair_counter.data());
+
+  dsv4::compress(one_a.params);
+  dsv4::compress(one_b.params);
+  dsv4::compress(two_a.params, two_b.params);
+  synchronize(backend);
+
+  EXPECT_EQ(one_a.download(one_a.params.state), two_a.download(two_a.params.state));
+  EXPECT_EQ(one_a.download(one_a.params.cache), two_a.download(two_a.params.cache));
+  EXPECT_EQ(one_b.download(one_b.params.state), two_b.download(two_b.params.state));
+  EXPECT_EQ(one_b.download(one_b.params.cache), two_b.download(two_b.params.cache));
+  std::vector<uint8_t> want(8), got(8);
+  sequential_counter.download(want.data(), 8);
+  pair_counter.download(got.data(), 8);
+  EXPECT_EQ(want, got);
+  EXPECT_EQ(read_counter(got, DType::kInt64), 2 + 1 + (c.bad_rows ? 2 : 0));
+  // The calls wrote something: a window completed in some row of each.
+  EXPECT_NE(two_a.download(two_a.params.cache), first.cache);
+  EXPECT_NE(two_b.download(two_b.params.cache), second.cache);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Grid, CompressorPair,
+    ::testing::Combine(::testing::Values(Backend::kCPU, Backend::kCUDA),
+                       ::testing::Range(0, static_cast<int>(pair_cases().size()))));
+
+// What one call writes must not be what the other reads or writes; the error names both.
+TEST(CompressorPairValidation, CallsThatTouchEachOthersOutputsAreRefused) {
+  std::mt19937_64 rng(77);
+  const CallData main(CallShape{512, 4, 1, dsv4::KeyFormat::kMXFP4}, 3, -1, rng);
+  const CallData indexer(CallShape{128, 4, 1, dsv4::KeyFormat::kMXFP4}, 3, -1, rng);
+  std::vector<uint8_t> counter = counter_bytes(DType::kInt64, 0);
+  CallBuffers a(main, Backend::kCPU, counter.data());
+  CallBuffers b(indexer, Backend::kCPU, counter.data());
+  auto expect_refused = [&](const dsv4::CompressorParams& x, const dsv4::CompressorParams& y,
+                            const std::string& words) {
+    const std::vector<uint8_t> state_a = a.download(a.params.state);
+    const std::vector<uint8_t> cache_a = a.download(a.params.cache);
+    try {
+      dsv4::compress(x, y);
+      ADD_FAILURE() << "no error; expected one mentioning " << words;
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find(words), std::string::npos) << error.what();
+    }
+    EXPECT_EQ(a.download(a.params.state), state_a);
+    EXPECT_EQ(a.download(a.params.cache), cache_a);
+  };
+  // The second call's state over the first call's kv rows.
+  dsv4::CompressorParams overlapping = b.params;
+  overlapping.state = TensorView::contiguous(const_cast<void*>(a.params.kv.data), DType::kFloat32,
+                                             {1, 3, 3, 128}, a.params.kv.device);
+  expect_refused(a.params, overlapping, "'second call's state' overlaps 'first call's kv'");
+  // Both calls writing one cache (the second call's keys over the first call's pages).
+  dsv4::CompressorParams shared_cache = b.params;
+  shared_cache.cache = TensorView::contiguous(
+      a.params.cache.data, DType::kUInt8, {2, kBlockSize * dsv4::key_bytes(indexer.shape.format)},
+      a.params.cache.device);
+  expect_refused(a.params, shared_cache, "'first call's cache' overlaps 'second call's cache'");
+  // One bad call: the error names it.
+  dsv4::CompressorParams bad = b.params;
+  bad.ratio = 1;
+  expect_refused(a.params, bad, "hdk::dsv4::compress (second call): option 'ratio'");
+  expect_refused(bad, b.params, "hdk::dsv4::compress (first call): option 'ratio'");
+  // The shared counter is fine: the pair runs.
+  EXPECT_NO_THROW(dsv4::compress(a.params, b.params));
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace hdk
