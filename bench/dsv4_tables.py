@@ -94,17 +94,19 @@ def step(args):
               lambda r, b: f"{float(b['time_us']) / float(r['time_us']):.3f}" if b else "-")
     print("Each call alone at N = 1 (its own graph), time in us (x floor)" +
           (", and the base's time:" if base else ":") + "\n")
-    calls = sorted((r for r in new.values() if r["kernel"] not in ("step", "route") and
-                    int(r["N"]) == 1),
-                   key=lambda r: (r["preset"] != "flash", r["preset"], int(r["context"]),
-                                  r["layer"]))
+    # The new run's calls, and the base's that the new run does not make (time "-").
+    is_call = lambda r: r["kernel"] not in ("step", "route") and int(r["N"]) == 1
+    calls = [r for r in new.values() if is_call(r)]
+    calls += [r for key, r in base.items() if is_call(r) and key not in new]
+    calls.sort(key=lambda r: (r["preset"] != "flash", r["preset"], int(r["context"]), r["layer"]))
     print("| preset | layer | context | call | time, us | x floor |" +
           (" base, us |" if base else ""))
     print("|---|---|---|---|---|---|" + ("---|" if base else ""))
     for r in calls:
-        b = base.get(key_of(r))
-        print(f"| {r['preset']} | {r['layer']} | {r['context']} | {r['kernel']} | "
-              f"{float(r['time_us']):.1f} | {r['x_floor']} |" +
+        key = key_of(r)
+        mine, b = new.get(key), base.get(key)
+        time = f"{float(mine['time_us']):.1f} | {mine['x_floor']}" if mine else "- | -"
+        print(f"| {r['preset']} | {r['layer']} | {r['context']} | {r['kernel']} | {time} |" +
               ((f" {float(b['time_us']):.1f} |" if b else " - |") if base else ""))
 
 
