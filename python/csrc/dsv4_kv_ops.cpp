@@ -93,6 +93,47 @@ void gather_indexer_keys(const at::Tensor& cache, int64_t block_size, const at::
   });
 }
 
+// One compress call's tensors and options as the op takes them.
+struct CompressArguments {
+  const at::Tensor &kv, &score, &ape, &positions, &state_slots, &state, &norm_weight, &rope_cos,
+      &rope_sin, &block_table, &cache;
+  int64_t block_size, ratio;
+  double norm_eps;
+  int64_t key_format;
+  bool rotate;
+};
+
+// The call's params; `names` name its arguments in the glue's errors (the second call of a pair
+// takes "kv2", ...).
+hdk::dsv4::CompressorParams compressor_params(CallViews& views, const CompressArguments& a,
+                                              const char* const (&names)[12]) {
+  hdk::dsv4::CompressorParams p;
+  p.kv = views(a.kv, names[0]);
+  p.score = views(a.score, names[1]);
+  p.ape = views(a.ape, names[2]);
+  p.positions = views(a.positions, names[3]);
+  p.state_slots = views(a.state_slots, names[4]);
+  p.state = views(a.state, names[5]);
+  p.norm_weight = views(a.norm_weight, names[6]);
+  p.rope_cos = views(a.rope_cos, names[7]);
+  p.rope_sin = views(a.rope_sin, names[8]);
+  p.block_table = views(a.block_table, names[9]);
+  p.cache = views(a.cache, names[10]);
+  p.block_size = a.block_size;
+  p.ratio = a.ratio;
+  p.norm_eps = static_cast<float>(a.norm_eps);
+  p.key_format = key_format(a.key_format, "hdk::dsv4::compress", names[11]);
+  p.rotate = a.rotate;
+  return p;
+}
+
+constexpr const char* kFirstCall[12] = {"kv",          "score",       "ape",         "positions",
+                                        "state_slots", "state",       "norm_weight", "rope_cos",
+                                        "rope_sin",    "block_table", "cache",       "key_format"};
+constexpr const char* kSecondCall[12] = {
+    "kv2",          "score2",    "ape2",      "positions2",   "state_slots2", "state2",
+    "norm_weight2", "rope_cos2", "rope_sin2", "block_table2", "cache2",       "key_format2"};
+
 template <bool kMeta>
 void compress(const at::Tensor& kv, const at::Tensor& score, const at::Tensor& ape,
               const at::Tensor& positions, const at::Tensor& state_slots, const at::Tensor& state,
@@ -102,23 +143,11 @@ void compress(const at::Tensor& kv, const at::Tensor& score, const at::Tensor& a
               const OptionalTensor& invalid_count, bool check_indices) {
   CallViews views("hdk::dsv4::compress", kMeta);
   call_hdk(views, [&] {
-    hdk::dsv4::CompressorParams p;
-    p.kv = views(kv, "kv");
-    p.score = views(score, "score");
-    p.ape = views(ape, "ape");
-    p.positions = views(positions, "positions");
-    p.state_slots = views(state_slots, "state_slots");
-    p.state = views(state, "state");
-    p.norm_weight = views(norm_weight, "norm_weight");
-    p.rope_cos = views(rope_cos, "rope_cos");
-    p.rope_sin = views(rope_sin, "rope_sin");
-    p.block_table = views(block_table, "block_table");
-    p.cache = views(cache, "cache");
-    p.block_size = block_size;
-    p.ratio = ratio;
-    p.norm_eps = static_cast<float>(norm_eps);
-    p.key_format = key_format(key_format_value, "hdk::dsv4::compress", "key_format");
-    p.rotate = rotate;
+    hdk::dsv4::CompressorParams p = compressor_params(
+        views,
+        {kv, score, ape, positions, state_slots, state, norm_weight, rope_cos, rope_sin,
+         block_table, cache, block_size, ratio, norm_eps, key_format_value, rotate},
+        kFirstCall);
     p.invalid_count = views(invalid_count, "invalid_count");
     p.check_indices = check_indices;
     if (views.tracing()) return;
@@ -146,39 +175,16 @@ void compress_pair(const at::Tensor& kv, const at::Tensor& score, const at::Tens
                    const OptionalTensor& invalid_count, bool check_indices) {
   CallViews views("hdk::dsv4::compress", kMeta);
   call_hdk(views, [&] {
-    hdk::dsv4::CompressorParams first, second;
-    first.kv = views(kv, "kv");
-    first.score = views(score, "score");
-    first.ape = views(ape, "ape");
-    first.positions = views(positions, "positions");
-    first.state_slots = views(state_slots, "state_slots");
-    first.state = views(state, "state");
-    first.norm_weight = views(norm_weight, "norm_weight");
-    first.rope_cos = views(rope_cos, "rope_cos");
-    first.rope_sin = views(rope_sin, "rope_sin");
-    first.block_table = views(block_table, "block_table");
-    first.cache = views(cache, "cache");
-    first.block_size = block_size;
-    first.ratio = ratio;
-    first.norm_eps = static_cast<float>(norm_eps);
-    first.key_format = key_format(key_format_value, "hdk::dsv4::compress", "key_format");
-    first.rotate = rotate;
-    second.kv = views(kv2, "kv2");
-    second.score = views(score2, "score2");
-    second.ape = views(ape2, "ape2");
-    second.positions = views(positions2, "positions2");
-    second.state_slots = views(state_slots2, "state_slots2");
-    second.state = views(state2, "state2");
-    second.norm_weight = views(norm_weight2, "norm_weight2");
-    second.rope_cos = views(rope_cos2, "rope_cos2");
-    second.rope_sin = views(rope_sin2, "rope_sin2");
-    second.block_table = views(block_table2, "block_table2");
-    second.cache = views(cache2, "cache2");
-    second.block_size = block_size2;
-    second.ratio = ratio2;
-    second.norm_eps = static_cast<float>(norm_eps2);
-    second.key_format = key_format(key_format_value2, "hdk::dsv4::compress", "key_format2");
-    second.rotate = rotate2;
+    hdk::dsv4::CompressorParams first = compressor_params(
+        views,
+        {kv, score, ape, positions, state_slots, state, norm_weight, rope_cos, rope_sin,
+         block_table, cache, block_size, ratio, norm_eps, key_format_value, rotate},
+        kFirstCall);
+    hdk::dsv4::CompressorParams second = compressor_params(
+        views,
+        {kv2, score2, ape2, positions2, state_slots2, state2, norm_weight2, rope_cos2, rope_sin2,
+         block_table2, cache2, block_size2, ratio2, norm_eps2, key_format_value2, rotate2},
+        kSecondCall);
     first.invalid_count = second.invalid_count = views(invalid_count, "invalid_count");
     first.check_indices = second.check_indices = check_indices;
     if (views.tracing()) return;
