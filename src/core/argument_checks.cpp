@@ -118,8 +118,7 @@ std::string name_list(const std::vector<const NamedView*>& views) {
 
 }  // namespace
 
-void ArgumentChecks::same_device(std::initializer_list<NamedView> inputs,
-                                 std::initializer_list<NamedView> outputs) const {
+void ArgumentChecks::same_device(NamedViews inputs, NamedViews outputs) const {
   std::vector<const NamedView*> given;
   for (const auto& list : {inputs, outputs}) {
     for (const NamedView& named : list) {
@@ -161,8 +160,7 @@ void ArgumentChecks::same_device(std::initializer_list<NamedView> inputs,
     not_null(*named->view, named->name);
 }
 
-void ArgumentChecks::disjoint_outputs(std::initializer_list<NamedView> outputs,
-                                      std::initializer_list<NamedView> inputs) const {
+void ArgumentChecks::disjoint_outputs(NamedViews outputs, NamedViews inputs) const {
   for (const auto& list : {outputs, inputs}) {
     for (const NamedView& named : list) {
       if (named.view->defined() && named.view->element_size() == 0) {

@@ -2,6 +2,8 @@
 // naming the operation, the argument, what was expected and what was given.
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -56,13 +58,30 @@ class ArgumentChecks {
   // the views on it; on a tie the device of the first given view is the reference, so list the
   // call's leading tensor first.
   void same_device(std::initializer_list<NamedView> inputs,
-                   std::initializer_list<NamedView> outputs) const;
+                   std::initializer_list<NamedView> outputs) const {
+    same_device(NamedViews{inputs.begin(), inputs.size()},
+                NamedViews{outputs.begin(), outputs.size()});
+  }
+  // The same for lists a validation builds once and checks more than once.
+  template <size_t kInputs, size_t kOutputs>
+  void same_device(const std::array<NamedView, kInputs>& inputs,
+                   const std::array<NamedView, kOutputs>& outputs) const {
+    same_device(NamedViews{inputs.data(), kInputs}, NamedViews{outputs.data(), kOutputs});
+  }
 
   // What a call writes: no output maps two of its indices to one element (its rows would
   // overwrite each other), and none shares bytes with another output or with an input. Also
   // refuses a view of a dtype hdk has no name for, so such a view never reaches a backend.
   void disjoint_outputs(std::initializer_list<NamedView> outputs,
-                        std::initializer_list<NamedView> inputs) const;
+                        std::initializer_list<NamedView> inputs) const {
+    disjoint_outputs(NamedViews{outputs.begin(), outputs.size()},
+                     NamedViews{inputs.begin(), inputs.size()});
+  }
+  template <size_t kOutputs, size_t kInputs>
+  void disjoint_outputs(const std::array<NamedView, kOutputs>& outputs,
+                        const std::array<NamedView, kInputs>& inputs) const {
+    disjoint_outputs(NamedViews{outputs.data(), kOutputs}, NamedViews{inputs.data(), kInputs});
+  }
 
   // Throws when two distinct indices of `output` may reach one element: a stride of 0 on a dim
   // of extent > 1, or dims that interleave (a stride within the reach of the smaller strides).
@@ -73,6 +92,8 @@ class ArgumentChecks {
                   const char* other_name) const;
 
  private:
+  void same_device(NamedViews inputs, NamedViews outputs) const;
+  void disjoint_outputs(NamedViews outputs, NamedViews inputs) const;
   std::string prefix(const char* name) const;
   const char* operation_;
 };

@@ -2,6 +2,8 @@
 // call's tensors (devices, aliasing).
 #pragma once
 
+#include <cstddef>
+
 #include "hdk/tensor_view.h"
 
 namespace hdk {
@@ -10,6 +12,15 @@ namespace detail {
 struct NamedView {
   const TensorView* view;
   const char* name;
+};
+
+// A run of NamedViews (a braced list's or an array's) for the checks over several arguments;
+// it refers to the views, it does not copy them.
+struct NamedViews {
+  const NamedView* first;
+  size_t count;
+  const NamedView* begin() const { return first; }
+  const NamedView* end() const { return first + count; }
 };
 
 }  // namespace detail

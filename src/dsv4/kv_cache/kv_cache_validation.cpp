@@ -1,6 +1,7 @@
 #include "dsv4/kv_cache/kv_cache_validation.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <initializer_list>
 #include <string>
@@ -15,6 +16,7 @@ namespace detail {
 
 using hdk::detail::ArgumentChecks;
 using hdk::detail::NamedView;
+using hdk::detail::NamedViews;
 using hdk::detail::shape_string;
 
 namespace {
@@ -210,6 +212,27 @@ GatherKeysProblem validate_gather_indexer_keys(const GatherIndexerKeysParams& p)
   return problem;
 }
 
+namespace {
+
+// What a compressor call reads and what it writes, by name: its validation's device and aliasing
+// checks, and a pair's check of each call against the other's arguments.
+std::array<NamedView, 9> compressor_inputs(const CompressorParams& p) {
+  return {{{&p.kv, "kv"},
+           {&p.score, "score"},
+           {&p.ape, "ape"},
+           {&p.positions, "positions"},
+           {&p.state_slots, "state_slots"},
+           {&p.norm_weight, "norm_weight"},
+           {&p.rope_cos, "rope_cos"},
+           {&p.rope_sin, "rope_sin"},
+           {&p.block_table, "block_table"}}};
+}
+std::array<NamedView, 3> compressor_outputs(const CompressorParams& p) {
+  return {{{&p.state, "state"}, {&p.cache, "cache"}, {&p.invalid_count, "invalid_count"}}};
+}
+
+}  // namespace
+
 CompressorProblem validate_compress(const CompressorParams& p, const char* operation) {
   const ArgumentChecks check(operation);
   check.require(p.kv, "kv", "([N, T, coff*d] fp32 or bf16)");
@@ -223,17 +246,8 @@ CompressorProblem validate_compress(const CompressorParams& p, const char* opera
   check.require(p.rope_sin, "rope_sin", "([max_position, 32] fp32)");
   check.require(p.block_table, "block_table", "([N, max_blocks] int32)");
   check.require(p.cache, "cache", "([num_blocks, block_size * entry bytes] uint8)");
-  const std::initializer_list<NamedView> inputs = {{&p.kv, "kv"},
-                                                   {&p.score, "score"},
-                                                   {&p.ape, "ape"},
-                                                   {&p.positions, "positions"},
-                                                   {&p.state_slots, "state_slots"},
-                                                   {&p.norm_weight, "norm_weight"},
-                                                   {&p.rope_cos, "rope_cos"},
-                                                   {&p.rope_sin, "rope_sin"},
-                                                   {&p.block_table, "block_table"}};
-  const std::initializer_list<NamedView> outputs = {
-      {&p.state, "state"}, {&p.cache, "cache"}, {&p.invalid_count, "invalid_count"}};
+  const std::array<NamedView, 9> inputs = compressor_inputs(p);
+  const std::array<NamedView, 3> outputs = compressor_outputs(p);
   check.same_device(inputs, outputs);
 
   CompressorProblem problem;
@@ -354,26 +368,6 @@ CompressorProblem validate_compress(const CompressorParams& p, const char* opera
   return problem;
 }
 
-namespace {
-
-// What one compressor call reads and writes, by name, for the pair's cross-checks.
-std::vector<NamedView> compressor_views(const CompressorParams& p) {
-  return {{&p.kv, "kv"},
-          {&p.score, "score"},
-          {&p.ape, "ape"},
-          {&p.positions, "positions"},
-          {&p.state_slots, "state_slots"},
-          {&p.norm_weight, "norm_weight"},
-          {&p.rope_cos, "rope_cos"},
-          {&p.rope_sin, "rope_sin"},
-          {&p.block_table, "block_table"},
-          {&p.state, "state"},
-          {&p.cache, "cache"},
-          {&p.invalid_count, "invalid_count"}};
-}
-
-}  // namespace
-
 const char* compress_operation(int count, int i) {
   if (count == 1) return "hdk::dsv4::compress";
   return i == 0 ? "hdk::dsv4::compress (first call)" : "hdk::dsv4::compress (second call)";
@@ -395,15 +389,18 @@ std::array<CompressorProblem, 2> validate_compress_pair(const CompressorParams& 
   for (int i = 0; i < 2; ++i) {
     const CompressorParams& own = *calls[i];
     const CompressorParams& other = *calls[1 - i];
-    const NamedView outputs[3] = {
-        {&own.state, "state"}, {&own.cache, "cache"}, {&own.invalid_count, "invalid_count"}};
-    for (const NamedView& out : outputs) {
-      for (const NamedView& seen : compressor_views(other)) {
-        const bool counters = out.view == &own.invalid_count && seen.view == &other.invalid_count;
-        if (counters) continue;
-        const std::string out_name = std::string(names[i]) + " call's " + out.name;
-        const std::string seen_name = std::string(names[1 - i]) + " call's " + seen.name;
-        check.no_overlap(*out.view, out_name.c_str(), *seen.view, seen_name.c_str());
+    const std::array<NamedView, 9> other_inputs = compressor_inputs(other);
+    const std::array<NamedView, 3> other_outputs = compressor_outputs(other);
+    for (const NamedView& out : compressor_outputs(own)) {
+      for (NamedViews seen_views : {NamedViews{other_inputs.data(), other_inputs.size()},
+                                    NamedViews{other_outputs.data(), other_outputs.size()}}) {
+        for (const NamedView& seen : seen_views) {
+          const bool counters = out.view == &own.invalid_count && seen.view == &other.invalid_count;
+          if (counters) continue;
+          const std::string out_name = std::string(names[i]) + " call's " + out.name;
+          const std::string seen_name = std::string(names[1 - i]) + " call's " + seen.name;
+          check.no_overlap(*out.view, out_name.c_str(), *seen.view, seen_name.c_str());
+        }
       }
     }
   }
