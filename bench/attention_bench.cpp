@@ -457,8 +457,10 @@ class AttentionBench {
       const dsv4::detail::IndexLaunchReport launch =
           dsv4::detail::index_topk_launch_report(dsv4::detail::validate_index_topk(p), where.index);
       point.kernel = launch.segments > 0 ? "workspace" : "cluster";
-      point.cluster = (launch.segments > 0 ? std::to_string(launch.segments) : std::string("-")) +
-                      "/" + std::to_string(launch.cluster_size);
+      // Scoring CTAs / the select's CTAs a row ("1 CTA": the select's one-CTA kernel).
+      point.cluster =
+          (launch.segments > 0 ? std::to_string(launch.segments) : std::string("-")) + "/" +
+          (launch.select_in_one_cta ? std::string("1 CTA") : std::to_string(launch.cluster_size));
     }
 #endif
     point.time_us = device_.time_us([&](CudaStream s) { dsv4::index_topk(p, s); }, timing_);

@@ -361,6 +361,17 @@ void check_workspace_plan(const Call& c, const hdk::detail::ResidentClusterCount
   if (l.overlay) {
     ASSERT_GE(l.chunk * C, c.capacity);
   }
+  // A CTA a row where the rule allows it (the grid's top_k leave room for a whole row): the
+  // cluster of 1 holds every key of the row.
+  ASSERT_EQ(plan.select_in_one_cta, index_select_in_one_cta(c.capacity));
+  if (plan.select_in_one_cta) {
+    ASSERT_LE(c.capacity, kIndexCtaSelectMaxEntries);
+    ASSERT_EQ(C, 1);
+    ASSERT_GE(l.chunk, c.capacity);
+    // The row's keys are copied and read in 16-byte pieces.
+    ASSERT_EQ(l.scores % 16, 0u);
+    ASSERT_EQ(l.chunk % 4, 0);
+  }
   // The keys of every row and the rows' flags, within what index_topk_workspace_bytes promises.
   // A launch's rows are the workspace's rows.
   const int64_t rows = plan.rows_per_launch;

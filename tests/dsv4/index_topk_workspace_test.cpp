@@ -109,9 +109,11 @@ int64_t workspace_bytes_for(const IndexInputs& in, const IndexCase& c) {
 }
 
 // index_topk of `in` on `backend`, without a workspace (`workspace` null) or with one filled as
-// it says; returns the outputs. `workspace_used` receives whether the plan scored through it.
+// it says; returns the outputs. `workspace_used` receives whether the plan scored through it,
+// `report` what it launched.
 Outputs run_on_cuda(const IndexCase& c, const IndexInputs& in, IndexBackend backend,
-                    const Workspace* workspace, bool* workspace_used = nullptr) {
+                    const Workspace* workspace, bool* workspace_used = nullptr,
+                    dsv4::detail::IndexLaunchReport* report = nullptr) {
   ScorePathScope scope(backend);
   IndexDeviceCall call(c, in, Backend::kCUDA);
   const int64_t bytes = workspace != nullptr ? std::max<int64_t>(workspace->bytes, 16) : 16;
@@ -126,12 +128,10 @@ Outputs run_on_cuda(const IndexCase& c, const IndexInputs& in, IndexBackend back
     call.params.workspace = TensorView::contiguous(space.data(), DType::kUInt8, {workspace->bytes},
                                                    backend_device(Backend::kCUDA));
   }
-  if (workspace_used != nullptr) {
-    *workspace_used =
-        dsv4::detail::index_topk_launch_report(dsv4::detail::validate_index_topk(call.params),
-                                               backend_device(Backend::kCUDA).index)
-            .segments > 0;
-  }
+  const dsv4::detail::IndexLaunchReport launched = dsv4::detail::index_topk_launch_report(
+      dsv4::detail::validate_index_topk(call.params), backend_device(Backend::kCUDA).index);
+  if (workspace_used != nullptr) *workspace_used = launched.segments > 0;
+  if (report != nullptr) *report = launched;
   dsv4::index_topk(call.params);
   IndexInputs out = in;
   call.download(out);
@@ -430,7 +430,59 @@ void quantized_queries_equal_the_one_launch_path_and_the_reference(IndexBackend 
   }
 }
 
+// Rows of up to kIndexCtaSelectMaxEntries entries through the workspace are selected by one CTA
+// each (cta_select): rows where the first levels decide, rows whose keys all tie (the levels
+// reach the columns' bits), NaN scores, rows of exactly top_k entries and shorter (the whole row
+// wanted) and empty ones, top_k from 1 to 2048. The one launch's bytes, whatever the workspace
+// held, and the float64 reference.
+void one_cta_select_equals_the_one_launch_path_and_the_reference(IndexBackend backend) {
+  struct Shape {
+    std::vector<int64_t> counts;
+    int64_t top_k;
+    int64_t distinct_keys;
+    bool nan_key;
+  };
+  // Capacities (pages of 64, one spare page a row) up to kIndexCtaSelectMaxEntries.
+  const Shape shapes[] = {
+      {{16000}, 512, 0, false},
+      {{16300}, 2048, 0, true},
+      {{12000}, 1024, 1, false},
+      {{10000, 5}, 512, 3, false},
+      {{3000, 0, 700, 512}, 512, 0, true},
+      {{9000}, 1, 5, false},
+      {{2048, 2048}, 7, 0, false},
+      {{16300, 12000, 1}, 1024, 0, true},
+  };
+  uint64_t seed = 970;
+  for (const Shape& shape : shapes) {
+    IndexCase c;
+    c.counts = shape.counts;
+    c.top_k = shape.top_k;
+    c.distinct_keys = shape.distinct_keys;
+    c.seed = seed++;
+    SCOPED_TRACE(c.describe() + " on " + index_backend_name(backend));
+    IndexInputs in = make_index_inputs(c);
+    if (shape.nan_key) store_nan_key(c, in, 0, c.counts[0] / 2);
+    const Outputs one_launch = run_on_cuda(c, in, backend, nullptr);
+    dsv4::detail::IndexLaunchReport report;
+    const Workspace poisoned{workspace_bytes_for(in, c), seed};
+    const Outputs through = run_on_cuda(c, in, backend, &poisoned, nullptr, &report);
+    ASSERT_GT(report.segments, 0) << "few rows of these lengths spread over the SMs";
+    EXPECT_TRUE(report.select_in_one_cta);
+    EXPECT_EQ(report.cluster_size, 1);
+    expect_same_bytes(through, one_launch, "one-CTA select against no workspace");
+    EXPECT_EQ(check_against_reference(c, in, in, through, index_tolerance(backend, c)), 0);
+    EXPECT_EQ(read_counter(through.counter, DType::kInt32), 3);
+  }
+}
+
 #endif  // HDK_WITH_CUDA
+
+TEST_P(IndexTopkWorkspace, OneCtaSelectEqualsTheOneLaunchPathAndTheReference) {
+#ifdef HDK_WITH_CUDA
+  one_cta_select_equals_the_one_launch_path_and_the_reference(backend());
+#endif
+}
 
 TEST_P(IndexTopkWorkspace, QuantizedQueriesEqualTheOneLaunchPathAndTheReference) {
 #ifdef HDK_WITH_CUDA

@@ -106,12 +106,13 @@ inline size_t index_query_bytes(int64_t num_heads, int64_t staged_heads, bool te
 // opt-in shared memory per CTA and the clusters of each size it runs at once, one CTA per SM).
 // In `clusters`, 0 for a size of 2 to 8 CTAs means unknown, no limit (the default, for plans
 // without a device); above 8, that the device does not run the size, and 16 decides whether any
-// of them is used. Size 1 is never limited. Throws hdk::Error when the queries leave too little
-// shared memory for scores.
+// of them is used. Size 1 is never limited. `spread` false keeps a row in the fewest CTAs that
+// hold its scores. Throws hdk::Error when the queries leave too little shared memory for scores.
 inline IndexLaunchPlan plan_index_launch(
     int64_t num_rows, int64_t num_heads, int64_t capacity, int64_t top_k, bool tensor, bool fp32_q,
     int sm_count, int shared_limit,
-    const hdk::detail::ResidentClusterCounts& clusters = hdk::detail::ResidentClusterCounts()) {
+    const hdk::detail::ResidentClusterCounts& clusters = hdk::detail::ResidentClusterCounts(),
+    bool spread = true) {
   using hdk::detail::ceil_div;
   auto at = [&](int size) { return size <= 1 ? 0 : clusters.by_size[size]; };
   IndexLaunchPlan plan;
@@ -150,7 +151,7 @@ inline IndexLaunchPlan plan_index_launch(
     if (size > kIndexMaxCluster) return limit > 0 && num_rows <= limit;
     return limit == 0 || num_rows <= limit;
   };
-  for (int size = clusters.largest(); size > cluster_size; --size) {
+  for (int size = clusters.largest(); spread && size > cluster_size; --size) {
     if (num_rows * size <= sm_count && ceil_div(capacity, size) >= kIndexSpreadEntries &&
         all_at_once(size)) {
       cluster_size = size;
@@ -256,11 +257,24 @@ inline size_t index_key_ring_bytes(IndexQueryForm form, bool tensor, int64_t num
   return 0;
 }
 
+// Rows of up to this many entries are selected by one CTA each (cta_select, 1024 threads)
+// instead of a cluster. Against the clusters (H200, one device call, two rounds, top 512 and
+// 1024): rows of 2048-8192 keys 1.04-1.17x, of 16384 1.01-1.05x with MXFP4 keys and 0.98-0.99x
+// with E4M3 keys at 1-4 rows (1.07x at 16-64 rows); of 32768 keys 0.86-0.93x, where one SM's
+// passes over the keys cost more than the cluster's fixed time.
+constexpr int64_t kIndexCtaSelectMaxEntries = 16384;
+inline bool index_select_in_one_cta(int64_t capacity) {
+  return capacity <= kIndexCtaSelectMaxEntries;
+}
+
 struct IndexWorkspacePlan {
   int64_t segments = 0;         // scoring CTAs per row; 0: the one-cluster plan runs, no workspace
   int64_t rows_per_launch = 0;  // rows a scoring and a select launch take (the last: the rest)
   IndexLaunch score;            // the scoring kernel's shared memory: queries, weights, block ids
   IndexLaunchPlan select;
+  // The select runs a CTA a row (kCtaSelectThreads threads, cta_select) instead of `select`'s
+  // clusters; `select` then has clusters of 1 that hold a whole row.
+  bool select_in_one_cta = false;
   IndexWorkspaceLayout layout;  // where the keys and the rows' invalid flags lie
 };
 
@@ -328,6 +342,15 @@ inline IndexWorkspacePlan plan_index_workspace(
   // histogram, so it counts that level while it loads the keys.
   plan.select = plan_index_launch(plan.rows_per_launch, 1, capacity, top_k, true, false, sm_count,
                                   shared_limit, select_clusters);
+  if (index_select_in_one_cta(capacity)) {
+    const IndexLaunchPlan alone =
+        plan_index_launch(plan.rows_per_launch, 1, capacity, top_k, true, false, sm_count,
+                          shared_limit, select_clusters, false);
+    if (alone.cluster_size == 1 && alone.launch.chunk >= capacity) {
+      plan.select = alone;
+      plan.select_in_one_cta = true;
+    }
+  }
   plan.select.launch.count_first_level = true;
   plan.layout = index_workspace_layout(num_rows, capacity);
   return plan;

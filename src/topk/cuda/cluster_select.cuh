@@ -146,9 +146,16 @@ __device__ inline void find_threshold_bin(const uint32_t* totals, unsigned int n
   }
   if (lane == 31) warp_sums[warp] = inclusive;
   __syncthreads();
-  uint32_t before = 0;
-  for (int w = 0; w < warp; ++w)
-    before += warp_sums[w];
+  // Every warp scans the warp sums itself, lane w holding warp w's, rather than each thread adding
+  // those of the warps before it, a chain of up to 31 shared loads at 1024 threads.
+  const uint32_t sum = lane < (threads >> 5) ? warp_sums[lane] : 0u;
+  uint32_t scanned = sum;
+#pragma unroll
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const uint32_t value = __shfl_up_sync(kFullMask, scanned, offset);
+    if (lane >= offset) scanned += value;
+  }
+  const uint32_t before = __shfl_sync(kFullMask, scanned - sum, warp);
   uint32_t above = before + inclusive - local;
   if (above < need && need <= above + local) {
     for (int b = 0; b < per_thread; ++b) {

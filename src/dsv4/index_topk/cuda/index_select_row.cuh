@@ -12,6 +12,7 @@
 #include "dsv4/index_topk/cuda/index_topk_device.cuh"
 #include "dsv4/index_topk/index_launch_plan.h"
 #include "topk/cuda/cluster_select.cuh"
+#include "topk/cuda/cta_select.cuh"
 #include "topk/select_layout.h"
 #include "topk/topk_key.h"
 
@@ -32,14 +33,20 @@ __device__ __forceinline__ float value_of_key(uint32_t key) {
 // `counts`, the select's first level, when that is not null), and the cluster selects; the leader
 // writes the outputs. `length` is 0 for an invalid row (padding only). `first_level`: the
 // first-level histogram, zeroed before the caller's last barrier, where `fill` may count it.
-// kCtaThreads: the CTA's threads (kThreads in the one launch, kSelectThreads in the select kernel).
-template <int kCtaThreads = kThreads, typename Fill>
+// kCtaThreads: the CTA's threads (kThreads in the one launch, kSelectThreads or
+// kCtaSelectThreads in the select kernel). kOneCta: the CTA is alone with the row (no cluster),
+// which the plan gives only where the whole row fits its shared memory; it selects by cta_select.
+template <int kCtaThreads = kThreads, bool kOneCta = false, typename Fill>
 __device__ void select_row(const IndexerProblem& p, int64_t row, int64_t length,
                            const IndexLaunch& launch, uint8_t* shared, uint32_t* first_level,
                            Fill&& fill) {
-  cg::cluster_group cluster = cg::this_cluster();
-  const int cluster_size = static_cast<int>(cluster.num_blocks());
-  const int rank = static_cast<int>(cluster.block_rank());
+  int cluster_size = 1;
+  int rank = 0;
+  if constexpr (!kOneCta) {
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster_size = static_cast<int>(cluster.num_blocks());
+    rank = static_cast<int>(cluster.block_rank());
+  }
   const int tid = threadIdx.x;
   uint32_t* scores = reinterpret_cast<uint32_t*>(shared + launch.scores);
 
@@ -70,26 +77,32 @@ __device__ void select_row(const IndexerProblem& p, int64_t row, int64_t length,
   if (resident && size > 0) fill(begin, size, scores, counts);
   __syncthreads();
 
-  // 3. The cluster's select over the keys; rounds of one key per thread.
-  auto for_each_entry = [&](bool /*first*/, auto&& visit) {
-    for (int64_t chunk = 0; chunk < size; chunk += launch.chunk) {
-      const int count = static_cast<int>(min(launch.chunk, size - chunk));
-      if (!resident) {
-        __syncthreads();  // the previous chunk's keys are all visited
-        fill(begin + chunk, count, scores, nullptr);
-        __syncthreads();
+  // 3. The select over the keys; in a cluster, rounds of one key per thread.
+  if constexpr (kOneCta) {
+    hdk::detail::cta_select<kCtaThreads>(shared, launch.sort_capacity, scores,
+                                         static_cast<int>(size), static_cast<int>(want),
+                                         counts != nullptr);
+  } else {
+    auto for_each_entry = [&](bool /*first*/, auto&& visit) {
+      for (int64_t chunk = 0; chunk < size; chunk += launch.chunk) {
+        const int count = static_cast<int>(min(launch.chunk, size - chunk));
+        if (!resident) {
+          __syncthreads();  // the previous chunk's keys are all visited
+          fill(begin + chunk, count, scores, nullptr);
+          __syncthreads();
+        }
+        for (int base = 0; base < count; base += kCtaThreads) {
+          const int i = base + tid;
+          visit(scores[min(i, count - 1)], static_cast<uint32_t>(begin + chunk + i), i < count);
+        }
       }
-      for (int base = 0; base < count; base += kCtaThreads) {
-        const int i = base + tid;
-        visit(scores[min(i, count - 1)], static_cast<uint32_t>(begin + chunk + i), i < count);
-      }
+    };
+    // Winners and candidates go to the leader in batches of 4 rounds (cluster_select.cuh): the
+    // select runs after the scoring, whose registers it reuses.
+    if (!cluster_select<4>(shared, launch.sort_capacity, want, length, for_each_entry,
+                           counts != nullptr)) {
+      return;
     }
-  };
-  // Winners and candidates go to the leader in batches of 4 rounds (cluster_select.cuh): the
-  // select runs after the scoring, whose registers it reuses.
-  if (!cluster_select<4>(shared, launch.sort_capacity, want, length, for_each_entry,
-                         counts != nullptr)) {
-    return;
   }
 
   // The slots of a batch of outputs are looked up before any output is written: the compiler

@@ -177,26 +177,69 @@ __global__ void __launch_bounds__(kThreads, kKeyRing ? 2 : 1)
 // Workspace keys a select thread has in flight at once.
 constexpr int kFillBatch = 16;
 
+// A whole row's `count` keys (a CTA alone with its row: `keys` is the row's first) from the
+// workspace to shared memory in 16-byte pieces, 4 a thread in flight, each key counted into the
+// select's first level when `counts` is not null. Workspace rows start on 256 bytes with a stride
+// of 64 keys, and `out` on 16 bytes with room for whole pieces, so the last piece may carry up to
+// 3 keys past the row's end: copied, never counted, never read by cta_select. Against one key a
+// load (kFillBatch), 16384 keys filled in 2.4 instead of 3.0 us (H200, %globaltimer marks).
+template <int kCtaThreads>
+__device__ __forceinline__ void fill_row_by_quads(const uint32_t* keys, int count, uint32_t* out,
+                                                  uint32_t* counts) {
+  constexpr int kQuadBatch = 4;
+  const int quads = (count + 3) / 4;
+  const uint4* source = reinterpret_cast<const uint4*>(keys);
+  uint4* target = reinterpret_cast<uint4*>(out);
+  for (int base = 0; base < quads; base += kQuadBatch * kCtaThreads) {
+    uint4 four[kQuadBatch];
+#pragma unroll
+    for (int j = 0; j < kQuadBatch; ++j) {
+      const int q = base + static_cast<int>(threadIdx.x) + j * kCtaThreads;
+      four[j] = q < quads ? source[q] : make_uint4(0u, 0u, 0u, 0u);
+    }
+#pragma unroll
+    for (int j = 0; j < kQuadBatch; ++j) {
+      const int q = base + static_cast<int>(threadIdx.x) + j * kCtaThreads;
+      if (q >= quads) break;
+      target[q] = four[j];
+      if (counts == nullptr) continue;
+      const uint32_t key[4] = {four[j].x, four[j].y, four[j].z, four[j].w};
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        if (4 * q + c < count)
+          atomicAdd(&counts[key[c] >> (32 - hdk::detail::kSelectDigitBits)], 1u);
+      }
+    }
+  }
+}
+
 // The select through the workspace: a cluster per row loads its segments' keys from the row's
 // workspace keys in place of scoring them (counting the first level as it goes) and selects
-// as the one-launch kernel does.
-__global__ void __launch_bounds__(kSelectThreads, 1)
+// as the one-launch kernel does; or, kOneCta, one CTA of kCtaSelectThreads holds the whole row
+// and selects it alone (cta_select).
+template <bool kOneCta>
+__global__ void __launch_bounds__(kOneCta ? kCtaSelectThreads : kSelectThreads, 1)
     index_select_kernel(IndexerProblem p, IndexLaunch launch, IndexWorkspaceLayout layout,
                         int64_t row_base) {
+  constexpr int kCtaThreads = kOneCta ? kCtaSelectThreads : kSelectThreads;
   // Waits, but never lets the next kernel start early, though its grid is small: sparse_decode
   // scheduled during the select ran slower by more than the launch it hid (Flash CSA step at
   // N = 2 and 4, 65536 context, H200: 77.7 and 79.8 us with the early start, 69.4 and 71.5
   // without; no step cell slower, docs/dsv4-attention.md).
   hdk::detail::wait_for_prior_grid();
-  cg::cluster_group cluster = cg::this_cluster();
-  const int cluster_size = static_cast<int>(cluster.num_blocks());
-  const int rank = static_cast<int>(cluster.block_rank());
+  int cluster_size = 1;
+  int rank = 0;
+  if constexpr (!kOneCta) {
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster_size = static_cast<int>(cluster.num_blocks());
+    rank = static_cast<int>(cluster.block_rank());
+  }
   const int64_t local_row = blockIdx.x / cluster_size;
   const int64_t row = row_base + local_row;
   extern __shared__ __align__(16) uint8_t shared_bytes[];
   uint8_t* shared = aligned_shared(shared_bytes);
   uint32_t* const first_level = first_level_of(shared, launch, launch.count_first_level);
-  zero_first_level<kSelectThreads>(first_level);
+  zero_first_level<kCtaThreads>(first_level);
   // Both loads go out together (num_entries is read even for an invalid row).
   const int32_t flag =
       reinterpret_cast<const int32_t*>(p.workspace + layout.flags_offset)[local_row];
@@ -207,26 +250,30 @@ __global__ void __launch_bounds__(kSelectThreads, 1)
   __syncthreads();  // the histogram is zero before any count
   const uint32_t* keys = reinterpret_cast<const uint32_t*>(p.workspace + layout.keys_offset) +
                          local_row * layout.row_stride;
-  select_row<kSelectThreads>(
+  select_row<kCtaThreads, kOneCta>(
       p, row, length, launch, shared, first_level,
       [&](int64_t first, int64_t count, uint32_t* out, uint32_t* counts) {
-        // kFillBatch loads a thread before any store: the compiler cannot tell the
-        // shared stores from the workspace loads, so a loop of one of each waited a
-        // memory latency a key.
-        for (int64_t base = 0; base < count; base += kFillBatch * kSelectThreads) {
-          uint32_t key[kFillBatch];
+        if constexpr (kOneCta) {
+          fill_row_by_quads<kCtaThreads>(keys + first, static_cast<int>(count), out, counts);
+        } else {
+          // kFillBatch loads a thread before any store: the compiler cannot tell the
+          // shared stores from the workspace loads, so a loop of one of each waited a
+          // memory latency a key.
+          for (int64_t base = 0; base < count; base += kFillBatch * kCtaThreads) {
+            uint32_t key[kFillBatch];
 #pragma unroll
-          for (int j = 0; j < kFillBatch; ++j) {
-            const int64_t i = base + threadIdx.x + j * kSelectThreads;
-            key[j] = i < count ? keys[first + i] : 0u;
-          }
+            for (int j = 0; j < kFillBatch; ++j) {
+              const int64_t i = base + threadIdx.x + j * kCtaThreads;
+              key[j] = i < count ? keys[first + i] : 0u;
+            }
 #pragma unroll
-          for (int j = 0; j < kFillBatch; ++j) {
-            const int64_t i = base + threadIdx.x + j * kSelectThreads;
-            if (i >= count) break;
-            out[i] = key[j];
-            if (counts != nullptr)
-              atomicAdd(&counts[key[j] >> (32 - hdk::detail::kSelectDigitBits)], 1u);
+            for (int j = 0; j < kFillBatch; ++j) {
+              const int64_t i = base + threadIdx.x + j * kCtaThreads;
+              if (i >= count) break;
+              out[i] = key[j];
+              if (counts != nullptr)
+                atomicAdd(&counts[key[j] >> (32 - hdk::detail::kSelectDigitBits)], 1u);
+            }
           }
         }
       });
@@ -381,9 +428,13 @@ IndexLaunchChoice choose_launch(const IndexerProblem& p, int device) {
   choice.plan = plan_index_launch(p.num_rows, planned_heads, capacity, p.top_k, tensor, fp32_q,
                                   sm_count, shared_limit, clusters);
   if (p.workspace != nullptr) {
-    hdk::detail::allow_dynamic_shared_memory(index_select_kernel, shared_limit, device, kOperation);
-    const hdk::detail::ResidentClusterCounts& select_clusters = hdk::detail::resident_clusters(
-        index_select_kernel, kSelectThreads, static_cast<size_t>(shared_limit), device, kOperation);
+    hdk::detail::allow_dynamic_shared_memory(index_select_kernel<false>, shared_limit, device,
+                                             kOperation);
+    hdk::detail::allow_dynamic_shared_memory(index_select_kernel<true>, shared_limit, device,
+                                             kOperation);
+    const hdk::detail::ResidentClusterCounts& select_clusters =
+        hdk::detail::resident_clusters(index_select_kernel<false>, kSelectThreads,
+                                       static_cast<size_t>(shared_limit), device, kOperation);
     const size_t key_ring_bytes =
         index_key_ring_bytes(p.q_form, tensor, p.num_rows, capacity, kWarpgroups);
     choice.workspace =
@@ -421,6 +472,7 @@ IndexLaunchReport index_topk_launch_report(const IndexerProblem& p, int device) 
   report.segments = choice.workspace.segments;
   report.cluster_size =
       report.segments > 0 ? choice.workspace.select.cluster_size : choice.plan.cluster_size;
+  report.select_in_one_cta = report.segments > 0 && choice.workspace.select_in_one_cta;
   return report;
 }
 
@@ -443,11 +495,14 @@ void index_topk_cuda(const IndexerProblem& p, int device, CudaStream stream) {
               workspace.score.bytes, cuda_stream, p, workspace.score, workspace.layout,
               static_cast<int>(workspace.segments), base, choice.pages, choice.wide),
           kOperation, "launching index_score_kernel");
+      const bool alone = workspace.select_in_one_cta;
       hdk::detail::check_launch(
           hdk::detail::launch_in_clusters(
-              index_select_kernel, static_cast<unsigned>(rows * select.cluster_size),
-              kSelectThreads, select.launch.bytes, cuda_stream,
-              static_cast<unsigned>(select.cluster_size), p, select.launch, workspace.layout, base),
+              alone ? index_select_kernel<true> : index_select_kernel<false>,
+              static_cast<unsigned>(rows * select.cluster_size),
+              alone ? kCtaSelectThreads : kSelectThreads, select.launch.bytes, cuda_stream,
+              static_cast<unsigned>(alone ? 0 : select.cluster_size), p, select.launch,
+              workspace.layout, base),
           kOperation, "launching index_select_kernel");
     }
     return;

@@ -19,10 +19,12 @@ namespace detail {
 void index_topk_cuda(const IndexerProblem& problem, int device, CudaStream stream);
 
 // What index_topk_cuda launches for a call (for the benchmark's table): scoring CTAs per row
-// through the workspace (0: the one-launch kernel), and CTAs per row of the cluster that selects.
+// through the workspace (0: the one-launch kernel), CTAs per row of the cluster that selects, and
+// whether the workspace's select runs its one-CTA kernel instead (cluster_size is then 1).
 struct IndexLaunchReport {
   int64_t segments = 0;
   int cluster_size = 0;
+  bool select_in_one_cta = false;
 };
 IndexLaunchReport index_topk_launch_report(const IndexerProblem& problem, int device);
 

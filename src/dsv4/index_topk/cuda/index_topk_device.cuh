@@ -43,6 +43,9 @@ constexpr int kThreads = 256;
 // E4M3 keys 243.3 -> 229.0 us), ties at 2048 keys; 32 warps (64 registers, 92 bytes of spill):
 // 0.85-0.93x at 2048 keys.
 constexpr int kSelectThreads = 512;
+// A row alone in one select CTA (IndexWorkspacePlan::select_in_one_cta) gets 32 warps: its CTA
+// is the row's only SM, and a pass over 16384 keys is then 4 quads of keys a thread.
+constexpr int kCtaSelectThreads = 1024;
 constexpr int kWarps = kThreads / 32;
 constexpr int kTilesPerWarp = 2;  // 8-entry tiles per warp per query fragment read
 constexpr unsigned kFullMask = 0xffffffffu;

@@ -1,0 +1,261 @@
+// The select of a row that one CTA holds whole in its shared memory: cluster_select.cuh's steps
+// with no cluster and no leader, for rows short enough that one SM's pass over them costs less
+// than a cluster's fixed time (cluster barriers, round trips through distributed shared memory,
+// the leader's appends). With 1024 threads a pass over 16384 keys is 4 quads a thread.
+//  1. Levels over the whole row: the digit of the entries that match the prefix chosen so far is
+//     counted into one of two histograms (the other is zeroed meanwhile), and the bin of the
+//     entry of rank `need` joins the prefix. Digits of 11, 11 and 10 bits cover the key in 32-bit
+//     arithmetic. It stops when the chosen bin is needed whole or holds at most kCandidates
+//     entries: usually after the first level, which the caller may count while it loads.
+//  2. One pass over the row writes the entries above the prefix to `sorted` and those in it to
+//     the candidate buffer, each thread at its place from a prefix sum over the CTA.
+//  3. Levels over the candidates until the bin is needed whole, then those at or above the
+//     prefix join `sorted`: exactly `want` entries.
+//  4. cluster_select.cuh's bitonic sort, largest first.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "topk/cuda/cluster_select.cuh"
+#include "topk/select_layout.h"
+#include "topk/topk_key.h"
+
+namespace hdk {
+namespace detail {
+
+namespace cta_select_detail {
+
+using cluster_select_detail::Digit;
+
+// 16-byte quads of keys a thread classifies before the CTA's prefix sum: 32 bits of marks.
+constexpr int kSplitQuads = 8;
+
+// The next digit after `prefix_bits` bits: 11, 11, then the key's last 10 bits, so that keys are
+// compared in 32-bit arithmetic; past the key, cluster_select's 64-bit digits over the column.
+__device__ __forceinline__ Digit next_digit(int prefix_bits) {
+  if (prefix_bits >= 32) return cluster_select_detail::digit_after(prefix_bits);
+  const int width = 32 - prefix_bits < kSelectDigitBits ? 32 - prefix_bits : kSelectDigitBits;
+  return Digit{width, 64 - prefix_bits - width};
+}
+
+// This thread's exclusive prefix sum of `value` over the CTA in thread order, and the CTA's
+// total in *total. Every thread calls it; two block barriers; `scratch` holds 32 words.
+template <int kThreads>
+__device__ __forceinline__ uint32_t cta_exclusive_sum(uint32_t value, uint32_t* scratch,
+                                                      uint32_t* total) {
+  constexpr unsigned kFull = 0xffffffffu;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  uint32_t inclusive = value;
+#pragma unroll
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const uint32_t other = __shfl_up_sync(kFull, inclusive, offset);
+    if (lane >= offset) inclusive += other;
+  }
+  if (lane == 31) scratch[warp] = inclusive;
+  __syncthreads();
+  const uint32_t sum = lane < kThreads / 32 ? scratch[lane] : 0u;
+  uint32_t scanned = sum;
+#pragma unroll
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const uint32_t other = __shfl_up_sync(kFull, scanned, offset);
+    if (lane >= offset) scanned += other;
+  }
+  *total = __shfl_sync(kFull, scanned, 31);
+  const uint32_t before = __shfl_sync(kFull, scanned - sum, warp);
+  __syncthreads();  // scratch may be written again
+  return before + inclusive - value;
+}
+
+}  // namespace cta_select_detail
+
+// Selects the `want` (1 .. sort_capacity) largest ranked entries of keys[0 .. length) (the
+// column of keys[i] is i) into select_layout(sort_capacity)'s `sorted`, largest first. Every
+// thread of the CTA calls it; kThreads is blockDim.x, a power of two from 64 to 1024. `keys` is
+// 16-byte aligned and readable up to the next multiple of 4 (those keys are never taken).
+// first_level_counted: the caller has counted the top kSelectDigitBits bits of every key into
+// the layout's histogram buffer 0 (zeroed, then one atomicAdd a key, before a barrier that
+// precedes this call); otherwise this counts them.
+template <int kThreads>
+__device__ void cta_select(uint8_t* shared, int sort_capacity, const uint32_t* keys, int length,
+                           int want, bool first_level_counted) {
+  using namespace cluster_select_detail;
+  using cta_select_detail::cta_exclusive_sum;
+  using cta_select_detail::kSplitQuads;
+  using cta_select_detail::next_digit;
+  const SelectLayout layout = select_layout(sort_capacity);
+  Control* control = reinterpret_cast<Control*>(shared);
+  uint64_t* sorted = reinterpret_cast<uint64_t*>(shared + layout.sorted);
+  uint64_t* candidate = reinterpret_cast<uint64_t*>(shared + layout.candidate);
+  uint32_t* histogram = reinterpret_cast<uint32_t*>(shared + layout.histogram);
+  uint32_t* warp_sums = reinterpret_cast<uint32_t*>(shared + layout.warp_sums);
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int rounded = (length + kThreads - 1) / kThreads * kThreads;  // uniform trip count
+
+  for (int i = (first_level_counted ? kBins : 0) + tid; i < 2 * kBins; i += kThreads)
+    histogram[i] = 0;
+  __syncthreads();
+
+  // A level: after its counts, the bin of the entry of rank `need` becomes part of the prefix;
+  // returns the entries in that bin. The other histogram, last read by the previous level's
+  // find_threshold_bin (before this level's first barrier), is zeroed for the next level.
+  const bool select_all = want == length;
+  uint64_t prefix = 0;
+  int prefix_bits = 0;
+  unsigned int need = static_cast<unsigned int>(want);
+  int level = 0;  // alternates the two histograms over both kinds of level
+  auto finish_level = [&](const uint32_t* counts, Digit digit) {
+    __syncthreads();  // the level's counts are complete
+    find_threshold_bin(counts, need, warp_sums, control);
+    uint32_t* next = histogram + ((level + 1) & 1) * kBins;
+    for (int i = tid; i < kBins; i += kThreads)
+      next[i] = 0;
+    __syncthreads();  // *control is written; the next level overwrites it after its barrier
+    prefix = (prefix << digit.width) | control->bin;
+    prefix_bits += digit.width;
+    need -= control->above;
+    ++level;
+    return control->count;
+  };
+
+  // 1. Levels over every key until the chosen bin is needed whole (done) or fits the candidate
+  // buffer.
+  bool done = select_all;
+  while (!done) {
+    uint32_t* counts = histogram + (level & 1) * kBins;
+    const Digit digit = next_digit(prefix_bits);
+    const unsigned int mask = (1u << digit.width) - 1u;
+    if (prefix_bits == 0) {
+      if (!first_level_counted) {
+        for (int i = tid; i < rounded; i += kThreads) {
+          const uint32_t key = i < length ? keys[i] : 0u;
+          histogram_add(counts, i < length, key >> (32 - kDigitBits), lane);
+        }
+      }
+    } else if (prefix_bits < 32) {
+      const uint32_t key_prefix = static_cast<uint32_t>(prefix);
+      const int shift = digit.shift - 32;
+      for (int i = tid; i < rounded; i += kThreads) {
+        const uint32_t key = i < length ? keys[i] : 0u;
+        const bool counted = i < length && (key >> (32 - prefix_bits)) == key_prefix;
+        if (__any_sync(kFullMask, counted))
+          histogram_add(counts, counted, (key >> shift) & mask, lane);
+      }
+    } else {
+      for (int i = tid; i < rounded; i += kThreads) {
+        const uint64_t entry = ranked_entry(i < length ? keys[i] : 0u, static_cast<uint32_t>(i));
+        const bool counted = i < length && top_bits(entry, prefix_bits) == prefix;
+        if (__any_sync(kFullMask, counted)) {
+          histogram_add(counts, counted, static_cast<unsigned int>(entry >> digit.shift) & mask,
+                        lane);
+        }
+      }
+    }
+    const unsigned int in_bin = finish_level(counts, digit);
+    // Entries are unique, so at 64 bits the bin holds one entry and it is needed.
+    done = in_bin == need;
+    if (in_bin <= static_cast<unsigned int>(kCandidates)) break;
+  }
+
+  // 2. One pass: the entries above the prefix (and in it, when done) are winners, those in it
+  // (when not) candidates. A thread takes 16-byte quads of keys (q, q + kThreads, ...), marks
+  // its own in a bit a key, then writes them at its place in the CTA's order: no atomics on
+  // one counter.
+  uint32_t winners = 0, candidates = 0;
+  {
+    // The comparison in 32-bit arithmetic unless the prefix reaches into the columns (keys
+    // that tie through 32 bits). One compact loop: a CTA alone with its row, after an L2 flush,
+    // fetches every instruction it runs, and a form unrolled for each kind of comparison (24 KB
+    // more code) made rows of 2048-8192 MXFP4 keys about 3 us slower (H200).
+    const bool wide = prefix_bits > 32;
+    const int shift = select_all || wide ? 0 : 32 - prefix_bits;
+    const uint32_t key_prefix = static_cast<uint32_t>(prefix);
+    const int quads = (length + 3) / 4;
+    const int rounded_quads = (quads + kThreads - 1) / kThreads * kThreads;
+    const uint4* key_quads = reinterpret_cast<const uint4*>(keys);
+    for (int chunk = 0; chunk < rounded_quads; chunk += kSplitQuads * kThreads) {
+      uint32_t win_bits = 0, maybe_bits = 0;
+#pragma unroll 1
+      for (int r = 0; r < kSplitQuads && chunk + r * kThreads < rounded_quads; ++r) {
+        const int q = chunk + r * kThreads + tid;
+        const uint4 four = q < quads ? key_quads[q] : make_uint4(0u, 0u, 0u, 0u);
+        const uint32_t key[4] = {four.x, four.y, four.z, four.w};
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int i = 4 * q + c;
+          bool above, at;
+          if (wide) {
+            const uint64_t top =
+                top_bits(ranked_entry(key[c], static_cast<uint32_t>(i)), prefix_bits);
+            above = top > prefix;
+            at = top == prefix;
+          } else {
+            above = select_all || (key[c] >> shift) > key_prefix;
+            at = !select_all && (key[c] >> shift) == key_prefix;
+          }
+          const bool real = i < length;
+          win_bits |= static_cast<uint32_t>(real && (above || (done && at))) << (4 * r + c);
+          maybe_bits |= static_cast<uint32_t>(real && !done && at) << (4 * r + c);
+        }
+      }
+      // Counts of at most 32 each, packed: winners in the high half, candidates in the low.
+      uint32_t total = 0;
+      const uint32_t offset = cta_exclusive_sum<kThreads>(
+          static_cast<uint32_t>(__popc(win_bits)) << 16 | static_cast<uint32_t>(__popc(maybe_bits)),
+          warp_sums, &total);
+      auto column_of_bit = [&](uint32_t bits) {
+        const int b = __ffs(bits) - 1;
+        return 4 * (chunk + (b >> 2) * kThreads + tid) + (b & 3);
+      };
+      uint32_t win_at = winners + (offset >> 16);
+      for (uint32_t bits = win_bits; bits != 0; bits &= bits - 1) {
+        const int i = column_of_bit(bits);
+        sorted[win_at++] = ranked_entry(keys[i], static_cast<uint32_t>(i));
+      }
+      uint32_t maybe_at = candidates + (offset & 0xffffu);
+      for (uint32_t bits = maybe_bits; bits != 0; bits &= bits - 1) {
+        const int i = column_of_bit(bits);
+        candidate[maybe_at++] = ranked_entry(keys[i], static_cast<uint32_t>(i));
+      }
+      winners += total >> 16;
+      candidates += total & 0xffffu;
+    }
+  }
+
+  // 3. Levels over the candidates until done, then the candidates at or above the prefix join
+  // the winners.
+  if (!done) {
+    if (tid == 0) control->winners = winners;
+    const int rounded_candidates =
+        (static_cast<int>(candidates) + kThreads - 1) / kThreads * kThreads;
+    __syncthreads();  // the candidates are written
+    while (!done) {
+      uint32_t* counts = histogram + (level & 1) * kBins;
+      const Digit digit = next_digit(prefix_bits);
+      const unsigned int mask = (1u << digit.width) - 1u;
+      for (int i = tid; i < rounded_candidates; i += kThreads) {
+        const bool real = i < static_cast<int>(candidates);
+        const uint64_t entry = real ? candidate[i] : 0;
+        const bool counted = real && top_bits(entry, prefix_bits) == prefix;
+        histogram_add(counts, counted, static_cast<unsigned int>(entry >> digit.shift) & mask,
+                      lane);
+      }
+      done = finish_level(counts, digit) == need;
+    }
+    for (int i = tid; i < rounded_candidates; i += kThreads) {
+      const bool real = i < static_cast<int>(candidates);
+      const uint64_t entry = real ? candidate[i] : 0;
+      warp_append(sorted, &control->winners, real && top_bits(entry, prefix_bits) >= prefix, entry,
+                  lane);
+    }
+  }
+
+  // 4. Largest first (sort_largest_first begins with a barrier that completes the appends).
+  sort_largest_first(sorted, want);
+}
+
+}  // namespace detail
+}  // namespace hdk
