@@ -363,7 +363,8 @@ void check_workspace_plan(const Call& c, const hdk::detail::ResidentClusterCount
   }
   // A CTA a row where the rule allows it (the grid's top_k leave room for a whole row): the
   // cluster of 1 holds every key of the row.
-  ASSERT_EQ(plan.select_in_one_cta, index_select_in_one_cta(c.capacity));
+  ASSERT_EQ(plan.select_in_one_cta,
+            index_select_in_one_cta(plan.rows_per_launch, c.capacity, c.key_ring > 0));
   if (plan.select_in_one_cta) {
     ASSERT_LE(c.capacity, kIndexCtaSelectMaxEntries);
     ASSERT_EQ(C, 1);
@@ -465,6 +466,34 @@ TEST(IndexWorkspacePlan, E4m3RowsStreamThroughTheWorkspace) {
   EXPECT_FALSE(index_rows_stream(65, 16384));
   EXPECT_TRUE(index_rows_stream(65, 65536));
   EXPECT_TRUE(index_rows_stream(32, 1));
+}
+
+// The select of a row through the workspace runs in one CTA up to 16384 keys (the measured
+// shapes), except rows streamed through the key ring beyond 8192 keys, 1-4 at a time; clusters
+// beyond.
+TEST(IndexWorkspacePlan, ShortRowsSelectInOneCta) {
+  auto alone = [&](int64_t rows, int64_t capacity, size_t ring) {
+    const IndexLaunchPlan cluster =
+        plan_index_launch(rows, 64, capacity, 512, true, false, kH100Sms, kH100Shared);
+    const IndexWorkspacePlan plan =
+        plan_index_workspace(rows, 64, capacity, 512, true, false, kH100Sms, kH100Shared, cluster,
+                             hdk::detail::ResidentClusterCounts(), ring);
+    EXPECT_GT(plan.segments, 0);
+    return plan.select_in_one_cta;
+  };
+  for (size_t ring : {size_t{0}, kE4m3Ring}) {
+    EXPECT_TRUE(alone(1, 2048, ring));
+    EXPECT_TRUE(alone(4, 8192, ring));
+    EXPECT_TRUE(alone(16, 2048, ring));
+    EXPECT_FALSE(alone(1, 16384 + 64, ring));
+    EXPECT_FALSE(alone(2, 65536, ring));
+  }
+  EXPECT_TRUE(alone(1, 16384, 0));
+  EXPECT_TRUE(alone(4, 16384, 0));
+  EXPECT_FALSE(alone(1, 16384, kE4m3Ring));
+  EXPECT_FALSE(alone(4, 16384, kE4m3Ring));
+  EXPECT_TRUE(alone(8, 16384, kE4m3Ring));
+  EXPECT_TRUE(alone(64, 16384, kE4m3Ring));
 }
 
 // MXFP4 keys with the packed query take the key ring for rows of 16384 entries and more, from 8

@@ -258,13 +258,17 @@ inline size_t index_key_ring_bytes(IndexQueryForm form, bool tensor, int64_t num
 }
 
 // Rows of up to this many entries are selected by one CTA each (cta_select, 1024 threads)
-// instead of a cluster. Against the clusters (H200, one device call, two rounds, top 512 and
-// 1024): rows of 2048-8192 keys 1.04-1.17x, of 16384 1.01-1.05x with MXFP4 keys and 0.98-0.99x
-// with E4M3 keys at 1-4 rows (1.07x at 16-64 rows); of 32768 keys 0.86-0.93x, where one SM's
-// passes over the keys cost more than the cluster's fixed time.
+// instead of a cluster, except rows of more than kIndexCtaSelectRingEntries whose keys stream
+// through the key ring (E4M3), 1-4 at a time. Against the clusters (H200, one device call, two
+// rounds, top 512 and 1024, 1-64 rows through the workspace): 2048 keys a row 1.03-1.16x; 16384
+// keys 1.01-1.05x (MXFP4 keys, bf16 q), 1.03-1.07x (packed MXFP4 q), E4M3 keys 1.01-1.06x from
+// 8 rows but 0.97-0.99x at 1-4 rows; rows of 8192 keys 1.02-1.17x and of 32768 0.86-0.93x in an
+// earlier run, where one SM's passes over the keys cost more than the cluster's fixed time.
 constexpr int64_t kIndexCtaSelectMaxEntries = 16384;
-inline bool index_select_in_one_cta(int64_t capacity) {
-  return capacity <= kIndexCtaSelectMaxEntries;
+constexpr int64_t kIndexCtaSelectRingEntries = 8192;
+inline bool index_select_in_one_cta(int64_t num_rows, int64_t capacity, bool key_ring) {
+  if (capacity > kIndexCtaSelectMaxEntries) return false;
+  return !key_ring || num_rows > 4 || capacity <= kIndexCtaSelectRingEntries;
 }
 
 struct IndexWorkspacePlan {
@@ -342,7 +346,7 @@ inline IndexWorkspacePlan plan_index_workspace(
   // histogram, so it counts that level while it loads the keys.
   plan.select = plan_index_launch(plan.rows_per_launch, 1, capacity, top_k, true, false, sm_count,
                                   shared_limit, select_clusters);
-  if (index_select_in_one_cta(capacity)) {
+  if (index_select_in_one_cta(plan.rows_per_launch, capacity, key_ring_bytes > 0)) {
     const IndexLaunchPlan alone =
         plan_index_launch(plan.rows_per_launch, 1, capacity, top_k, true, false, sm_count,
                           shared_limit, select_clusters, false);
