@@ -261,7 +261,7 @@ inline size_t index_key_ring_bytes(IndexQueryForm form, bool tensor, int64_t num
 // instead of a cluster, except rows of more than kIndexCtaSelectRingEntries whose keys stream
 // through the key ring (E4M3), 1-4 at a time. Against the clusters (H200, one device call, two
 // rounds, top 512 and 1024, 1-64 rows through the workspace): 2048 keys a row 1.03-1.16x; 16384
-// keys 1.01-1.05x (MXFP4 keys, bf16 q), 1.03-1.07x (packed MXFP4 q), E4M3 keys 1.01-1.06x from
+// keys 1.01-1.05x (MXFP4 keys, bf16 q), 1.02-1.07x (packed MXFP4 q), E4M3 keys 0.99-1.06x from
 // 8 rows but 0.97-0.99x at 1-4 rows; rows of 8192 keys 1.02-1.17x and of 32768 0.86-0.93x in an
 // earlier run, where one SM's passes over the keys cost more than the cluster's fixed time.
 constexpr int64_t kIndexCtaSelectMaxEntries = 16384;
