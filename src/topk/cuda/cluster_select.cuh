@@ -48,6 +48,25 @@ struct Control {
   unsigned int unused[3];
 };
 
+// The select's arrays in a CTA's shared memory, at select_layout's offsets.
+struct SelectArrays {
+  Control* control;
+  uint64_t* sorted;
+  uint64_t* candidate;
+  uint32_t* histogram;  // two buffers of kBins
+  uint32_t* totals;
+  uint32_t* warp_sums;
+};
+__device__ __forceinline__ SelectArrays select_arrays(uint8_t* shared, int sort_capacity) {
+  const SelectLayout layout = select_layout(sort_capacity);
+  return SelectArrays{reinterpret_cast<Control*>(shared),
+                      reinterpret_cast<uint64_t*>(shared + layout.sorted),
+                      reinterpret_cast<uint64_t*>(shared + layout.candidate),
+                      reinterpret_cast<uint32_t*>(shared + layout.histogram),
+                      reinterpret_cast<uint32_t*>(shared + layout.totals),
+                      reinterpret_cast<uint32_t*>(shared + layout.warp_sums)};
+}
+
 // The digit of a level: bits [shift, shift + width) of the entry, taken from the top.
 struct Digit {
   int width, shift;
@@ -123,40 +142,46 @@ __device__ __forceinline__ void warp_append_batch(uint64_t* buffer, unsigned int
   }
 }
 
+// The sum of `value` over this lane and the lanes below it.
+__device__ __forceinline__ uint32_t warp_inclusive_sum(uint32_t value, int lane) {
+#pragma unroll
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const uint32_t other = __shfl_up_sync(kFullMask, value, offset);
+    if (lane >= offset) value += other;
+  }
+  return value;
+}
+
+// This thread's exclusive prefix sum of `value` over the block in thread order, and the block's
+// total in *total unless null. Every thread calls it; one block barrier, after which every warp
+// reads `warp_sums` (32 words): the caller synchronizes before they are written again. Every
+// warp scans the warp sums itself, lane w holding warp w's, rather than each thread adding those
+// of the warps before it (a chain of up to 31 shared loads at 1024 threads).
+__device__ __forceinline__ uint32_t block_exclusive_sum(uint32_t value, uint32_t* warp_sums,
+                                                        uint32_t* total) {
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const uint32_t inclusive = warp_inclusive_sum(value, lane);
+  if (lane == 31) warp_sums[warp] = inclusive;
+  __syncthreads();
+  const uint32_t sum = lane < static_cast<int>(blockDim.x >> 5) ? warp_sums[lane] : 0u;
+  const uint32_t scanned = warp_inclusive_sum(sum, lane);
+  if (total != nullptr) *total = __shfl_sync(kFullMask, scanned, 31);
+  return __shfl_sync(kFullMask, scanned - sum, warp) + inclusive - value;
+}
+
 // Finds the bin (of kBins, higher bins hold larger entries) where the count of entries in
 // higher bins first reaches `need`, and writes it with its counts to *control. Every thread of
 // the block calls it; blockDim.x is a power of two from 64 to 1024. The caller synchronizes
 // before reading *control.
 __device__ inline void find_threshold_bin(const uint32_t* totals, unsigned int need,
                                           uint32_t* warp_sums, Control* control) {
-  const int threads = blockDim.x;
-  const int tid = threadIdx.x;
-  const int lane = tid & 31;
-  const int warp = tid >> 5;
-  const int per_thread = kBins / threads;
-  const int top = kBins - 1 - per_thread * tid;  // this thread's bins: top, top - 1, ...
+  const int per_thread = kBins / static_cast<int>(blockDim.x);
+  const int top = kBins - 1 - per_thread * static_cast<int>(threadIdx.x);  // top, top - 1, ...
   uint32_t local = 0;
   for (int b = 0; b < per_thread; ++b)
     local += totals[top - b];
-  uint32_t inclusive = local;
-#pragma unroll
-  for (int offset = 1; offset < 32; offset <<= 1) {
-    const uint32_t value = __shfl_up_sync(kFullMask, inclusive, offset);
-    if (lane >= offset) inclusive += value;
-  }
-  if (lane == 31) warp_sums[warp] = inclusive;
-  __syncthreads();
-  // Every warp scans the warp sums itself, lane w holding warp w's, rather than each thread adding
-  // those of the warps before it, a chain of up to 31 shared loads at 1024 threads.
-  const uint32_t sum = lane < (threads >> 5) ? warp_sums[lane] : 0u;
-  uint32_t scanned = sum;
-#pragma unroll
-  for (int offset = 1; offset < 32; offset <<= 1) {
-    const uint32_t value = __shfl_up_sync(kFullMask, scanned, offset);
-    if (lane >= offset) scanned += value;
-  }
-  const uint32_t before = __shfl_sync(kFullMask, scanned - sum, warp);
-  uint32_t above = before + inclusive - local;
+  uint32_t above = block_exclusive_sum(local, warp_sums, nullptr);
   if (above < need && need <= above + local) {
     for (int b = 0; b < per_thread; ++b) {
       const uint32_t count = totals[top - b];
@@ -408,13 +433,13 @@ __device__ bool cluster_select(uint8_t* shared, int sort_capacity, int64_t want,
   const int tid = threadIdx.x;
   const int lane = tid & 31;
 
-  const SelectLayout layout = select_layout(sort_capacity);
-  Control* control = reinterpret_cast<Control*>(shared);
-  uint64_t* sorted = reinterpret_cast<uint64_t*>(shared + layout.sorted);
-  uint64_t* candidate = reinterpret_cast<uint64_t*>(shared + layout.candidate);
-  uint32_t* histogram = reinterpret_cast<uint32_t*>(shared + layout.histogram);
-  uint32_t* totals = reinterpret_cast<uint32_t*>(shared + layout.totals);
-  uint32_t* warp_sums = reinterpret_cast<uint32_t*>(shared + layout.warp_sums);
+  const SelectArrays arrays = select_arrays(shared, sort_capacity);
+  Control* control = arrays.control;
+  uint64_t* sorted = arrays.sorted;
+  uint64_t* candidate = arrays.candidate;
+  uint32_t* histogram = arrays.histogram;
+  uint32_t* totals = arrays.totals;
+  uint32_t* warp_sums = arrays.warp_sums;
 
   for (int i = (first_level_counted ? kBins : 0) + tid; i < 2 * kBins; i += threads)
     histogram[i] = 0;

@@ -40,35 +40,6 @@ __device__ __forceinline__ Digit next_digit(int prefix_bits) {
   return Digit{width, 64 - prefix_bits - width};
 }
 
-// This thread's exclusive prefix sum of `value` over the CTA in thread order, and the CTA's
-// total in *total. Every thread calls it; two block barriers; `scratch` holds 32 words.
-template <int kThreads>
-__device__ __forceinline__ uint32_t cta_exclusive_sum(uint32_t value, uint32_t* scratch,
-                                                      uint32_t* total) {
-  constexpr unsigned kFull = 0xffffffffu;
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  uint32_t inclusive = value;
-#pragma unroll
-  for (int offset = 1; offset < 32; offset <<= 1) {
-    const uint32_t other = __shfl_up_sync(kFull, inclusive, offset);
-    if (lane >= offset) inclusive += other;
-  }
-  if (lane == 31) scratch[warp] = inclusive;
-  __syncthreads();
-  const uint32_t sum = lane < kThreads / 32 ? scratch[lane] : 0u;
-  uint32_t scanned = sum;
-#pragma unroll
-  for (int offset = 1; offset < 32; offset <<= 1) {
-    const uint32_t other = __shfl_up_sync(kFull, scanned, offset);
-    if (lane >= offset) scanned += other;
-  }
-  *total = __shfl_sync(kFull, scanned, 31);
-  const uint32_t before = __shfl_sync(kFull, scanned - sum, warp);
-  __syncthreads();  // scratch may be written again
-  return before + inclusive - value;
-}
-
 }  // namespace cta_select_detail
 
 // Selects the `want` (1 .. sort_capacity) largest ranked entries of keys[0 .. length) (the
@@ -82,15 +53,14 @@ template <int kThreads>
 __device__ void cta_select(uint8_t* shared, int sort_capacity, const uint32_t* keys, int length,
                            int want, bool first_level_counted) {
   using namespace cluster_select_detail;
-  using cta_select_detail::cta_exclusive_sum;
   using cta_select_detail::kSplitQuads;
   using cta_select_detail::next_digit;
-  const SelectLayout layout = select_layout(sort_capacity);
-  Control* control = reinterpret_cast<Control*>(shared);
-  uint64_t* sorted = reinterpret_cast<uint64_t*>(shared + layout.sorted);
-  uint64_t* candidate = reinterpret_cast<uint64_t*>(shared + layout.candidate);
-  uint32_t* histogram = reinterpret_cast<uint32_t*>(shared + layout.histogram);
-  uint32_t* warp_sums = reinterpret_cast<uint32_t*>(shared + layout.warp_sums);
+  const SelectArrays arrays = select_arrays(shared, sort_capacity);
+  Control* control = arrays.control;
+  uint64_t* sorted = arrays.sorted;
+  uint64_t* candidate = arrays.candidate;
+  uint32_t* histogram = arrays.histogram;
+  uint32_t* warp_sums = arrays.warp_sums;
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int rounded = (length + kThreads - 1) / kThreads * kThreads;  // uniform trip count
@@ -203,9 +173,10 @@ __device__ void cta_select(uint8_t* shared, int sort_capacity, const uint32_t* k
       }
       // Counts of at most 32 each, packed: winners in the high half, candidates in the low.
       uint32_t total = 0;
-      const uint32_t offset = cta_exclusive_sum<kThreads>(
+      const uint32_t offset = block_exclusive_sum(
           static_cast<uint32_t>(__popc(win_bits)) << 16 | static_cast<uint32_t>(__popc(maybe_bits)),
           warp_sums, &total);
+      __syncthreads();  // warp_sums may be written again
       auto column_of_bit = [&](uint32_t bits) {
         const int b = __ffs(bits) - 1;
         return 4 * (chunk + (b >> 2) * kThreads + tid) + (b & 3);

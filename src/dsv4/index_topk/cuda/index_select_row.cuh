@@ -40,13 +40,9 @@ template <int kCtaThreads = kThreads, bool kOneCta = false, typename Fill>
 __device__ void select_row(const IndexerProblem& p, int64_t row, int64_t length,
                            const IndexLaunch& launch, uint8_t* shared, uint32_t* first_level,
                            Fill&& fill) {
-  int cluster_size = 1;
-  int rank = 0;
-  if constexpr (!kOneCta) {
-    cg::cluster_group cluster = cg::this_cluster();
-    cluster_size = static_cast<int>(cluster.num_blocks());
-    rank = static_cast<int>(cluster.block_rank());
-  }
+  const ClusterPlace place = cluster_place<kOneCta>();
+  const int cluster_size = place.size;
+  const int rank = place.rank;
   const int tid = threadIdx.x;
   uint32_t* scores = reinterpret_cast<uint32_t*>(shared + launch.scores);
 

@@ -227,13 +227,9 @@ __global__ void __launch_bounds__(kOneCta ? kCtaSelectThreads : kSelectThreads, 
   // N = 2 and 4, 65536 context, H200: 77.7 and 79.8 us with the early start, 69.4 and 71.5
   // without; no step cell slower, docs/dsv4-attention.md).
   hdk::detail::wait_for_prior_grid();
-  int cluster_size = 1;
-  int rank = 0;
-  if constexpr (!kOneCta) {
-    cg::cluster_group cluster = cg::this_cluster();
-    cluster_size = static_cast<int>(cluster.num_blocks());
-    rank = static_cast<int>(cluster.block_rank());
-  }
+  const ClusterPlace place = cluster_place<kOneCta>();
+  const int cluster_size = place.size;
+  const int rank = place.rank;
   const int64_t local_row = blockIdx.x / cluster_size;
   const int64_t row = row_base + local_row;
   extern __shared__ __align__(16) uint8_t shared_bytes[];

@@ -125,6 +125,22 @@ __device__ __forceinline__ void zero_first_level(uint32_t* first_level) {
     first_level[bin] = 0;
 }
 
+// This CTA's cluster size and rank in it; kOneCta: a CTA launched without a cluster, alone with
+// its row (1 and 0).
+struct ClusterPlace {
+  int size, rank;
+};
+template <bool kOneCta>
+__device__ __forceinline__ ClusterPlace cluster_place() {
+  if constexpr (kOneCta) {
+    return ClusterPlace{1, 0};
+  } else {
+    cg::cluster_group cluster = cg::this_cluster();
+    return ClusterPlace{static_cast<int>(cluster.num_blocks()),
+                        static_cast<int>(cluster.block_rank())};
+  }
+}
+
 // A CTA's contiguous share of a row: entries first .. last - 1.
 struct Segment {
   int64_t first, last;
