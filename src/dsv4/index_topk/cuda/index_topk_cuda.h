@@ -1,10 +1,10 @@
 // The CUDA backend of hdk::dsv4::index_topk (compiled only with HDK_WITH_CUDA). One launch: a
 // cluster of CTAs per row scores its entries into shared memory and selects the top-k there; or,
 // with the caller's workspace and few rows, two: CTAs over every SM score the rows into the
-// workspace, then a cluster per row selects from there (docs/dsv4-attention.md, "index_topk on
-// CUDA"). No allocation, no synchronization. Rows whose num_entries or used block ids are out of
-// range are not checked on the host: the kernels give them only padding and count them in
-// invalid_count.
+// workspace, then a cluster per row (one CTA for a short row) selects from there
+// (docs/dsv4-attention.md, "index_topk through the workspace"). No allocation, no synchronization.
+// Rows whose num_entries or used block ids are out of range are not checked on the host: the
+// kernels give them only padding and count them in invalid_count.
 #pragma once
 
 #include <cstdint>
