@@ -137,9 +137,9 @@ __device__ void cta_select(uint8_t* shared, int sort_capacity, const uint32_t* k
   uint32_t winners = 0, candidates = 0;
   {
     // The comparison in 32-bit arithmetic unless the prefix reaches into the columns (keys
-    // that tie through 32 bits). One compact loop: a CTA alone with its row, after an L2 flush,
-    // fetches every instruction it runs, and a form unrolled for each kind of comparison (24 KB
-    // more code) made rows of 2048-8192 MXFP4 keys about 3 us slower (H200).
+    // that tie through 32 bits). One compact loop: a form unrolled for each kind of comparison
+    // (24 KB more code, the same work a key) made rows of 2048-8192 MXFP4 keys about 3 us slower
+    // (H200), likely the instruction fetch of a CTA alone on its SM after an L2 flush.
     const bool wide = prefix_bits > 32;
     const int shift = select_all || wide ? 0 : 32 - prefix_bits;
     const uint32_t key_prefix = static_cast<uint32_t>(prefix);
