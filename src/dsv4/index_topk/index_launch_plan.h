@@ -344,17 +344,17 @@ inline IndexWorkspacePlan plan_index_workspace(
   // The select stages nothing: planned with the fewest staged queries (one bf16 head), its
   // shared memory is the select's and the scores'; nothing else lies in its first-level
   // histogram, so it counts that level while it loads the keys.
-  plan.select = plan_index_launch(plan.rows_per_launch, 1, capacity, top_k, true, false, sm_count,
-                                  shared_limit, select_clusters);
+  // A row the rule gives one CTA is planned without spreading; where its keys do not fit that
+  // CTA (a top_k whose sort takes the room), clusters select it after all.
+  auto plan_select = [&](bool spread) {
+    return plan_index_launch(plan.rows_per_launch, 1, capacity, top_k, true, false, sm_count,
+                             shared_limit, select_clusters, spread);
+  };
   if (index_select_in_one_cta(plan.rows_per_launch, capacity, key_ring_bytes > 0)) {
-    const IndexLaunchPlan alone =
-        plan_index_launch(plan.rows_per_launch, 1, capacity, top_k, true, false, sm_count,
-                          shared_limit, select_clusters, false);
-    if (alone.cluster_size == 1 && alone.launch.chunk >= capacity) {
-      plan.select = alone;
-      plan.select_in_one_cta = true;
-    }
+    plan.select = plan_select(false);
+    plan.select_in_one_cta = plan.select.cluster_size == 1 && plan.select.launch.chunk >= capacity;
   }
+  if (!plan.select_in_one_cta) plan.select = plan_select(true);
   plan.select.launch.count_first_level = true;
   plan.layout = index_workspace_layout(num_rows, capacity);
   return plan;
