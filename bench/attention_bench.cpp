@@ -489,6 +489,8 @@ void print_attention_usage() {
       "  --formats LIST        index_topk forms: mxfp4 (bf16 q, the default), fp8 (E4M3 q over\n"
       "                        FP8 keys), mxfp4q (packed E2M1 q with UE8M0 scales)\n"
       "  --hot                 keep caches warm between runs (default: flushed, cold)\n"
+      "  --flush-code          also evict the SMs' instruction caches before each run (the\n"
+      "                        L2 flush leaves them holding the last replay's code)\n"
       "  --iterations N        timed runs per point (median)\n"
       "  --verify              check points up to the budget against the float64 reference\n"
       "  --verify-budget X     largest N*Hq*L*512 (sparse) or N*entries*64*128 (index) checked\n"
@@ -543,6 +545,7 @@ int attention_command(Options& options) {
   const double verify_budget = options.real("verify-budget", 1073741824.0);
   TimingOptions timing;
   timing.flush_cache = !options.flag("hot");
+  timing.flush_code = options.flag("flush-code");
   timing.iterations = static_cast<int>(options.integer("iterations", gpu ? 100 : 3));
   const std::string json_path = options.text("json", "");
   const int64_t forced_splits = options.integer("splits", 0);

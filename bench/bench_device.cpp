@@ -343,6 +343,7 @@ class CudaDevice : public BenchDevice {
     for (int i = 0; i < options.warmup + options.iterations; ++i) {
       if (before_each) before_each(stream_);
       if (options.flush_cache) {
+        if (options.flush_code) launch_code_flush(stream_);
         check(cudaMemsetAsync(flush_buffer_, i & 0xff, flush_bytes_, stream_), "L2 flush");
       }
       check(cudaEventRecord(start_, stream_), "cudaEventRecord");
@@ -412,7 +413,10 @@ RunBaseline start_run(BenchDevice& device, const char* command, const TimingOpti
   if (!methods.empty())
     std::printf("copy bandwidth by method (GB/s, medians): %s\n", methods.c_str());
   std::printf("timing: %s, median of %d runs%s\n\n", gpu ? "CUDA graph replay" : "wall clock",
-              timing.iterations, timing.flush_cache ? ", caches flushed before each" : ", hot");
+              timing.iterations,
+              !timing.flush_cache        ? ", hot"
+              : gpu && timing.flush_code ? ", caches flushed before each (instruction caches too)"
+                                         : ", caches flushed before each");
   return baseline;
 }
 
@@ -428,7 +432,10 @@ int finish_run(const ResultTable& table, const char* legend, const Options& opti
                {{"device", device.description()},
                 {"copy_bandwidth_gbs", format(baseline.copy_gbs, 2)},
                 {"launch_overhead_us", format(baseline.launch_overhead_us, 3)},
-                {"timing", timing.flush_cache ? "cold (flushed)" : "hot"}},
+                {"timing", !timing.flush_cache ? "hot"
+                           : device.device().is_cuda() && timing.flush_code
+                               ? "cold (flushed, instruction caches too)"
+                               : "cold (flushed)"}},
                table.json_records(), json_fields);
   }
   const size_t passed = table.count("check", "ok");

@@ -21,6 +21,11 @@ struct TimingOptions {
   bool flush_cache = true;  // evict caches before each timed run (cold); false: hot
   int iterations = 50;
   int warmup = 5;
+  // With flush_cache: also run a kernel of 192 KB of straight-line code on every SM first, so that
+  // the timed kernels fetch their instructions from memory as they do after an engine's other
+  // kernels. The L2 flush alone leaves each SM's instruction caches holding the code of the
+  // previous replay, which runs on the same SMs.
+  bool flush_code = false;
 };
 
 class BenchDevice {

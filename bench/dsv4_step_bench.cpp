@@ -3,11 +3,12 @@
 // bench_device.h), next to each of its calls alone in its own graph. Layers
 // (docs/dsv4-attention.md, "A whole DeepSeek-V4 decode step with hdk"):
 //   swa: store_entries of the step's entry into the SWA ring, sparse_decode over the window;
-//   csa: the SWA store, compress (main d = 512 and indexer d = 128, ratio 4: one launch, or two
-//        with --compressors apart), index_topk with topk_slots, sparse_decode over the window +
-//        the top-k;
-//   hca: the SWA store, compress (d = 512, ratio 128), sparse_decode over the window + every
-//        compressed entry;
+//   csa: the SWA store and compress (main d = 512 and indexer d = 128, ratio 4) in one launch
+//        (store_and_compress; --writes pair: the store, then both compressors in one launch;
+//        --writes apart: three launches), index_topk with topk_slots, sparse_decode over the
+//        window + the top-k;
+//   hca: the SWA store and compress (d = 512, ratio 128) in one launch (--writes pair or apart:
+//        two), sparse_decode over the window + every compressed entry;
 //   moe: the router (fused gate GEMM + top-6), a row of its own.
 // Every request has its own pages (shuffled), ring page and compressor state. Each row's step
 // token sits at position context - 1, where a ratio-4 and a ratio-128 window both complete: the
@@ -447,14 +448,14 @@ struct Call {
 class StepBench {
  public:
   StepBench(BenchDevice& device, const TimingOptions& timing, const RunBaseline& baseline,
-            ResultTable& table, bool use_workspace, bool compress_pair,
+            ResultTable& table, bool use_workspace, std::string writes,
             std::vector<std::string> plain)
       : device_(device),
         timing_(timing),
         baseline_(baseline),
         table_(table),
         use_workspace_(use_workspace),
-        compress_pair_(compress_pair),
+        writes_(std::move(writes)),
         plain_(std::move(plain)) {}
 
   int failures() const { return failures_; }
@@ -505,6 +506,27 @@ class StepBench {
                   },
                   compress_bytes(first, N) + compress_bytes(second, N), true};
     };
+    // The store with the layer's compressors in one launch (store_and_compress); `second` may be
+    // null.
+    auto write_together = [&in, N](const std::string& name, const Compressor& first,
+                                   const Compressor* second) {
+      return Call{"store+compress " + name,
+                  [&in, &first, second, N](CudaStream s, const TensorView& counter) {
+                    dsv4::StoreEntriesParams ring = in.store(N);
+                    dsv4::CompressorParams a = in.compress(first, N);
+                    ring.invalid_count = a.invalid_count = counter;
+                    if (second == nullptr) {
+                      dsv4::store_and_compress(ring, a, s);
+                      return;
+                    }
+                    dsv4::CompressorParams b = in.compress(*second, N);
+                    b.invalid_count = counter;
+                    dsv4::store_and_compress(ring, a, b, s);
+                  },
+                  store_bytes(N) + compress_bytes(first, N) +
+                      (second != nullptr ? compress_bytes(*second, N) : 0.0),
+                  true};
+    };
     auto attend = [&in, N, H, K, ws](const std::string& layer, int64_t length) {
       return Call{"sparse_decode",
                   [&in, layer, N, H, K, ws](CudaStream s, const TensorView& counter) {
@@ -527,7 +549,10 @@ class StepBench {
                          },
                          index_bytes(N, in.csa_entries(), in.csa_capacity() / kBlockSize, K),
                          false};
-        if (compress_pair_) {
+        if (writes_ == "one") {
+          calls = {write_together("csa+index", in.csa_main(), &in.csa_index()), index,
+                   attend("csa", kWindow + K)};
+        } else if (writes_ == "pair") {
           calls = {store, compress_both(in.csa_main(), in.csa_index()), index,
                    attend("csa", kWindow + K)};
         } else {
@@ -535,7 +560,12 @@ class StepBench {
                    attend("csa", kWindow + K)};
         }
       } else if (layer == "hca") {
-        calls = {store, compress(in.hca()), attend("hca", kWindow + in.hca_entries())};
+        if (writes_ == "one") {
+          calls = {write_together("hca", in.hca(), nullptr),
+                   attend("hca", kWindow + in.hca_entries())};
+        } else {
+          calls = {store, compress(in.hca()), attend("hca", kWindow + in.hca_entries())};
+        }
       } else {
         continue;
       }
@@ -690,7 +720,7 @@ class StepBench {
   RunBaseline baseline_;
   ResultTable& table_;
   bool use_workspace_;
-  bool compress_pair_;
+  std::string writes_;  // one, pair or apart (--writes)
   // Kernels launched plainly, the others as programmatic dependents (--plain): which boundary
   // of the step a dependent launch helps or hurts.
   std::vector<std::string> plain_;
@@ -711,15 +741,20 @@ void print_step_usage() {
       "  --workspace on|off    pass index_topk and sparse_decode a workspace sized by\n"
       "                        index_topk_workspace_bytes / sparse_decode_workspace_bytes,\n"
       "                        allocated once per point and shared by the step (default on)\n"
-      "  --compressors M       pair: a CSA layer's main and indexer compressors in one\n"
-      "                        launch (compress with two calls; default); apart: two calls\n"
+      "  --writes M            one: a layer's SWA store and compressors in one launch\n"
+      "                        (store_and_compress; default); pair: the store, then a CSA\n"
+      "                        layer's two compressors in one launch (compress with two\n"
+      "                        calls); apart: each write call its own launch\n"
       "  --pdl on|off          launch each kernel as a programmatic dependent of the one\n"
       "                        before it (Hopper; default on; off: plain launches)\n"
       "  --plain LIST          with --pdl on, launch these calls plainly all the same\n"
-      "                        (store_entries, 'compress csa+index', 'compress csa',\n"
-      "                        'compress index', 'compress hca', index_topk, sparse_decode):\n"
+      "                        (store_entries, 'store+compress csa+index', 'store+compress\n"
+      "                        hca', 'compress csa+index', 'compress csa', 'compress index',\n"
+      "                        'compress hca', index_topk, sparse_decode):\n"
       "                        which boundary a dependent launch helps or hurts\n"
       "  --hot                 keep caches warm between runs (default: flushed, cold)\n"
+      "  --flush-code          also evict the SMs' instruction caches before each run (the\n"
+      "                        L2 flush leaves them holding the last replay's code)\n"
       "  --iterations N        timed replays per graph (median; default 100 GPU, 3 CPU)\n"
       "  --json FILE           also write results as JSON\n"
       "  --cpu                 run on the CPU even when a GPU is present\n");
@@ -757,10 +792,11 @@ int dsv4_step_command(Options& options) {
   const std::vector<std::string> layers = options.texts("layers", {"swa", "csa", "hca", "moe"});
   const std::string workspace = options.text("workspace", "on");
   const std::string dependent = options.text("pdl", "on");
-  const std::string compressors = options.text("compressors", "pair");
+  const std::string writes = options.text("writes", "one");
   const std::vector<std::string> plain = options.texts("plain", {});
   TimingOptions timing;
   timing.flush_cache = !options.flag("hot");
+  timing.flush_code = options.flag("flush-code");
   const int64_t iterations = options.integer("iterations", kDeviceDefault);
   const std::string json_path = options.text("json", "");
   options.reject_unused();
@@ -785,15 +821,16 @@ int dsv4_step_command(Options& options) {
   if (workspace != "on" && workspace != "off") {
     throw std::runtime_error("--workspace must be on or off, got '" + workspace + "'");
   }
-  if (compressors != "pair" && compressors != "apart") {
-    throw std::runtime_error("--compressors must be pair or apart, got '" + compressors + "'");
+  if (writes != "one" && writes != "pair" && writes != "apart") {
+    throw std::runtime_error("--writes must be one, pair or apart, got '" + writes + "'");
   }
   if (dependent != "on" && dependent != "off") {
     throw std::runtime_error("--pdl must be on or off, got '" + dependent + "'");
   }
-  static const char* const kCalls[] = {"store_entries",  "compress csa+index", "compress csa",
-                                       "compress index", "compress hca",       "index_topk",
-                                       "sparse_decode"};
+  static const char* const kCalls[] = {
+      "store_entries", "store+compress csa+index", "store+compress hca", "compress csa+index",
+      "compress csa",  "compress index",           "compress hca",       "index_topk",
+      "sparse_decode"};
   for (const std::string& call : plain) {
     if (std::find(std::begin(kCalls), std::end(kCalls), call) == std::end(kCalls)) {
       std::string known;
@@ -826,12 +863,11 @@ int dsv4_step_command(Options& options) {
       "context/128 - 1); the compressor states hold the window's earlier tokens (CSA:\n"
       "context - 8 .. context - 2, HCA: context - 128 .. context - 2), put back before each\n"
       "replay outside the timed span. workspace: %s, programmatic dependent launch: %s, CSA\n"
-      "compressors: %s\n\n",
-      workspace.c_str(), gpu ? dependent.c_str() : "-", compressors.c_str());
+      "and HCA writes: %s\n\n",
+      workspace.c_str(), gpu ? dependent.c_str() : "-", writes.c_str());
   ResultTable table({"preset", "context", "N", "layer", "kernel", "time_us", "MB", "floor_us",
                      "x_floor", "ws_MiB", "check"});
-  StepBench bench(*device, timing, baseline, table, workspace == "on", compressors == "pair",
-                  plain);
+  StepBench bench(*device, timing, baseline, table, workspace == "on", writes, plain);
   const int64_t max_rows = *std::max_element(rows.begin(), rows.end());
   const bool attention = std::any_of(layers.begin(), layers.end(),
                                      [](const std::string& layer) { return layer != "moe"; });
@@ -864,6 +900,7 @@ int dsv4_step_command(Options& options) {
       "time_us: median graph replay (a kernel alone in its graph; step: the layer's calls in one\n"
       "graph). MB = bytes the call must move at least: store_entries N x (bf16 row + slot +\n"
       "584 B entry); compress N x (kv + score bf16, state read + written fp32, entry written);\n"
+      "store+compress: the sum of the two;\n"
       "index_topk N x (context/4 keys x 68 B + q + weights + block table row + indices and\n"
       "slots written); sparse_decode N x (L entries x (584 + 4) + q + out bf16 + lse), L = 128\n"
       "(swa), 128 + top_k (csa), 128 + context/128 (hca); route: gate_weight + hidden bf16 +\n"

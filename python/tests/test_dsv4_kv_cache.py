@@ -506,6 +506,60 @@ def test_compress_pair_refuses_calls_that_touch_each_other(device):
     assert all(torch.equal(c["cache"], b) for c, b in zip((first, second), before))
 
 
+def swa_store(device, rows, seed=43):
+    """A store_entries call as a dict: bf16 rows (row 1 with an infinity) on distinct slots of a
+    poisoned ring of its own, slot 3 skipped."""
+    g = ref.generator(seed)
+    values = torch.randn(rows, 512, generator=g).to(torch.bfloat16)
+    values[1, 7] = float("inf")
+    slots = torch.randperm(2 * rows, generator=g)[:rows]
+    slots[3] = -1
+    return dict(
+        values=values.to(device),
+        slots=slots.to(device),
+        cache=poisoned((2, rows * 584), device),
+        block_size=rows,
+    )
+
+
+@pytest.mark.parametrize("compressors", [1, 2])
+def test_store_and_compress_equals_the_calls_in_turn(device, compressors):
+    calls = compress_pair_calls(device)[:compressors]
+    store = swa_store(device, rows=6)
+    copy = lambda call: {k: v.clone() if torch.is_tensor(v) else v for k, v in call.items()}
+    apart, store_apart = [copy(c) for c in calls], copy(store)
+    counter_apart = torch.full((1,), 3, dtype=torch.int64, device=device)
+    counter_one = counter_apart.clone()
+    hdk.dsv4.store_entries(**store_apart, invalid_count=counter_apart)
+    for call in apart:
+        hdk.dsv4.compress(**call, invalid_count=counter_apart)
+    caches = hdk.dsv4.store_and_compress(store, *calls, invalid_count=counter_one)
+    assert len(caches) == 1 + compressors and caches[0] is store["cache"]
+    assert torch.equal(store["cache"], store_apart["cache"])
+    assert not (store["cache"] == POISON).all()
+    for got, want in zip(calls, apart):
+        assert torch.equal(got["cache"], want["cache"])
+        assert torch.equal(got["state"].view(torch.int32), want["state"].view(torch.int32))
+    assert int(counter_one.item()) == int(counter_apart.item()) == 4  # the infinity's row
+
+
+def test_store_and_compress_refuses_a_ring_in_a_pool_and_bad_calls(device):
+    first, second = compress_pair_calls(device, rows=3)
+    store = swa_store(device, rows=4)
+    before = [c["cache"].clone() for c in (store, first, second)]
+    ring_in_pool = dict(store, cache=first["cache"][:2, : 4 * 584])
+    with pytest.raises(hdk.dsv4.ops.HdkError, match="'store's cache' overlaps 'first compressor's"):
+        hdk.dsv4.store_and_compress(ring_in_pool, first, second)
+    bad = dict(first, ratio=1)
+    with pytest.raises(hdk.dsv4.ops.HdkError, match=r"\(compressor\): option 'ratio'"):
+        hdk.dsv4.store_and_compress(store, bad)
+    with pytest.raises(hdk.dsv4.ops.HdkError, match="the store has unknown arguments"):
+        hdk.dsv4.store_and_compress(dict(store, rotate=True), first)
+    with pytest.raises(hdk.dsv4.ops.HdkError, match=r"the second compressor call misses"):
+        hdk.dsv4.store_and_compress(store, first, {k: v for k, v in second.items() if k != "kv"})
+    assert all(torch.equal(c["cache"], b) for c, b in zip((store, first, second), before))
+
+
 # ------------------------------------------------------------------------------------------
 # The indexer's quantized query
 

@@ -303,7 +303,6 @@ def test_decode_steps_through_the_manager(key_format):
         n = len(batch)
         for layer in m.layers:
             values = torch.randn(n * tokens, 512, generator=g) * 4
-            m.store_swa(layer, values, step)
             for row, request in enumerate(batch):
                 for t in range(tokens):
                     if request is not None:
@@ -317,9 +316,15 @@ def test_decode_steps_through_the_manager(key_format):
                 kv = torch.randn(n, tokens, width, generator=g)
                 score = torch.randn(n, tokens, width, generator=g) * 2
                 inputs[indexer] = (kv, score, ape, norm)
-            if layer.kind == "csa" and step_number % 2 == 0:  # both compressors in one launch
+            if layer.kind != "swa" and step_number % 3 == 1:  # the layer's writes in one launch
+                m.store_and_compress(
+                    layer, step, values, inputs[False], cos, sin, indexer=inputs.get(True)
+                )
+            elif layer.kind == "csa" and step_number % 3 == 0:  # both compressors in one launch
+                m.store_swa(layer, values, step)
                 m.compress_csa(layer, step, inputs[False], inputs[True], cos, sin)
             else:
+                m.store_swa(layer, values, step)
                 for indexer, (kv, score, ape, norm) in inputs.items():
                     m.compress(layer, step, kv, score, ape, norm, cos, sin, indexer=indexer)
             for indexer, (kv, score, ape, norm) in inputs.items():
@@ -356,3 +361,18 @@ def test_compress_csa_needs_a_csa_layer():
     hca = next(layer for layer in m.layers if layer.kind == "hca")
     with pytest.raises(hdk.HdkError, match="only CSA layers have two compressors"):
         m.compress_csa(hca, None, (None,) * 4, (None,) * 4, None, None)
+
+
+def test_store_and_compress_takes_the_compressors_the_layer_has():
+    m = small()
+    kinds = {
+        kind: next(layer for layer in m.layers if layer.kind == kind)
+        for kind in ("swa", "csa", "hca")
+    }
+    four = (None,) * 4
+    with pytest.raises(hdk.HdkError, match="is SWA, it has no compressor"):
+        m.store_and_compress(kinds["swa"], None, None, four, None, None)
+    with pytest.raises(hdk.HdkError, match="give its indexer compressor's inputs"):
+        m.store_and_compress(kinds["csa"], None, None, four, None, None)
+    with pytest.raises(hdk.HdkError, match="it has no indexer compressor"):
+        m.store_and_compress(kinds["hca"], None, None, four, None, None, indexer=four)

@@ -1,11 +1,11 @@
 // A whole DeepSeek-V4 CSA-layer decode step captured in one CUDA graph and replayed over a
-// sequence: store_entries into the SWA rings, compress (main entries, d = 512) and compress
-// (indexer keys, d = 128, MXFP4), index_topk over the keys, and sparse_decode over the selected
-// compressed entries (index_topk's topk_slots, passed on with no glue) plus the SWA ring (the
-// extra list). New inputs are copied into the captured
-// buffers before every replay. After every replay the outputs are checked against the float64
-// reference run on the bytes the graph left in the caches, and the caches must equal, byte for
-// byte, those of the same calls run eagerly. Request 3 is padding in every step.
+// sequence: store_and_compress (the SWA rings' entries, the main compressor's entries, d = 512,
+// and the indexer compressor's MXFP4 keys, d = 128, in one launch), index_topk over the keys, and
+// sparse_decode over the selected compressed entries (index_topk's topk_slots, passed on with no
+// glue) plus the SWA ring (the extra list). New inputs are copied into the captured buffers before
+// every replay. After every replay the outputs are checked against the float64 reference run on the
+// bytes the graph left in the caches, and the caches must equal, byte for byte, those of the same
+// calls run eagerly. Request 3 is padding in every step.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -169,9 +169,7 @@ struct StepBuffers {
         TensorView::contiguous(swa.data(), DType::kUInt8, {S::kRows, S::kWindow * 584}, cuda);
     store.block_size = S::kWindow;
     store.invalid_count = TensorView::contiguous(counter.data(), DType::kInt64, {1}, cuda);
-    dsv4::store_entries(store, stream);
-    dsv4::compress(compressor(main), stream);
-    dsv4::compress(compressor(indexer), stream);
+    dsv4::store_and_compress(store, compressor(main), compressor(indexer), stream);
     dsv4::index_topk(indexer_params(cuda, indexer.cache.data(), index_q.data(),
                                     index_weights.data(), table.data(), num_entries.data(),
                                     topk_indices.data(), topk_scores.data(), topk_slots.data()),

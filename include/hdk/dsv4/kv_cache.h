@@ -170,6 +170,21 @@ void compress(const CompressorParams& params, CudaStream stream);
 void compress(const CompressorParams& first, const CompressorParams& second);
 void compress(const CompressorParams& first, const CompressorParams& second, CudaStream stream);
 
+// A CSA or HCA layer's cache writes of one decode step in one launch: store_entries(store) (the
+// step's SWA entries) with the layer's compressor calls (HCA: one; CSA: the main and the indexer
+// compressors). The same bytes and counts as store_entries(store) then compress(...), where on
+// CUDA no call's rows wait for another's: the store no longer costs a launch of its own. No call
+// may write memory another reads or writes, so the SWA ring must be a tensor apart from the
+// compressed pools (an hdk::Error names the calls and the arguments); the calls may share
+// invalid_count. Every check of every call runs before anything is written.
+void store_and_compress(const StoreEntriesParams& store, const CompressorParams& compressor);
+void store_and_compress(const StoreEntriesParams& store, const CompressorParams& compressor,
+                        CudaStream stream);
+void store_and_compress(const StoreEntriesParams& store, const CompressorParams& first,
+                        const CompressorParams& second);
+void store_and_compress(const StoreEntriesParams& store, const CompressorParams& first,
+                        const CompressorParams& second, CudaStream stream);
+
 // Accumulators per state slot: 3 for ratio 4 (CSA), else 1.
 int64_t compressor_accumulators(int64_t ratio);
 

@@ -32,6 +32,7 @@ from hdk.dsv4.ops import (
     route_workspace_slabs,
     sparse_decode,
     sparse_decode_workspace_bytes,
+    store_and_compress,
     store_entries,
     store_indexer_keys,
 )
@@ -60,6 +61,7 @@ __all__ = [
     "route_workspace_slabs",
     "sparse_decode",
     "sparse_decode_workspace_bytes",
+    "store_and_compress",
     "store_entries",
     "store_indexer_keys",
 ]

@@ -545,6 +545,31 @@ class KVCacheManager:
             **options,
         )
 
+    def _compressor_call(self, layer, step, inputs, rope_cos, rope_sin, is_indexer, options):
+        """One compress call of ``layer`` as a dict of :func:`hdk.dsv4.compress`'s arguments:
+        ``inputs`` = ``(kv, score, ape, norm_weight)``, the step's positions, state slots and
+        block table, the layer's state and cache (the indexer's when ``is_indexer``)."""
+        kv, score, ape, norm_weight = inputs
+        call = dict(
+            kv=kv,
+            score=score,
+            ape=ape,
+            positions=step.positions,
+            state_slots=step.state_slots,
+            state=layer.index_state if is_indexer else layer.state,
+            norm_weight=norm_weight,
+            rope_cos=rope_cos,
+            rope_sin=rope_sin,
+            block_table=step.csa_block_table if layer.kind == "csa" else step.hca_block_table,
+            cache=layer.index_cache if is_indexer else layer.cache,
+            block_size=self.block_size[layer.ratio],
+            ratio=layer.ratio,
+            **options,
+        )
+        if is_indexer:
+            call.setdefault("key_format", self.key_format)
+        return call
+
     def compress_csa(self, layer, step, main, indexer, rope_cos, rope_sin, **options):
         """A CSA layer's two compress calls in one launch (:func:`hdk.dsv4.compress_pair`):
         ``main`` and ``indexer`` are each ``(kv, score, ape, norm_weight)``, the arguments
@@ -559,28 +584,51 @@ class KVCacheManager:
             )
         both = ("invalid_count", "check_indices")
         shared = {key: options.pop(key) for key in both if key in options}
-        calls = []
-        for (kv, score, ape, norm_weight), is_indexer in ((main, False), (indexer, True)):
-            call = dict(
-                kv=kv,
-                score=score,
-                ape=ape,
-                positions=step.positions,
-                state_slots=step.state_slots,
-                state=layer.index_state if is_indexer else layer.state,
-                norm_weight=norm_weight,
-                rope_cos=rope_cos,
-                rope_sin=rope_sin,
-                block_table=step.csa_block_table,
-                cache=layer.index_cache if is_indexer else layer.cache,
-                block_size=self.block_size[layer.ratio],
-                ratio=layer.ratio,
-                **options,
-            )
-            if is_indexer:
-                call.setdefault("key_format", self.key_format)
-            calls.append(call)
+        calls = [
+            self._compressor_call(layer, step, inputs, rope_cos, rope_sin, is_indexer, options)
+            for inputs, is_indexer in ((main, False), (indexer, True))
+        ]
         return ops.compress_pair(calls[0], calls[1], **shared)
+
+    def store_and_compress(
+        self, layer, step, values, main, rope_cos, rope_sin, *, indexer=None, **options
+    ):
+        """A CSA or HCA layer's cache writes of the step in one launch
+        (:func:`hdk.dsv4.store_and_compress`): :meth:`store_swa`'s ``values`` into the layer's
+        SWA ring with the layer's compressor (``main`` = ``(kv, score, ape, norm_weight)``, as
+        :meth:`compress` takes them) and, for a CSA layer, the indexer's compressor (``indexer``,
+        the same four for d = 128). The same bytes as :meth:`store_swa` then :meth:`compress_csa`
+        (or :meth:`compress`), one launch fewer; other options (``norm_eps``, ``invalid_count``,
+        ``check_indices``) serve every call."""
+        layer = self.layers[layer] if isinstance(layer, int) else layer
+        name = "hdk.dsv4.KVCacheManager.store_and_compress"
+        if layer.kind == "swa":
+            raise HdkError(
+                f"{name}: layer {layer.index} is SWA, it has no compressor (use store_swa)"
+            )
+        if (layer.kind == "csa") != (indexer is not None):
+            raise HdkError(
+                f"{name}: layer {layer.index} is {layer.kind.upper()}, "
+                + (
+                    "give its indexer compressor's inputs as indexer=(kv, score, ape, norm_weight)"
+                    if layer.kind == "csa"
+                    else "it has no indexer compressor (indexer must be None)"
+                )
+            )
+        both = ("invalid_count", "check_indices")
+        shared = {key: options.pop(key) for key in both if key in options}
+        store = dict(
+            values=values,
+            slots=step.swa_slots.reshape(-1),
+            cache=layer.swa,
+            block_size=SWA_WINDOW,
+        )
+        calls = [self._compressor_call(layer, step, main, rope_cos, rope_sin, False, options)]
+        if indexer is not None:
+            calls.append(
+                self._compressor_call(layer, step, indexer, rope_cos, rope_sin, True, options)
+            )
+        return ops.store_and_compress(store, *calls, **shared)
 
     def index_topk(self, layer, step, q, weights, top_k, *, topk_slots=None, **options):
         """CSA layers: the indexer's top-k over the layer's key pool for the step's query rows

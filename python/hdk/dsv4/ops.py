@@ -346,14 +346,15 @@ _COMPRESS_TENSORS = (
 _COMPRESS_OPTIONS = ("norm_eps", "key_format", "rotate")
 
 
-def _compress_arguments(call, which):
-    """One call's arguments of dsv4_compress_pair from a dict of :func:`compress`'s."""
+def _compress_arguments(call, which, operation="hdk.dsv4.compress_pair"):
+    """One call's arguments of dsv4_compress_pair (or dsv4_store_and_compress) from a dict of
+    :func:`compress`'s."""
     known = set(_COMPRESS_TENSORS) | {"block_size", "ratio"} | set(_COMPRESS_OPTIONS)
     unknown = sorted(set(call) - known)
     missing = [name for name in _COMPRESS_TENSORS + ("block_size", "ratio") if name not in call]
     if unknown or missing:
         raise HdkError(
-            f"hdk.dsv4.compress_pair: the {which} call "
+            f"{operation}: the {which} call "
             + (f"has unknown arguments {unknown}" if unknown else f"misses {missing}")
             + f"; each call is a dict of compress's arguments {list(_COMPRESS_TENSORS)}, "
             "block_size, ratio and optionally norm_eps, key_format, rotate"
@@ -384,6 +385,49 @@ def compress_pair(first, second, *, invalid_count=None, check_indices=False):
         bool(check_indices),
     )
     return first["cache"], second["cache"]
+
+
+_STORE_ARGUMENTS = ("values", "slots", "cache", "block_size")
+
+
+def store_and_compress(store, first, second=None, *, invalid_count=None, check_indices=False):
+    """A CSA or HCA layer's cache writes of one decode step in one launch
+    (hdk::dsv4::store_and_compress): the step's SWA entries (``store``, a dict of
+    :func:`store_entries`' ``values``, ``slots``, ``cache``, ``block_size``) with the layer's
+    compressor calls (``first``, and for a CSA layer ``second``: dicts of :func:`compress`'s
+    arguments by name, as :func:`compress_pair` takes them); ``invalid_count`` and
+    ``check_indices`` serve every call. The same bytes and counts as ``store_entries(**store)``
+    then the compress calls, without the store's launch. No call may write what another reads or
+    writes, so the SWA ring is a tensor apart from the compressed pools. Returns the SWA cache and
+    the compressors' caches."""
+    operation = "hdk.dsv4.store_and_compress"
+    unknown = sorted(set(store) - set(_STORE_ARGUMENTS))
+    missing = [name for name in _STORE_ARGUMENTS if name not in store]
+    if unknown or missing:
+        raise HdkError(
+            f"{operation}: the store "
+            + (f"has unknown arguments {unknown}" if unknown else f"misses {missing}")
+            + f"; the store is a dict of store_entries' arguments {list(_STORE_ARGUMENTS)}"
+        )
+    store_arguments = [store["values"], store["slots"], store["cache"], int(store["block_size"])]
+    if second is None:
+        run_op(
+            torch.ops.hdk.dsv4_store_and_compress,
+            *store_arguments,
+            *_compress_arguments(first, "compressor", operation),
+            invalid_count,
+            bool(check_indices),
+        )
+        return store["cache"], first["cache"]
+    run_op(
+        torch.ops.hdk.dsv4_store_and_compress_pair,
+        *store_arguments,
+        *_compress_arguments(first, "first compressor", operation),
+        *_compress_arguments(second, "second compressor", operation),
+        invalid_count,
+        bool(check_indices),
+    )
+    return store["cache"], first["cache"], second["cache"]
 
 
 def quantize_indexer_query(q, rotate=True, q_packed=None, q_scales=None, invalid_count=None):

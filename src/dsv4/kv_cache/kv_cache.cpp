@@ -137,21 +137,38 @@ void gather_indexer_keys(const GatherIndexerKeysParams& params, CudaStream strea
 
 namespace {
 
-// One or two compressor calls (validated) in one step: on the CPU each call's indices are checked
-// before either writes, then the calls run in order; on CUDA one launch runs them.
-void run_compress(const detail::CompressorProblem* problems, const CompressorParams* const* params,
-                  int count, CudaStream stream) {
+// One launch of writes (validated): `count` compressor calls and, for store_and_compress, a
+// store. On the CPU every call's indices are checked before any call writes, then the calls run
+// in order (the store first); on CUDA one launch runs them all.
+void run_writes(const detail::CompressorProblem* problems, const CompressorParams* const* params,
+                int count, const detail::StoreEntriesProblem* store,
+                const StoreEntriesParams* store_params, CudaStream stream) {
+  const bool with_store = store != nullptr;
   const Device device = params[0]->state.device;
   dispatch(
-      "hdk::dsv4::compress", device,
+      with_store ? "hdk::dsv4::store_and_compress" : "hdk::dsv4::compress", device,
       [&] {
-        for (int i = 0; i < count; ++i)
-          detail::check_compressor_indices(problems[i], detail::compress_operation(count, i));
+        if (with_store) {
+          detail::check_slots(detail::kStoreAndCompressStore, store->slots, store->num_rows, 1,
+                              store->cache, detail::SlotUse::kWrite);
+        }
+        for (int i = 0; i < count; ++i) {
+          detail::check_compressor_indices(problems[i],
+                                           detail::compress_operation(count, i, with_store));
+        }
+        if (with_store) detail::store_entries_cpu(*store);
         for (int i = 0; i < count; ++i)
           detail::compress_cpu(problems[i]);
       },
       [&] {
 #ifdef HDK_WITH_CUDA
+        if (with_store && store_params->check_indices) {
+          std::vector<uint8_t> slots;
+          detail::check_slots(detail::kStoreAndCompressStore,
+                              detail::copy_indices_to_host(store->slots, store->num_rows, 1, slots,
+                                                           device.index, stream),
+                              store->num_rows, 1, store->cache, detail::SlotUse::kWrite);
+        }
         for (int i = 0; i < count; ++i) {
           if (!params[i]->check_indices) continue;
           std::vector<uint8_t> positions, state_slots, table;
@@ -163,9 +180,11 @@ void run_compress(const detail::CompressorProblem* problems, const CompressorPar
                                                           state_slots, device.index, stream);
           host.block_table = detail::copy_indices_to_host(
               problems[i].block_table, N, problems[i].max_blocks, table, device.index, stream);
-          detail::check_compressor_indices(host, detail::compress_operation(count, i));
+          detail::check_compressor_indices(host, detail::compress_operation(count, i, with_store));
         }
-        detail::compress_cuda(problems, count, device.index, stream);
+        detail::write_layer_cuda(problems, count, store, device.index, stream);
+#else
+        (void)store_params, (void)stream;
 #endif
       });
 }
@@ -179,7 +198,7 @@ void compress(const CompressorParams& params) {
 void compress(const CompressorParams& params, CudaStream stream) {
   const detail::CompressorProblem problem = detail::validate_compress(params);
   const CompressorParams* calls[1] = {&params};
-  run_compress(&problem, calls, 1, stream);
+  run_writes(&problem, calls, 1, nullptr, nullptr, stream);
 }
 
 void compress(const CompressorParams& first, const CompressorParams& second) {
@@ -190,7 +209,30 @@ void compress(const CompressorParams& first, const CompressorParams& second, Cud
   const std::array<detail::CompressorProblem, 2> problems =
       detail::validate_compress_pair(first, second);
   const CompressorParams* calls[2] = {&first, &second};
-  run_compress(problems.data(), calls, 2, stream);
+  run_writes(problems.data(), calls, 2, nullptr, nullptr, stream);
+}
+
+void store_and_compress(const StoreEntriesParams& store, const CompressorParams& compressor) {
+  store_and_compress(store, compressor, nullptr);
+}
+
+void store_and_compress(const StoreEntriesParams& store, const CompressorParams& compressor,
+                        CudaStream stream) {
+  const CompressorParams* calls[1] = {&compressor};
+  const detail::LayerWritesProblem problem = detail::validate_store_and_compress(store, calls, 1);
+  run_writes(problem.compressors, calls, 1, &problem.store, &store, stream);
+}
+
+void store_and_compress(const StoreEntriesParams& store, const CompressorParams& first,
+                        const CompressorParams& second) {
+  store_and_compress(store, first, second, nullptr);
+}
+
+void store_and_compress(const StoreEntriesParams& store, const CompressorParams& first,
+                        const CompressorParams& second, CudaStream stream) {
+  const CompressorParams* calls[2] = {&first, &second};
+  const detail::LayerWritesProblem problem = detail::validate_store_and_compress(store, calls, 2);
+  run_writes(problem.compressors, calls, 2, &problem.store, &store, stream);
 }
 
 }  // namespace dsv4

@@ -133,14 +133,24 @@ void validate_gather(const ArgumentChecks& check, const TensorView& cache, const
 
 }  // namespace
 
-StoreEntriesProblem validate_store_entries(const StoreEntriesParams& p) {
-  const ArgumentChecks check("hdk::dsv4::store_entries");
+namespace {
+
+std::array<NamedView, 2> store_inputs(const StoreEntriesParams& p) {
+  return {{{&p.values, "values"}, {&p.slots, "slots"}}};
+}
+std::array<NamedView, 2> store_outputs(const StoreEntriesParams& p) {
+  return {{{&p.cache, "cache"}, {&p.invalid_count, "invalid_count"}}};
+}
+
+}  // namespace
+
+StoreEntriesProblem validate_store_entries(const StoreEntriesParams& p, const char* operation) {
+  const ArgumentChecks check(operation);
   check.require(p.values, "values", "([N, 512] fp32 or bf16)");
   check.require(p.slots, "slots", "([N] int32/int64)");
   check.require(p.cache, "cache", "([num_blocks, block_size * 584] uint8)");
-  const std::initializer_list<NamedView> inputs = {{&p.values, "values"}, {&p.slots, "slots"}};
-  const std::initializer_list<NamedView> outputs = {{&p.cache, "cache"},
-                                                    {&p.invalid_count, "invalid_count"}};
+  const std::array<NamedView, 2> inputs = store_inputs(p);
+  const std::array<NamedView, 2> outputs = store_outputs(p);
   check.same_device(inputs, outputs);
   StoreEntriesProblem problem;
   check_rows(check, p.values, "values", kHeadDim, "[N, 512]");
@@ -368,43 +378,97 @@ CompressorProblem validate_compress(const CompressorParams& p, const char* opera
   return problem;
 }
 
-const char* compress_operation(int count, int i) {
+const char* compress_operation(int count, int i, bool with_store) {
+  if (with_store) {
+    if (count == 1) return "hdk::dsv4::store_and_compress (compressor)";
+    return i == 0 ? "hdk::dsv4::store_and_compress (first compressor)"
+                  : "hdk::dsv4::store_and_compress (second compressor)";
+  }
   if (count == 1) return "hdk::dsv4::compress";
   return i == 0 ? "hdk::dsv4::compress (first call)" : "hdk::dsv4::compress (second call)";
 }
+
+namespace {
+
+// One call of a launch that runs several, as the check below sees it.
+struct LaunchedCall {
+  std::string name;  // "first call", "store", ...
+  std::vector<NamedView> inputs, outputs;
+  const TensorView* counter;  // one of `outputs`: calls may share their counters
+  Device device;
+};
+
+LaunchedCall launched_compressor(const CompressorParams& p, std::string name) {
+  const std::array<NamedView, 9> inputs = compressor_inputs(p);
+  const std::array<NamedView, 3> outputs = compressor_outputs(p);
+  return {std::move(name),
+          {inputs.begin(), inputs.end()},
+          {outputs.begin(), outputs.end()},
+          &p.invalid_count,
+          p.state.device};
+}
+
+// The calls of one launch run at once: all on one device, and no call writing memory another
+// reads or writes (the shared invalid counter aside).
+void check_calls_apart(const ArgumentChecks& check, const std::vector<LaunchedCall>& calls) {
+  for (const LaunchedCall& call : calls) {
+    if (!(call.device == calls[0].device)) {
+      check.fail("the calls must be on one device, got " + calls[0].device.str() + " (" +
+                 calls[0].name + ") and " + call.device.str() + " (" + call.name + ")");
+    }
+  }
+  for (const LaunchedCall& own : calls) {
+    for (const LaunchedCall& other : calls) {
+      if (&own == &other) continue;
+      for (const NamedView& out : own.outputs) {
+        for (const std::vector<NamedView>* seen_views : {&other.inputs, &other.outputs}) {
+          for (const NamedView& seen : *seen_views) {
+            if (out.view == own.counter && seen.view == other.counter) continue;
+            const std::string out_name = own.name + "'s " + out.name;
+            const std::string seen_name = other.name + "'s " + seen.name;
+            check.no_overlap(*out.view, out_name.c_str(), *seen.view, seen_name.c_str());
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
 
 std::array<CompressorProblem, 2> validate_compress_pair(const CompressorParams& first,
                                                         const CompressorParams& second) {
   const std::array<CompressorProblem, 2> problems = {
       validate_compress(first, compress_operation(2, 0)),
       validate_compress(second, compress_operation(2, 1))};
-  const ArgumentChecks check("hdk::dsv4::compress");
-  if (!(first.state.device == second.state.device)) {
-    check.fail("the two calls must be on one device, got " + first.state.device.str() +
-               " (first call) and " + second.state.device.str() + " (second call)");
-  }
-  // Each call's outputs against everything the other call touches, the shared counter aside.
-  const CompressorParams* calls[2] = {&first, &second};
-  const char* names[2] = {"first", "second"};
-  for (int i = 0; i < 2; ++i) {
-    const CompressorParams& own = *calls[i];
-    const CompressorParams& other = *calls[1 - i];
-    const std::array<NamedView, 9> other_inputs = compressor_inputs(other);
-    const std::array<NamedView, 3> other_outputs = compressor_outputs(other);
-    for (const NamedView& out : compressor_outputs(own)) {
-      for (NamedViews seen_views : {NamedViews{other_inputs.data(), other_inputs.size()},
-                                    NamedViews{other_outputs.data(), other_outputs.size()}}) {
-        for (const NamedView& seen : seen_views) {
-          const bool counters = out.view == &own.invalid_count && seen.view == &other.invalid_count;
-          if (counters) continue;
-          const std::string out_name = std::string(names[i]) + " call's " + out.name;
-          const std::string seen_name = std::string(names[1 - i]) + " call's " + seen.name;
-          check.no_overlap(*out.view, out_name.c_str(), *seen.view, seen_name.c_str());
-        }
-      }
-    }
-  }
+  check_calls_apart(
+      ArgumentChecks("hdk::dsv4::compress"),
+      {launched_compressor(first, "first call"), launched_compressor(second, "second call")});
   return problems;
+}
+
+LayerWritesProblem validate_store_and_compress(const StoreEntriesParams& store,
+                                               const CompressorParams* const* compressors,
+                                               int count) {
+  LayerWritesProblem problem;
+  problem.store = validate_store_entries(store, kStoreAndCompressStore);
+  problem.count = count;
+  const std::array<NamedView, 2> inputs = store_inputs(store);
+  const std::array<NamedView, 2> outputs = store_outputs(store);
+  std::vector<LaunchedCall> calls = {{"store",
+                                      {inputs.begin(), inputs.end()},
+                                      {outputs.begin(), outputs.end()},
+                                      &store.invalid_count,
+                                      store.cache.device}};
+  for (int i = 0; i < count; ++i) {
+    problem.compressors[i] =
+        validate_compress(*compressors[i], compress_operation(count, i, /*with_store=*/true));
+    calls.push_back(launched_compressor(*compressors[i], count == 1 ? "compressor"
+                                                         : i == 0   ? "first compressor"
+                                                                    : "second compressor"));
+  }
+  check_calls_apart(ArgumentChecks("hdk::dsv4::store_and_compress"), calls);
+  return problem;
 }
 
 namespace {

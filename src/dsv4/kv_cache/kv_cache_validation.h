@@ -20,12 +20,15 @@ namespace hdk {
 namespace dsv4 {
 namespace detail {
 
-StoreEntriesProblem validate_store_entries(const StoreEntriesParams& params);
+StoreEntriesProblem validate_store_entries(const StoreEntriesParams& params,
+                                           const char* operation = "hdk::dsv4::store_entries");
 GatherEntriesProblem validate_gather_entries(const GatherEntriesParams& params);
 StoreKeysProblem validate_store_indexer_keys(const StoreIndexerKeysParams& params);
 GatherKeysProblem validate_gather_indexer_keys(const GatherIndexerKeysParams& params);
-// How errors name call i of a compress with `count` (1 or 2) calls.
-const char* compress_operation(int count, int i);
+// How errors name compressor call i of `count` (1 or 2) in one launch, with or without a store
+// (store_and_compress), and that launch's store.
+const char* compress_operation(int count, int i, bool with_store = false);
+constexpr const char* kStoreAndCompressStore = "hdk::dsv4::store_and_compress (store)";
 CompressorProblem validate_compress(const CompressorParams& params,
                                     const char* operation = "hdk::dsv4::compress");
 // Two calls of one launch: each validated as a call of its own (errors name it "first" or
@@ -33,6 +36,13 @@ CompressorProblem validate_compress(const CompressorParams& params,
 // invalid counter may be shared).
 std::array<CompressorProblem, 2> validate_compress_pair(const CompressorParams& first,
                                                         const CompressorParams& second);
+
+// store_and_compress: the store and `count` (1 or 2) compressor calls, each validated as a call
+// of its own (errors name it), all on one device, and no call writing memory another reads or
+// writes (the invalid counter may be shared).
+LayerWritesProblem validate_store_and_compress(const StoreEntriesParams& store,
+                                               const CompressorParams* const* compressors,
+                                               int count);
 
 // Pieces of the checks above that the read side (attention_validation.cpp) shares.
 // `name`: [num_blocks, block_size * entry_bytes] uint8, last dim contiguous; `format` names the

@@ -173,12 +173,10 @@ __device__ bool warp_write_key(float (&x)[4], const PagedPool& pool, int64_t slo
 
 // ---- store / gather kernels -----------------------------------------------------------------
 
+// Row n of a store, written by one warp.
 template <bool kWide>
-__global__ void store_entries_kernel(StoreEntriesProblem p, bool aligned_values) {
-  hdk::detail::begin_dependent_kernel();
-  const int lane = threadIdx.x % 32;
-  const int64_t n = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-  if (n >= p.num_rows) return;
+__device__ __forceinline__ void store_entry_row(const StoreEntriesProblem& p, int64_t n,
+                                                bool aligned_values, int lane) {
   // The row's values are requested together with its slot, not after it: one DRAM round trip
   // before the entry can be written instead of two (a padding row's values are read for nothing;
   // H100: 8.6-9.3 us from N = 1 to 512, before 9-10 us).
@@ -192,6 +190,13 @@ __global__ void store_entries_kernel(StoreEntriesProblem p, bool aligned_values)
   }
   const bool nonfinite = warp_write_entry<kWide>(x, p.cache, slot, lane);
   if (lane == 0 && nonfinite) count_invalid(p.invalid_count, 1);
+}
+
+template <bool kWide>
+__global__ void store_entries_kernel(StoreEntriesProblem p, bool aligned_values) {
+  hdk::detail::begin_dependent_kernel();
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (n < p.num_rows) store_entry_row<kWide>(p, n, aligned_values, threadIdx.x % 32);
 }
 
 // (n, l) of the flat index n * columns + l of a gather's output row: 32-bit division where both
@@ -459,12 +464,24 @@ __device__ __forceinline__ void load_position_terms(const CompressorProblem& p, 
   }
 }
 
-// Up to two compressor calls in one launch: CTAs [0, first_rows) take the first call's rows, the
-// rest the second's (compress with two calls: a CSA layer's main and indexer compressors).
-struct CompressorLaunch {
+// Up to two compressor calls and a store in one launch (compress with two calls, and
+// store_and_compress). CTAs [0, first_rows) take the first call's rows, the rest the second's;
+// the store's rows go to warps added after the compressors' threads (warps store_warp0 ..
+// store_warp0 + store_warps - 1 of every CTA), so the launch keeps the compressors' grid and a
+// store row's work overlaps a compressor row's wait for its inputs. Without compressor rows every
+// warp stores.
+struct WriteLaunch {
   CompressorProblem problem[2];
   int64_t first_rows = 0;
+  StoreEntriesProblem store;
+  bool store_values_aligned = false;
+  int store_warp0 = 0;
+  int store_warps = 0;
 };
+
+// Store warps a compressor CTA takes at most (the launch bounds of write_layer_kernel); a store of
+// more rows loops.
+constexpr int kStoreWarpsAtMost = 4;
 
 // One CTA per batch row of a call, thread c owning channel c (and, CSA, channel d + c of the
 // inputs); a CTA wider than the call's d (a launch of two calls takes the wider one's) has its
@@ -512,6 +529,13 @@ __device__ __forceinline__ void compress_row(const CompressorProblem& p, int64_t
     const int first_half = p.overlap ? static_cast<int>(first_half_accumulator(window)) : 0;
     if (row == 0) acc[first_half] = empty_accumulator();
     accumulate(acc[first_half], token.score + token.ape, token.kv);
+    // The next kernel may be scheduled once the row's first inputs have arrived, not earlier: with
+    // store_and_compress triggering at its start, the next kernel ran later than after a plain
+    // launch (H200: the Flash HCA step 0.85-0.88x at N = 1..16, sparse_decode ending 6 us later;
+    // CSA at 2048 entries 0.96-0.99x, the index scoring kernel twice as long); triggered here,
+    // every CSA and HCA step cell 1.00-1.13x faster than the store and the compressors apart
+    // (docs/dsv4-kv-cache.md).
+    if (t == 0) hdk::detail::allow_dependent_grids_if_small();
     if (p.overlap) {
       if (row == 0) acc[kSecondHalfAccumulator] = empty_accumulator();
       accumulate(acc[kSecondHalfAccumulator], token.score_high + token.ape_high, token.kv_high);
@@ -580,22 +604,32 @@ __device__ __forceinline__ void compress_row(const CompressorProblem& p, int64_t
 // One call: CTA n takes row n.
 template <bool kWide>
 __global__ void compress_kernel(CompressorProblem p) {
-  hdk::detail::begin_dependent_kernel();
+  hdk::detail::wait_for_prior_grid();  // compress_row lets the next kernel start
   __shared__ float entry[kHeadDim];
   __shared__ float partial_sums[kHeadDim / 32];
   compress_row<kWide>(p, blockIdx.x, entry, partial_sums);
 }
 
-// Two calls: the CTA's call read in place from the launch's parameters (__grid_constant__: no
-// copy to local memory), one copy of the row's code for both calls. Inlining a copy of it for
-// each call instead (each call's parameters as constants) took 116 registers and made the pair
-// 1.16x slower at N = 1 (10.6 against 9.15 us, H200). 512 threads at most: the wider call's d.
+// Several calls: the CTA's call read in place from the launch's parameters (__grid_constant__: no
+// copy to local memory), one copy of the row's code for both compressor calls. Inlining a copy of
+// it for each call instead (each call's parameters as constants) took 116 registers and made a
+// compressor pair 1.16x slower at N = 1 (10.6 against 9.15 us, H200). The wider call's d threads,
+// then the store warps: 640 threads at most.
 template <bool kWide>
-__global__ void __launch_bounds__(kHeadDim)
-    compress_pair_kernel(const __grid_constant__ CompressorLaunch launch) {
-  hdk::detail::begin_dependent_kernel();
+__global__ void __launch_bounds__(kHeadDim + 32 * kStoreWarpsAtMost)
+    write_layer_kernel(const __grid_constant__ WriteLaunch launch) {
+  hdk::detail::wait_for_prior_grid();  // compress_row lets the next kernel start
   __shared__ float entry[kHeadDim];
   __shared__ float partial_sums[kHeadDim / 32];
+  const int warp = static_cast<int>(threadIdx.x / 32);
+  if (warp >= launch.store_warp0) {
+    const int64_t warps = int64_t{gridDim.x} * launch.store_warps;
+    for (int64_t n = int64_t{blockIdx.x} * launch.store_warps + (warp - launch.store_warp0);
+         n < launch.store.num_rows; n += warps) {
+      store_entry_row<kWide>(launch.store, n, launch.store_values_aligned, threadIdx.x % 32);
+    }
+    return;
+  }
   const int64_t cta = blockIdx.x;
   const bool second = cta >= launch.first_rows;
   const CompressorProblem& p = second ? launch.problem[1] : launch.problem[0];
@@ -650,19 +684,22 @@ unsigned warp_blocks(int64_t rows) {
   return static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
 }
 
+bool aligned_values(const StoreEntriesProblem& p) {
+  const int64_t element = p.values_dtype == DType::kFloat32 ? 4 : 2;
+  return aligned_16(p.values) && (p.values_row_stride * element) % 16 == 0;
+}
+
 }  // namespace
 
 void store_entries_cuda(const StoreEntriesProblem& p, int device, CudaStream stream) {
   const char* operation = "hdk::dsv4::store_entries";
   if (p.num_rows == 0) return;
   const bool wide = wide_pool(p.cache, operation);
-  const int64_t element = p.values_dtype == DType::kFloat32 ? 4 : 2;
-  const bool aligned = aligned_16(p.values) && (p.values_row_stride * element) % 16 == 0;
   hdk::detail::CudaDeviceGuard guard(device, operation);
   auto kernel = wide ? store_entries_kernel<true> : store_entries_kernel<false>;
   hdk::detail::check_launch(
       hdk::detail::launch_dependent(kernel, warp_blocks(p.num_rows), 32 * kWarpsPerBlock, 0, stream,
-                                    p, aligned),
+                                    p, aligned_values(p)),
       operation, "store_entries_kernel");
 }
 
@@ -709,9 +746,11 @@ void gather_indexer_keys_cuda(const GatherKeysProblem& p, int device, CudaStream
       operation, "gather_keys_kernel");
 }
 
-void compress_cuda(const CompressorProblem* problems, int count, int device, CudaStream stream) {
-  const char* operation = "hdk::dsv4::compress";
-  CompressorLaunch launch;
+void write_layer_cuda(const CompressorProblem* problems, int count,
+                      const StoreEntriesProblem* store, int device, CudaStream stream) {
+  const char* operation =
+      store != nullptr ? "hdk::dsv4::store_and_compress" : "hdk::dsv4::compress";
+  WriteLaunch launch;
   int64_t rows = 0, threads = 0;
   bool entries = false, wide = true;
   for (int i = 0; i < count; ++i) {
@@ -729,21 +768,38 @@ void compress_cuda(const CompressorProblem* problems, int count, int device, Cud
     rows += p.num_rows;
     if (p.num_rows > 0) threads = std::max(threads, p.dim);
   }
-  wide = wide && entries;
   launch.first_rows = problems[0].num_rows;
-  if (rows == 0) return;
+  // Without a store every thread is a compressor's (the store warps start past the block).
+  launch.store_warp0 = static_cast<int>(threads / 32);
+  int64_t ctas = rows;
+  if (store != nullptr && store->num_rows > 0) {
+    entries = true;
+    wide = wide_pool(store->cache, operation) && wide;
+    launch.store = *store;
+    launch.store_values_aligned = aligned_values(*store);
+    if (rows > 0) {
+      launch.store_warps = static_cast<int>(
+          std::min<int64_t>((store->num_rows + rows - 1) / rows, kStoreWarpsAtMost));
+    } else {
+      launch.store_warps = kWarpsPerBlock;
+      ctas = warp_blocks(store->num_rows);
+    }
+    threads += 32 * launch.store_warps;
+  }
+  wide = wide && entries;
+  if (ctas == 0) return;
   hdk::detail::CudaDeviceGuard guard(device, operation);
-  const unsigned grid = static_cast<unsigned>(rows), block = static_cast<unsigned>(threads);
+  const unsigned grid = static_cast<unsigned>(ctas), block = static_cast<unsigned>(threads);
   cudaError_t error;
-  if (count == 1) {
+  if (count == 1 && store == nullptr) {
     auto kernel = wide ? compress_kernel<true> : compress_kernel<false>;
     error = hdk::detail::launch_dependent(kernel, grid, block, 0, stream, launch.problem[0]);
   } else {
-    auto kernel = wide ? compress_pair_kernel<true> : compress_pair_kernel<false>;
+    auto kernel = wide ? write_layer_kernel<true> : write_layer_kernel<false>;
     error = hdk::detail::launch_dependent(kernel, grid, block, 0, stream, launch);
   }
-  hdk::detail::check_launch(error, operation,
-                            count == 1 ? "compress_kernel" : "compress_pair_kernel");
+  hdk::detail::check_launch(
+      error, operation, count == 1 && store == nullptr ? "compress_kernel" : "write_layer_kernel");
 }
 
 }  // namespace detail

@@ -18,8 +18,10 @@ void gather_indexer_keys_cuda(const GatherKeysProblem& problem, int device, Cuda
 // check_indices: the host copy of an index view that the data checks read.
 using hdk::detail::copy_indices_to_host;
 
-// `count` (1 or 2) compressor calls in one launch; two must write nothing the other touches.
-void compress_cuda(const CompressorProblem* problems, int count, int device, CudaStream stream);
+// `count` (1 or 2) compressor calls and, when `store` is given, store_entries(*store) in one
+// launch; no call may write anything another touches.
+void write_layer_cuda(const CompressorProblem* problems, int count,
+                      const StoreEntriesProblem* store, int device, CudaStream stream);
 
 }  // namespace detail
 }  // namespace dsv4

@@ -1,9 +1,10 @@
-// hdk::dsv4::compress with two calls in one launch against the same two calls made one after the
-// other: every byte of both states, both caches and the shared invalid counter equal, on the CPU
-// and on CUDA, for a CSA layer's main and indexer compressors and for other pairs (rows of both
-// calls mixed with padding, windows completing in some rows, several rows of a 128-channel call
-// in one CTA). A pair that writes what the other call touches, or with one bad call, is refused
-// before anything is written, the error naming the call.
+// Writes of one launch against the same calls made one after the other: hdk::dsv4::compress with
+// two calls, and store_and_compress (a store with one or two compressor calls). Every byte of the
+// states, the caches and the shared invalid counter equal, on the CPU and on CUDA, for a CSA
+// layer's main and indexer compressors and for other pairs (rows of every call mixed with
+// padding, windows completing in some rows, several rows of a 128-channel call in one CTA, store
+// rows over several CTAs). A launch in which a call writes what another touches, or with one bad
+// call, is refused before anything is written, the error naming the call.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -160,13 +161,72 @@ struct CallBuffers {
   }
 };
 
+// A store's host data: rows with the formats' hard cases (NaN and infinity rows among them), on
+// distinct slots (some negative) of a poisoned pool of its own.
+struct StoreData {
+  static constexpr int64_t kBlock = 8;
+  int64_t rows = 0, num_blocks = 0;
+  DType dtype;
+  std::vector<float> floats;
+  std::vector<int64_t> slot_values;
+  std::vector<uint8_t> values, slots, cache;
+
+  StoreData(int64_t n, DType value_dtype, bool bad_row, std::mt19937_64& rng)
+      : rows(n), num_blocks(n / kBlock + 2), dtype(value_dtype) {
+    floats = random_rows(rng, n, 512, /*special=*/true, 64);
+    values = encode_rows(floats, dtype);
+    slot_values = distinct_slots(rng, n, num_blocks * kBlock, /*with_skips=*/true);
+    if (bad_row) slot_values[1] = num_blocks * kBlock + 3;  // beyond the pool
+    slots = index_bytes(slot_values, DType::kInt64);
+    cache.resize(static_cast<size_t>(num_blocks * kBlock * dsv4::kEntryBytes));
+    for (auto& byte : cache)
+      byte = static_cast<uint8_t>(rng());
+  }
+  // Rows the store counts: a NaN or infinity in a row it writes, or a slot beyond the pool.
+  int64_t invalid_rows() const {
+    int64_t count = 0;
+    for (int64_t n = 0; n < rows; ++n) {
+      const int64_t slot = slot_values[n];
+      bool finite = true;
+      for (int64_t i = 0; i < 512; ++i)
+        finite = finite && std::isfinite(floats[n * 512 + i]);
+      if (slot >= num_blocks * kBlock || (slot >= 0 && !finite)) ++count;
+    }
+    return count;
+  }
+};
+
+struct StoreBuffers {
+  DeviceBuffer values, slots, cache;
+  dsv4::StoreEntriesParams params;
+
+  StoreBuffers(const StoreData& d, Backend backend, void* counter)
+      : values(backend, d.values.size()),
+        slots(backend, d.slots.size()),
+        cache(backend, d.cache.size()) {
+    values.upload(d.values.data(), d.values.size());
+    slots.upload(d.slots.data(), d.slots.size());
+    cache.upload(d.cache.data(), d.cache.size());
+    const Device where = backend_device(backend);
+    params.values = TensorView::contiguous(values.data(), d.dtype, {d.rows, 512}, where);
+    params.slots = TensorView::contiguous(slots.data(), DType::kInt64, {d.rows}, where);
+    params.cache = TensorView::contiguous(
+        cache.data(), DType::kUInt8, {d.num_blocks, StoreData::kBlock * dsv4::kEntryBytes}, where);
+    params.block_size = StoreData::kBlock;
+    params.invalid_count = TensorView::contiguous(counter, DType::kInt64, {1}, where);
+  }
+  std::vector<uint8_t> cache_bytes() const {
+    std::vector<uint8_t> bytes(cache.size());
+    cache.download(bytes.data(), bytes.size());
+    return bytes;
+  }
+};
+
 struct PairCase {
   CallShape first, second;
   int64_t rows_first, rows_second;
   bool bad_rows;  // a row of each call with pages beyond its cache (CUDA: skipped and counted)
 };
-
-class CompressorPair : public ::testing::TestWithParam<std::tuple<Backend, int>> {};
 
 std::vector<PairCase> pair_cases() {
   const CallShape main{512, 4, 1, dsv4::KeyFormat::kMXFP4};
@@ -181,13 +241,21 @@ std::vector<PairCase> pair_cases() {
   };
 }
 
-TEST_P(CompressorPair, OneLaunchEqualsTwoCalls) {
+// What one launch runs: two compressor calls (compress), or a store with the first compressor
+// call or with both (store_and_compress).
+enum class Launch { kCompressPair, kStoreAndOne, kStoreAndPair };
+
+class LayerWrites : public ::testing::TestWithParam<std::tuple<Backend, int, Launch>> {};
+
+TEST_P(LayerWrites, OneLaunchEqualsTheCallsInTurn) {
   const Backend backend = std::get<0>(GetParam());
   const std::string reason = backend_unavailable_reason(backend);
   if (!reason.empty()) GTEST_SKIP() << reason;
-  const PairCase c = pair_cases()[static_cast<size_t>(std::get<1>(GetParam()))];
+  const int index = std::get<1>(GetParam());
+  const PairCase c = pair_cases()[static_cast<size_t>(index)];
+  const Launch launch = std::get<2>(GetParam());
   if (c.bad_rows && backend == Backend::kCPU) GTEST_SKIP() << "the CPU refuses such rows";
-  std::mt19937_64 rng(900 + static_cast<uint64_t>(std::get<1>(GetParam())));
+  std::mt19937_64 rng(900 + static_cast<uint64_t>(index));
   // Bad rows complete a window (even rows that are not padding): row 0 and row 4.
   const CallData first(c.first, c.rows_first, c.bad_rows ? 0 : -1, rng);
   CallData second(c.second, c.rows_second, c.bad_rows ? 4 : -1, rng);
@@ -195,39 +263,70 @@ TEST_P(CompressorPair, OneLaunchEqualsTwoCalls) {
   // row completes whatever the ratio): its entry carries NaN markers and both runs count it.
   const float nan = std::numeric_limits<float>::quiet_NaN();
   std::memcpy(second.kv.data() + (second.width - 1) * sizeof(float), &nan, sizeof(float));
+  // Store rows past one CTA of 16 warps; bf16 and fp32 values in turn.
+  const StoreData store(c.rows_first + c.rows_second + 11,
+                        index % 2 == 0 ? DType::kBFloat16 : DType::kFloat32, c.bad_rows, rng);
+  const bool with_store = launch != Launch::kCompressPair;
+  const bool with_second = launch != Launch::kStoreAndOne;
 
   const std::vector<uint8_t> counter = counter_bytes(DType::kInt64, 2);
-  DeviceBuffer sequential_counter(backend, 8), pair_counter(backend, 8);
+  DeviceBuffer sequential_counter(backend, 8), launch_counter(backend, 8);
   sequential_counter.upload(counter.data(), 8);
-  pair_counter.upload(counter.data(), 8);
+  launch_counter.upload(counter.data(), 8);
   CallBuffers one_a(first, backend, sequential_counter.data());
   CallBuffers one_b(second, backend, sequential_counter.data());
-  CallBuffers two_a(first, backend, pair_counter.data());
-  CallBuffers two_b(second, backend, pair_counter.data());
+  StoreBuffers one_s(store, backend, sequential_counter.data());
+  CallBuffers two_a(first, backend, launch_counter.data());
+  CallBuffers two_b(second, backend, launch_counter.data());
+  StoreBuffers two_s(store, backend, launch_counter.data());
 
+  if (with_store) dsv4::store_entries(one_s.params);
   dsv4::compress(one_a.params);
-  dsv4::compress(one_b.params);
-  dsv4::compress(two_a.params, two_b.params);
+  if (with_second) dsv4::compress(one_b.params);
+  switch (launch) {
+    case Launch::kCompressPair:
+      dsv4::compress(two_a.params, two_b.params);
+      break;
+    case Launch::kStoreAndOne:
+      dsv4::store_and_compress(two_s.params, two_a.params);
+      break;
+    case Launch::kStoreAndPair:
+      dsv4::store_and_compress(two_s.params, two_a.params, two_b.params);
+      break;
+  }
   synchronize(backend);
 
   EXPECT_EQ(one_a.download(one_a.params.state), two_a.download(two_a.params.state));
   EXPECT_EQ(one_a.download(one_a.params.cache), two_a.download(two_a.params.cache));
   EXPECT_EQ(one_b.download(one_b.params.state), two_b.download(two_b.params.state));
   EXPECT_EQ(one_b.download(one_b.params.cache), two_b.download(two_b.params.cache));
+  EXPECT_EQ(one_s.cache_bytes(), two_s.cache_bytes());
   std::vector<uint8_t> want(8), got(8);
   sequential_counter.download(want.data(), 8);
-  pair_counter.download(got.data(), 8);
+  launch_counter.download(got.data(), 8);
   EXPECT_EQ(want, got);
-  EXPECT_EQ(read_counter(got, DType::kInt64), 2 + 1 + (c.bad_rows ? 2 : 0));
-  // The calls wrote something: a window completed in some row of each.
+  const int64_t first_invalid = c.bad_rows ? 1 : 0;
+  const int64_t second_invalid = with_second ? 1 + (c.bad_rows ? 1 : 0) : 0;
+  const int64_t store_invalid = with_store ? store.invalid_rows() : 0;
+  EXPECT_EQ(read_counter(got, DType::kInt64), 2 + first_invalid + second_invalid + store_invalid);
+  // The calls wrote something: a window completed in some row of each, the store wrote rows.
   EXPECT_NE(two_a.download(two_a.params.cache), first.cache);
-  EXPECT_NE(two_b.download(two_b.params.cache), second.cache);
+  if (with_second) {
+    EXPECT_NE(two_b.download(two_b.params.cache), second.cache);
+  } else {
+    EXPECT_EQ(two_b.download(two_b.params.cache), second.cache);
+  }
+  if (with_store) {
+    EXPECT_NE(two_s.cache_bytes(), store.cache);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    Grid, CompressorPair,
+    Grid, LayerWrites,
     ::testing::Combine(::testing::Values(Backend::kCPU, Backend::kCUDA),
-                       ::testing::Range(0, static_cast<int>(pair_cases().size()))));
+                       ::testing::Range(0, static_cast<int>(pair_cases().size())),
+                       ::testing::Values(Launch::kCompressPair, Launch::kStoreAndOne,
+                                         Launch::kStoreAndPair)));
 
 // What one call writes must not be what the other reads or writes; the error names both.
 TEST(CompressorPairValidation, CallsThatTouchEachOthersOutputsAreRefused) {
@@ -268,6 +367,78 @@ TEST(CompressorPairValidation, CallsThatTouchEachOthersOutputsAreRefused) {
   expect_refused(bad, b.params, "hdk::dsv4::compress (first call): option 'ratio'");
   // The shared counter is fine: the pair runs.
   EXPECT_NO_THROW(dsv4::compress(a.params, b.params));
+}
+
+// store_and_compress: the SWA pool must be a tensor apart from the compressors' tensors, a bad
+// call is named, and the CPU's index checks of every call run before any call writes.
+TEST(StoreAndCompressValidation, OverlapsBadCallsAndBadSlotsAreRefusedBeforeAnyWrite) {
+  std::mt19937_64 rng(78);
+  const CallData main(CallShape{512, 4, 1, dsv4::KeyFormat::kMXFP4}, 3, -1, rng);
+  const CallData indexer(CallShape{128, 4, 1, dsv4::KeyFormat::kMXFP4}, 3, -1, rng);
+  const StoreData store(5, DType::kFloat32, false, rng);
+  std::vector<uint8_t> counter = counter_bytes(DType::kInt64, 0);
+  CallBuffers a(main, Backend::kCPU, counter.data());
+  CallBuffers b(indexer, Backend::kCPU, counter.data());
+  StoreBuffers s(store, Backend::kCPU, counter.data());
+  auto expect_refused = [&](const dsv4::StoreEntriesParams& x, const dsv4::CompressorParams& y,
+                            const dsv4::CompressorParams* z, const std::string& words) {
+    const std::vector<uint8_t> state_a = a.download(a.params.state);
+    const std::vector<uint8_t> cache_a = a.download(a.params.cache);
+    const std::vector<uint8_t> state_b = b.download(b.params.state);
+    const std::vector<uint8_t> pool = s.cache_bytes();
+    try {
+      if (z != nullptr) {
+        dsv4::store_and_compress(x, y, *z);
+      } else {
+        dsv4::store_and_compress(x, y);
+      }
+      ADD_FAILURE() << "no error; expected one mentioning " << words;
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find(words), std::string::npos) << error.what();
+    }
+    EXPECT_EQ(a.download(a.params.state), state_a);
+    EXPECT_EQ(a.download(a.params.cache), cache_a);
+    EXPECT_EQ(b.download(b.params.state), state_b);
+    EXPECT_EQ(s.cache_bytes(), pool);
+  };
+  // The SWA entries written into the main compressor's pool.
+  dsv4::StoreEntriesParams inside = s.params;
+  inside.cache =
+      TensorView::contiguous(const_cast<void*>(a.params.cache.data), DType::kUInt8,
+                             {1, StoreData::kBlock * dsv4::kEntryBytes}, a.params.cache.device);
+  expect_refused(inside, a.params, nullptr, "'store's cache' overlaps 'compressor's cache'");
+  expect_refused(inside, a.params, &b.params,
+                 "'store's cache' overlaps 'first compressor's cache'");
+  // A compressor's state over the store's values.
+  dsv4::CompressorParams over_values = b.params;
+  over_values.state =
+      TensorView::contiguous(const_cast<void*>(s.params.values.data), DType::kFloat32,
+                             {1, 3, 3, 128}, s.params.cache.device);
+  expect_refused(s.params, a.params, &over_values,
+                 "'second compressor's state' overlaps 'store's values'");
+  // One bad call: the error names it.
+  dsv4::StoreEntriesParams bad_store = s.params;
+  bad_store.block_size = 3;
+  expect_refused(bad_store, a.params, &b.params, "hdk::dsv4::store_and_compress (store):");
+  dsv4::CompressorParams bad = b.params;
+  bad.ratio = 1;
+  expect_refused(s.params, a.params, &bad,
+                 "hdk::dsv4::store_and_compress (second compressor): option 'ratio'");
+  expect_refused(s.params, bad, nullptr,
+                 "hdk::dsv4::store_and_compress (compressor): option 'ratio'");
+  // A store slot beyond the pool: refused before either compressor writes its state.
+  std::vector<uint8_t> beyond = store.slots;
+  put_index(beyond, DType::kInt64, 2, store.num_blocks * StoreData::kBlock);
+  DeviceBuffer beyond_slots(Backend::kCPU, beyond.size());
+  beyond_slots.upload(beyond.data(), beyond.size());
+  dsv4::StoreEntriesParams bad_slot = s.params;
+  bad_slot.slots = TensorView::contiguous(beyond_slots.data(), DType::kInt64, {store.rows},
+                                          s.params.slots.device);
+  expect_refused(bad_slot, a.params, &b.params,
+                 "hdk::dsv4::store_and_compress (store): slots[2] = ");
+  // The shared counter is fine: the launch runs and writes.
+  EXPECT_NO_THROW(dsv4::store_and_compress(s.params, a.params, b.params));
+  EXPECT_NE(s.cache_bytes(), store.cache);
 }
 
 }  // namespace
