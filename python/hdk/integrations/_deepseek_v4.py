@@ -327,10 +327,20 @@ class DeepseekV4Runtime:
     # -- decode ----------------------------------------------------------------------------
 
     def _compress(
-        self, layer, constants, compressor, flat, *, positions=None, state_slots=None, table=None
+        self,
+        layer,
+        constants,
+        compressor,
+        flat,
+        *,
+        positions=None,
+        state_slots=None,
+        table=None,
+        swa_rows=None,
     ):
         """Both compressors of a layer for rows ``flat`` ([N, D] or [N, T, D]); the step's
-        positions, slots and table unless given (the prefill handoff's chunks)."""
+        positions, slots and table unless given (the prefill handoff's chunks). ``swa_rows``: the
+        step's kv rows for the layer's SWA ring, stored in the compressors' launch."""
         step = self.step
         calls = [(compressor, "ape", "norm", layer.state, layer.cache)]
         if layer.kind == "csa":
@@ -366,7 +376,15 @@ class DeepseekV4Runtime:
             )
             for part, ape, norm, state, cache in calls
         ]
-        if len(arguments) == 2:  # a CSA layer: both compressors in one launch
+        if swa_rows is not None:  # the ring's store and the compressors in one launch
+            store = dict(
+                values=swa_rows,
+                slots=step.swa_slots.reshape(-1),
+                cache=layer.swa,
+                block_size=SWA_WINDOW,
+            )
+            ops.store_and_compress(store, *arguments)
+        elif len(arguments) == 2:  # a CSA layer: both compressors in one launch
             ops.compress_pair(*arguments)
         else:
             ops.compress(**arguments[0])
@@ -392,11 +410,14 @@ class DeepseekV4Runtime:
             # transformers' caches stay what its own decode would hold (the window's kv rows).
             past_key_values.update(kv, kv, attention.layer_idx)
         manager, step = self.manager, self.step
-        manager.store_swa(layer, kv.reshape(batch, _HEAD_DIM), step)
         flat = hidden_states.reshape(batch, -1)
         selected = None
         if layer.kind != "swa":
-            self._compress(layer, constants, attention.compressor, flat)
+            self._compress(
+                layer, constants, attention.compressor, flat, swa_rows=kv.reshape(batch, _HEAD_DIM)
+            )
+        else:
+            manager.store_swa(layer, kv.reshape(batch, _HEAD_DIM), step)
         if layer.kind == "csa":
             indexer = attention.compressor.indexer
             index_q = indexer.q_b_proj(q_residual).view(batch, 1, -1, _INDEX_DIM).transpose(1, 2)
