@@ -3,8 +3,9 @@
 // states, the caches and the shared invalid counter equal, on the CPU and on CUDA, for a CSA
 // layer's main and indexer compressors and for other pairs (rows of every call mixed with
 // padding, windows completing in some rows, several rows of a 128-channel call in one CTA, store
-// rows over several CTAs). A launch in which a call writes what another touches, or with one bad
-// call, is refused before anything is written, the error naming the call.
+// rows over several CTAs, a store whose compressor calls have no rows). A launch in which a call
+// writes what another touches, or with one bad call, is refused before anything is written, the
+// error naming the call.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -368,6 +369,43 @@ TEST(CompressorPairValidation, CallsThatTouchEachOthersOutputsAreRefused) {
   // The shared counter is fine: the pair runs.
   EXPECT_NO_THROW(dsv4::compress(a.params, b.params));
 }
+
+// A step whose compressor calls have no rows still stores: the launch is the store's warps alone.
+class StoreWithoutCompressorRows : public ::testing::TestWithParam<Backend> {};
+
+TEST_P(StoreWithoutCompressorRows, StoresAndLeavesTheCompressorsAlone) {
+  const Backend backend = GetParam();
+  const std::string reason = backend_unavailable_reason(backend);
+  if (!reason.empty()) GTEST_SKIP() << reason;
+  std::mt19937_64 rng(79);
+  const CallData main(CallShape{512, 4, 1, dsv4::KeyFormat::kMXFP4}, 0, -1, rng);
+  const CallData indexer(CallShape{128, 4, 1, dsv4::KeyFormat::kMXFP4}, 0, -1, rng);
+  const StoreData store(9, DType::kBFloat16, false, rng);
+  const std::vector<uint8_t> counter = counter_bytes(DType::kInt64, 0);
+  DeviceBuffer sequential_counter(backend, 8), launch_counter(backend, 8);
+  sequential_counter.upload(counter.data(), 8);
+  launch_counter.upload(counter.data(), 8);
+  StoreBuffers one(store, backend, sequential_counter.data());
+  StoreBuffers two(store, backend, launch_counter.data());
+  CallBuffers a(main, backend, launch_counter.data());
+  CallBuffers b(indexer, backend, launch_counter.data());
+  dsv4::store_entries(one.params);
+  dsv4::store_and_compress(two.params, a.params, b.params);
+  synchronize(backend);
+  EXPECT_EQ(one.cache_bytes(), two.cache_bytes());
+  EXPECT_NE(two.cache_bytes(), store.cache);
+  EXPECT_EQ(a.download(a.params.state), encode_rows(main.state, DType::kFloat32));
+  EXPECT_EQ(a.download(a.params.cache), main.cache);
+  EXPECT_EQ(b.download(b.params.cache), indexer.cache);
+  std::vector<uint8_t> want(8), got(8);
+  sequential_counter.download(want.data(), 8);
+  launch_counter.download(got.data(), 8);
+  EXPECT_EQ(want, got);
+  EXPECT_EQ(read_counter(got, DType::kInt64), store.invalid_rows());
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, StoreWithoutCompressorRows,
+                         ::testing::Values(Backend::kCPU, Backend::kCUDA));
 
 // store_and_compress: the SWA pool must be a tensor apart from the compressors' tensors, a bad
 // call is named, and the CPU's index checks of every call run before any call writes.
