@@ -215,6 +215,15 @@ void ArgumentChecks::no_overlap(const TensorView& output, const char* output_nam
        "' in memory; an output must not share bytes with another argument");
 }
 
+void ArgumentChecks::no_overlap(const char* output_call, const NamedView& output,
+                                const char* other_call, const NamedView& other) const {
+  if (!output.view->defined() || !other.view->defined()) return;
+  if (!memory_span(*output.view).overlaps(memory_span(*other.view))) return;
+  const std::string output_name = std::string(output_call) + "'s " + output.name;
+  const std::string other_name = std::string(other_call) + "'s " + other.name;
+  no_overlap(*output.view, output_name.c_str(), *other.view, other_name.c_str());
+}
+
 void throw_no_cuda_backend(const char* operation, const Device& device) {
   throw Error(std::string(operation) + ": the tensors are on " + device.str() +
               " but this build of hdk has no CUDA backend (configure with -DHDK_WITH_CUDA=ON)");

@@ -90,6 +90,10 @@ class ArgumentChecks {
   // Throws when `output`'s bytes may overlap `other`'s.
   void no_overlap(const TensorView& output, const char* output_name, const TensorView& other,
                   const char* other_name) const;
+  // The same for arguments of two calls of one launch, named "<call>'s <argument>" in the message
+  // (composed only when it throws).
+  void no_overlap(const char* output_call, const NamedView& output, const char* other_call,
+                  const NamedView& other) const;
 
  private:
   void same_device(NamedViews inputs, NamedViews outputs) const;

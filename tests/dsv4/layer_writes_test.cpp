@@ -223,6 +223,25 @@ struct StoreBuffers {
   }
 };
 
+// The invalid counters of the calls made in turn and of the one launch, both starting at `start`.
+struct CounterPair {
+  DeviceBuffer sequential, launch;
+
+  CounterPair(Backend backend, int64_t start) : sequential(backend, 8), launch(backend, 8) {
+    const std::vector<uint8_t> bytes = counter_bytes(DType::kInt64, start);
+    sequential.upload(bytes.data(), 8);
+    launch.upload(bytes.data(), 8);
+  }
+  // The launch's count, after checking that the calls in turn counted the same bytes.
+  int64_t equal_counts() const {
+    std::vector<uint8_t> want(8), got(8);
+    sequential.download(want.data(), 8);
+    launch.download(got.data(), 8);
+    EXPECT_EQ(want, got);
+    return read_counter(got, DType::kInt64);
+  }
+};
+
 struct PairCase {
   CallShape first, second;
   int64_t rows_first, rows_second;
@@ -270,16 +289,13 @@ TEST_P(LayerWrites, OneLaunchEqualsTheCallsInTurn) {
   const bool with_store = launch != Launch::kCompressPair;
   const bool with_second = launch != Launch::kStoreAndOne;
 
-  const std::vector<uint8_t> counter = counter_bytes(DType::kInt64, 2);
-  DeviceBuffer sequential_counter(backend, 8), launch_counter(backend, 8);
-  sequential_counter.upload(counter.data(), 8);
-  launch_counter.upload(counter.data(), 8);
-  CallBuffers one_a(first, backend, sequential_counter.data());
-  CallBuffers one_b(second, backend, sequential_counter.data());
-  StoreBuffers one_s(store, backend, sequential_counter.data());
-  CallBuffers two_a(first, backend, launch_counter.data());
-  CallBuffers two_b(second, backend, launch_counter.data());
-  StoreBuffers two_s(store, backend, launch_counter.data());
+  const CounterPair counters(backend, 2);
+  CallBuffers one_a(first, backend, counters.sequential.data());
+  CallBuffers one_b(second, backend, counters.sequential.data());
+  StoreBuffers one_s(store, backend, counters.sequential.data());
+  CallBuffers two_a(first, backend, counters.launch.data());
+  CallBuffers two_b(second, backend, counters.launch.data());
+  StoreBuffers two_s(store, backend, counters.launch.data());
 
   if (with_store) dsv4::store_entries(one_s.params);
   dsv4::compress(one_a.params);
@@ -302,14 +318,10 @@ TEST_P(LayerWrites, OneLaunchEqualsTheCallsInTurn) {
   EXPECT_EQ(one_b.download(one_b.params.state), two_b.download(two_b.params.state));
   EXPECT_EQ(one_b.download(one_b.params.cache), two_b.download(two_b.params.cache));
   EXPECT_EQ(one_s.cache_bytes(), two_s.cache_bytes());
-  std::vector<uint8_t> want(8), got(8);
-  sequential_counter.download(want.data(), 8);
-  launch_counter.download(got.data(), 8);
-  EXPECT_EQ(want, got);
   const int64_t first_invalid = c.bad_rows ? 1 : 0;
   const int64_t second_invalid = with_second ? 1 + (c.bad_rows ? 1 : 0) : 0;
   const int64_t store_invalid = with_store ? store.invalid_rows() : 0;
-  EXPECT_EQ(read_counter(got, DType::kInt64), 2 + first_invalid + second_invalid + store_invalid);
+  EXPECT_EQ(counters.equal_counts(), 2 + first_invalid + second_invalid + store_invalid);
   // The calls wrote something: a window completed in some row of each, the store wrote rows.
   EXPECT_NE(two_a.download(two_a.params.cache), first.cache);
   if (with_second) {
@@ -381,14 +393,11 @@ TEST_P(StoreWithoutCompressorRows, StoresAndLeavesTheCompressorsAlone) {
   const CallData main(CallShape{512, 4, 1, dsv4::KeyFormat::kMXFP4}, 0, -1, rng);
   const CallData indexer(CallShape{128, 4, 1, dsv4::KeyFormat::kMXFP4}, 0, -1, rng);
   const StoreData store(9, DType::kBFloat16, false, rng);
-  const std::vector<uint8_t> counter = counter_bytes(DType::kInt64, 0);
-  DeviceBuffer sequential_counter(backend, 8), launch_counter(backend, 8);
-  sequential_counter.upload(counter.data(), 8);
-  launch_counter.upload(counter.data(), 8);
-  StoreBuffers one(store, backend, sequential_counter.data());
-  StoreBuffers two(store, backend, launch_counter.data());
-  CallBuffers a(main, backend, launch_counter.data());
-  CallBuffers b(indexer, backend, launch_counter.data());
+  const CounterPair counters(backend, 0);
+  StoreBuffers one(store, backend, counters.sequential.data());
+  StoreBuffers two(store, backend, counters.launch.data());
+  CallBuffers a(main, backend, counters.launch.data());
+  CallBuffers b(indexer, backend, counters.launch.data());
   dsv4::store_entries(one.params);
   dsv4::store_and_compress(two.params, a.params, b.params);
   synchronize(backend);
@@ -397,11 +406,7 @@ TEST_P(StoreWithoutCompressorRows, StoresAndLeavesTheCompressorsAlone) {
   EXPECT_EQ(a.download(a.params.state), encode_rows(main.state, DType::kFloat32));
   EXPECT_EQ(a.download(a.params.cache), main.cache);
   EXPECT_EQ(b.download(b.params.cache), indexer.cache);
-  std::vector<uint8_t> want(8), got(8);
-  sequential_counter.download(want.data(), 8);
-  launch_counter.download(got.data(), 8);
-  EXPECT_EQ(want, got);
-  EXPECT_EQ(read_counter(got, DType::kInt64), store.invalid_rows());
+  EXPECT_EQ(counters.equal_counts(), store.invalid_rows());
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, StoreWithoutCompressorRows,

@@ -141,8 +141,8 @@ namespace {
 // store. On the CPU every call's indices are checked before any call writes, then the calls run
 // in order (the store first); on CUDA one launch runs them all.
 void run_writes(const detail::CompressorProblem* problems, const CompressorParams* const* params,
-                int count, const detail::StoreEntriesProblem* store,
-                const StoreEntriesParams* store_params, CudaStream stream) {
+                int count, const detail::StoreEntriesProblem* store, bool check_store_indices,
+                CudaStream stream) {
   const bool with_store = store != nullptr;
   const Device device = params[0]->state.device;
   dispatch(
@@ -162,7 +162,7 @@ void run_writes(const detail::CompressorProblem* problems, const CompressorParam
       },
       [&] {
 #ifdef HDK_WITH_CUDA
-        if (with_store && store_params->check_indices) {
+        if (with_store && check_store_indices) {
           std::vector<uint8_t> slots;
           detail::check_slots(detail::kStoreAndCompressStore,
                               detail::copy_indices_to_host(store->slots, store->num_rows, 1, slots,
@@ -184,7 +184,7 @@ void run_writes(const detail::CompressorProblem* problems, const CompressorParam
         }
         detail::write_layer_cuda(problems, count, store, device.index, stream);
 #else
-        (void)store_params, (void)stream;
+        (void)check_store_indices, (void)stream;
 #endif
       });
 }
@@ -198,7 +198,7 @@ void compress(const CompressorParams& params) {
 void compress(const CompressorParams& params, CudaStream stream) {
   const detail::CompressorProblem problem = detail::validate_compress(params);
   const CompressorParams* calls[1] = {&params};
-  run_writes(&problem, calls, 1, nullptr, nullptr, stream);
+  run_writes(&problem, calls, 1, nullptr, false, stream);
 }
 
 void compress(const CompressorParams& first, const CompressorParams& second) {
@@ -209,7 +209,7 @@ void compress(const CompressorParams& first, const CompressorParams& second, Cud
   const std::array<detail::CompressorProblem, 2> problems =
       detail::validate_compress_pair(first, second);
   const CompressorParams* calls[2] = {&first, &second};
-  run_writes(problems.data(), calls, 2, nullptr, nullptr, stream);
+  run_writes(problems.data(), calls, 2, nullptr, false, stream);
 }
 
 void store_and_compress(const StoreEntriesParams& store, const CompressorParams& compressor) {
@@ -220,7 +220,7 @@ void store_and_compress(const StoreEntriesParams& store, const CompressorParams&
                         CudaStream stream) {
   const CompressorParams* calls[1] = {&compressor};
   const detail::LayerWritesProblem problem = detail::validate_store_and_compress(store, calls, 1);
-  run_writes(problem.compressors, calls, 1, &problem.store, &store, stream);
+  run_writes(problem.compressors, calls, 1, &problem.store, store.check_indices, stream);
 }
 
 void store_and_compress(const StoreEntriesParams& store, const CompressorParams& first,
@@ -232,7 +232,7 @@ void store_and_compress(const StoreEntriesParams& store, const CompressorParams&
                         const CompressorParams& second, CudaStream stream) {
   const CompressorParams* calls[2] = {&first, &second};
   const detail::LayerWritesProblem problem = detail::validate_store_and_compress(store, calls, 2);
-  run_writes(problem.compressors, calls, 2, &problem.store, &store, stream);
+  run_writes(problem.compressors, calls, 2, &problem.store, store.check_indices, stream);
 }
 
 }  // namespace dsv4

@@ -151,11 +151,10 @@ struct CompressorProblem {
   HDK_HOST_DEVICE int64_t accumulator_floats() const { return 3 * dim; }
 };
 
-// store_and_compress: a layer's store and its `count` (1 or 2) compressor calls.
+// store_and_compress: a layer's store and its 1 or 2 compressor calls.
 struct LayerWritesProblem {
   StoreEntriesProblem store;
   CompressorProblem compressors[2];
-  int count = 0;
 };
 
 static_assert(std::is_trivially_copyable<StoreEntriesProblem>::value, "taken by value");

@@ -390,43 +390,53 @@ const char* compress_operation(int count, int i, bool with_store) {
 
 namespace {
 
-// One call of a launch that runs several, as the check below sees it.
+// One call of a launch that runs several, as the check below sees it: what it reads and writes
+// (views of arrays the caller keeps).
 struct LaunchedCall {
-  std::string name;  // "first call", "store", ...
-  std::vector<NamedView> inputs, outputs;
+  const char* name;  // "first call", "store", ...
+  NamedViews inputs, outputs;
   const TensorView* counter;  // one of `outputs`: calls may share their counters
   Device device;
 };
 
-LaunchedCall launched_compressor(const CompressorParams& p, std::string name) {
-  const std::array<NamedView, 9> inputs = compressor_inputs(p);
-  const std::array<NamedView, 3> outputs = compressor_outputs(p);
-  return {std::move(name),
-          {inputs.begin(), inputs.end()},
-          {outputs.begin(), outputs.end()},
+// A compressor call's argument lists, kept while a LaunchedCall refers to them.
+struct CompressorViews {
+  std::array<NamedView, 9> inputs{};
+  std::array<NamedView, 3> outputs{};
+};
+
+CompressorViews compressor_views(const CompressorParams& p) {
+  return {compressor_inputs(p), compressor_outputs(p)};
+}
+
+LaunchedCall launched_compressor(const CompressorViews& views, const CompressorParams& p,
+                                 const char* name) {
+  return {name,
+          {views.inputs.data(), views.inputs.size()},
+          {views.outputs.data(), views.outputs.size()},
           &p.invalid_count,
           p.state.device};
 }
 
 // The calls of one launch run at once: all on one device, and no call writing memory another
-// reads or writes (the shared invalid counter aside).
-void check_calls_apart(const ArgumentChecks& check, const std::vector<LaunchedCall>& calls) {
-  for (const LaunchedCall& call : calls) {
-    if (!(call.device == calls[0].device)) {
+// reads or writes (the shared invalid counter aside). Allocates nothing unless it throws.
+void check_calls_apart(const ArgumentChecks& check, const LaunchedCall* calls, size_t count) {
+  for (size_t c = 1; c < count; ++c) {
+    if (!(calls[c].device == calls[0].device)) {
       check.fail("the calls must be on one device, got " + calls[0].device.str() + " (" +
-                 calls[0].name + ") and " + call.device.str() + " (" + call.name + ")");
+                 calls[0].name + ") and " + calls[c].device.str() + " (" + calls[c].name + ")");
     }
   }
-  for (const LaunchedCall& own : calls) {
-    for (const LaunchedCall& other : calls) {
-      if (&own == &other) continue;
+  for (size_t a = 0; a < count; ++a) {
+    for (size_t b = 0; b < count; ++b) {
+      if (a == b) continue;
+      const LaunchedCall& own = calls[a];
+      const LaunchedCall& other = calls[b];
       for (const NamedView& out : own.outputs) {
-        for (const std::vector<NamedView>* seen_views : {&other.inputs, &other.outputs}) {
-          for (const NamedView& seen : *seen_views) {
+        for (const NamedViews seen_views : {other.inputs, other.outputs}) {
+          for (const NamedView& seen : seen_views) {
             if (out.view == own.counter && seen.view == other.counter) continue;
-            const std::string out_name = own.name + "'s " + out.name;
-            const std::string seen_name = other.name + "'s " + seen.name;
-            check.no_overlap(*out.view, out_name.c_str(), *seen.view, seen_name.c_str());
+            check.no_overlap(own.name, out, other.name, seen);
           }
         }
       }
@@ -441,9 +451,12 @@ std::array<CompressorProblem, 2> validate_compress_pair(const CompressorParams& 
   const std::array<CompressorProblem, 2> problems = {
       validate_compress(first, compress_operation(2, 0)),
       validate_compress(second, compress_operation(2, 1))};
-  check_calls_apart(
-      ArgumentChecks("hdk::dsv4::compress"),
-      {launched_compressor(first, "first call"), launched_compressor(second, "second call")});
+  const CompressorViews first_views = compressor_views(first);
+  const CompressorViews second_views = compressor_views(second);
+  const std::array<LaunchedCall, 2> calls = {
+      launched_compressor(first_views, first, "first call"),
+      launched_compressor(second_views, second, "second call")};
+  check_calls_apart(ArgumentChecks("hdk::dsv4::compress"), calls.data(), calls.size());
   return problems;
 }
 
@@ -452,22 +465,26 @@ LayerWritesProblem validate_store_and_compress(const StoreEntriesParams& store,
                                                int count) {
   LayerWritesProblem problem;
   problem.store = validate_store_entries(store, kStoreAndCompressStore);
-  problem.count = count;
   const std::array<NamedView, 2> inputs = store_inputs(store);
   const std::array<NamedView, 2> outputs = store_outputs(store);
-  std::vector<LaunchedCall> calls = {{"store",
-                                      {inputs.begin(), inputs.end()},
-                                      {outputs.begin(), outputs.end()},
-                                      &store.invalid_count,
-                                      store.cache.device}};
+  std::array<LaunchedCall, 3> calls = {};
+  calls[0] = {"store",
+              {inputs.data(), inputs.size()},
+              {outputs.data(), outputs.size()},
+              &store.invalid_count,
+              store.cache.device};
+  std::array<CompressorViews, 2> views;
   for (int i = 0; i < count; ++i) {
     problem.compressors[i] =
         validate_compress(*compressors[i], compress_operation(count, i, /*with_store=*/true));
-    calls.push_back(launched_compressor(*compressors[i], count == 1 ? "compressor"
-                                                         : i == 0   ? "first compressor"
-                                                                    : "second compressor"));
+    views[i] = compressor_views(*compressors[i]);
+    calls[1 + i] = launched_compressor(views[i], *compressors[i],
+                                       count == 1 ? "compressor"
+                                       : i == 0   ? "first compressor"
+                                                  : "second compressor");
   }
-  check_calls_apart(ArgumentChecks("hdk::dsv4::store_and_compress"), calls);
+  check_calls_apart(ArgumentChecks("hdk::dsv4::store_and_compress"), calls.data(),
+                    static_cast<size_t>(1 + count));
   return problem;
 }
 

@@ -790,16 +790,17 @@ void write_layer_cuda(const CompressorProblem* problems, int count,
   if (ctas == 0) return;
   hdk::detail::CudaDeviceGuard guard(device, operation);
   const unsigned grid = static_cast<unsigned>(ctas), block = static_cast<unsigned>(threads);
+  // One compressor call alone keeps the kernel that takes its parameters by value.
+  const bool single = count == 1 && store == nullptr;
   cudaError_t error;
-  if (count == 1 && store == nullptr) {
+  if (single) {
     auto kernel = wide ? compress_kernel<true> : compress_kernel<false>;
     error = hdk::detail::launch_dependent(kernel, grid, block, 0, stream, launch.problem[0]);
   } else {
     auto kernel = wide ? write_layer_kernel<true> : write_layer_kernel<false>;
     error = hdk::detail::launch_dependent(kernel, grid, block, 0, stream, launch);
   }
-  hdk::detail::check_launch(
-      error, operation, count == 1 && store == nullptr ? "compress_kernel" : "write_layer_kernel");
+  hdk::detail::check_launch(error, operation, single ? "compress_kernel" : "write_layer_kernel");
 }
 
 }  // namespace detail
