@@ -30,13 +30,14 @@ struct Call {
   int64_t rows, heads, capacity, top_k;
   bool tensor, fp32_q;
   int sms, shared;
-  size_t key_ring = 0;  // the E4M3 scoring kernel's key ring (fp8_key_ring_bytes), else 0
+  size_t key_ring = 0;       // the E4M3 scoring kernel's key ring (fp8_key_ring_bytes), else 0
+  bool whole_pages = false;  // its tiles copied as whole pieces of pages
   std::string describe() const {
     return "N=" + std::to_string(rows) + " H=" + std::to_string(heads) +
            " capacity=" + std::to_string(capacity) + " top_k=" + std::to_string(top_k) +
            (tensor ? " tensor" : " cuda-core") + (fp32_q ? " fp32" : " bf16") +
            " sms=" + std::to_string(sms) + " shared=" + std::to_string(shared) +
-           " key_ring=" + std::to_string(key_ring);
+           " key_ring=" + std::to_string(key_ring) + (whole_pages ? " whole pages" : "");
   }
 };
 
@@ -286,9 +287,9 @@ void check_workspace_plan(const Call& c, const hdk::detail::ResidentClusterCount
   }
   const IndexWorkspacePlan plan =
       plan_index_workspace(c.rows, c.heads, c.capacity, c.top_k, c.tensor, c.fp32_q, c.sms,
-                           c.shared, cluster, clusters, c.key_ring);
+                           c.shared, cluster, clusters, c.key_ring, c.whole_pages);
   const int64_t tiles = (c.capacity + kIndexScoreMinEntries - 1) / kIndexScoreMinEntries;
-  if (c.key_ring > 0 && c.capacity > 0 && index_rows_stream(c.rows, c.capacity)) {
+  if (c.key_ring > 0 && c.capacity > 0 && index_rows_stream(c.rows, c.capacity, c.whole_pages)) {
     // Streamed keys: every row through the workspace, up to kIndexMaxWorkspaceRows a launch, in
     // CTAs of at least kIndexScoreMinEntries that keep two on every SM.
     ASSERT_EQ(plan.rows_per_launch, std::min<int64_t>(c.rows, kIndexMaxWorkspaceRows));
@@ -397,12 +398,16 @@ TEST(IndexWorkspacePlan, RegionsFitAndFewRowsFillTheSms) {
             for (bool tensor : {true, false}) {
               for (bool fp32_q : {false, true}) {
                 for (int sms : {kH100Sms, 78}) {
-                  // The key ring goes with E4M3 q, planned as bf16 tensor-core queries.
+                  // The key ring goes with E4M3 q, planned as bf16 tensor-core queries, its
+                  // tiles copied as whole pages or not.
                   for (size_t ring : {size_t{0}, kE4m3Ring}) {
                     if (ring > 0 && (!tensor || fp32_q)) continue;
-                    check_workspace_plan(
-                        Call{rows, heads, capacity, top_k, tensor, fp32_q, sms, kH100Shared, ring},
-                        clusters);
+                    for (bool whole_pages : {false, true}) {
+                      if (ring == 0 && whole_pages) continue;
+                      check_workspace_plan(Call{rows, heads, capacity, top_k, tensor, fp32_q, sms,
+                                                kH100Shared, ring, whole_pages},
+                                           clusters);
+                    }
                   }
                 }
               }
@@ -463,9 +468,35 @@ TEST(IndexWorkspacePlan, E4m3RowsStreamThroughTheWorkspace) {
   // Where the one launch is faster: many rows of few entries.
   EXPECT_EQ(plan(64, 2048).segments, 0);
   EXPECT_EQ(plan(128, 16384).segments, 0);
-  EXPECT_FALSE(index_rows_stream(65, 16384));
-  EXPECT_TRUE(index_rows_stream(65, 65536));
-  EXPECT_TRUE(index_rows_stream(32, 1));
+  EXPECT_FALSE(index_rows_stream(65, 16384, false));
+  EXPECT_TRUE(index_rows_stream(65, 65536, false));
+  EXPECT_TRUE(index_rows_stream(32, 1, false));
+  EXPECT_FALSE(index_rows_stream(33, 2048, false));
+  // Tiles copied as whole pages: up to 64 rows of any length stream, and more rows from 16384
+  // entries.
+  EXPECT_TRUE(index_rows_stream(64, 2048, true));
+  EXPECT_TRUE(index_rows_stream(128, 16384, true));
+  EXPECT_FALSE(index_rows_stream(128, 8192, true));
+  EXPECT_FALSE(index_rows_stream(65, 2048, true));
+  const IndexLaunchPlan cluster =
+      plan_index_launch(128, 64, 16384, 512, true, false, kH100Sms, kH100Shared);
+  const IndexWorkspacePlan whole =
+      plan_index_workspace(128, 64, 16384, 512, true, false, kH100Sms, kH100Shared, cluster,
+                           hdk::detail::ResidentClusterCounts(), kE4m3Ring, true);
+  EXPECT_EQ(whole.rows_per_launch, 64);
+  EXPECT_EQ(whole.segments, 4);
+}
+
+// Which E4M3 rings copy their tiles as whole pages: E4M3 keys in 16-byte aligned pages of a
+// multiple of 64 entries.
+TEST(IndexWorkspacePlan, WholePageTilesNeedAlignedPagesOfSixtyFourEntries) {
+  EXPECT_TRUE(index_key_ring_whole_pages(IndexQueryForm::kE4M3, true, 64));
+  EXPECT_TRUE(index_key_ring_whole_pages(IndexQueryForm::kE4M3, true, 128));
+  EXPECT_FALSE(index_key_ring_whole_pages(IndexQueryForm::kE4M3, false, 64));
+  EXPECT_FALSE(index_key_ring_whole_pages(IndexQueryForm::kE4M3, true, 16));
+  EXPECT_FALSE(index_key_ring_whole_pages(IndexQueryForm::kE4M3, true, 96));
+  EXPECT_FALSE(index_key_ring_whole_pages(IndexQueryForm::kMXFP4, true, 64));
+  EXPECT_FALSE(index_key_ring_whole_pages(IndexQueryForm::kExact, true, 64));
 }
 
 // The select of a row through the workspace runs in one CTA up to 16384 keys (the measured

@@ -384,8 +384,8 @@ void graph_replay_gives_the_same_bytes(IndexBackend backend) {
 
 // The quantized q forms (E4M3 codes over fp8 keys, packed MXFP4 over mxfp4 keys) through the
 // workspace: the one-launch path's bytes and the reference, rows of up to 70000 entries, pages of
-// 64 entries and, for tiles that span pages and pools off the 16-byte grid (the key ring's 4-byte
-// copies), of 16 and 3.
+// 64 entries (E4M3 tiles copied as whole pages), of 128 (two tiles a page), and, for tiles that
+// span pages and pools off the 16-byte grid (the key ring's 4-byte copies), of 16 and 3.
 void quantized_queries_equal_the_one_launch_path_and_the_reference(IndexBackend backend) {
   uint64_t seed = 950;
   auto run = [&](IndexQuery form, const std::vector<int64_t>& counts, int64_t block_size) {
@@ -425,7 +425,7 @@ void quantized_queries_equal_the_one_launch_path_and_the_reference(IndexBackend 
     }
     // 8 rows, one of 17000 entries: both forms take the key ring (index_rows_stream,
     // index_mxfp4_ring_pays).
-    for (int64_t block_size : {16, 3})
+    for (int64_t block_size : {128, 16, 3})
       run(form, std::vector<int64_t>{17000, 3, 0, 2100, 700, 64, 65, 1500}, block_size);
   }
 }

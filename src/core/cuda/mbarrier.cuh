@@ -25,6 +25,12 @@ __device__ __forceinline__ void mbarrier_init(uint64_t* barrier, int arrivals) {
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
 
+// Ends the barrier's life, so that its memory may be initialized again; no thread may be waiting
+// on it or arriving on it.
+__device__ __forceinline__ void mbarrier_invalidate(uint64_t* barrier) {
+  asm volatile("mbarrier.inval.shared::cta.b64 [%0];\n" ::"r"(shared_address(barrier)) : "memory");
+}
+
 // One arrival (release: this thread's earlier memory accesses happen before the phase completes).
 __device__ __forceinline__ void mbarrier_arrive(uint64_t* barrier) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(shared_address(barrier))

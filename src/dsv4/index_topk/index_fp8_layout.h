@@ -48,9 +48,13 @@ constexpr int kFp8KeyTileBytes = kFp8TileEntries * 128;  // one key-ring tile of
 constexpr int kFp8KeyStages = 4;
 
 // The key ring of `warpgroups` warpgroups: kFp8KeyStages tiles of codes each (1024-byte aligned,
-// for the swizzle), then as many tiles of 64 fp32 scales.
-HDK_HOST_DEVICE constexpr int fp8_key_ring_bytes(int warpgroups) {
+// for the swizzle), then as many tiles of 64 fp32 scales, then a barrier a tile, on which a tile
+// copied as a whole piece of its page completes its bytes (fp8_key_ring_barriers).
+HDK_HOST_DEVICE constexpr int fp8_key_ring_barriers(int warpgroups) {
   return warpgroups * kFp8KeyStages * (kFp8KeyTileBytes + kFp8TileEntries * 4);
+}
+HDK_HOST_DEVICE constexpr int fp8_key_ring_bytes(int warpgroups) {
+  return fp8_key_ring_barriers(warpgroups) + warpgroups * kFp8KeyStages * 8;
 }
 
 // Byte offset, in a key-ring tile, of the stored bytes 16 chunk .. + 15 (chunk 0..7) of entry

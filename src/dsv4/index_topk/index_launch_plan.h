@@ -229,11 +229,24 @@ constexpr int64_t kIndexWorkspaceMinEntries = 256;
 // SM (kIndexStreamCtasPerSm). Measured against the one launch, whose E4M3 keys go through
 // registers (H200, top 512 and 1024): up to 32 rows 1.03-1.29x at 2048-65536 entries; 64 rows
 // 1.04x at 16384 entries, 1.13x at 65536, but 0.93-0.96x at 2048; beyond 64 rows, 64 a launch,
-// 1.11-1.12x at 65536 entries but 0.88-0.90x at 16384.
+// 1.11-1.12x at 65536 entries but 0.88-0.90x at 16384. With `whole_page_tiles` (the ring's tiles
+// copied as whole pieces of their pages, index_key_ring_whole_pages) the ring is 1.10-1.14x
+// faster and streams more: 64 rows of 2048 entries 1.04-1.10x the one launch, 128 rows of 16384
+// 1.18-1.19x, but 128 rows of 2048 0.74-0.75x (H200, one device call, two rounds).
 constexpr int64_t kIndexStreamCtasPerSm = 2;
-inline bool index_rows_stream(int64_t num_rows, int64_t capacity) {
+inline bool index_rows_stream(int64_t num_rows, int64_t capacity, bool whole_page_tiles) {
+  if (whole_page_tiles) return num_rows <= kIndexMaxWorkspaceRows || capacity >= 16384;
   if (num_rows <= 32) return true;
   return capacity >= (num_rows <= kIndexMaxWorkspaceRows ? 16384 : 65536);
+}
+
+// Whether the E4M3 key ring copies each tile as a whole piece of its page (two bulk copies, one
+// thread): pages of a multiple of 64 entries, 16-byte aligned (`wide`). The scoring kernel's
+// segments start on multiples of 64 entries (index_score_segment), so every tile is then 64
+// consecutive entries of one page (a warpgroup with a single tile still copies it by threads).
+HDK_HOST_DEVICE bool index_key_ring_whole_pages(IndexQueryForm form, bool wide,
+                                                int64_t block_size) {
+  return form == IndexQueryForm::kE4M3 && wide && block_size % kFp8TileEntries == 0;
 }
 
 // MXFP4 keys with the packed query take the key ring only where it beat the workspace's or the
@@ -292,19 +305,20 @@ HDK_HOST_DEVICE int64_t index_score_segment(int64_t length, int64_t segments) {
 // The plan for a call with a workspace, given its one-cluster plan (`cluster_plan`, for the
 // scoring kernel's clusters) and the clusters the select kernel runs at once. `key_ring_bytes`:
 // the FP8-form scoring kernel's key ring (0: the kernel scores from registers); its rows stream
-// where index_rows_stream says so. Otherwise segments = 0 where the rows are more than
-// kIndexMaxWorkspaceRows or their clusters already keep half the SMs or more busy, or where
-// scoring CTAs of kIndexWorkspaceMinEntries would be no more than the cluster's.
+// where index_rows_stream says so (`whole_page_tiles`: index_key_ring_whole_pages). Otherwise
+// segments = 0 where the rows are more than kIndexMaxWorkspaceRows or their clusters already keep
+// half the SMs or more busy, or where scoring CTAs of kIndexWorkspaceMinEntries would be no more
+// than the cluster's.
 inline IndexWorkspacePlan plan_index_workspace(
     int64_t num_rows, int64_t num_heads, int64_t capacity, int64_t top_k, bool tensor, bool fp32_q,
     int sm_count, int shared_limit, const IndexLaunchPlan& cluster_plan,
     const hdk::detail::ResidentClusterCounts& select_clusters =
         hdk::detail::ResidentClusterCounts(),
-    size_t key_ring_bytes = 0) {
+    size_t key_ring_bytes = 0, bool whole_page_tiles = false) {
   IndexWorkspacePlan plan;
   if (num_rows <= 0 || capacity <= 0) return plan;
   const int64_t tiles = (capacity + kIndexScoreMinEntries - 1) / kIndexScoreMinEntries;
-  if (key_ring_bytes > 0 && index_rows_stream(num_rows, capacity)) {
+  if (key_ring_bytes > 0 && index_rows_stream(num_rows, capacity, whole_page_tiles)) {
     plan.rows_per_launch = std::min(num_rows, kIndexMaxWorkspaceRows);
     plan.segments = std::min<int64_t>(
         tiles, std::max<int64_t>(1, kIndexStreamCtasPerSm * sm_count / plan.rows_per_launch));

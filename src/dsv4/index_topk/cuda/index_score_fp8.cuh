@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "core/cuda/async_copy.cuh"
+#include "core/cuda/mbarrier.cuh"
 #include "core/cuda/named_barrier.cuh"
 #include "core/cuda/wgmma.cuh"
 #include "dsv4/attention/attention_problem.h"
@@ -141,7 +142,43 @@ __device__ void score_warpgroup_ring(const IndexerProblem& p, int64_t row, int64
   for (int i = 0; i < kCopies; ++i)
     chunk_offset[i] = chunk_offset_of(copy_entry, copy_half + 2 * i);
   const int64_t scale_offset = p.keys.block_size * kDataBytes;
+  // E4M3 tiles that are whole pieces of a page (block_size a multiple of 64, the segment on a
+  // tile boundary, 16-byte aligned pages: the scoring kernel's segments start on multiples of 64)
+  // come as two bulk copies by one thread, codes and scales, completing on the stage's barrier:
+  // no page lookup or copy by the other 127 threads. The codes then sit in the tile as stored,
+  // 128 bytes an entry, without the swizzle (the 8 lanes of a load phase read two entries' same
+  // chunks: 2-way bank conflicts), and every thread builds the same fragments from them. A
+  // warpgroup with one tile copies it by thread pairs: there the one thread's lookup, copies and
+  // barriers came to more than they saved (H200, one row of 16384 keys, 128 entries a CTA: 24.0
+  // -> 24.8 us).
+  const bool whole_pages =
+      kE4M3 && index_key_ring_whole_pages(IndexQueryForm::kE4M3, wide, p.keys.block_size) &&
+      first % kFp8TileEntries == 0 && own_tiles >= 2;
+  uint64_t* const tile_landed =
+      reinterpret_cast<uint64_t*>(shared + launch.key_ring + fp8_key_ring_barriers(kWarpgroups)) +
+      warpgroup * kFp8KeyStages;
+  auto issue_whole_page = [&](int64_t k) {
+    if (k >= own_tiles) return;
+    const int stage = static_cast<int>(k % kFp8KeyStages);
+    const EntryPlace place =
+        place_of(p, row, first + (warpgroup + k * kWarpgroups) * kFp8TileEntries, pages);
+    // The warpgroup's reads of the stage's last tile (ordered before this by the named barrier)
+    // come before the copy's writes through the async proxy.
+    hdk::detail::fence_shared_for_async_proxy();
+    uint64_t* landed = tile_landed + stage;
+    hdk::detail::mbarrier_arrive_expect_bytes(landed, kTileBytes + kFp8TileEntries * 4);
+    hdk::detail::bulk_copy_from_global(shared_address(codes + stage * kTileBytes),
+                                       place.page + place.offset * kDataBytes, kTileBytes,
+                                       shared_address(landed));
+    hdk::detail::bulk_copy_from_global(shared_address(scales + stage * kFp8TileEntries),
+                                       place.page + scale_offset + place.offset * 4,
+                                       kFp8TileEntries * 4, shared_address(landed));
+  };
   auto issue = [&](int64_t k) {
+    if (whole_pages) {
+      if (thread == 0) issue_whole_page(k);
+      return;
+    }
     if (k < own_tiles) {
       const int stage = static_cast<int>(k % kFp8KeyStages);
       const int64_t e = (warpgroup + k * kWarpgroups) * kFp8TileEntries + copy_entry;
@@ -175,13 +212,36 @@ __device__ void score_warpgroup_ring(const IndexerProblem& p, int64_t row, int64
           staged.weights[head_tile * kFp8HeadTile + wgmma_d_coord(thread, 4 * (j / 2) + j % 2).col];
   };
   load_weights(0);
+  if (whole_pages) {
+    if (thread == 0) {
+      for (int stage = 0; stage < kFp8KeyStages; ++stage)
+        hdk::detail::mbarrier_init(tile_landed + stage, 1);
+    }
+    hdk::detail::named_barrier_sync(barrier, 128);  // the barriers are initialized
+  }
 #pragma unroll
   for (int k = 0; k < kFp8KeyStages - 1; ++k)
     issue(k);
+  // Where this thread reads its two entries' bytes 32 t .. 32 t + 31 in a tile (chunks 2 t and
+  // 2 t + 1 of rows upper and upper + 8).
+  int piece_offset[2][2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      piece_offset[r][half] = whole_pages ? (upper + 8 * r) * 128 + 16 * (2 * t + half)
+                                          : fp8_key_chunk_offset(upper + 8 * r, 2 * t + half);
+    }
+  }
 
   for (int64_t k = 0; k < own_tiles; ++k) {
     // Tile k has landed for every thread; tile k - 1 is done with, so its stage takes the next.
-    hdk::detail::cp_async_wait<kFp8KeyStages - 2>();
+    if (whole_pages) {
+      hdk::detail::mbarrier_wait(tile_landed + k % kFp8KeyStages,
+                                 static_cast<uint32_t>((k / kFp8KeyStages) & 1));
+    } else {
+      hdk::detail::cp_async_wait<kFp8KeyStages - 2>();
+    }
     fence_shared_for_wgmma();
     hdk::detail::named_barrier_sync(barrier, 128);
     issue(k + kFp8KeyStages - 1);
@@ -193,14 +253,14 @@ __device__ void score_warpgroup_ring(const IndexerProblem& p, int64_t row, int64
     if constexpr (kE4M3) {
       const float key_scale[2] = {__uint_as_float(scale_words[0]), __uint_as_float(scale_words[1])};
       // This thread's two entries' bytes 32 t .. 32 t + 31 (chunks 2 t and 2 t + 1, which the
-      // swizzle puts in distinct banks for the 8 lanes of a load phase).
+      // swizzle of the copies by thread pairs puts in distinct banks for the 8 lanes of a load
+      // phase).
       uint32_t words[2][8];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          const uint4 v = *reinterpret_cast<const uint4*>(
-              tile + fp8_key_chunk_offset(upper + 8 * r, 2 * t + half));
+          const uint4 v = *reinterpret_cast<const uint4*>(tile + piece_offset[r][half]);
           words[r][4 * half] = v.x, words[r][4 * half + 1] = v.y;
           words[r][4 * half + 2] = v.z, words[r][4 * half + 3] = v.w;
         }
@@ -279,6 +339,10 @@ __device__ void score_warpgroup_ring(const IndexerProblem& p, int64_t row, int64
   // The ring is free again for the next call (a chunked segment scores again on every pass).
   hdk::detail::cp_async_wait<0>();
   hdk::detail::named_barrier_sync(barrier, 128);
+  if (whole_pages && thread == 0) {  // every copy issued has landed and been waited for
+    for (int stage = 0; stage < kFp8KeyStages; ++stage)
+      hdk::detail::mbarrier_invalidate(tile_landed + stage);
+  }
 }
 
 // FP8 tensor cores, E4M3 q and kFP8 keys: an entry's 32 bytes for quad lane t (dims 32t ..

@@ -436,7 +436,8 @@ IndexLaunchChoice choose_launch(const IndexerProblem& p, int device) {
         index_key_ring_bytes(p.q_form, tensor, p.num_rows, capacity, kWarpgroups);
     choice.workspace =
         plan_index_workspace(p.num_rows, planned_heads, capacity, p.top_k, tensor, fp32_q, sm_count,
-                             shared_limit, choice.plan, select_clusters, key_ring_bytes);
+                             shared_limit, choice.plan, select_clusters, key_ring_bytes,
+                             index_key_ring_whole_pages(p.q_form, choice.wide, p.keys.block_size));
     // The scoring kernel's shared memory has a ring exactly when the plan gave it one.
     if (key_ring_bytes > 0) choice.kernels.scoring = choice.kernels.scoring_ring;
     if (choice.workspace.segments > 0) {
