@@ -8,6 +8,11 @@
       hdk-bench dsv4-step: per cell the faster of the rounds given; the whole step per layer,
       preset, context and N (time, x floor), base / new where a base is given, and each call
       alone at N = 1.
+
+A run is an hdk-bench --json file, or FILE.json:NAME for the rounds kept under NAME in a bundle
+(`bundle` below: {"NAME": [run, run, ...], ...}), which keeps a folder of bench/results small.
+
+  dsv4_tables.py bundle OUT.json NAME=RUN.json[,RUN2.json ...] [NAME2=...]
 """
 import argparse
 import json
@@ -15,8 +20,23 @@ import sys
 
 
 def load(paths):
-    runs = [json.load(open(path)) for path in paths]
+    runs = []
+    for path in paths:
+        file, _, name = path.partition(":")
+        data = json.load(open(file))
+        runs.extend(data[name] if name else [data])
     return runs
+
+
+def bundle(args):
+    out = {}
+    for item in args.runs:
+        name, _, files = item.partition("=")
+        if not name or not files:
+            sys.exit(f"bundle: expected NAME=RUN.json[,RUN2.json ...], got '{item}'")
+        out[name] = [json.load(open(path)) for path in files.split(",")]
+    with open(args.out, "w") as f:
+        json.dump(out, f, separators=(",", ":"))
 
 
 def best(runs, key_of):
@@ -120,8 +140,11 @@ def main():
     s = sub.add_parser("step")
     s.add_argument("step", nargs="+")
     s.add_argument("--base", nargs="+")
+    b = sub.add_parser("bundle")
+    b.add_argument("out")
+    b.add_argument("runs", nargs="+")
     args = parser.parse_args()
-    {"attention": attention, "step": step}[args.table](args)
+    {"attention": attention, "step": step, "bundle": bundle}[args.table](args)
 
 
 if __name__ == "__main__":
