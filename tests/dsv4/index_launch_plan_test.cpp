@@ -290,9 +290,12 @@ void check_workspace_plan(const Call& c, const hdk::detail::ResidentClusterCount
                            c.shared, cluster, clusters, c.key_ring, c.whole_pages);
   const int64_t tiles = (c.capacity + kIndexScoreMinEntries - 1) / kIndexScoreMinEntries;
   if (c.key_ring > 0 && c.capacity > 0 && index_rows_stream(c.rows, c.capacity, c.whole_pages)) {
-    // Streamed keys: every row through the workspace, up to kIndexMaxWorkspaceRows a launch, in
-    // CTAs of at least kIndexScoreMinEntries that keep two on every SM.
-    ASSERT_EQ(plan.rows_per_launch, std::min<int64_t>(c.rows, kIndexMaxWorkspaceRows));
+    // Streamed keys: every row through the workspace, up to kIndexMaxWorkspaceRows a launch
+    // (kIndexStreamRowsPerLaunch with whole pages), in CTAs of at least kIndexScoreMinEntries that
+    // keep two on every SM; the workspace holds a launch's rows.
+    ASSERT_EQ(plan.rows_per_launch,
+              std::min<int64_t>(
+                  c.rows, c.whole_pages ? kIndexStreamRowsPerLaunch : kIndexMaxWorkspaceRows));
     ASSERT_EQ(plan.segments,
               std::min<int64_t>(tiles, std::max<int64_t>(1, 2 * c.sms / plan.rows_per_launch)));
     ASSERT_GE(plan.segments, 1);
@@ -375,9 +378,11 @@ void check_workspace_plan(const Call& c, const hdk::detail::ResidentClusterCount
     ASSERT_EQ(l.chunk % 4, 0);
   }
   // The keys of every row and the rows' flags, within what index_topk_workspace_bytes promises.
-  // A launch's rows are the workspace's rows.
-  const int64_t rows = plan.rows_per_launch;
-  ASSERT_EQ(plan.layout.rows, rows);
+  // The workspace holds a launch's rows (up to kIndexStreamRowsPerLaunch, whichever the launch
+  // takes).
+  const int64_t rows = plan.layout.rows;
+  ASSERT_GE(rows, plan.rows_per_launch);
+  ASSERT_EQ(rows, std::min<int64_t>(c.rows, kIndexStreamRowsPerLaunch));
   ASSERT_GE(plan.layout.row_stride, c.capacity);
   ASSERT_GE(plan.layout.flags_offset, plan.layout.keys_offset + rows * plan.layout.row_stride * 4);
   ASSERT_GE(plan.layout.bytes, plan.layout.flags_offset + rows * 4);
@@ -472,19 +477,23 @@ TEST(IndexWorkspacePlan, E4m3RowsStreamThroughTheWorkspace) {
   EXPECT_TRUE(index_rows_stream(65, 65536, false));
   EXPECT_TRUE(index_rows_stream(32, 1, false));
   EXPECT_FALSE(index_rows_stream(33, 2048, false));
-  // Tiles copied as whole pages: up to 64 rows of any length stream, and more rows from 16384
-  // entries.
+  // Tiles copied as whole pages: every row streams, 128 rows a launch.
   EXPECT_TRUE(index_rows_stream(64, 2048, true));
-  EXPECT_TRUE(index_rows_stream(128, 16384, true));
-  EXPECT_FALSE(index_rows_stream(128, 8192, true));
-  EXPECT_FALSE(index_rows_stream(65, 2048, true));
-  const IndexLaunchPlan cluster =
-      plan_index_launch(128, 64, 16384, 512, true, false, kH100Sms, kH100Shared);
-  const IndexWorkspacePlan whole =
-      plan_index_workspace(128, 64, 16384, 512, true, false, kH100Sms, kH100Shared, cluster,
-                           hdk::detail::ResidentClusterCounts(), kE4m3Ring, true);
-  EXPECT_EQ(whole.rows_per_launch, 64);
-  EXPECT_EQ(whole.segments, 4);
+  EXPECT_TRUE(index_rows_stream(128, 2048, true));
+  EXPECT_TRUE(index_rows_stream(1000, 1, true));
+  auto whole = [&](int64_t rows, int64_t capacity) {
+    const IndexLaunchPlan cluster =
+        plan_index_launch(rows, 64, capacity, 512, true, false, kH100Sms, kH100Shared);
+    return plan_index_workspace(rows, 64, capacity, 512, true, false, kH100Sms, kH100Shared,
+                                cluster, hdk::detail::ResidentClusterCounts(), kE4m3Ring, true);
+  };
+  EXPECT_EQ(whole(128, 16384).rows_per_launch, 128);
+  EXPECT_EQ(whole(128, 16384).segments, 2);
+  EXPECT_EQ(whole(128, 16384).layout.rows, 128);
+  EXPECT_EQ(whole(96, 2048).rows_per_launch, 96);
+  EXPECT_EQ(whole(96, 2048).segments, 2);
+  EXPECT_EQ(whole(300, 65536).rows_per_launch, 128);
+  EXPECT_EQ(whole(64, 65536).segments, 4);
 }
 
 // Which E4M3 rings copy their tiles as whole pages: E4M3 keys in 16-byte aligned pages of a

@@ -97,13 +97,14 @@ HDK_HOST_DEVICE int64_t sparse_workspace_bytes_up_to(int64_t rows, int64_t heads
 }
 
 // ---- index_topk -------------------------------------------------------------------------------
-// Rows up to this count are scored over the whole GPU through the workspace; more rows fill the
-// SMs with one cluster each, except rows of the FP8 forms that stream through the key ring, this
-// many a launch (index_launch_plan.h).
+// Rows up to kIndexMaxWorkspaceRows are scored over the whole GPU through the workspace; more
+// rows fill the SMs with one cluster each, except rows of the FP8 forms that stream through the
+// key ring, kIndexStreamRowsPerLaunch a launch (index_launch_plan.h), which the workspace holds.
 constexpr int64_t kIndexMaxWorkspaceRows = 64;
+constexpr int64_t kIndexStreamRowsPerLaunch = 128;
 
 struct IndexWorkspaceLayout {
-  int64_t rows = 0;          // rows that have a score row: min(N, kIndexMaxWorkspaceRows)
+  int64_t rows = 0;          // rows that have a score row: min(N, kIndexStreamRowsPerLaunch)
   int64_t row_stride = 0;    // uint32 keys a score row holds (capacity rounded up to 64)
   int64_t keys_offset = 0;   // rows x row_stride uint32
   int64_t flags_offset = 0;  // rows x int32: the row's invalid flag
@@ -113,7 +114,7 @@ struct IndexWorkspaceLayout {
 HDK_HOST_DEVICE IndexWorkspaceLayout index_workspace_layout(int64_t rows, int64_t capacity) {
   IndexWorkspaceLayout layout;
   if (rows <= 0 || capacity <= 0) return layout;
-  layout.rows = rows < kIndexMaxWorkspaceRows ? rows : kIndexMaxWorkspaceRows;
+  layout.rows = rows < kIndexStreamRowsPerLaunch ? rows : kIndexStreamRowsPerLaunch;
   layout.row_stride = (capacity + 63) / 64 * 64;
   layout.keys_offset = 0;
   layout.flags_offset = workspace_round_up(layout.rows * layout.row_stride * 4);

@@ -231,11 +231,13 @@ constexpr int64_t kIndexWorkspaceMinEntries = 256;
 // 1.04x at 16384 entries, 1.13x at 65536, but 0.93-0.96x at 2048; beyond 64 rows, 64 a launch,
 // 1.11-1.12x at 65536 entries but 0.88-0.90x at 16384. With `whole_page_tiles` (the ring's tiles
 // copied as whole pieces of their pages, index_key_ring_whole_pages) the ring is 1.10-1.14x
-// faster and streams more: 64 rows of 2048 entries 1.04-1.10x the one launch, 128 rows of 16384
-// 1.18-1.19x, but 128 rows of 2048 0.74-0.75x (H200, one device call, two rounds).
+// faster and every row streams, kIndexStreamRowsPerLaunch rows a launch: against the one launch
+// 64 rows of 2048 entries 1.04-1.10x, and against launches of 64 rows (with the rule before)
+// 96 and 128 rows of 2048-16384 entries 1.13-1.48x, of 65536 0.99x and 1.05x (H200, two rounds
+// each; 128 rows of 2048 in launches of 64 had been 0.74x the one launch).
 constexpr int64_t kIndexStreamCtasPerSm = 2;
 inline bool index_rows_stream(int64_t num_rows, int64_t capacity, bool whole_page_tiles) {
-  if (whole_page_tiles) return num_rows <= kIndexMaxWorkspaceRows || capacity >= 16384;
+  if (whole_page_tiles) return true;
   if (num_rows <= 32) return true;
   return capacity >= (num_rows <= kIndexMaxWorkspaceRows ? 16384 : 65536);
 }
@@ -319,7 +321,11 @@ inline IndexWorkspacePlan plan_index_workspace(
   if (num_rows <= 0 || capacity <= 0) return plan;
   const int64_t tiles = (capacity + kIndexScoreMinEntries - 1) / kIndexScoreMinEntries;
   if (key_ring_bytes > 0 && index_rows_stream(num_rows, capacity, whole_page_tiles)) {
-    plan.rows_per_launch = std::min(num_rows, kIndexMaxWorkspaceRows);
+    // Launches of 128 rows with whole pages: MXFP4 rows with the packed q, whose scoring is
+    // bound by its instructions, took 0.91x at 96 rows of 65536 entries in one launch (192
+    // scoring CTAs for 264 places) against 64 + 32, and stay at 64 a launch.
+    plan.rows_per_launch =
+        std::min(num_rows, whole_page_tiles ? kIndexStreamRowsPerLaunch : kIndexMaxWorkspaceRows);
     plan.segments = std::min<int64_t>(
         tiles, std::max<int64_t>(1, kIndexStreamCtasPerSm * sm_count / plan.rows_per_launch));
   } else {
