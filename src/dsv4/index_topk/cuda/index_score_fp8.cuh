@@ -229,8 +229,9 @@ __device__ void score_warpgroup_ring(const IndexerProblem& p, int64_t row, int64
   for (int r = 0; r < 2; ++r) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      piece_offset[r][half] = whole_pages ? (upper + 8 * r) * 128 + 16 * (2 * t + half)
-                                          : fp8_key_chunk_offset(upper + 8 * r, 2 * t + half);
+      piece_offset[r][half] =
+          whole_pages ? (upper + 8 * r) * static_cast<int>(kDataBytes) + 16 * (2 * t + half)
+                      : fp8_key_chunk_offset(upper + 8 * r, 2 * t + half);
     }
   }
 
