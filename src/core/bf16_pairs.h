@@ -54,6 +54,14 @@ HDK_HOST_DEVICE bool bf16x2_finite(uint32_t pair) {
   return (pair & 0x7f80u) != 0x7f80u && (pair & 0x7f800000u) != 0x7f800000u;
 }
 
+// Bit 15 (31) set where the low (high) bf16 of the pair is an infinity or a NaN, with no
+// comparison: each half of pair & 0x7f807f80 is at most 0x7f80, and adding 0x80 reaches the
+// half's top bit only where it is exactly that, carrying nothing into the other half. A loop
+// over many pairs ORs these and tests once, where chained comparisons serialize it.
+HDK_HOST_DEVICE uint32_t bf16x2_nonfinite_bits(uint32_t pair) {
+  return ((pair & 0x7f807f80u) + 0x00800080u) & 0x80008000u;
+}
+
 // The (hi, lo) bf16 parts of a finite fp32 query value: hi + lo is within 2^-17 |value|.
 HDK_HOST_DEVICE void split_bf16(float value, uint32_t& hi, uint32_t& lo) {
   hi = bf16_rn_bits(value);

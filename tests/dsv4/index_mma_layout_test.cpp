@@ -158,6 +158,28 @@ TEST(Bf16Pairs, PairIsFiniteExactlyWhenBothValuesAre) {
   }
 }
 
+// sparse_decode's query check ORs each pair's non-finite bits over a thread's pairs: bit 15
+// flags the low value and bit 31 the high one, exactly the non-finite ones, for every bf16 value
+// in either half next to finite and non-finite neighbours, and ORed pairs flag a non-finite
+// value anywhere among them.
+TEST(Bf16Pairs, NonfiniteBitsFlagExactlyTheNonfiniteHalves) {
+  const uint32_t others[] = {0x0000u, 0x8000u, 0x3f80u, 0x7f7fu, 0xff7fu, 0x0001u,
+                             0x7f80u, 0xff80u, 0x7fc0u, 0xffffu, 0x7f81u};
+  for (uint32_t bits = 0; bits <= 0xffffu; ++bits) {
+    const uint32_t flag = std::isfinite(bf16_bits_value(bits)) ? 0u : 1u;
+    for (const uint32_t other : others) {
+      const uint32_t other_flag = std::isfinite(bf16_bits_value(other)) ? 0u : 1u;
+      ASSERT_EQ(bf16x2_nonfinite_bits(pack_bf16x2(bits, other)), (flag << 15) | (other_flag << 31))
+          << std::hex << bits << " " << other;
+      ASSERT_EQ(bf16x2_nonfinite_bits(pack_bf16x2(other, bits)), (other_flag << 15) | (flag << 31))
+          << std::hex << bits << " " << other;
+    }
+    const uint32_t ored = bf16x2_nonfinite_bits(pack_bf16x2(0x3f80u, 0x4000u)) |
+                          bf16x2_nonfinite_bits(pack_bf16x2(0x0001u, bits));
+    ASSERT_EQ(ored == 0, flag == 0) << std::hex << bits;
+  }
+}
+
 // ---- A warp's tile, emulated
 // ---------------------------------------------------------------------
 

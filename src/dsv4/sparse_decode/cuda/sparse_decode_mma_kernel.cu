@@ -76,13 +76,7 @@ struct EntrySource {
 
 constexpr int kEntriesPerWarp = kTile / kSparseWarps;
 
-// Slot of list entry j of row n (indices over cache, then extra_indices over extra_cache); -1
-// past the list.
-__device__ __forceinline__ int64_t listed_slot(const SparseDecodeProblem& p, int64_t n, int64_t j) {
-  return j < p.list_length() ? p.list_slot(n, j) : -1;
-}
-
-// Where list entry j's stored bytes are, for its slot (listed_slot): nothing for a skipped entry
+// Where list entry j's stored bytes are, for its slot (load_slot_now): nothing for a skipped entry
 // and for a slot beyond its cache, which also marks the CTA bad.
 __device__ __forceinline__ EntrySource locate_entry(const SparseDecodeProblem& p, int64_t j,
                                                     int64_t slot, int* bad) {
@@ -99,13 +93,10 @@ __device__ __forceinline__ EntrySource locate_entry(const SparseDecodeProblem& p
   return source;
 }
 
-// Lane l of warp w resolves entry w + 8 (l % 8) of tile `tile` of row n's list; lanes 8.. repeat
-// lanes 0..7, so the warp's eight slots cost one round trip. Called a tile ahead of issue_tile,
-// so that round trip overlaps the current tile's wait and dequantization.
-__device__ __forceinline__ EntrySource resolve_entry(const SparseDecodeProblem& p, int64_t n,
-                                                     int64_t tile, int* bad, int warp, int lane) {
-  const int64_t j = tile * kTile + warp + kSparseWarps * (lane % kEntriesPerWarp);
-  return locate_entry(p, j, listed_slot(p, n, j), bad);
+// The list entry whose slot lane l of warp w loads for tile `tile`: entry w + 8 (l % 8), lanes 8..
+// repeating lanes 0..7, so the warp's eight slots cost one round trip.
+__device__ __forceinline__ int64_t tile_entry(int64_t tile, int warp, int lane) {
+  return tile * kTile + warp + kSparseWarps * (lane % kEntriesPerWarp);
 }
 
 __device__ __forceinline__ const uint8_t* shuffle_pointer(const uint8_t* pointer, int lane) {
@@ -115,7 +106,7 @@ __device__ __forceinline__ const uint8_t* shuffle_pointer(const uint8_t* pointer
   return reinterpret_cast<const uint8_t*>((static_cast<uint64_t>(hi) << 32) | lo);
 }
 
-// Enqueues the stored bytes of the warp's eight entries of a tile (resolved by resolve_entry)
+// Enqueues the stored bytes of the warp's eight entries of a tile (located by locate_entry)
 // into the raw buffer and records which are real (valid[e]). The warp's lanes share each entry's
 // 36 (or 72) data chunks and its scale word.
 template <bool kWide>
@@ -227,11 +218,18 @@ __global__ void __launch_bounds__(kSparseThreads, 1)
   const int64_t first = split_first_tile(tiles, split, plan.splits);
   const int64_t last = split_first_tile(tiles, split + 1, plan.splits);
   const bool q_async = q_vector && p.q.dtype != DType::kFloat32;
-  EntrySource next_source;
-  if (first < last) next_source = resolve_entry(p, n, first, bad, warp, lane);
+  // The first tile's slots are requested first and used last, so their round trip overlaps the
+  // sink's and the queries' requests (used at once, the slots held both back: %globaltimer marks
+  // of a one-tile CTA, H200, had its Q and tile requested 3.5 us after its start).
+  LoadedSlot next_slot;
+  if (first < last) next_slot = load_slot_now(p, n, tile_entry(first, warp, lane));
   const float sink = load_sink(p, head0, tid);
   load_queries(p, n, head0, q_async, q_vector, shared.q, bad, tid);
-  if (first < last) issue_tile<kWide>(next_source, smem, valid + (first & 1) * kTile, warp, lane);
+  if (first < last) {
+    const int64_t j = tile_entry(first, warp, lane);
+    issue_tile<kWide>(locate_entry(p, j, slot_value(next_slot), bad), smem,
+                      valid + (first & 1) * kTile, warp, lane);
+  }
   cp_async_commit();
   if (tid < kHeads) shared.sink[tid] = sink;  // read back by the same thread in finish_row
 
@@ -249,8 +247,8 @@ __global__ void __launch_bounds__(kSparseThreads, 1)
 
   for (int64_t t = first; t < last; ++t) {
     const int* tile_valid = valid + (t & 1) * kTile;
-    // The next tile's slots, resolved while this tile lands and the last O product runs.
-    if (t + 1 < last) next_source = resolve_entry(p, n, t + 1, bad, warp, lane);
+    // The next tile's slots, requested while this tile lands and the last O product runs.
+    if (t + 1 < last) next_slot = load_slot_now(p, n, tile_entry(t + 1, warp, lane));
     cp_async_wait<0>();
     wgmma_wait<0>();  // the last tile's O = P E no longer reads E
     __syncthreads();  // the raw tile has landed in every thread's view; E is free
@@ -258,7 +256,9 @@ __global__ void __launch_bounds__(kSparseThreads, 1)
     fence_shared_for_wgmma();
     __syncthreads();  // E is complete (and Q, on the first tile); the raw buffer is free
     if (t + 1 < last) {
-      issue_tile<kWide>(next_source, smem, valid + ((t + 1) & 1) * kTile, warp, lane);
+      const int64_t j = tile_entry(t + 1, warp, lane);
+      issue_tile<kWide>(locate_entry(p, j, slot_value(next_slot), bad), smem,
+                        valid + ((t + 1) & 1) * kTile, warp, lane);
     }
     cp_async_commit();
 

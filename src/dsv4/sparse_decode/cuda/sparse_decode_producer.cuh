@@ -55,37 +55,6 @@ __device__ __forceinline__ uint4 load_now_16(const uint8_t* source) {
   return v;
 }
 
-// listed_slot, loaded where it is written (load_now_8) and kept as loaded: converting an int32
-// slot to int64 right after the load would wait for it there. slot_value converts it at its use.
-struct LoadedSlot {
-  uint32_t low = 0xffffffffu, high = 0xffffffffu;  // -1: past the list
-  bool wide = true;                                // an int64 slot (else int32 in `low`)
-};
-__device__ __forceinline__ LoadedSlot load_slot_now(const SparseDecodeProblem& p, int64_t n,
-                                                    int64_t j) {
-  LoadedSlot loaded;
-  if (j >= p.list_length()) return loaded;
-  const bool first_list = j < p.num_indices;
-  const IndexView& view = first_list ? p.indices : p.extra_indices;
-  const int64_t offset =
-      n * view.row_stride + (first_list ? j : j - p.num_indices) * view.column_stride;
-  loaded.wide = view.dtype == DType::kInt64;
-  if (loaded.wide) {
-    asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];\n"
-                 : "=r"(loaded.low), "=r"(loaded.high)
-                 : "l"(static_cast<const int64_t*>(view.data) + offset));
-  } else {
-    asm volatile("ld.global.nc.u32 %0, [%1];\n"
-                 : "=r"(loaded.low)
-                 : "l"(static_cast<const int32_t*>(view.data) + offset));
-  }
-  return loaded;
-}
-__device__ __forceinline__ int64_t slot_value(const LoadedSlot& loaded) {
-  return loaded.wide ? static_cast<int64_t>((uint64_t{loaded.high} << 32) | loaded.low)
-                     : static_cast<int64_t>(static_cast<int32_t>(loaded.low));
-}
-
 // Where a producer thread's entry is: its data and scale bytes, and whether it is real. An entry
 // that is not real (skipped, past the list, beyond its cache) points at bytes that exist (the
 // first entry of a pool with slots), which are loaded and discarded: the loads need no branch.
