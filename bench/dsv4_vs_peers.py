@@ -41,7 +41,11 @@ Needs a GPU, hdk built with CUDA, and the peers built by ``bash scripts/peers/ds
 
 Usage: python3 bench/dsv4_vs_peers.py --json out.json [--ops sparse,index] [--N 1,8,64]
            [--presets flash,pro] [--lists csa,hca65536,hca262144] [--entries 2048,16384,65536]
-           [--top-k 512,1024] [--index-peer deepgemm|none] [--iters 100]
+           [--top-k 512,1024] [--index-peer deepgemm|none] [--iters 100] [--timeline]
+
+--timeline adds, per cell, where each call's time goes inside its graph: every kernel's start
+and end from the CUDA profiler's records of 20 replays, each after the L2 flush, times from the
+flush's end (hdk.bench.timeline), e.g. a split kernel's end and the combine that follows it.
 """
 
 import argparse
@@ -55,6 +59,7 @@ try:
     import hdk
     import hdk.dsv4
     from hdk.bench import dsv4_attention_torch, dsv4_peers
+    from hdk.bench.timeline import format_timeline, graph_timeline
     from hdk.bench.timing import CudaTimer
 
     IMPORT_ERROR = None
@@ -93,6 +98,24 @@ def time_call(timer, call, iters):
     result = timer.time_graph(graph, iters)
     del graph
     return result
+
+
+def timelines(args, timer, calls):
+    """With --timeline, {name: [[position, kernel, start_us, end_us], ...]} of each named call's
+    kernels inside its own graph (hdk.bench.timeline), and their printed lines; else ({}, [])."""
+    if not args.timeline:
+        return {}, []
+    found, lines = {}, []
+    for name, call in calls:
+        graph = capture(timer, call)
+        timeline = graph_timeline(timer, graph)
+        del graph
+        found[name] = [
+            [position, kernel, round(start, 3), round(end, 3)]
+            for position, kernel, start, end in timeline
+        ]
+        lines += [f"  {name}:"] + format_timeline(timeline)
+    return found, lines
 
 
 def synchronize(device):
@@ -347,6 +370,11 @@ def sparse_point(args, timer, flash_mla, copy_gbs, launch_us, preset, list_name,
         f"peer/hdk {peer_us / hdk_us:5.2f} ({reused_us / hdk_us:5.2f})  floor {floor_us:7.2f} us  "
         f"|dout| {out_diff:.2e} |dlse| {lse_diff:.2e}"
     )
+    reused = ("flashmla_reused_plan", lambda: cell.peer.call(fresh_plan=False))
+    found, lines = timelines(args, timer, [("hdk", cell.hdk_call), reused])
+    if found:
+        record["timelines"] = found
+        line = "\n".join([line] + lines)
     return record, line
 
 
@@ -384,7 +412,12 @@ def index_point(args, timer, deep_gemm, copy_gbs, launch_us, top_k, entries, row
             f"/ {floor_mxfp4:.2f} us  x floor {fp8_us / floor_fp8:.2f} / "
             f"{mxfp4_us / floor_mxfp4:.2f}"
         )
-        return {"peer": "none", **fields, "check": "ok"}, line
+        found, lines = timelines(args, timer, [("hdk_fp8", cell.hdk_fp8)])
+        record = {"peer": "none", **fields, "check": "ok"}
+        if found:
+            record["timelines"] = found
+            line = "\n".join([line] + lines)
+        return record, line
     score_diff, score_rel, overlap, overlap_mxfp4 = cell.check()
     fp8_us, mxfp4_us, floor_fp8, floor_mxfp4, fields = hdk_index_columns(
         args, timer, cell, copy_gbs, launch_us
@@ -418,6 +451,12 @@ def index_point(args, timer, deep_gemm, copy_gbs, launch_us, top_k, entries, row
         f"{peer_us / mxfp4_us:5.2f}  floor {floor_fp8:.2f} / {floor_mxfp4:.2f} us  score rel diff "
         f"{score_rel:.1e}  overlap {100 * overlap:.2f}% (mxfp4 {100 * overlap_mxfp4:.1f}%)"
     )
+    found, lines = timelines(
+        args, timer, [("hdk_fp8", cell.hdk_fp8), ("deepgemm_hdk_topk", cell.peer_hdk_topk)]
+    )
+    if found:
+        record["timelines"] = found
+        line = "\n".join([line] + lines)
     return record, line
 
 
@@ -553,6 +592,13 @@ def main(argv=None):
         help="index: DeepGEMM (default), or none: hdk's FP8 and MXFP4 columns alone",
     )
     parser.add_argument("--iters", type=int, default=100, help="timed replays a call (default 100)")
+    parser.add_argument(
+        "--timeline",
+        action="store_true",
+        help="also each call's kernels, start and end inside its graph (the CUDA profiler's "
+        "records of 20 flushed replays; hdk and FlashMLA's reused plan, hdk and DeepGEMM's "
+        "logits + hdk.topk), printed and in the JSON",
+    )
     args = parser.parse_args(argv)
     ops = set(parse_list(args.ops, str))
     if not ops <= {"sparse", "index"}:

@@ -29,6 +29,10 @@ class CudaTimer:
         self.name = properties.name
         self._flush = torch.empty(2 * self.l2_bytes, dtype=torch.uint8, device=self.device)
 
+    def flush(self):
+        """Writes twice the L2 size, so that what a call reads next starts in DRAM."""
+        self._flush.zero_()
+
     def capture(self, call):
         """A CUDA graph of `call` (which must already have run once: Triton compiles on the
         first call, and compiling is not capturable)."""
@@ -50,7 +54,7 @@ class CudaTimer:
         done = 0
         while done < warmup or (time.perf_counter() - begin) * 1e3 < warmup_ms:
             if flush:
-                self._flush.zero_()
+                self.flush()
             graph.replay()
             done += 1
             if done % 8 == 0:
@@ -63,7 +67,7 @@ class CudaTimer:
                 # the GPU's wait for it landed inside the timed window: a one-kernel graph read
                 # 3.42 us or 4.16-4.64 us from one call to the next (H100, 2026-11-22-h100-dsv4-v7).
                 torch.cuda.synchronize(self.device)
-                self._flush.zero_()
+                self.flush()
             start.record()
             graph.replay()
             end.record()
