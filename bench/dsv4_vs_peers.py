@@ -100,12 +100,13 @@ def time_call(timer, call, iters):
     return result
 
 
-def timelines(args, timer, calls):
-    """With --timeline, {name: [[position, kernel, start_us, end_us], ...]} of each named call's
-    kernels inside its own graph (hdk.bench.timeline), and their printed lines; else ({}, [])."""
+def with_timelines(args, timer, record, line, calls):
+    """(record, line) of a cell; with --timeline, the record also holds `timelines`: {name:
+    [[position, kernel, start_us, end_us], ...]} of each named call's kernels inside its own
+    graph (hdk.bench.timeline), and the line their printed form."""
     if not args.timeline:
-        return {}, []
-    found, lines = {}, []
+        return record, line
+    found, lines = {}, [line]
     for name, call in calls:
         graph = capture(timer, call)
         timeline = graph_timeline(timer, graph)
@@ -115,7 +116,7 @@ def timelines(args, timer, calls):
             for position, kernel, start, end in timeline
         ]
         lines += [f"  {name}:"] + format_timeline(timeline)
-    return found, lines
+    return {**record, "timelines": found}, "\n".join(lines)
 
 
 def synchronize(device):
@@ -371,11 +372,7 @@ def sparse_point(args, timer, flash_mla, copy_gbs, launch_us, preset, list_name,
         f"|dout| {out_diff:.2e} |dlse| {lse_diff:.2e}"
     )
     reused = ("flashmla_reused_plan", lambda: cell.peer.call(fresh_plan=False))
-    found, lines = timelines(args, timer, [("hdk", cell.hdk_call), reused])
-    if found:
-        record["timelines"] = found
-        line = "\n".join([line] + lines)
-    return record, line
+    return with_timelines(args, timer, record, line, [("hdk", cell.hdk_call), reused])
 
 
 def hdk_index_columns(args, timer, cell, copy_gbs, launch_us):
@@ -412,12 +409,8 @@ def index_point(args, timer, deep_gemm, copy_gbs, launch_us, top_k, entries, row
             f"/ {floor_mxfp4:.2f} us  x floor {fp8_us / floor_fp8:.2f} / "
             f"{mxfp4_us / floor_mxfp4:.2f}"
         )
-        found, lines = timelines(args, timer, [("hdk_fp8", cell.hdk_fp8)])
         record = {"peer": "none", **fields, "check": "ok"}
-        if found:
-            record["timelines"] = found
-            line = "\n".join([line] + lines)
-        return record, line
+        return with_timelines(args, timer, record, line, [("hdk_fp8", cell.hdk_fp8)])
     score_diff, score_rel, overlap, overlap_mxfp4 = cell.check()
     fp8_us, mxfp4_us, floor_fp8, floor_mxfp4, fields = hdk_index_columns(
         args, timer, cell, copy_gbs, launch_us
@@ -451,13 +444,8 @@ def index_point(args, timer, deep_gemm, copy_gbs, launch_us, top_k, entries, row
         f"{peer_us / mxfp4_us:5.2f}  floor {floor_fp8:.2f} / {floor_mxfp4:.2f} us  score rel diff "
         f"{score_rel:.1e}  overlap {100 * overlap:.2f}% (mxfp4 {100 * overlap_mxfp4:.1f}%)"
     )
-    found, lines = timelines(
-        args, timer, [("hdk_fp8", cell.hdk_fp8), ("deepgemm_hdk_topk", cell.peer_hdk_topk)]
-    )
-    if found:
-        record["timelines"] = found
-        line = "\n".join([line] + lines)
-    return record, line
+    calls = [("hdk_fp8", cell.hdk_fp8), ("deepgemm_hdk_topk", cell.peer_hdk_topk)]
+    return with_timelines(args, timer, record, line, calls)
 
 
 def run_point(results, key, label, point, *args):
