@@ -166,13 +166,15 @@ TEST(SparseDecodePlan, PlanTakesTheFewestTileSteps) {
   EXPECT_FALSE(dsv4::detail::sparse_mma_supports(528));
 }
 
-// Splits through the workspace fill the SMs once, keep the kernel's fewest tiles a CTA, and need
-// no more bytes than the public size promises for any row count up to the call's.
+// Splits through the workspace fill the SMs once (a row at most kSparseMaxWorkspaceRowCtas CTAs,
+// the flags the combine reads one a thread, on a device of any SM count), keep the kernel's
+// fewest tiles a CTA, and need no more bytes than the public size promises for any row count up
+// to the call's.
 TEST(SparseDecodePlan, WorkspacePlansFitTheSmsAndTheWorkspace) {
   using dsv4::detail::kSparseMmaCosts;
   using dsv4::detail::kSparsePipelinedCosts;
   using dsv4::detail::SparsePlan;
-  for (int sm_count : {132, 114, 78}) {
+  for (int sm_count : {132, 114, 78, 1000}) {
     for (int64_t heads : {64, 128, 96, 512}) {
       for (int64_t length : {1, 64, 65, 640, 1152, 4224, 16512}) {
         int64_t previous_promise = 0;
@@ -195,6 +197,7 @@ TEST(SparseDecodePlan, WorkspacePlansFitTheSmsAndTheWorkspace) {
             EXPECT_GE(plan.splits, 2);
             EXPECT_LE(plan.splits, dsv4::detail::kSparseMaxWorkspaceSplits);
             EXPECT_LE(rows * plan.groups * plan.splits, sm_count);  // one wave
+            EXPECT_LE(plan.row_ctas(), dsv4::detail::kSparseMaxWorkspaceRowCtas);
             EXPECT_GE(tiles / plan.splits, costs.min_tiles_per_split);
             EXPECT_GE(tiles / plan.splits, dsv4::detail::kSparseWorkspaceMinTiles);
             EXPECT_EQ(plan.cluster(), plan.groups);
@@ -226,6 +229,9 @@ TEST(SparseDecodePlan, WorkspacePlansFitTheSmsAndTheWorkspace) {
   EXPECT_EQ(dsv4::detail::plan_sparse_workspace(9, 64, 4224, 132, kSparsePipelinedCosts).splits,
             14);
   EXPECT_EQ(dsv4::detail::plan_sparse_workspace(1, 64, 640, 132, kSparseMmaCosts).splits, 2);
+  // On a device of 1000 SMs a lone row of 512 heads (8 groups) and 16512 entries takes 32 splits,
+  // not 64: 256 CTAs.
+  EXPECT_EQ(dsv4::detail::sparse_workspace_max_splits(1, 8, 258, 1000), 32);
 }
 
 }  // namespace

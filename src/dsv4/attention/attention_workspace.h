@@ -31,14 +31,18 @@ constexpr int64_t kSparseRecordColumns = 512;  // the entry width
 // The most list splits a row takes through the workspace: the combine keeps one weight per split
 // and head in shared memory.
 constexpr int kSparseMaxWorkspaceSplits = 64;
+// The most CTAs (head groups x splits) a row takes through the workspace: the combine reads the
+// row's flags one a thread, all in its first round of loads.
+constexpr int kSparseMaxWorkspaceRowCtas = 256;
 
-// Splits through the workspace fill the GPU once: at most as many CTAs as SMs, at least one tile
-// each, at most kSparseMaxWorkspaceSplits; 1 (no workspace split) where the rows' head groups fill
-// the SMs already.
+// Splits through the workspace fill the GPU once: at most as many CTAs as SMs (and
+// kSparseMaxWorkspaceRowCtas a row), at least one tile each, at most kSparseMaxWorkspaceSplits;
+// 1 (no workspace split) where the rows' head groups fill the SMs already.
 HDK_HOST_DEVICE int sparse_workspace_max_splits(int64_t rows, int groups, int64_t tiles,
                                                 int sm_count) {
   if (rows <= 0 || groups <= 0 || tiles <= 1) return 1;
   int64_t most = sm_count / (rows * groups);
+  if (most > kSparseMaxWorkspaceRowCtas / groups) most = kSparseMaxWorkspaceRowCtas / groups;
   if (most > tiles) most = tiles;
   if (most > kSparseMaxWorkspaceSplits) most = kSparseMaxWorkspaceSplits;
   return most > 1 ? static_cast<int>(most) : 1;

@@ -24,70 +24,109 @@ namespace detail {
 // its splits left in the workspace: the row's validity (every CTA's flag, which includes its
 // heads' sinks), each split's weight per head, lse, then each output column summed over the
 // splits in split order. The same arithmetic as finish_row's.
+// Its time is latency: the loads go out in two rounds (flags, sinks and every split's statistics;
+// then the partials), in short code (22 KB: 32-bit block indices, split loops unrolled by 4
+// only, one copy of the output loop). The same round with every load unrolled (53 KB) was
+// 1.01-1.13x after the mma kernel but 0.89-0.95x after the pipelined one, whose larger code, we
+// read, leaves this kernel's to be fetched again (H200; docs/dsv4-attention.md,
+// "sparse_decode through the workspace").
 __global__ void __launch_bounds__(kSparseCombineThreads)
     sparse_decode_combine_kernel(SparseDecodeProblem p, SparsePlan plan, int slices,
                                  bool out_vector) {
-  __shared__ float factors[kSparseMaxWorkspaceSplits][kHeads];
-  hdk::detail::begin_dependent_kernel();  // waits for the splits' partial results
+  // Every split's statistics as its record holds them ([split][maxima 64, sums 64]); the maxima
+  // become the splits' weights.
+  __shared__ float split_stats[kSparseMaxWorkspaceSplits * 2 * kHeads];
+  constexpr int kStatsPerSplit = 2 * kHeads;
+  constexpr int kBatch = 8;  // statistics a thread loads before it stores the first
   const int tid = threadIdx.x;
-  const int slice = static_cast<int>(blockIdx.x % slices);
-  const int group = static_cast<int>((blockIdx.x / slices) % plan.groups);
-  const int64_t n = blockIdx.x / (static_cast<int64_t>(slices) * plan.groups);
+  // 32-bit: the grid has fewer than 2^31 CTAs.
+  const int block = static_cast<int>(blockIdx.x);
+  const int slice = block % slices;
+  const int group = (block / slices) % plan.groups;
+  const int64_t n = block / (slices * plan.groups);
   const int64_t head0 = int64_t{group} * kHeads;
+  const bool has_head = tid < kHeads && head0 + tid < p.num_heads;
   const SparseWorkspaceLayout layout =
       sparse_workspace_layout(p.num_rows, plan.groups, plan.splits);
   const float* o_records = reinterpret_cast<const float*>(p.workspace + layout.o_offset);
-  const float* stats = reinterpret_cast<const float*>(p.workspace + layout.stats_offset);
   const int* flags = reinterpret_cast<const int*>(p.workspace + layout.flags_offset);
-  auto record = [&](int split) { return sparse_record(n, split, group, plan.splits, plan.groups); };
+  // Split s's statistics are kStatsPerSplit floats at s * split_step from the first split's.
+  const float* stats = reinterpret_cast<const float*>(p.workspace + layout.stats_offset) +
+                       sparse_record(n, 0, group, plan.splits, plan.groups) * kStatsPerSplit;
+  const int64_t split_step = int64_t{plan.groups} * kStatsPerSplit;
+  hdk::detail::begin_dependent_kernel();  // waits for the splits' partial results
 
-  int bad = 0;
-  for (int r = tid; r < plan.row_ctas(); r += kSparseCombineThreads)
-    bad |= flags[n * plan.row_ctas() + r];
-  const bool row_bad = __syncthreads_or(bad) != 0;
+  // One round: the flags, the sinks and this thread's statistics all go out before any is used.
+  // (The same flags read by a loop of one pass: 0.89-1.02x where this form is 1.01-1.09x, H200.)
+  static_assert(kSparseCombineThreads >= kSparseMaxWorkspaceRowCtas, "one flag a thread");
+  const int bad = tid < plan.row_ctas() ? flags[n * plan.row_ctas() + tid] : 0;
+  const float sink = p.sink != nullptr && has_head ? p.sink[(head0 + tid) * p.sink_stride] : 0.0f;
+  const int stat_count = plan.splits * kStatsPerSplit;
+#pragma unroll 1
+  for (int first = 0; first < stat_count; first += kBatch * kSparseCombineThreads) {
+    float value[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int k = first + tid + b * kSparseCombineThreads;
+      if (k < stat_count) value[b] = stats[k / kStatsPerSplit * split_step + k % kStatsPerSplit];
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int k = first + tid + b * kSparseCombineThreads;
+      if (k < stat_count) split_stats[k] = value[b];
+    }
+  }
+  const bool row_bad = __syncthreads_or(bad) != 0;  // also: the statistics are in
 
   if (tid < kHeads) {
     const int h = tid;
+    float* weight = split_stats + h;              // [s * kStatsPerSplit]: maxima, weights
+    const float* sum = split_stats + kHeads + h;  // [s * kStatsPerSplit]
     float top = -INFINITY;
+#pragma unroll 4
     for (int s = 0; s < plan.splits; ++s)
-      top = fmaxf(top, stats[record(s) * 2 * kHeads + h]);
-    const bool has_head = head0 + h < p.num_heads;
-    const float sink =
-        p.sink != nullptr && has_head ? p.sink[(head0 + h) * p.sink_stride] * kLog2e : -INFINITY;
+      top = fmaxf(top, weight[s * kStatsPerSplit]);
+    const float sink_log2 = p.sink != nullptr && has_head ? sink * kLog2e : -INFINITY;
     const float list_top = top;
-    top = fmaxf(top, sink);
+    top = fmaxf(top, sink_log2);
     float lse = -INFINITY;
+    float list_sum = 0.0f;  // the list's own sum, for lse without the sink
+    if (!p.lse_includes_sink) {
+#pragma unroll 4
+      for (int s = 0; s < plan.splits; ++s)
+        list_sum += sum[s * kStatsPerSplit] * exp2f(weight[s * kStatsPerSplit] - list_top);
+    }
     if (top == -INFINITY) {
+#pragma unroll 4
       for (int s = 0; s < plan.splits; ++s)
-        factors[s][h] = 0.0f;
+        weight[s * kStatsPerSplit] = 0.0f;
     } else {
-      float denominator = exp2f(sink - top);
+      float denominator = exp2f(sink_log2 - top);
+#pragma unroll 4
       for (int s = 0; s < plan.splits; ++s) {
-        const float* stat = stats + record(s) * 2 * kHeads;
-        const float weight = exp2f(stat[h] - top);
-        denominator += stat[kHeads + h] * weight;
-        factors[s][h] = weight;
+        const float w = exp2f(weight[s * kStatsPerSplit] - top);
+        denominator += sum[s * kStatsPerSplit] * w;
+        weight[s * kStatsPerSplit] = w;
       }
+#pragma unroll 4
       for (int s = 0; s < plan.splits; ++s)
-        factors[s][h] /= denominator;
-      lse = list_top == -INFINITY ? p.sink[(head0 + h) * p.sink_stride]
-                                  : (top + log2f(denominator)) * kLn2;
+        weight[s * kStatsPerSplit] /= denominator;
+      lse = list_top == -INFINITY ? sink : (top + log2f(denominator)) * kLn2;
     }
     if (!p.lse_includes_sink) {
-      float list_sum = 0.0f;
-      for (int s = 0; s < plan.splits; ++s) {
-        const float* stat = stats + record(s) * 2 * kHeads;
-        list_sum += stat[kHeads + h] * exp2f(stat[h] - list_top);
-      }
       lse = list_top == -INFINITY ? -INFINITY : (list_top + log2f(list_sum)) * kLn2;
     }
     if (slice == 0 && has_head && p.lse != nullptr) {
       p.lse[n * p.lse_row_stride + (head0 + h) * p.lse_head_stride] = row_bad ? NAN : lse;
     }
   }
-  __syncthreads();  // factors are complete
+  __syncthreads();  // the weights are complete
 
-  const int quads = static_cast<int>(kHeadDim / 4) / slices;  // column quads of the slice
+  const int quads = static_cast<int>(kHeadDim / 4) / slices;        // column quads of the slice
+  const int64_t o_step = int64_t{plan.groups} * kHeads * kHeadDim;  // one split's record further
+  const float* o_first =
+      o_records + sparse_record(n, 0, group, plan.splits, plan.groups) * kHeads * kHeadDim;
+#pragma unroll 1
   for (int job = tid; job < kHeads * quads; job += kSparseCombineThreads) {
     const int h = job / quads;
     const int col = 4 * (slice * quads + job % quads);
@@ -95,11 +134,11 @@ __global__ void __launch_bounds__(kSparseCombineThreads)
     if (head >= p.num_heads) continue;
     float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (!row_bad) {
+      const float* o = o_first + h * kHeadDim + col;
 #pragma unroll 4
       for (int s = 0; s < plan.splits; ++s) {
-        const float4 v =
-            *reinterpret_cast<const float4*>(o_records + (record(s) * kHeads + h) * kHeadDim + col);
-        const float f = factors[s][h];
+        const float4 v = *reinterpret_cast<const float4*>(o + s * o_step);
+        const float f = split_stats[s * kStatsPerSplit + h];
         sum.x += f * v.x, sum.y += f * v.y, sum.z += f * v.z, sum.w += f * v.w;
       }
     }
