@@ -49,15 +49,10 @@ HDK_HOST_DEVICE uint32_t pack_floats_bf16x2(float low, float high) {
 #endif
 }
 
-// Whether both bf16 of a pair are finite: an exponent of all ones is an infinity or a NaN.
-HDK_HOST_DEVICE bool bf16x2_finite(uint32_t pair) {
-  return (pair & 0x7f80u) != 0x7f80u && (pair & 0x7f800000u) != 0x7f800000u;
-}
-
-// Bit 15 (31) set where the low (high) bf16 of the pair is an infinity or a NaN, with no
-// comparison: each half of pair & 0x7f807f80 is at most 0x7f80, and adding 0x80 reaches the
-// half's top bit only where it is exactly that, carrying nothing into the other half. A loop
-// over many pairs ORs these and tests once, where chained comparisons serialize it.
+// Bit 15 (31) set where the low (high) bf16 of the pair is an infinity or a NaN (an exponent of
+// all ones), with no comparison: each half of pair & 0x7f807f80 is at most 0x7f80, and adding
+// 0x80 reaches the half's top bit only where it is exactly that, carrying nothing into the other
+// half. A loop over many pairs ORs these and tests once, where chained comparisons serialize it.
 HDK_HOST_DEVICE uint32_t bf16x2_nonfinite_bits(uint32_t pair) {
   return ((pair & 0x7f807f80u) + 0x00800080u) & 0x80008000u;
 }

@@ -144,24 +144,10 @@ TEST(IndexMmaLayout, Fp32QueriesSplitIntoTwoBf16) {
   }
 }
 
-// The kernels' check of staged bf16 query pairs (index staging, sparse_decode's cp.async
-// copies): a pair is finite exactly when both of its values are, for every bf16 value in either
-// half.
-TEST(Bf16Pairs, PairIsFiniteExactlyWhenBothValuesAre) {
-  const uint32_t finite_values[] = {0x0000u, 0x8000u, 0x3f80u, 0x7f7fu, 0xff7fu, 0x0001u};
-  for (uint32_t bits = 0; bits <= 0xffffu; ++bits) {
-    const bool finite = std::isfinite(bf16_bits_value(bits));
-    for (const uint32_t other : finite_values) {
-      ASSERT_EQ(bf16x2_finite(pack_bf16x2(bits, other)), finite) << std::hex << bits;
-      ASSERT_EQ(bf16x2_finite(pack_bf16x2(other, bits)), finite) << std::hex << bits;
-    }
-  }
-}
-
-// sparse_decode's query check ORs each pair's non-finite bits over a thread's pairs: bit 15
-// flags the low value and bit 31 the high one, exactly the non-finite ones, for every bf16 value
-// in either half next to finite and non-finite neighbours, and ORed pairs flag a non-finite
-// value anywhere among them.
+// The kernels' check of staged bf16 query pairs (index_topk's staging, sparse_decode's queries)
+// ORs each pair's non-finite bits over a thread's pairs: bit 15 flags the low value and bit 31
+// the high one, exactly the non-finite ones, for every bf16 value in either half next to finite
+// and non-finite neighbours, and ORed pairs flag a non-finite value anywhere among them.
 TEST(Bf16Pairs, NonfiniteBitsFlagExactlyTheNonfiniteHalves) {
   const uint32_t others[] = {0x0000u, 0x8000u, 0x3f80u, 0x7f7fu, 0xff7fu, 0x0001u,
                              0x7f80u, 0xff80u, 0x7fc0u, 0xffffu, 0x7f81u};

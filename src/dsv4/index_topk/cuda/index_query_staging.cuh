@@ -189,6 +189,7 @@ __device__ bool stage_queries(const IndexerProblem& p, int64_t row, const IndexL
                         p.q.row_stride % kValuesPer16Bytes == 0 &&
                         p.q.head_stride % kValuesPer16Bytes == 0;
     QueryChunk<kFp32Q> chunks[kChunksPerThread];
+    uint32_t nonfinite = 0;  // bf16 q: every pair's non-finite bits, tested once
 #pragma unroll
     for (int i = 0; i < kChunksPerThread; ++i) {
       const int chunk = static_cast<int>(threadIdx.x) + i * kThreads;
@@ -216,12 +217,13 @@ __device__ bool stage_queries(const IndexerProblem& p, int64_t row, const IndexL
         } else {
           // Dims j and j + 4: halves j % 2 of words j / 2 and j / 2 + 2.
           hi = __byte_perm(w[j / 2], w[j / 2 + 2], j % 2 == 0 ? 0x5410 : 0x7632);
-          bad |= !bf16x2_finite(hi);
+          nonfinite |= bf16x2_nonfinite_bits(hi);
         }
         *reinterpret_cast<uint32_t*>(shared + launch.q + offset) = hi;
         if (kFp32Q) *reinterpret_cast<uint32_t*>(shared + launch.q_lo + offset) = lo;
       }
     }
+    bad |= nonfinite != 0;
     fence_shared_for_wgmma();  // the caller's barrier then covers every thread's writes
   } else if constexpr (kScore == ScoreKernel::kWarp) {
     uint32_t* hi = reinterpret_cast<uint32_t*>(shared + launch.q);
