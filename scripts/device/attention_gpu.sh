@@ -43,14 +43,7 @@ pack() {
   echo "logs: $root/attention-gpu.tar.gz"
 }
 
-{
-  date -u
-  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
-  "$sanitizer" --version 2>&1 | tail -1
-  git rev-parse HEAD 2>/dev/null
-  git status --short 2>/dev/null | head -20
-} >"$out/environment.log"
-cat "$out/environment.log"
+record_environment
 
 # 0. Build the two binaries (and libhdk.so for the Python package).
 if [[ -z ${HDK_SKIP_BUILD:-} || ! -x $tests || ! -x $bench ]]; then
@@ -121,10 +114,5 @@ if wants python; then
   fi
 fi
 
-echo
 pack
-if [[ ${#failed[@]} -gt 0 ]]; then
-  printf 'FAILED: %s\n' "${failed[@]}"
-  exit 1
-fi
-echo "attention GPU run: all steps passed ($SECONDS s)"
+finish_steps "attention GPU run"

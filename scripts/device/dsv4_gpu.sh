@@ -17,19 +17,8 @@ failed=()
 
 source scripts/device/step.sh  # after the cd to the repository root
 
-for binary in "$tests" "$bench"; do
-  if [[ ! -x $binary ]]; then
-    echo "missing $binary: build first (cmake --build $build)" >&2
-    exit 2
-  fi
-done
-{
-  date -u
-  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
-  "$sanitizer" --version 2>&1 | tail -1
-  git rev-parse HEAD 2>/dev/null
-} >"$out/environment.log"
-cat "$out/environment.log"
+require_binaries "build first (cmake --build $build)" "$tests" "$bench"
+record_environment
 
 # 1. Every test, CPU and CUDA cases (the CUDA ones must run here, not skip).
 step tests 240 "$tests"
@@ -56,9 +45,4 @@ step bench-topk 120 "$bench" topk --verify --json "$out/topk.json"
 step bench-topk-lengths 60 "$bench" topk --verify --lengths --shapes 64x65536:512,16x65536:1024 \
   --json "$out/topk_lengths.json"
 
-echo
-if [[ ${#failed[@]} -gt 0 ]]; then
-  printf 'FAILED: %s\n' "${failed[@]}"
-  exit 1
-fi
-echo "dsv4 GPU run: all steps passed ($SECONDS s)"
+finish_steps "dsv4 GPU run"

@@ -17,19 +17,8 @@ failed=()
 
 source scripts/device/step.sh  # after the cd to the repository root
 
-for binary in "$tests" "$bench"; do
-  if [[ ! -x $binary ]]; then
-    echo "missing $binary: build first (cmake --build $build)" >&2
-    exit 2
-  fi
-done
-{
-  date -u
-  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
-  "$sanitizer" --version 2>&1 | tail -1
-  git rev-parse HEAD 2>/dev/null
-} >"$out/environment.log"
-cat "$out/environment.log"
+require_binaries "build first (cmake --build $build)" "$tests" "$bench"
+record_environment
 
 # 1. Every kv test (the CUDA cases must run here, not skip).
 step tests 300 "$tests"
@@ -51,9 +40,4 @@ step racecheck 600 "$sanitizer" --tool racecheck --racecheck-report hazard --err
 step bench-kv 600 "$bench" kv --verify --json "$out/kv.json"
 step bench-kv-hot 300 "$bench" kv --hot --ops store,gather --json "$out/kv_hot.json"
 
-echo
-if [[ ${#failed[@]} -gt 0 ]]; then
-  printf 'FAILED: %s\n' "${failed[@]}"
-  exit 1
-fi
-echo "kv GPU run: all steps passed ($SECONDS s)"
+finish_steps "kv GPU run"
