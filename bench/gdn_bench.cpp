@@ -436,6 +436,8 @@ void print_usage() {
       "  --state fp32,bf16     state dtypes      --input bf16|fp16|fp32 (q, k, v, a, b, out)\n"
       "  --layout vk|kv        pool layout       --mode auto|decode|verify\n"
       "  --hot                 keep caches warm between runs (default: flushed, cold)\n"
+      "  --flush-code          also evict the SMs' instruction caches before each run (the\n"
+      "                        L2 flush leaves them holding the last replay's code)\n"
       "  --iterations N        timed runs per point (median)\n"
       "  --verify              check each point once against the float64 oracle\n"
       "  --verify-max-batch N  skip the oracle above this batch (default 64)\n"
@@ -497,6 +499,7 @@ int gdn_command(Options& options) {
   const int64_t verify_limit = options.integer("verify-max-batch", 64);
   TimingOptions timing;
   timing.flush_cache = !options.flag("hot");
+  timing.flush_code = options.flag("flush-code");
   timing.iterations = static_cast<int>(options.integer("iterations", gpu ? 50 : 15));
   const std::string json_path = options.text("json", "");
   const int64_t forced_warps = options.integer("warps", 0);
