@@ -27,7 +27,7 @@ namespace detail {
 // Its time is latency: the loads go out in two rounds (flags, sinks and every split's statistics;
 // then the partials), in short code (22 KB: 32-bit block indices, split loops unrolled by 4
 // only, one copy of the output loop). The same round with every load unrolled (53 KB) was
-// 1.01-1.13x after the mma kernel but 0.89-0.95x after the pipelined one, whose larger code, we
+// 1.00-1.13x after the mma kernel but 0.89-0.96x after the pipelined one, whose larger code, we
 // read, leaves this kernel's to be fetched again (H200; docs/dsv4-attention.md,
 // "sparse_decode through the workspace").
 __global__ void __launch_bounds__(kSparseCombineThreads)
