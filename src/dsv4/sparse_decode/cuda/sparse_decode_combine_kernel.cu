@@ -24,8 +24,8 @@ namespace detail {
 // its splits left in the workspace: the row's validity (every CTA's flag, which includes its
 // heads' sinks), each split's weight per head, lse, then each output column summed over the
 // splits in split order. The same arithmetic as finish_row's.
-// Its time is latency: the loads go out in two rounds (flags, sinks and every split's statistics;
-// then the partials), in short code (22 KB: 32-bit block indices, split loops unrolled by 4
+// Its time is latency: the flags, the sinks and every split's statistics go out in one round,
+// then the partials, in short code (22 KB: 32-bit block indices, split loops unrolled by 4
 // only, one copy of the output loop). The same round with every load unrolled (53 KB) was
 // 1.00-1.13x after the mma kernel but 0.89-0.96x after the pipelined one, whose larger code, we
 // read, leaves this kernel's to be fetched again (H200; docs/dsv4-attention.md,
