@@ -26,6 +26,7 @@
 #ifdef HDK_WITH_CUDA
 #include <cuda_runtime.h>
 
+#include "code_flush.h"
 #include "floor_kernels.h"
 #endif
 

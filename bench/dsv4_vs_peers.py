@@ -581,6 +581,12 @@ def main(argv=None):
     )
     parser.add_argument("--iters", type=int, default=100, help="timed replays a call (default 100)")
     parser.add_argument(
+        "--flush-code",
+        metavar="LIBRARY",
+        help="also evict the SMs' instruction caches before each replay, as a call inside a "
+        "decode step finds them: the path of libhdk_bench_code_flush.so (built with hdk-bench)",
+    )
+    parser.add_argument(
         "--timeline",
         action="store_true",
         help="also each call's kernels, start and end inside its graph (the CUDA profiler's "
@@ -621,7 +627,7 @@ def main(argv=None):
     if device.index is None:  # "cuda": the current device, which set_device needs by number
         device = torch.device("cuda", torch.cuda.current_device())
     torch.cuda.set_device(device)
-    timer = CudaTimer(device)
+    timer = CudaTimer(device, code_flush_library=args.flush_code)
     copy_gbs = timer.copy_bandwidth() / 1e9
     launch_us = timer.launch_floor_us(args.iters)
     pins = dsv4_peers.peer_pins()
@@ -648,7 +654,8 @@ def main(argv=None):
         "index_peer": args.index_peer if "index" in ops else None,
         "copy_bandwidth_gbs": round(copy_gbs, 2),
         "launch_us": round(launch_us, 3),
-        "timing": f"CUDA graph replay, L2 flushed before each, median of {args.iters}",
+        "timing": f"CUDA graph replay, L2 flushed before each"
+        f"{' (instruction caches too)' if timer.flushes_code else ''}, median of {args.iters}",
         "floor": "launch_us + bytes / copy bandwidth",
         "tolerances": {
             "out_max_abs_diff": OUT_TOLERANCE,

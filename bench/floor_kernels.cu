@@ -1,7 +1,7 @@
 // Memory-pattern floors for hdk-bench: what this GPU can do for an in-place read-modify-write
 // of the same bytes a decode step moves, with and without the per-block index indirection of
 // a state pool. The GDN step cannot beat the flat one. Also the empty kernel of every floor's
-// launch cost and the instruction-cache flush of TimingOptions::flush_code.
+// launch cost.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -42,36 +42,10 @@ __global__ void rmw_blocks(uint4* data, const int32_t* block_of_warp, int64_t bl
 
 __global__ void empty_kernel() {}
 
-// Two chains of 8192 fused multiply-adds with distinct immediates (one unrolled copy each, 12288
-// FFMA in all after the compiler keeps one loop of the second): instructions no other kernel
-// shares, fetched once per SM.
-__device__ float code_flush_sink;
-
-__global__ void code_flush_kernel(float seed) {
-  float x = seed + static_cast<float>(threadIdx.x);
-#pragma unroll 8192
-  for (int i = 0; i < 8192; ++i)
-    x = fmaf(x, 1.0f + static_cast<float>(i) * 1e-8f, static_cast<float>(i));
-#pragma unroll 8192
-  for (int i = 0; i < 8192; ++i)
-    x = fmaf(x, 1.0f - static_cast<float>(i) * 3e-8f, static_cast<float>(2 * i + 1));
-  if (x == 12345.678f) code_flush_sink = x;  // never true for these chains; keeps them
-}
-
 }  // namespace
 
 void launch_empty_kernel(cudaStream_t stream) {
   empty_kernel<<<1, 1, 0, stream>>>();
-}
-
-void launch_code_flush(cudaStream_t stream) {
-  static const int blocks = [] {
-    int device = 0, sms = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    return 4 * sms;
-  }();
-  code_flush_kernel<<<blocks, 32, 0, stream>>>(1.0f);
 }
 
 void launch_floor(FloorPattern pattern, void* data, int64_t bytes, const int32_t* block_of_warp,

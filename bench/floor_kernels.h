@@ -23,9 +23,5 @@ void launch_floor(FloorPattern pattern, void* data, int64_t bytes, const int32_t
 // A kernel that does nothing, one CTA of one thread.
 void launch_empty_kernel(cudaStream_t stream);
 
-// 192 KB of straight-line code run by four CTAs a multiprocessor of the current device: what the
-// SMs' instruction caches held is evicted (TimingOptions::flush_code).
-void launch_code_flush(cudaStream_t stream);
-
 }  // namespace bench
 }  // namespace hdk

@@ -195,7 +195,16 @@ def run_script(*args):
 def test_script_help():
     result = run_script("--help")
     assert result.returncode == 0, result.stderr
-    for option in ("--json", "--ops", "--N", "--iters", "--entries", "--lists", "--index-peer"):
+    for option in (
+        "--json",
+        "--ops",
+        "--N",
+        "--iters",
+        "--entries",
+        "--lists",
+        "--index-peer",
+        "--flush-code",
+    ):
         assert option in result.stdout
 
 

@@ -1,5 +1,6 @@
 """Device timing: CUDA-graph replays with a cold L2, and the copy bandwidth of the same run."""
 
+import ctypes
 import statistics
 import time
 
@@ -20,18 +21,39 @@ def median_us(samples):
 
 class CudaTimer:
     """Times one captured call per replay, writing 2x the L2 size between replays so every
-    replay starts with the call's data out of L2 (a decode step never finds its state there)."""
+    replay starts with the call's data out of L2 (a decode step never finds its state there).
 
-    def __init__(self, device):
+    `code_flush_library`: the path of libhdk_bench_code_flush.so (built with hdk-bench from
+    bench/code_flush.cu); each flush then also runs its 192 KB of other code on every SM, so a
+    call fetches its own instructions from memory, as a kernel inside a decode step does (the L2
+    flush leaves the SMs' instruction caches holding the previous replay's code)."""
+
+    def __init__(self, device, code_flush_library=None):
         self.device = torch.device(device)
         properties = torch.cuda.get_device_properties(self.device)
         self.l2_bytes = int(getattr(properties, "L2_cache_size", 0) or 50 * 2**20)
         self.name = properties.name
         self._flush = torch.empty(2 * self.l2_bytes, dtype=torch.uint8, device=self.device)
+        self._code_flush = None
+        if code_flush_library:
+            launch = ctypes.CDLL(code_flush_library).hdk_bench_code_flush
+            launch.argtypes = [ctypes.c_void_p]
+            launch.restype = ctypes.c_int
+            self._code_flush = launch
+
+    @property
+    def flushes_code(self):
+        return self._code_flush is not None
 
     def flush(self):
-        """Writes twice the L2 size, so that what a call reads next starts in DRAM."""
+        """Writes twice the L2 size, so that what a call reads next starts in DRAM (and, with a
+        code flush library, evicts the SMs' instruction caches)."""
         self._flush.zero_()
+        if self._code_flush is not None:
+            with torch.cuda.device(self.device):
+                error = self._code_flush(torch.cuda.current_stream(self.device).cuda_stream)
+            if error != 0:
+                raise RuntimeError(f"hdk_bench_code_flush: CUDA error {error}")
 
     def capture(self, call):
         """A CUDA graph of `call` (which must already have run once: Triton compiles on the
