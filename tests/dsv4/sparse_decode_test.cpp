@@ -1124,6 +1124,72 @@ TEST(SparseDecodeCuda, WorkspaceContentsDoNotMatterAndTooSmallIsAnError) {
   }
 }
 
+// The dispatcher with a workspace: a few rows take one tile a CTA (two for a list of 65-128
+// tiles) on the kernel that converts on all 8 warps (plan_sparse_fewest_tiles), against the
+// float64 reference; more rows than one wave of such CTAs keep the pipelined kernel.
+TEST(SparseDecodeCuda, FewRowsTakeTheFewestTilesACta) {
+  const std::string reason = backend_unavailable_reason(Backend::kCUDA);
+  if (!reason.empty()) GTEST_SKIP() << "cuda backend skipped: " << reason;
+  // A host workspace view for the launch report (a CPU call needs none of its bytes; validation
+  // wants it 256-byte aligned).
+  std::vector<uint8_t> workspace(512);
+  auto host_workspace_view = [](std::vector<uint8_t>& bytes) {
+    uint8_t* const aligned =
+        bytes.data() + (256 - reinterpret_cast<uintptr_t>(bytes.data()) % 256) % 256;
+    return TensorView::contiguous(aligned, DType::kUInt8, {256});
+  };
+  int sm_count = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  struct Shape {
+    int64_t rows, heads, L;
+  };
+  for (const Shape shape :
+       {Shape{2, 64, 512}, Shape{1, 128, 1024}, Shape{3, 64, 200}, Shape{1, 64, 4200}}) {
+    SparseCase c;
+    c.N = shape.rows;
+    c.heads = shape.heads;
+    c.L = shape.L;
+    c.extra_L = 128;
+    c.num_blocks = 20;
+    c.empty_rows = std::vector<int64_t>{c.N - 1};
+    c.seed = 500 + shape.heads + shape.L;
+    SCOPED_TRACE(c.describe());
+    const int64_t tiles = dsv4::detail::sparse_tiles(c.L + c.extra_L);
+    const int64_t splits = tiles <= 64 ? tiles : (tiles + 1) / 2;
+    const int64_t ctas = c.N * dsv4::detail::sparse_head_groups(c.heads) * splits;
+    if (ctas > sm_count) continue;  // a device too small for one wave of them
+    const SparseRun run{Backend::kCUDA, SparseKernel::kCpu, true};  // the dispatcher's kernel
+    SparseInputs in = make_sparse_inputs(c);
+    {
+      const ForcedSparseKernel forced(run);
+      dsv4::SparseDecodeParams p = in.params(c);
+      p.workspace = host_workspace_view(workspace);
+      const dsv4::detail::SparseLaunchReport report =
+          dsv4::detail::sparse_decode_launch_report(dsv4::detail::validate_sparse_decode(p), 0);
+      EXPECT_STREQ(report.kernel, "mma");
+      EXPECT_EQ(report.plan.splits, splits);
+      EXPECT_TRUE(report.plan.through_workspace);
+    }
+    const dsv4::SparseDecodeReference ref = sparse_reference(c, in);
+    run_sparse_backend(c, in, run);
+    EXPECT_EQ(read_counter(in.counter, DType::kInt64), 3 + ref.invalid_rows);
+    check_sparse_outputs(c, in, ref, SparseKernel::kTensorCore);
+  }
+  // One wave too many: the pipelined kernel, as without the rule.
+  SparseCase many;
+  many.N = sm_count / 10 + 1;
+  many.L = 512;
+  many.extra_L = 128;
+  many.num_blocks = 20;
+  SparseInputs in = make_sparse_inputs(many);
+  const ForcedSparseKernel forced(SparseRun{Backend::kCUDA, SparseKernel::kCpu, true});
+  dsv4::SparseDecodeParams p = in.params(many);
+  p.workspace = host_workspace_view(workspace);
+  const dsv4::detail::SparseLaunchReport report =
+      dsv4::detail::sparse_decode_launch_report(dsv4::detail::validate_sparse_decode(p), 0);
+  EXPECT_STREQ(report.kernel, "pipelined");
+}
+
 // The default CUDA path (Flash's heads: the tensor-core kernel; without a workspace a cluster of
 // 8 list slices for N = 16 on 132 SMs or so, with one 2 rows over every SM) captured in a CUDA
 // graph and replayed; the second replay on new queries copied into the captured buffer, each

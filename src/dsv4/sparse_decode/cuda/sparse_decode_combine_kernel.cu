@@ -25,10 +25,10 @@ namespace detail {
 // heads' sinks), each split's weight per head, lse, then each output column summed over the
 // splits in split order. The same arithmetic as finish_row's.
 // Its time is latency: the flags, the sinks and every split's statistics go out in one round,
-// then the partials, in short code (22 KB: 32-bit block indices, split loops unrolled by 4
-// only, one copy of the output loop). The same round with every load unrolled (53 KB) was
-// 1.00-1.13x after the mma kernel but 0.89-0.96x after the pipelined one, whose larger code, we
-// read, leaves this kernel's to be fetched again (H200; docs/dsv4-attention.md,
+// then the partials 16 splits at a time, in short code (32-bit block indices, the statistics'
+// loop unrolled by 4 only, one copy of the output loop). The same round with every load unrolled
+// (53 KB) was 1.00-1.13x after the mma kernel but 0.89-0.96x after the pipelined one, whose larger
+// code, we read, leaves this kernel's to be fetched again (H200; docs/dsv4-attention.md,
 // "sparse_decode through the workspace").
 __global__ void __launch_bounds__(kSparseCombineThreads)
     sparse_decode_combine_kernel(SparseDecodeProblem p, SparsePlan plan, int slices,
@@ -38,6 +38,7 @@ __global__ void __launch_bounds__(kSparseCombineThreads)
   __shared__ float split_stats[kSparseMaxWorkspaceSplits * 2 * kHeads];
   constexpr int kStatsPerSplit = 2 * kHeads;
   constexpr int kBatch = 8;  // statistics a thread loads before it stores the first
+  constexpr int kPartialsBatch = 16;
   const int tid = threadIdx.x;
   // 32-bit: the grid has fewer than 2^31 CTAs.
   const int block = static_cast<int>(blockIdx.x);
@@ -135,11 +136,25 @@ __global__ void __launch_bounds__(kSparseCombineThreads)
     float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (!row_bad) {
       const float* o = o_first + h * kHeadDim + col;
-#pragma unroll 4
-      for (int s = 0; s < plan.splits; ++s) {
-        const float4 v = *reinterpret_cast<const float4*>(o + s * o_step);
-        const float f = split_stats[s * kStatsPerSplit + h];
-        sum.x += f * v.x, sum.y += f * v.y, sum.z += f * v.z, sum.w += f * v.w;
+      // Up to 16 splits' partials loaded before the first is summed, in split order: the
+      // pipelined kernel's 16 splits in one round of loads and one-tile splits in few (a loop
+      // unrolled by 4 kept two loads in flight, by 8 one; batches of 8 measured a tie, of 16
+      // 1.01-1.14x at 128 registers, H200).
+#pragma unroll 1
+      for (int first = 0; first < plan.splits; first += kPartialsBatch) {
+        float4 v[kPartialsBatch];
+#pragma unroll
+        for (int b = 0; b < kPartialsBatch; ++b) {
+          if (first + b < plan.splits)
+            v[b] = *reinterpret_cast<const float4*>(o + (first + b) * o_step);
+        }
+#pragma unroll
+        for (int b = 0; b < kPartialsBatch; ++b) {
+          if (first + b < plan.splits) {
+            const float f = split_stats[(first + b) * kStatsPerSplit + h];
+            sum.x += f * v[b].x, sum.y += f * v[b].y, sum.z += f * v[b].z, sum.w += f * v[b].w;
+          }
+        }
       }
     }
     store_output4(p, n * p.out_row_stride + head * p.out_head_stride + col, sum, out_vector);

@@ -68,9 +68,10 @@ TensorCoreKernel tensor_core_kernel(bool pipelined, bool shared_conversion, bool
 // One of the two tensor-core kernels over the row clusters of plan_sparse_decode: `pipelined`
 // false forces the other; true runs the pipelined one where the call allows it (the caller
 // checked the pools) and, unless `forced`, where its slices are at least kPipelinedMinTiles
-// long.
+// long. `fewest_tiles` (the dispatcher's own choice) runs the other kernel one or two tiles a CTA
+// through the workspace instead where plan_sparse_fewest_tiles applies.
 TensorCoreLaunch plan_tensor_core(const SparseDecodeProblem& p, bool pipelined, bool forced,
-                                  int device) {
+                                  bool fewest_tiles, int device) {
   const int sm_count =
       hdk::detail::cached_device_attribute(cudaDevAttrMultiProcessorCount, device, kOperation);
   const bool wide = aligned_16(p.cache.data) && p.cache.page_stride % 16 == 0 &&
@@ -78,15 +79,20 @@ TensorCoreLaunch plan_tensor_core(const SparseDecodeProblem& p, bool pipelined, 
                      (aligned_16(p.extra_cache.data) && p.extra_cache.page_stride % 16 == 0));
   // Two head groups (Hq 65..128) share the conversion of each tile in the pipelined kernel.
   const bool shared_conversion = sparse_head_groups(p.num_heads) == 2;
-  auto launch_of = [&](bool use_pipelined) {
+  // A kernel's instance, threads and shared memory, its plan left to the caller.
+  auto kernel_of = [&](bool use_pipelined, bool through_workspace) {
     TensorCoreLaunch launch{};
     launch.pipelined = use_pipelined;
     launch.threads = use_pipelined ? kSparsePipelinedThreads : kSparseThreads;
     launch.shared_bytes =
         use_pipelined ? sparse_decode_pipelined_shared_bytes() : sparse_decode_mma_shared_bytes();
-    launch.kernel = tensor_core_kernel(use_pipelined, shared_conversion, wide, false);
+    launch.kernel = tensor_core_kernel(use_pipelined, shared_conversion, wide, through_workspace);
     hdk::detail::allow_dynamic_shared_memory(launch.kernel, launch.shared_bytes, device,
                                              kOperation);
+    return launch;
+  };
+  auto launch_of = [&](bool use_pipelined) {
+    TensorCoreLaunch launch = kernel_of(use_pipelined, false);
     // Every cluster size (above 8 CTAs: 0 where the device does not run clusters of that size).
     const hdk::detail::ResidentClusterCounts& resident = hdk::detail::resident_clusters(
         launch.kernel, launch.threads, static_cast<size_t>(launch.shared_bytes), device,
@@ -114,12 +120,20 @@ TensorCoreLaunch plan_tensor_core(const SparseDecodeProblem& p, bool pipelined, 
       launch.plan.through_workspace = launch.plan.through_workspace && launch.plan.splits > 1;
     }
     if (launch.plan.through_workspace) {
-      launch.kernel = tensor_core_kernel(use_pipelined, shared_conversion, wide, true);
-      hdk::detail::allow_dynamic_shared_memory(launch.kernel, launch.shared_bytes, device,
-                                               kOperation);
+      launch.kernel = kernel_of(use_pipelined, true).kernel;
     }
     return launch;
   };
+  if (pipelined && fewest_tiles && p.workspace != nullptr &&
+      workspace_override.load() != SparseWorkspaceChoice::kNever && splits_override.load() == 0) {
+    const SparsePlan plan =
+        plan_sparse_fewest_tiles(p.num_rows, p.num_heads, p.list_length(), sm_count);
+    if (plan.through_workspace) {
+      TensorCoreLaunch launch = kernel_of(false, true);
+      launch.plan = plan;
+      return launch;
+    }
+  }
   TensorCoreLaunch launch = launch_of(pipelined);
   const int64_t tiles_per_cta =
       (sparse_tiles(p.list_length()) + launch.plan.splits - 1) / launch.plan.splits;
@@ -156,6 +170,7 @@ struct KernelChoice {
   bool tensor_core;
   bool pipelined;
   bool every_call;
+  bool fewest_tiles;  // the dispatcher's choice: plan_sparse_fewest_tiles where it applies
 };
 
 KernelChoice choose_kernel(const SparseDecodeProblem& p) {
@@ -181,7 +196,8 @@ KernelChoice choose_kernel(const SparseDecodeProblem& p) {
       p.cache.num_slots() <= INT32_MAX && (!extra_used || p.extra_cache.num_slots() <= INT32_MAX);
   return KernelChoice{forced == SparseDecodeKernel::kAuto ? mma_fits : forced_tensor_core,
                       pipelined_asked && pool_with_slots && narrow_slots,
-                      forced == SparseDecodeKernel::kTensorCorePipelinedEveryCall};
+                      forced == SparseDecodeKernel::kTensorCorePipelinedEveryCall,
+                      forced == SparseDecodeKernel::kAuto};
 }
 
 }  // namespace
@@ -214,8 +230,9 @@ void sparse_decode_cuda(const SparseDecodeProblem& p, int device, CudaStream str
   const int sm_count =
       hdk::detail::cached_device_attribute(cudaDevAttrMultiProcessorCount, device, kOperation);
   if (choice.tensor_core) {
-    launch_tensor_core(p, plan_tensor_core(p, choice.pipelined, choice.every_call, device),
-                       sm_count, stream);
+    launch_tensor_core(
+        p, plan_tensor_core(p, choice.pipelined, choice.every_call, choice.fewest_tiles, device),
+        sm_count, stream);
     return;
   }
   hdk::detail::check_launch(
@@ -230,7 +247,8 @@ SparseLaunchReport sparse_decode_launch_report(const SparseDecodeProblem& p, int
   const KernelChoice choice = choose_kernel(p);
   if (!choice.tensor_core) return report;
   hdk::detail::CudaDeviceGuard guard(device, kOperation);
-  const TensorCoreLaunch launch = plan_tensor_core(p, choice.pipelined, choice.every_call, device);
+  const TensorCoreLaunch launch =
+      plan_tensor_core(p, choice.pipelined, choice.every_call, choice.fewest_tiles, device);
   report.kernel = launch.pipelined ? "pipelined" : "mma";
   report.plan = launch.plan;
   return report;

@@ -164,6 +164,36 @@ HDK_HOST_DEVICE SparsePlan plan_sparse_workspace(int64_t rows, int64_t heads, in
   return plan;
 }
 
+// The fewest tiles a CTA through the workspace (the tensor-core kernel that converts on all 8
+// warps): one tile a CTA, or two for lists of 65-128 tiles (64 splits at most), where every CTA of
+// every row fits in one wave of the SMs. A call then takes one or two tiles' latency, the
+// partial's write and the combine. The pipelined kernel's steady state does not pay there, and
+// its code (101-145 KB, 76 KB of it run at Flash CSA N = 1) is fetched cold in a decode step.
+// On an H200 with the SMs' instruction caches flushed (as in a step), against the pipelined
+// kernel: Flash CSA N = 1..13 1.14-1.48x, Pro CSA N = 1..3 1.30-1.41x; Flash HCA lists of 66
+// tiles in 33 splits 1.22-1.27x at N = 1..4, where 64 one-tile splits were 1.15-1.22x (their
+// partials' bytes twice as many). With the caches warm it is 0.87-0.98x at Flash N = 8..13 and
+// Pro N = 3 (bench/results/sparse_decode-h200); the decode step is 1.07-1.59x faster wherever
+// this plan runs (bench/results/dsv4_step-h200). sparse_decode_cuda.cu takes it where the
+// pipelined kernel would run and the caller gave a workspace; through_workspace is false where
+// it does not apply, and for lists shorter than the pipelined kernel's slices, which the other
+// kernel runs in a cluster already.
+HDK_HOST_DEVICE SparsePlan plan_sparse_fewest_tiles(int64_t rows, int64_t heads,
+                                                    int64_t list_length, int sm_count) {
+  SparsePlan plan;
+  plan.groups = sparse_head_groups(heads);
+  const int64_t tiles = sparse_tiles(list_length);
+  const int64_t tiles_per_cta = (tiles + kSparseMaxWorkspaceSplits - 1) / kSparseMaxWorkspaceSplits;
+  if (tiles < kSparsePipelinedCosts.min_tiles_per_split ||
+      tiles_per_cta >= kSparsePipelinedCosts.min_tiles_per_split)
+    return plan;
+  const int64_t splits = (tiles + tiles_per_cta - 1) / tiles_per_cta;
+  if (sparse_workspace_max_splits(rows, plan.groups, tiles, sm_count) < splits) return plan;
+  plan.splits = static_cast<int>(splits);
+  plan.through_workspace = true;
+  return plan;
+}
+
 // The combine's column slices of a row's head group: enough CTAs to read the partial results back
 // from L2 over the SMs, at least 16 columns each. Up to 32 slices rather than 16: Pro HCA at
 // N = 1 and 2 (two head groups, 16 splits) 1.05-1.07x (H200, N = 1 34.6 -> 32.4 us), every other
