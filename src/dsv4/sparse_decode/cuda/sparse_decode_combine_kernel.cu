@@ -20,16 +20,39 @@ namespace hdk {
 namespace dsv4 {
 namespace detail {
 
+// Adds `splits` partial results of one column quad, each times its split's weight
+// (weights[s * weight_step]), in split order, with kBatch splits' loads in flight before the
+// first of them is summed.
+template <int kBatch>
+__device__ __forceinline__ void add_partials(float4& sum, const float* o, int64_t o_step,
+                                             const float* weights, int weight_step, int splits) {
+#pragma unroll 1
+  for (int first = 0; first < splits; first += kBatch) {
+    float4 v[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      if (first + b < splits) v[b] = *reinterpret_cast<const float4*>(o + (first + b) * o_step);
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      if (first + b < splits) {
+        const float f = weights[(first + b) * weight_step];
+        sum.x += f * v[b].x, sum.y += f * v[b].y, sum.z += f * v[b].z, sum.w += f * v[b].w;
+      }
+    }
+  }
+}
+
 // Finishes column slice `slice` of `slices` of one head group of one row from the partial results
 // its splits left in the workspace: the row's validity (every CTA's flag, which includes its
 // heads' sinks), each split's weight per head, lse, then each output column summed over the
 // splits in split order. The same arithmetic as finish_row's.
 // Its time is latency: the flags, the sinks and every split's statistics go out in one round,
-// then the partials 16 splits at a time, in short code (32-bit block indices, the statistics'
-// loop unrolled by 4 only, one copy of the output loop). The same round with every load unrolled
-// (53 KB) was 1.00-1.13x after the mma kernel but 0.89-0.96x after the pipelined one, whose larger
-// code, we read, leaves this kernel's to be fetched again (H200; docs/dsv4-attention.md,
-// "sparse_decode through the workspace").
+// then the partials in batches of 16 splits (4 in rows of up to 8), in short code (32-bit block
+// indices, the statistics' loop unrolled by 4 only, one copy of the output loop). The same round
+// with every load unrolled (53 KB) was 1.00-1.13x after the mma kernel but 0.89-0.96x after the
+// pipelined one, whose larger code, we read, leaves this kernel's to be fetched again (H200;
+// docs/dsv4-attention.md, "sparse_decode through the workspace").
 __global__ void __launch_bounds__(kSparseCombineThreads)
     sparse_decode_combine_kernel(SparseDecodeProblem p, SparsePlan plan, int slices,
                                  bool out_vector) {
@@ -38,7 +61,6 @@ __global__ void __launch_bounds__(kSparseCombineThreads)
   __shared__ float split_stats[kSparseMaxWorkspaceSplits * 2 * kHeads];
   constexpr int kStatsPerSplit = 2 * kHeads;
   constexpr int kBatch = 8;  // statistics a thread loads before it stores the first
-  constexpr int kPartialsBatch = 16;
   const int tid = threadIdx.x;
   // 32-bit: the grid has fewer than 2^31 CTAs.
   const int block = static_cast<int>(blockIdx.x);
@@ -136,25 +158,15 @@ __global__ void __launch_bounds__(kSparseCombineThreads)
     float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (!row_bad) {
       const float* o = o_first + h * kHeadDim + col;
-      // Up to 16 splits' partials loaded before the first is summed, in split order: the
-      // pipelined kernel's 16 splits in one round of loads and one-tile splits in few (a loop
-      // unrolled by 4 kept two loads in flight, by 8 one; batches of 8 measured a tie, of 16
-      // 1.01-1.14x at 128 registers, H200).
-#pragma unroll 1
-      for (int first = 0; first < plan.splits; first += kPartialsBatch) {
-        float4 v[kPartialsBatch];
-#pragma unroll
-        for (int b = 0; b < kPartialsBatch; ++b) {
-          if (first + b < plan.splits)
-            v[b] = *reinterpret_cast<const float4*>(o + (first + b) * o_step);
-        }
-#pragma unroll
-        for (int b = 0; b < kPartialsBatch; ++b) {
-          if (first + b < plan.splits) {
-            const float f = split_stats[(first + b) * kStatsPerSplit + h];
-            sum.x += f * v[b].x, sum.y += f * v[b].y, sum.z += f * v[b].z, sum.w += f * v[b].w;
-          }
-        }
+      // Batches of 16 splits' loads (one round for the pipelined kernel's 16 splits, two for
+      // 18-33 one- or two-tile splits) where a loop unrolled by 4 had kept two in flight: 16
+      // splits 1.02-1.06x, one-tile splits 1.04-1.14x (H200). Rows of at most 8 splits take
+      // batches of 4: with 16 their predicated-off loads and sums cost 3-4% at 2 and 4 splits.
+      const float* weights = split_stats + h;
+      if (plan.splits > 8) {
+        add_partials<16>(sum, o, o_step, weights, kStatsPerSplit, plan.splits);
+      } else {
+        add_partials<4>(sum, o, o_step, weights, kStatsPerSplit, plan.splits);
       }
     }
     store_output4(p, n * p.out_row_stride + head * p.out_head_stride + col, sum, out_vector);
