@@ -234,8 +234,8 @@ TEST(SparseDecodePlan, WorkspacePlansFitTheSmsAndTheWorkspace) {
   EXPECT_EQ(dsv4::detail::sparse_workspace_max_splits(1, 8, 258, 1000), 32);
 }
 
-// The fewest tiles a CTA through the workspace: one tile a CTA (two for lists of 65-128 tiles),
-// exactly where all of every row's CTAs fit in one wave, within the workspace
+// The fewest tiles a CTA through the workspace: one tile a CTA, else two for lists of 17 tiles
+// or more, exactly where all of every row's CTAs fit in one wave, within the workspace
 // sparse_decode_workspace_bytes promised for those rows.
 TEST(SparseDecodePlan, FewestTilesTakeOneWaveOfTheSms) {
   for (int sm_count : {132, 114, 78, 1000}) {
@@ -248,10 +248,14 @@ TEST(SparseDecodePlan, FewestTilesTakeOneWaveOfTheSms) {
               dsv4::detail::plan_sparse_fewest_tiles(rows, heads, length, sm_count);
           const int groups = dsv4::detail::sparse_head_groups(heads);
           const int64_t tiles = dsv4::detail::sparse_tiles(length);
-          const int64_t per_cta = tiles <= 64 ? 1 : 2;
-          const int64_t splits = (tiles + per_cta - 1) / per_cta;
-          const bool fits = tiles >= 3 && tiles <= 128 && rows * groups * splits <= sm_count &&
-                            groups * splits <= dsv4::detail::kSparseMaxWorkspaceRowCtas;
+          // One tile a CTA where a wave holds them all, else two for lists of 17 tiles or more.
+          auto fit = [&](int64_t splits) {
+            return splits <= dsv4::detail::kSparseMaxWorkspaceSplits &&
+                   rows * groups * splits <= sm_count &&
+                   groups * splits <= dsv4::detail::kSparseMaxWorkspaceRowCtas;
+          };
+          const int64_t splits = fit(tiles) ? tiles : (tiles + 1) / 2;
+          const bool fits = tiles >= 3 && fit(splits) && (splits == tiles || tiles >= 17);
           EXPECT_EQ(plan.groups, groups);
           EXPECT_EQ(plan.through_workspace, fits);
           if (!fits) {
@@ -267,14 +271,16 @@ TEST(SparseDecodePlan, FewestTilesTakeOneWaveOfTheSms) {
       }
     }
   }
-  // 132 SMs: Flash CSA lists (10 tiles) up to 13 rows, Pro's (2 groups x 18 tiles) up to 3;
-  // an HCA list of 4224 entries (66 tiles) in 33 splits of two tiles up to 4 rows; no SWA list
-  // (2 tiles) and none of 8256 entries (130 tiles).
+  // 132 SMs: Flash CSA lists (10 tiles) up to 13 rows, Pro's (2 groups x 18 tiles) one tile a
+  // CTA up to 3 rows and two up to 7; an HCA list of 4224 entries (66 tiles) in 33 splits of two
+  // tiles up to 4 rows; no SWA list (2 tiles) and none of 8256 entries (130 tiles).
   using dsv4::detail::plan_sparse_fewest_tiles;
   EXPECT_EQ(plan_sparse_fewest_tiles(13, 64, 640, 132).splits, 10);
   EXPECT_FALSE(plan_sparse_fewest_tiles(14, 64, 640, 132).through_workspace);
   EXPECT_EQ(plan_sparse_fewest_tiles(3, 128, 1152, 132).splits, 18);
-  EXPECT_FALSE(plan_sparse_fewest_tiles(4, 128, 1152, 132).through_workspace);
+  EXPECT_EQ(plan_sparse_fewest_tiles(4, 128, 1152, 132).splits, 9);
+  EXPECT_EQ(plan_sparse_fewest_tiles(7, 128, 1152, 132).splits, 9);
+  EXPECT_FALSE(plan_sparse_fewest_tiles(8, 128, 1152, 132).through_workspace);
   EXPECT_EQ(plan_sparse_fewest_tiles(4, 64, 4224, 132).splits, 33);
   EXPECT_FALSE(plan_sparse_fewest_tiles(5, 64, 4224, 132).through_workspace);
   EXPECT_FALSE(plan_sparse_fewest_tiles(1, 64, 128, 132).through_workspace);

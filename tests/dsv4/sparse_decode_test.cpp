@@ -1124,9 +1124,10 @@ TEST(SparseDecodeCuda, WorkspaceContentsDoNotMatterAndTooSmallIsAnError) {
   }
 }
 
-// The dispatcher with a workspace: a few rows take one tile a CTA (two for a list of 65-128
-// tiles) on the kernel that converts on all 8 warps (plan_sparse_fewest_tiles), against the
-// float64 reference; more rows than one wave of such CTAs keep the pipelined kernel.
+// The dispatcher with a workspace: a few rows take one tile a CTA (two where one tile a CTA
+// would not fit one wave: Pro at 4 rows, a list of 68 tiles) on the kernel that converts on all 8
+// warps (plan_sparse_fewest_tiles), against the float64 reference; more rows than one wave of
+// such CTAs keep the pipelined kernel.
 TEST(SparseDecodeCuda, FewRowsTakeTheFewestTilesACta) {
   const std::string reason = backend_unavailable_reason(Backend::kCUDA);
   if (!reason.empty()) GTEST_SKIP() << "cuda backend skipped: " << reason;
@@ -1143,8 +1144,8 @@ TEST(SparseDecodeCuda, FewRowsTakeTheFewestTilesACta) {
   struct Shape {
     int64_t rows, heads, L;
   };
-  for (const Shape shape :
-       {Shape{2, 64, 512}, Shape{1, 128, 1024}, Shape{3, 64, 200}, Shape{1, 64, 4200}}) {
+  for (const Shape shape : {Shape{2, 64, 512}, Shape{1, 128, 1024}, Shape{3, 64, 200},
+                            Shape{1, 64, 4200}, Shape{4, 128, 1024}}) {
     SparseCase c;
     c.N = shape.rows;
     c.heads = shape.heads;
@@ -1155,9 +1156,12 @@ TEST(SparseDecodeCuda, FewRowsTakeTheFewestTilesACta) {
     c.seed = 500 + shape.heads + shape.L;
     SCOPED_TRACE(c.describe());
     const int64_t tiles = dsv4::detail::sparse_tiles(c.L + c.extra_L);
-    const int64_t splits = tiles <= 64 ? tiles : (tiles + 1) / 2;
-    const int64_t ctas = c.N * dsv4::detail::sparse_head_groups(c.heads) * splits;
-    if (ctas > sm_count) continue;  // a device too small for one wave of them
+    const int64_t groups = dsv4::detail::sparse_head_groups(c.heads);
+    // Two tiles a CTA only for lists of 17 tiles or more (kSparseTwoTileMinTiles).
+    const int64_t splits = tiles <= 64 && c.N * groups * tiles <= sm_count ? tiles
+                           : tiles >= 17                                   ? (tiles + 1) / 2
+                                                                           : sm_count + 1;
+    if (c.N * groups * splits > sm_count) continue;  // a device too small for one wave of them
     const SparseRun run{Backend::kCUDA, SparseKernel::kCpu, true};  // the dispatcher's kernel
     SparseInputs in = make_sparse_inputs(c);
     {

@@ -164,33 +164,42 @@ HDK_HOST_DEVICE SparsePlan plan_sparse_workspace(int64_t rows, int64_t heads, in
   return plan;
 }
 
+// Two tiles a CTA (below) only for lists of at least this many tiles: at 2 tiles a CTA, Flash CSA
+// lists (10 tiles) took 0.93x at N = 20 and 26 and the HCA lists of a 8192-token context (3
+// tiles) 0.90-0.91x in the step at N = 32 and 64, where lists of 18-66 tiles gained 1.05-1.30x
+// (H200, instruction caches flushed; Pro CSA N = 4, HCA lists of 34 tiles at N = 2 and 4).
+constexpr int64_t kSparseTwoTileMinTiles = 17;
+
 // The fewest tiles a CTA through the workspace (the tensor-core kernel that converts on all 8
-// warps): one tile a CTA, or two for lists of 65-128 tiles (64 splits at most), where every CTA of
-// every row fits in one wave of the SMs. A call then takes one or two tiles' latency, the
-// partial's write and the combine. The pipelined kernel's steady state does not pay there, and
-// its code (101-145 KB, 76 KB of it run at Flash CSA N = 1) is fetched cold in a decode step.
-// On an H200 with the SMs' instruction caches flushed (as in a step), against the pipelined
-// kernel: Flash CSA N = 1..13 1.14-1.48x, Pro CSA N = 1..3 1.30-1.41x; Flash HCA lists of 66
-// tiles in 33 splits 1.22-1.27x at N = 1..4, where 64 one-tile splits were 1.15-1.22x (their
-// partials' bytes twice as many). With the caches warm it is 0.87-0.98x at Flash N = 8..13 and
-// Pro N = 3 (bench/results/sparse_decode-h200); the decode step is 1.07-1.59x faster wherever
-// this plan runs (bench/results/dsv4_step-h200). sparse_decode_cuda.cu takes it where the
-// pipelined kernel would run and the caller gave a workspace; through_workspace is false where
-// it does not apply, and for lists shorter than the pipelined kernel's slices, which the other
-// kernel runs in a cluster already.
+// warps), where every CTA of every row fits in one wave of the SMs: one tile a CTA, else two
+// (lists of at least kSparseTwoTileMinTiles tiles, and those of 65-128 tiles, above 64 splits).
+// A call then takes one or two tiles' latency, the partial's write and the combine. The
+// pipelined kernel's steady state does not pay there, and its code (101-145 KB, 76 KB of it run
+// at Flash CSA N = 1) is fetched cold in a decode step. On an H200 with the SMs' instruction
+// caches flushed (as in a step), against the pipelined kernel: Flash CSA N = 1..13 1.14-1.48x,
+// Pro CSA N = 1..3 1.30-1.41x; Flash HCA lists of 66 tiles in 33 splits 1.22-1.27x at N = 1..4,
+// where 64 one-tile splits were 1.15-1.22x (their partials' bytes twice as many). With the caches
+// warm it is 0.87-0.98x at Flash N = 8..13, Pro N = 3 and 4 (bench/results/sparse_decode-h200);
+// the decode step is 1.05-1.6x faster wherever this plan runs (bench/results/dsv4_step-h200).
+// sparse_decode_cuda.cu takes it where the pipelined kernel would run and the caller gave a
+// workspace; through_workspace is false where it does not apply, and for lists shorter than the
+// pipelined kernel's slices, which the other kernel runs in a cluster already.
 HDK_HOST_DEVICE SparsePlan plan_sparse_fewest_tiles(int64_t rows, int64_t heads,
                                                     int64_t list_length, int sm_count) {
   SparsePlan plan;
   plan.groups = sparse_head_groups(heads);
   const int64_t tiles = sparse_tiles(list_length);
-  const int64_t tiles_per_cta = (tiles + kSparseMaxWorkspaceSplits - 1) / kSparseMaxWorkspaceSplits;
-  if (tiles < kSparsePipelinedCosts.min_tiles_per_split ||
-      tiles_per_cta >= kSparsePipelinedCosts.min_tiles_per_split)
-    return plan;
-  const int64_t splits = (tiles + tiles_per_cta - 1) / tiles_per_cta;
-  if (sparse_workspace_max_splits(rows, plan.groups, tiles, sm_count) < splits) return plan;
-  plan.splits = static_cast<int>(splits);
-  plan.through_workspace = true;
+  if (tiles < kSparsePipelinedCosts.min_tiles_per_split) return plan;
+  const int most = sparse_workspace_max_splits(rows, plan.groups, tiles, sm_count);
+  const int64_t longest = tiles < kSparseTwoTileMinTiles ? 1 : 2;  // tiles a CTA
+  for (int64_t per_cta = 1; per_cta <= longest; ++per_cta) {
+    const int64_t splits = (tiles + per_cta - 1) / per_cta;
+    if (splits <= most) {
+      plan.splits = static_cast<int>(splits);
+      plan.through_workspace = true;
+      return plan;
+    }
+  }
   return plan;
 }
 
