@@ -158,10 +158,11 @@ __global__ void __launch_bounds__(kSparseCombineThreads)
     float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (!row_bad) {
       const float* o = o_first + h * kHeadDim + col;
-      // Batches of 16 splits' loads (one round for the pipelined kernel's 16 splits, two for
-      // 18-33 one- or two-tile splits) where a loop unrolled by 4 had kept two in flight: 16
-      // splits 1.02-1.06x, one-tile splits 1.04-1.14x (H200). Rows of at most 8 splits take
-      // batches of 4: with 16 their predicated-off loads and sums cost 3-4% at 2 and 4 splits.
+      // Batches of 16 splits' loads (one round for up to 16 splits: the pipelined kernel's 16,
+      // Flash CSA's 10 one-tile splits; two or three for 18-33) where a loop unrolled by 4 had
+      // kept two in flight: 16 splits 1.02-1.06x, one-tile splits 1.04-1.14x (H200). Rows of at
+      // most 8 splits take batches of 4: with 16 their predicated-off loads and sums cost 3-4%
+      // at 2 and 4 splits.
       const float* weights = split_stats + h;
       if (plan.splits > 8) {
         add_partials<16>(sum, o, o_step, weights, kStatsPerSplit, plan.splits);
