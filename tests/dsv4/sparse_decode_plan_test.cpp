@@ -248,14 +248,17 @@ TEST(SparseDecodePlan, FewestTilesTakeOneWaveOfTheSms) {
               dsv4::detail::plan_sparse_fewest_tiles(rows, heads, length, sm_count);
           const int groups = dsv4::detail::sparse_head_groups(heads);
           const int64_t tiles = dsv4::detail::sparse_tiles(length);
-          // One tile a CTA where a wave holds them all, else two for lists of 17 tiles or more.
+          // One tile a CTA where a wave holds them all, else two for lists of 17 tiles or more;
+          // lists of 2 tiles up to 8 (row, head group) pairs.
           auto fit = [&](int64_t splits) {
             return splits <= dsv4::detail::kSparseMaxWorkspaceSplits &&
                    rows * groups * splits <= sm_count &&
                    groups * splits <= dsv4::detail::kSparseMaxWorkspaceRowCtas;
           };
           const int64_t splits = fit(tiles) ? tiles : (tiles + 1) / 2;
-          const bool fits = tiles >= 3 && fit(splits) && (splits == tiles || tiles >= 17);
+          const bool short_fits = tiles > 2 || rows * groups <= 8;
+          const bool fits =
+              tiles >= 2 && short_fits && fit(splits) && (splits == tiles || tiles >= 17);
           EXPECT_EQ(plan.groups, groups);
           EXPECT_EQ(plan.through_workspace, fits);
           if (!fits) {
@@ -273,7 +276,8 @@ TEST(SparseDecodePlan, FewestTilesTakeOneWaveOfTheSms) {
   }
   // 132 SMs: Flash CSA lists (10 tiles) up to 13 rows, Pro's (2 groups x 18 tiles) one tile a
   // CTA up to 3 rows and two up to 7; an HCA list of 4224 entries (66 tiles) in 33 splits of two
-  // tiles up to 4 rows; no SWA list (2 tiles) and none of 8256 entries (130 tiles).
+  // tiles up to 4 rows; SWA lists (2 tiles) up to 8 Flash rows and 4 Pro rows; none of 8256
+  // entries (130 tiles).
   using dsv4::detail::plan_sparse_fewest_tiles;
   EXPECT_EQ(plan_sparse_fewest_tiles(13, 64, 640, 132).splits, 10);
   EXPECT_FALSE(plan_sparse_fewest_tiles(14, 64, 640, 132).through_workspace);
@@ -283,7 +287,11 @@ TEST(SparseDecodePlan, FewestTilesTakeOneWaveOfTheSms) {
   EXPECT_FALSE(plan_sparse_fewest_tiles(8, 128, 1152, 132).through_workspace);
   EXPECT_EQ(plan_sparse_fewest_tiles(4, 64, 4224, 132).splits, 33);
   EXPECT_FALSE(plan_sparse_fewest_tiles(5, 64, 4224, 132).through_workspace);
-  EXPECT_FALSE(plan_sparse_fewest_tiles(1, 64, 128, 132).through_workspace);
+  EXPECT_EQ(plan_sparse_fewest_tiles(8, 64, 128, 132).splits, 2);
+  EXPECT_FALSE(plan_sparse_fewest_tiles(9, 64, 128, 132).through_workspace);
+  EXPECT_EQ(plan_sparse_fewest_tiles(4, 128, 128, 132).splits, 2);
+  EXPECT_FALSE(plan_sparse_fewest_tiles(5, 128, 128, 132).through_workspace);
+  EXPECT_FALSE(plan_sparse_fewest_tiles(1, 64, 64, 132).through_workspace);
   EXPECT_FALSE(plan_sparse_fewest_tiles(1, 64, 8256, 132).through_workspace);
 }
 

@@ -1142,15 +1142,19 @@ TEST(SparseDecodeCuda, FewRowsTakeTheFewestTilesACta) {
   int sm_count = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
   struct Shape {
-    int64_t rows, heads, L;
+    int64_t rows, heads, L, extra_L;
   };
-  for (const Shape shape : {Shape{2, 64, 512}, Shape{1, 128, 1024}, Shape{3, 64, 200},
-                            Shape{1, 64, 4200}, Shape{4, 128, 1024}}) {
+  // The last two: lists of 2 tiles (a window with its step), split while a call has at most 8
+  // (row, head group) pairs (kSparseShortListMaxRowGroups).
+  for (const Shape shape :
+       {Shape{2, 64, 512, 128}, Shape{1, 128, 1024, 128}, Shape{3, 64, 200, 128},
+        Shape{1, 64, 4200, 128}, Shape{4, 128, 1024, 128}, Shape{3, 64, 64, 64},
+        Shape{4, 128, 100, 28}}) {
     SparseCase c;
     c.N = shape.rows;
     c.heads = shape.heads;
     c.L = shape.L;
-    c.extra_L = 128;
+    c.extra_L = shape.extra_L;
     c.num_blocks = 20;
     c.empty_rows = std::vector<int64_t>{c.N - 1};
     c.seed = 500 + shape.heads + shape.L;

@@ -170,6 +170,13 @@ HDK_HOST_DEVICE SparsePlan plan_sparse_workspace(int64_t rows, int64_t heads, in
 // (H200, instruction caches flushed; Pro CSA N = 4, HCA lists of 34 tiles at N = 2 and 4).
 constexpr int64_t kSparseTwoTileMinTiles = 17;
 
+// Lists of 2 tiles (the SWA window with its step) split into two one-tile CTAs through the
+// workspace only while a call has at most this many (row, head group) pairs: the cluster's
+// combine those CTAs would otherwise share costs one kernel, the workspace's a second. In the
+// decode step (H200): Flash SWA N = 1..8 1.03-1.10x, Pro N = 1..4 1.04-1.10x; at 16 pairs
+// 0.98-0.99x (Flash N = 16, Pro N = 8), at 32-64 pairs 0.71-0.88x.
+constexpr int64_t kSparseShortListMaxRowGroups = 8;
+
 // The fewest tiles a CTA through the workspace (the tensor-core kernel that converts on all 8
 // warps), where every CTA of every row fits in one wave of the SMs: one tile a CTA, else two
 // (lists of at least kSparseTwoTileMinTiles tiles, and those of 65-128 tiles, above 64 splits).
@@ -182,14 +189,15 @@ constexpr int64_t kSparseTwoTileMinTiles = 17;
 // warm it is 0.87-0.98x at Flash N = 8..13, Pro N = 3 and 4 (bench/results/sparse_decode-h200);
 // the decode step is 1.05-1.6x faster wherever this plan runs (bench/results/dsv4_step-h200).
 // sparse_decode_cuda.cu takes it where the pipelined kernel would run and the caller gave a
-// workspace; through_workspace is false where it does not apply, and for lists shorter than the
-// pipelined kernel's slices, which the other kernel runs in a cluster already.
+// workspace, lists of 2 tiles included (up to kSparseShortListMaxRowGroups pairs), whose CTAs the
+// other kernel would otherwise combine in a cluster; through_workspace is false where it does not
+// apply.
 HDK_HOST_DEVICE SparsePlan plan_sparse_fewest_tiles(int64_t rows, int64_t heads,
                                                     int64_t list_length, int sm_count) {
   SparsePlan plan;
   plan.groups = sparse_head_groups(heads);
   const int64_t tiles = sparse_tiles(list_length);
-  if (tiles < kSparsePipelinedCosts.min_tiles_per_split) return plan;
+  if (tiles < 2 || (tiles == 2 && rows * plan.groups > kSparseShortListMaxRowGroups)) return plan;
   const int most = sparse_workspace_max_splits(rows, plan.groups, tiles, sm_count);
   const int64_t longest = tiles < kSparseTwoTileMinTiles ? 1 : 2;  // tiles a CTA
   for (int64_t per_cta = 1; per_cta <= longest; ++per_cta) {
