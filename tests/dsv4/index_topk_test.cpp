@@ -528,6 +528,16 @@ TEST_P(IndexTopkQuantizedQuery, ScalesFarApart) {
   run_index_case(c, backend());
 }
 
+// fp8 key scales of either sign and zero in every other tile: relu(q . code x scale) with the
+// scale's sign on every path (a scale moved past the relu would fail here). Keys of the other form
+// keep their scales.
+TEST_P(IndexTopkQuantizedQuery, KeyScalesOfEitherSign) {
+  IndexCase c = make_case(255);
+  c.counts = std::vector<int64_t>{3000, 641, 130};
+  c.signed_key_scales = true;
+  run_index_case(c, backend());
+}
+
 // q one byte past a 16-byte boundary (q_scales too): no vector loads of either.
 TEST_P(IndexTopkQuantizedQuery, QueriesOffTheSixteenByteGrid) {
   uint64_t seed = 260;

@@ -396,6 +396,7 @@ void quantized_queries_equal_the_one_launch_path_and_the_reference(IndexBackend 
     c.top_k = counts.size() == 1 ? 2048 : 512;
     c.block_size = block_size;
     c.seed = seed++;
+    c.signed_key_scales = c.seed % 2 == 0;  // fp8 scales of either sign and zero
     SCOPED_TRACE(c.describe() + " on " + index_backend_name(backend));
     IndexInputs in = make_index_inputs(c);
     const Outputs one_launch = run_on_cuda(c, in, backend, nullptr);

@@ -46,8 +46,8 @@ uint8_t random_ue8m0(std::mt19937_64& rng, int range) {
 
 // Entry e's key as bytes for the quantized-q forms (make_index_inputs): kFP8, 128 E4M3 codes and
 // an fp32 scale of 2^-6 .. 2^6 (every third key's with a random mantissa, as an engine that
-// stores amax / 448 has), 2^(e % 61 - 30) when spread; kMXFP4, 64 random bytes of E2M1 pairs and
-// 4 UE8M0 scales of 2^-4 .. 2^4, 2^-40 .. 2^40 when spread.
+// stores amax / 448 has), 2^(e % 61 - 30) when spread, some negative or zero when signed; kMXFP4,
+// 64 random bytes of E2M1 pairs and 4 UE8M0 scales of 2^-4 .. 2^4, 2^-40 .. 2^40 when spread.
 std::vector<uint8_t> random_key_image(std::mt19937_64& rng, const IndexCase& c, int64_t e) {
   std::vector<uint8_t> image(static_cast<size_t>(dsv4::key_bytes(c.format)));
   if (c.format == KeyFormat::kFP8) {
@@ -58,6 +58,10 @@ std::vector<uint8_t> random_key_image(std::mt19937_64& rng, const IndexCase& c, 
     float scale = std::ldexp(1.0f, exponent);
     if (!c.spread_key_scales && e % 3 == 0) {
       scale *= 1.0f + std::ldexp(static_cast<float>(rng() % (1u << 23)), -23);
+    }
+    if (c.signed_key_scales && (e / 64) % 2 == 1) {
+      if (e % 5 == 1) scale = -scale;
+      if (e % 7 == 3) scale = 0.0f;
     }
     std::memcpy(&image[dsv4::kIndexerKeyDim], &scale, sizeof(scale));
   } else {

@@ -46,6 +46,11 @@ struct IndexCase {
   // Quantized q: kFP8 keys' scales 2^(e % 61 - 30); kMXFP4 keys' and q's group scales
   // 2^-40 .. 2^40, drawn per group (instead of 2^-4 .. 2^4 and fp8 scales 2^-6 .. 2^6).
   bool spread_key_scales = false;
+  // kFP8 keys of every other 64-entry tile (from the second) with scales of either sign and zero
+  // (entry e negative where e % 5 == 1, zero where e % 7 == 3): relu(q . code x scale) takes the
+  // scale's sign, so no kernel may move the scale past the relu; tiles of only positive scales
+  // next to them.
+  bool signed_key_scales = false;
   // Quantized q: keys stored by store_indexer_keys from normal values (as for exact q) instead
   // of written as random bytes.
   bool stored_keys = false;
@@ -69,8 +74,8 @@ struct IndexCase {
            " top_k=" + std::to_string(top_k) + " bs=" + std::to_string(block_size) + format_text +
            (q_form == IndexQuery::kExact ? dtype_name(q_dtype) : index_query_name(q_form)) +
            " distinct=" + std::to_string(distinct_keys) + (spread_key_scales ? " spread" : "") +
-           (stored_keys ? " stored" : "") + (misaligned_q ? " misaligned" : "") +
-           " seed=" + std::to_string(seed);
+           (signed_key_scales ? " signed" : "") + (stored_keys ? " stored" : "") +
+           (misaligned_q ? " misaligned" : "") + " seed=" + std::to_string(seed);
   }
 };
 
