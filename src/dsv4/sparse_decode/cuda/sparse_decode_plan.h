@@ -173,8 +173,8 @@ constexpr int64_t kSparseTwoTileMinTiles = 17;
 // Lists of 2 tiles (the SWA window with its step) split into two one-tile CTAs through the
 // workspace only while a call has at most this many (row, head group) pairs: the cluster's
 // combine those CTAs would otherwise share costs one kernel, the workspace's a second. In the
-// decode step (H200): Flash SWA N = 1..8 1.03-1.10x, Pro N = 1..4 1.04-1.10x; at 16 pairs
-// 0.98-0.99x (Flash N = 16, Pro N = 8), at 32-64 pairs 0.71-0.88x.
+// decode step (H200): Flash SWA N = 1..8 1.03-1.10x, Pro N = 1..4 1.03-1.11x; at 16 pairs
+// 0.98-1.00x (Flash N = 16, Pro N = 8), at 32-64 pairs 0.71-0.89x.
 constexpr int64_t kSparseShortListMaxRowGroups = 8;
 
 // The fewest tiles a CTA through the workspace (the tensor-core kernel that converts on all 8
