@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "core/ceil_div.h"
 #include "core/host_device.h"
 #include "core/resident_clusters.h"
 #include "dsv4/attention/attention_workspace.h"
@@ -37,15 +38,15 @@ struct SparsePlan {
 // one cluster (up to 512 heads).
 HDK_HOST_DEVICE bool sparse_mma_supports(int64_t heads) {
   return heads > 0 && heads % 16 == 0 &&
-         (heads + kSparseHeadsPerCta - 1) / kSparseHeadsPerCta <= kSparseMaxCluster;
+         hdk::detail::ceil_div(heads, kSparseHeadsPerCta) <= kSparseMaxCluster;
 }
 
 // Head groups of 64 for Hq heads, and tiles of a list.
 HDK_HOST_DEVICE int sparse_head_groups(int64_t heads) {
-  return static_cast<int>((heads + kSparseHeadsPerCta - 1) / kSparseHeadsPerCta);
+  return static_cast<int>(hdk::detail::ceil_div(heads, kSparseHeadsPerCta));
 }
 HDK_HOST_DEVICE int64_t sparse_tiles(int64_t list_length) {
-  return (list_length + kSparseTile - 1) / kSparseTile;
+  return hdk::detail::ceil_div(list_length, kSparseTile);
 }
 
 // The most splits a row of `groups` head groups and `tiles` tiles can take: the cluster within
@@ -99,14 +100,14 @@ HDK_HOST_DEVICE SparsePlan plan_sparse_decode(int64_t rows, int64_t heads, int64
   int64_t best = -1, best_waves = 0;
   const int max_splits = sparse_max_splits(plan.groups, tiles, resident.largest());
   for (int splits = 1; splits <= max_splits; ++splits) {
-    const int64_t tiles_per_cta = (tiles + splits - 1) / splits;
+    const int64_t tiles_per_cta = hdk::detail::ceil_div(tiles, splits);
     if (splits > 1 && tiles_per_cta < costs.min_tiles_per_split) break;
     int64_t at_once = resident.by_size[plan.groups * splits];
     if (at_once <= 0) {
       if (splits > 1) continue;  // a cluster of that size does not fit the device
       at_once = 1;               // the launch itself will report it
     }
-    const int64_t waves = (rows + at_once - 1) / at_once;
+    const int64_t waves = hdk::detail::ceil_div(rows, at_once);
     const int64_t steps = waves * (tiles_per_cta + costs.cta_fixed_tiles);
     // Equal steps: the count whose CTAs walk fewer tiles on average (waves x tiles / splits),
     // e.g. a lone row in 16 slices of 4-5 tiles rather than 14 of 4-5.
@@ -134,8 +135,8 @@ HDK_HOST_DEVICE int64_t sparse_plan_steps(const SparsePlan& plan, int64_t rows, 
   int64_t at_once = resident.by_size[plan.cluster()];
   if (at_once <= 0) at_once = 1;
   const int64_t clusters = plan.through_workspace ? rows * plan.splits : rows;
-  const int64_t waves = (clusters + at_once - 1) / at_once;
-  const int64_t steps = waves * ((tiles + plan.splits - 1) / plan.splits + costs.cta_fixed_tiles);
+  const int64_t waves = hdk::detail::ceil_div(clusters, at_once);
+  const int64_t steps = waves * (hdk::detail::ceil_div(tiles, plan.splits) + costs.cta_fixed_tiles);
   return plan.through_workspace ? steps + kSparseCombineTiles : steps;
 }
 
@@ -188,10 +189,10 @@ constexpr int64_t kSparseShortListMaxRowGroups = 8;
 // where 64 one-tile splits were 1.15-1.22x (their partials' bytes twice as many). With the caches
 // warm it is 0.87-0.98x at Flash N = 8..13, Pro N = 3 and 4 (bench/results/sparse_decode-h200);
 // the decode step is 1.05-1.6x faster wherever this plan runs (bench/results/dsv4_step-h200).
-// sparse_decode_cuda.cu takes it where the pipelined kernel would run and the caller gave a
-// workspace, lists of 2 tiles included (up to kSparseShortListMaxRowGroups pairs), whose CTAs the
-// other kernel would otherwise combine in a cluster; through_workspace is false where it does not
-// apply.
+// sparse_decode_cuda.cu takes it where the dispatcher's own choice is the pipelined kernel and
+// the caller gave a workspace. That includes lists of 2 tiles (up to kSparseShortListMaxRowGroups
+// pairs), which the pipelined kernel leaves to the other kernel in a cluster of two.
+// through_workspace is false where the plan does not apply.
 HDK_HOST_DEVICE SparsePlan plan_sparse_fewest_tiles(int64_t rows, int64_t heads,
                                                     int64_t list_length, int sm_count) {
   SparsePlan plan;
@@ -201,7 +202,7 @@ HDK_HOST_DEVICE SparsePlan plan_sparse_fewest_tiles(int64_t rows, int64_t heads,
   const int most = sparse_workspace_max_splits(rows, plan.groups, tiles, sm_count);
   const int64_t longest = tiles < kSparseTwoTileMinTiles ? 1 : 2;  // tiles a CTA
   for (int64_t per_cta = 1; per_cta <= longest; ++per_cta) {
-    const int64_t splits = (tiles + per_cta - 1) / per_cta;
+    const int64_t splits = hdk::detail::ceil_div(tiles, per_cta);
     if (splits <= most) {
       plan.splits = static_cast<int>(splits);
       plan.through_workspace = true;
