@@ -435,19 +435,25 @@ __global__ void __launch_bounds__(kSparsePipelinedThreads, 1)
     if (warpgroup == 0) {
       raise_registers<kScoreRegistersCap>();
       mbarrier_wait(barriers.queries_ready, 0);
-      const uint32_t q_tile = shared_address(shared.q);
+      // Descriptors are made once (Q) or once a tile (E) and advanced by each k-step's constant
+      // offset: made whole for every product they took 12 uniform instructions a wgmma.
+      const uint64_t q_scores =
+          wgmma_descriptor(shared_address(shared.q), scores_operand(0, kHeads));
       const float score_scale = p.scale * kLog2e;
       for (int64_t i = 0; i < count; ++i) {
         const int stage = static_cast<int>(i & 1);
         const uint32_t e_tile = stage_address(i);
+        const uint64_t e_scores = wgmma_descriptor(e_tile, scores_operand(0, kTile));
+        const uint64_t e_outputs = wgmma_descriptor(e_tile, outputs_operand(0, 0, kTile));
         const int* tile_valid = valid + stage * kTile;
         mbarrier_wait(barriers.full + stage, full_parity(i));
         float s[kScoreRegisters];
         wgmma_fence();
 #pragma unroll
         for (int k = 0; k < 32; ++k) {
-          wgmma_m64n64k16(s, wgmma_descriptor(q_tile, scores_operand(k, kHeads)),
-                          wgmma_descriptor(e_tile, scores_operand(k, kTile)), k > 0);
+          wgmma_m64n64k16(s, wgmma_descriptor_advance(q_scores, scores_operand(k, kHeads).start),
+                          wgmma_descriptor_advance(e_scores, scores_operand(k, kTile).start),
+                          k > 0);
         }
         wgmma_commit();
         if (i > 0) {
@@ -485,8 +491,9 @@ __global__ void __launch_bounds__(kSparsePipelinedThreads, 1)
         wgmma_fence();
 #pragma unroll
         for (int k = 0; k < kSteps; ++k) {
-          wgmma_m64n256k16_a_registers(o, weights[k],
-                                       wgmma_descriptor(e_tile, outputs_operand(0, k, kTile)));
+          wgmma_m64n256k16_a_registers(
+              o, weights[k],
+              wgmma_descriptor_advance(e_outputs, outputs_operand(0, k, kTile).start));
         }
         wgmma_commit();
       }
@@ -496,9 +503,13 @@ __global__ void __launch_bounds__(kSparsePipelinedThreads, 1)
       mbarrier_arrive(barriers.registers_back);
     } else {
       lower_registers<kOutputRegistersCap>();
+      const uint64_t p_scores = wgmma_descriptor(p_tile, scores_operand(0, kHeads));
+      // Offsets from the half's first k-step: outputs_operand(1, 0, ...) starts 4 blocks in.
+      const int half_start = outputs_operand(1, 0, kTile).start;
       for (int64_t i = 0; i < count; ++i) {
         const int stage = static_cast<int>(i & 1);
         const uint32_t e_tile = stage_address(i);
+        const uint64_t e_outputs = wgmma_descriptor(e_tile, outputs_operand(1, 0, kTile));
         mbarrier_wait(barriers.full + stage, full_parity(i));
         mbarrier_wait(barriers.p_ready, static_cast<uint32_t>(i & 1));
         const float alpha[2] = {alpha_shared[warp_rows], alpha_shared[warp_rows + 8]};
@@ -510,8 +521,9 @@ __global__ void __launch_bounds__(kSparsePipelinedThreads, 1)
         wgmma_fence();
 #pragma unroll
         for (int k = 0; k < kTile / 16; ++k) {
-          wgmma_m64n256k16(o, wgmma_descriptor(p_tile, scores_operand(k, kHeads)),
-                           wgmma_descriptor(e_tile, outputs_operand(1, k, kTile)));
+          wgmma_m64n256k16(
+              o, wgmma_descriptor_advance(p_scores, scores_operand(k, kHeads).start),
+              wgmma_descriptor_advance(e_outputs, outputs_operand(1, k, kTile).start - half_start));
         }
         wgmma_commit();
         wgmma_wait<0>();
