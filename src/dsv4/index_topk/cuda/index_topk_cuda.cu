@@ -148,13 +148,9 @@ __global__ void __launch_bounds__(kThreads, kKeyRing ? 2 : 1)
     const int64_t first = min(entries, segment * share);
     return Segment{first, min(entries, first + share)};
   };
-  // A CTA past the row's entries has nothing to do (segment 0 always runs, for the flag); one
-  // with entries stages and checks the row itself rather than wait for segment 0's verdict.
-  const int64_t entries = p.num_entries.at(row);
-  if (segment > 0 && (entries < 0 || entries > p.max_blocks * p.keys.block_size ||
-                      segment_of(entries).first >= entries)) {
-    return;
-  }
+  // Every CTA stages and checks the row itself rather than wait for segment 0's verdict, and one
+  // past the row's entries returns after the staging: deciding that first put a round trip for
+  // num_entries before the staging's loads.
   extern __shared__ __align__(16) uint8_t shared_bytes[];
   uint8_t* shared = aligned_shared(shared_bytes);
   KeyPages pages;
