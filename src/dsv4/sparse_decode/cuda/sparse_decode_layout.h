@@ -93,7 +93,7 @@ struct WgmmaOperand {
 // rows (Q as A, E as B): 8-row groups 1024 bytes apart, the k-step 32 bytes into its block's
 // rows (the hardware swizzles the address it forms, so the offset stays inside the atom). The
 // leading offset is unused for swizzled K-major operands (the ISA assumes 1).
-HDK_HOST_DEVICE WgmmaOperand scores_operand(int k_step, int rows) {
+HDK_HOST_DEVICE constexpr WgmmaOperand scores_operand(int k_step, int rows) {
   return WgmmaOperand{(k_step / 4) * operand_block_bytes(rows) + (k_step % 4) * 32, 16,
                       kSwizzleAtomBytes};
 }
@@ -101,7 +101,7 @@ HDK_HOST_DEVICE WgmmaOperand scores_operand(int k_step, int rows) {
 // O = P E for output columns 256 half .. + 255, k-step `k_step` (entries 16 k_step .. + 15) of
 // an E tile of `rows` entries, as an N-major B: its 64-column blocks are a block apart (leading
 // offset), its 8-entry groups 1024 bytes (stride offset).
-HDK_HOST_DEVICE WgmmaOperand outputs_operand(int half, int k_step, int rows) {
+HDK_HOST_DEVICE constexpr WgmmaOperand outputs_operand(int half, int k_step, int rows) {
   return WgmmaOperand{4 * half * operand_block_bytes(rows) + k_step * 16 * 128,
                       operand_block_bytes(rows), kSwizzleAtomBytes};
 }

@@ -436,7 +436,11 @@ __global__ void __launch_bounds__(kSparsePipelinedThreads, 1)
       raise_registers<kScoreRegistersCap>();
       mbarrier_wait(barriers.queries_ready, 0);
       // Descriptors are made once (Q) or once a tile (E) and advanced by each k-step's constant
-      // offset: made whole for every product they took 12 uniform instructions a wgmma.
+      // offset from k-step 0 (which starts at offset 0): made whole for every product they took
+      // 12 uniform instructions a wgmma.
+      static_assert(scores_operand(0, kHeads).start == 0 && scores_operand(0, kTile).start == 0 &&
+                        outputs_operand(0, 0, kTile).start == 0,
+                    "k-step 0 of each operand starts at its tile");
       const uint64_t q_scores =
           wgmma_descriptor(shared_address(shared.q), scores_operand(0, kHeads));
       const float score_scale = p.scale * kLog2e;
