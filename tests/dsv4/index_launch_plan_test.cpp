@@ -9,7 +9,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <vector>
 
+#include "core/fast_divide.h"
 #include "dsv4/attention/attention_problem.h"
 #include "dsv4/attention/attention_workspace.h"
 #include "dsv4/index_topk/index_fp8_layout.h"
@@ -580,6 +582,27 @@ TEST(IndexWorkspacePlan, WorkspaceBytesGrowWithRowsAndEntries) {
       EXPECT_GE(index_workspace_layout(rows + 1, capacity).bytes, bytes);
       EXPECT_GE(index_workspace_layout(rows, capacity + 1).bytes, bytes);
       EXPECT_EQ(bytes % 256, 0);
+    }
+  }
+}
+
+// The scoring kernel's share, from a FastDivide of the segment count, is the plan's for every
+// length the kernel takes (up to 2^31 - 1) and any segment count: the CTAs it starts and the
+// shares they score agree.
+TEST(IndexWorkspacePlan, KernelShareByFastDivideIsThePlans) {
+  const int64_t kMaxLength = (int64_t{1} << 31) - 1;
+  for (int64_t segments : {1, 2, 3, 7, 64, 132, 264, 1000, 4095}) {
+    const hdk::detail::FastDivide divide(static_cast<uint32_t>(segments));
+    std::vector<int64_t> lengths = {
+        0, 1, 63, 64, 65, segments - 1, segments, segments + 1, kMaxLength, kMaxLength - 1};
+    for (int64_t length = 1; length < kMaxLength / 3; length = length * 3 + 1)
+      lengths.push_back(length);
+    for (int64_t length : lengths) {
+      if (length < 0) continue;
+      const int64_t kernel =
+          index_score_share(length, segments, divide.quotient(static_cast<uint32_t>(length)));
+      ASSERT_EQ(kernel, index_score_segment(length, segments)) << length << " / " << segments;
+      ASSERT_EQ(kernel, ((length + segments - 1) / segments + 63) / 64 * 64);
     }
   }
 }

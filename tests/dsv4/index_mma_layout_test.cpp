@@ -78,6 +78,18 @@ TEST(IndexMmaLayout, KeyPermutationCoversEachDimOnceAndLanesReadTheirOwnBytes) {
   }
 }
 
+// decode_e2m1 builds its values from bits: every code against the E2M1 table, sign of zero
+// included.
+TEST(IndexMmaLayout, E2m1CodesDecodeToTheirTableValues) {
+  const float magnitudes[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  for (uint32_t code = 0; code < 16; ++code) {
+    const float want = code & 8u ? -magnitudes[code & 7u] : magnitudes[code & 7u];
+    const float got = decode_e2m1(static_cast<uint8_t>(code));
+    EXPECT_EQ(got, want) << code;
+    EXPECT_EQ(std::signbit(got), std::signbit(want)) << code;
+  }
+}
+
 TEST(IndexMmaLayout, KeyValuesAreExactInBf16) {
   // Every E2M1 code times every UE8M0 scale and every finite E4M3 scale survives bf16.
   std::vector<float> scales;

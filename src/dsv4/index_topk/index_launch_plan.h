@@ -298,10 +298,14 @@ struct IndexWorkspacePlan {
 };
 
 // Entries of scoring CTA `segment`'s share of a row of `length` entries split `segments` ways:
-// whole 64-entry tiles (the warpgroup kernel's), the last CTAs possibly empty.
-HDK_HOST_DEVICE int64_t index_score_segment(int64_t length, int64_t segments) {
-  const int64_t share = (length + segments - 1) / segments;
+// whole 64-entry tiles (the warpgroup kernel's), the last CTAs possibly empty. `quotient` is
+// length / segments, which the scoring kernel takes from a FastDivide.
+HDK_HOST_DEVICE int64_t index_score_share(int64_t length, int64_t segments, int64_t quotient) {
+  const int64_t share = quotient + (quotient * segments != length ? 1 : 0);
   return (share + 63) / 64 * 64;
+}
+HDK_HOST_DEVICE int64_t index_score_segment(int64_t length, int64_t segments) {
+  return index_score_share(length, segments, length / segments);
 }
 
 // The plan for a call with a workspace, given its one-cluster plan (`cluster_plan`, for the

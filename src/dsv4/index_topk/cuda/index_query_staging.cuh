@@ -312,14 +312,17 @@ __device__ bool stage_row(const IndexerProblem& p, int64_t row, const IndexLaunc
   if (length < 0 || length > p.max_blocks * block_size) {
     bad = true;
   } else {
+    // Entries and pages below 2^31 (the launch plan's limit) divide by the FastDivide.
     const Segment segment = segment_of(length);
     if (segment.last > segment.first) {
-      pages.first_cached = segment.first / block_size;
-      if ((segment.last - 1) / block_size - pages.first_cached < launch.page_capacity)
+      pages.first_cached = pages.divide.quotient(static_cast<uint32_t>(segment.first));
+      if (pages.divide.quotient(static_cast<uint32_t>(segment.last - 1)) - pages.first_cached <
+          launch.page_capacity)
         pages.cached = reinterpret_cast<const int32_t*>(shared + launch.pages);
     }
     int32_t* cache = reinterpret_cast<int32_t*>(shared + launch.pages);
-    const int64_t page_count = ceil_div(length, block_size);
+    const int64_t whole_pages = pages.divide.quotient(static_cast<uint32_t>(length));
+    const int64_t page_count = whole_pages + (whole_pages * block_size != length ? 1 : 0);
     for (int64_t base = 0; base < page_count; base += kPageBatch * kThreads) {
       if (base > 0) load_blocks(base);
 #pragma unroll
