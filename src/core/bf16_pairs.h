@@ -16,7 +16,7 @@ namespace detail {
 
 // Round to nearest even, NaN kept NaN; the same bits on the host and the device.
 HDK_HOST_DEVICE uint32_t bf16_rn_bits(float value) {
-  const uint32_t b = bits_of(value);
+  const uint32_t b = float_bits(value);
   if ((b & 0x7fffffffu) > 0x7f800000u) return ((b >> 16) | 0x40u) & 0xffffu;
   return (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
 }

@@ -6,22 +6,12 @@
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 
+#include "core/float_bits.h"
 #include "core/host_device.h"
 
 namespace hdk {
 namespace detail {
-
-HDK_HOST_DEVICE uint32_t float_bits(float value) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(value);
-#else
-  uint32_t bits;
-  std::memcpy(&bits, &value, sizeof(bits));
-  return bits;
-#endif
-}
 
 // 0 for NaN; otherwise the sign-magnitude bits turned into an unsigned order (negative values
 // flipped, positive values above them). -inf maps to 0x007fffff, so NaN (0) stays below it.

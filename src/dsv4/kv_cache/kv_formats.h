@@ -7,8 +7,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include <cstring>
-
+#include "core/float_bits.h"
 #include "core/host_device.h"
 
 namespace hdk {
@@ -21,15 +20,8 @@ constexpr uint8_t kE4m3ScaleNaN = 0x7f;
 constexpr uint32_t kFp32ScaleNaN = 0x7fc00000u;  // kFP8 keys: the fp32 scale of a marked key
 constexpr float kScaleFloor = 1e-4f;             // amax below this takes the scale of 1e-4
 
-HDK_HOST_DEVICE uint32_t bits_of(float value) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(value);
-#else
-  uint32_t bits;
-  std::memcpy(&bits, &value, sizeof(bits));
-  return bits;
-#endif
-}
+using hdk::detail::float_bits;
+using hdk::detail::float_of_bits;
 
 HDK_HOST_DEVICE float round_half_even(float value) {
 #if defined(__CUDA_ARCH__)
@@ -48,19 +40,12 @@ HDK_HOST_DEVICE double round_half_even(double value) {
 }
 
 HDK_HOST_DEVICE bool is_finite(float value) {
-  return (bits_of(value) & 0x7f800000u) != 0x7f800000u;
+  return (float_bits(value) & 0x7f800000u) != 0x7f800000u;
 }
 
 // 2^e as a float, for e in [-126, 127].
 HDK_HOST_DEVICE float power_of_two(int e) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(static_cast<uint32_t>(e + 127) << 23);
-#else
-  const uint32_t bits = static_cast<uint32_t>(e + 127) << 23;
-  float value;
-  std::memcpy(&value, &bits, sizeof(value));
-  return value;
-#endif
+  return float_of_bits(static_cast<uint32_t>(e + 127) << 23);
 }
 
 // The UE8M0 exponent of a group: ceil(log2(max(amax, 1e-4) / qmax)) for qmax = 448 (FP8) or 6
@@ -68,14 +53,14 @@ HDK_HOST_DEVICE float power_of_two(int e) {
 // exponent is E - 8 (or E - 2), one more when m exceeds 1.75 (or 1.5). amax must be finite.
 HDK_HOST_DEVICE int fp8_scale_exponent(float amax) {
   const float clamped = amax > kScaleFloor ? amax : kScaleFloor;
-  const uint32_t bits = bits_of(clamped);
+  const uint32_t bits = float_bits(clamped);
   const int exponent = static_cast<int>((bits >> 23) & 0xffu) - 127;
   return exponent - 8 + ((bits & 0x7fffffu) > 0x600000u ? 1 : 0);
 }
 
 HDK_HOST_DEVICE int e2m1_scale_exponent(float amax) {
   const float clamped = amax > kScaleFloor ? amax : kScaleFloor;
-  const uint32_t bits = bits_of(clamped);
+  const uint32_t bits = float_bits(clamped);
   const int exponent = static_cast<int>((bits >> 23) & 0xffu) - 127;
   return exponent - 2 + ((bits & 0x7fffffu) > 0x400000u ? 1 : 0);
 }
@@ -102,7 +87,7 @@ HDK_HOST_DEVICE uint8_t e4m3_magnitude_code(Real magnitude) {
 // FP8 E4M3 byte of a finite value whose magnitude the caller already scaled into range. Rounding
 // to zero keeps the sign (0x80).
 HDK_HOST_DEVICE uint8_t encode_e4m3(float value) {
-  const uint8_t sign = static_cast<uint8_t>((bits_of(value) >> 24) & 0x80u);
+  const uint8_t sign = static_cast<uint8_t>((float_bits(value) >> 24) & 0x80u);
   return static_cast<uint8_t>(sign | e4m3_magnitude_code(fabsf(value)));
 }
 
@@ -130,7 +115,7 @@ HDK_HOST_DEVICE uint8_t encode_e2m1(float value, float scale) {
   const int code = (a > 0.25f * scale) + (a >= 0.75f * scale) + (a > 1.25f * scale) +
                    (a >= 1.75f * scale) + (a > 2.5f * scale) + (a >= 3.5f * scale) +
                    (a > 5.0f * scale);
-  return static_cast<uint8_t>(((bits_of(value) >> 28) & 0x8u) | static_cast<uint32_t>(code));
+  return static_cast<uint8_t>(((float_bits(value) >> 28) & 0x8u) | static_cast<uint32_t>(code));
 }
 
 HDK_HOST_DEVICE float decode_e2m1(uint8_t code) {
@@ -141,14 +126,7 @@ HDK_HOST_DEVICE float decode_e2m1(uint8_t code) {
   const uint32_t exponent = (code >> 1) & 3u, mantissa = code & 1u;
   const uint32_t magnitude =
       exponent != 0 ? (exponent + 126u) << 23 | mantissa << 22 : mantissa * 0x3f000000u;
-  const uint32_t bits = magnitude | static_cast<uint32_t>(code & 0x8u) << 28;
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(bits);
-#else
-  float value;
-  std::memcpy(&value, &bits, sizeof(value));
-  return value;
-#endif
+  return float_of_bits(magnitude | static_cast<uint32_t>(code & 0x8u) << 28);
 }
 
 // UE8M0 byte e: 2^(e - 127); 0xFF is NaN.

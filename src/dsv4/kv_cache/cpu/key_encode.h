@@ -63,7 +63,7 @@ inline bool encode_key(float* x, KeyFormat format, bool rotate, uint8_t* data, u
     const float inverse = power_of_two(-e);
     for (int64_t i = 0; i < kIndexerKeyDim; ++i)
       data[i] = encode_e4m3(x[i] * inverse);
-    store_fp32_bytes(scales, bits_of(power_of_two(e)));
+    store_fp32_bytes(scales, float_bits(power_of_two(e)));
     return false;
   }
   const int64_t group_size = format == KeyFormat::kMXFP4 ? 32 : 16;

@@ -93,7 +93,7 @@ __device__ __forceinline__ WarpKey warp_encode_key(float (&x)[4], KeyFormat form
       const float inverse = power_of_two(-e);
       key.codes = e4m3_pair(x[0] * inverse, x[1] * inverse) |
                   (e4m3_pair(x[2] * inverse, x[3] * inverse) << 16);
-      key.scale_low = bits_of(power_of_two(e));
+      key.scale_low = float_bits(power_of_two(e));
     } else {
       key.codes = 0x7f7f7f7fu;
       key.scale_low = kFp32ScaleNaN;
