@@ -7,12 +7,14 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/float_bits.h"
 #include "core/host_device.h"
-#include "dsv4/kv_cache/kv_formats.h"
 
 namespace hdk {
 namespace dsv4 {
 namespace detail {
+
+using hdk::detail::float_bits;
 
 // Round to nearest even, NaN kept NaN; the same bits on the host and the device.
 HDK_HOST_DEVICE uint32_t bf16_rn_bits(float value) {
