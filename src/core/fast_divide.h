@@ -42,6 +42,11 @@ struct FastDivide {
   HDK_HOST_DEVICE uint32_t quotient(uint32_t n) const {
     return fast_quotient(n, multiplier, shift);
   }
+  // n / divisor rounded up, for n < 2^31.
+  HDK_HOST_DEVICE uint32_t ceil_quotient(uint32_t n) const {
+    const uint32_t q = quotient(n);
+    return q + (q * divisor != n ? 1u : 0u);
+  }
 };
 
 }  // namespace detail

@@ -119,7 +119,7 @@ TEST(ThreadPool, NestedCallsAndExceptions) {
   EXPECT_EQ(after.load(), 50);
 }
 
-TEST(FastDivide, EqualsIntegerDivision) {
+TEST(FastDivide, EqualsIntegerDivisionRoundedDownAndUp) {
   // Divisors: small ones, powers of two and their neighbours, block sizes, the largest; the
   // numerators around multiples of the divisor and at the ends of the range (below 2^31).
   std::vector<uint32_t> divisors;
@@ -149,6 +149,7 @@ TEST(FastDivide, EqualsIntegerDivision) {
     for (uint32_t n : numerators) {
       if (n > 0x7fffffffu) continue;
       ASSERT_EQ(divide.quotient(n), n / d) << n << " / " << d;
+      ASSERT_EQ(divide.ceil_quotient(n), n / d + (n % d != 0 ? 1u : 0u)) << n << " / " << d;
     }
   }
 }

@@ -379,15 +379,19 @@ void check_workspace_plan(const Call& c, const hdk::detail::ResidentClusterCount
     ASSERT_EQ(l.scores % 16, 0u);
     ASSERT_EQ(l.chunk % 4, 0);
   }
-  // The keys of every row and the rows' flags, within what index_topk_workspace_bytes promises.
-  // The workspace holds a launch's rows (up to kIndexStreamRowsPerLaunch, whichever the launch
-  // takes).
+  // The keys of every row and a flag for each of a row's scoring CTAs, within what
+  // index_topk_workspace_bytes promises. The workspace holds a launch's rows (up to
+  // kIndexStreamRowsPerLaunch, whichever the launch takes).
   const int64_t rows = plan.layout.rows;
   ASSERT_GE(rows, plan.rows_per_launch);
   ASSERT_EQ(rows, std::min<int64_t>(c.rows, kIndexStreamRowsPerLaunch));
   ASSERT_GE(plan.layout.row_stride, c.capacity);
+  ASSERT_GE(index_flag_stride(plan.layout), plan.segments);
+  ASSERT_EQ(index_flag_stride(plan.layout),
+            (c.capacity + kIndexScoreMinEntries - 1) / kIndexScoreMinEntries);
   ASSERT_GE(plan.layout.flags_offset, plan.layout.keys_offset + rows * plan.layout.row_stride * 4);
-  ASSERT_GE(plan.layout.bytes, plan.layout.flags_offset + rows * 4);
+  ASSERT_GE(plan.layout.bytes,
+            plan.layout.flags_offset + rows * index_flag_stride(plan.layout) * 4);
   ASSERT_EQ(plan.layout.bytes, index_workspace_layout(c.rows, c.capacity).bytes);
 }
 
@@ -599,8 +603,7 @@ TEST(IndexWorkspacePlan, KernelShareByFastDivideIsThePlans) {
       lengths.push_back(length);
     for (int64_t length : lengths) {
       if (length < 0) continue;
-      const int64_t kernel =
-          index_score_share(length, segments, divide.quotient(static_cast<uint32_t>(length)));
+      const int64_t kernel = index_score_tiles(divide.ceil_quotient(static_cast<uint32_t>(length)));
       ASSERT_EQ(kernel, index_score_segment(length, segments)) << length << " / " << segments;
       ASSERT_EQ(kernel, ((length + segments - 1) / segments + 63) / 64 * 64);
     }

@@ -1,9 +1,10 @@
 // index_topk on CUDA with the caller's workspace, where few rows are scored over every SM into the
 // workspace and a cluster per row selects from there: on random cases (1 to 8 rows of up to 70000
 // entries, top_k up to 2048, bf16 and fp32 queries, MXFP4 and NVFP4 keys, exact ties, keys stored
-// with NaN markers, invalid rows of every kind) and on cases of the quantized q forms (E4M3 q over
-// fp8 keys, packed MXFP4 q over mxfp4 keys) its outputs equal the one-launch path's bit for
-// bit (indices, scores, slots, invalid_count), whatever bytes the workspace held before, and
+// with NaN markers, invalid rows of every kind), on a block id out of range in any scoring CTA's
+// share, and on cases of the quantized q forms (E4M3 q over fp8 keys, packed MXFP4 q over mxfp4
+// keys) its outputs equal the one-launch path's bit for bit (indices, scores, slots,
+// invalid_count), whatever bytes the workspace held before, and
 // match the float64 reference (index_topk_test.cpp's tolerances); a workspace too small is an
 // error naming it before anything is written; a CUDA graph replays it to the same bytes. Every
 // case skips without a GPU.
@@ -14,6 +15,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "hdk/dsv4/attention.h"
@@ -431,6 +433,50 @@ void quantized_queries_equal_the_one_launch_path_and_the_reference(IndexBackend 
   }
 }
 
+// A block id beyond the cache in any used page invalidates its row, whichever scoring CTA's share
+// holds the page: each CTA checks its own pages and the select ORs their verdicts. Pages at the
+// start, middle and end of a long row (first, middle and last of its CTAs) and the last page of
+// a short one, for the exact q over MXFP4 keys and E4M3 q over FP8 keys (the key ring): the
+// one-launch path's bytes (it checks the whole row in every CTA of the row's cluster), the row
+// all padding and counted once, the other row untouched. The pages past a row's entries are -1
+// in every case and change nothing.
+void a_bad_block_in_any_share_invalidates_its_row(IndexBackend backend) {
+  uint64_t seed = 990;
+  for (IndexQuery form : {IndexQuery::kExact, IndexQuery::kE4M3}) {
+    IndexCase c;
+    c.q_form = form;
+    c.format = form == IndexQuery::kE4M3 ? KeyFormat::kFP8 : KeyFormat::kMXFP4;
+    c.counts = std::vector<int64_t>{65000, 3000};
+    c.seed = seed++;
+    const IndexInputs clean = make_index_inputs(c);
+    const Outputs unbroken = run_on_cuda(c, clean, backend, nullptr);
+    const int64_t long_pages = (c.counts[0] + c.block_size - 1) / c.block_size;
+    const int64_t short_pages = (c.counts[1] + c.block_size - 1) / c.block_size;
+    const std::pair<int64_t, int64_t> breaks[] = {
+        {0, 0}, {0, long_pages / 2}, {0, long_pages - 1}, {1, short_pages - 1}};
+    for (const auto& [row, page] : breaks) {
+      SCOPED_TRACE(c.describe() + " row " + std::to_string(row) + " page " + std::to_string(page) +
+                   " on " + index_backend_name(backend));
+      IndexInputs in = clean;
+      in.block_table[row * in.max_blocks + page] = static_cast<int32_t>(in.num_blocks);
+      const Outputs one_launch = run_on_cuda(c, in, backend, nullptr);
+      bool used = false;
+      const Workspace poisoned{workspace_bytes_for(in, c), seed + static_cast<uint64_t>(page)};
+      const Outputs through = run_on_cuda(c, in, backend, &poisoned, &used);
+      EXPECT_TRUE(used) << "two rows of these lengths spread over the SMs";
+      expect_same_bytes(through, one_launch, "poisoned workspace against no workspace");
+      const int64_t k = c.top_k, other = 1 - row;
+      for (int64_t j = 0; j < k; ++j) {
+        ASSERT_EQ(through.indices[row * k + j], -1) << j;
+        ASSERT_EQ(through.scores[row * k + j], -kInf) << j;
+        ASSERT_EQ(through.slots[row * k + j], -1) << j;
+        ASSERT_EQ(through.indices[other * k + j], unbroken.indices[other * k + j]) << j;
+      }
+      EXPECT_EQ(read_counter(through.counter, DType::kInt32), 4);
+    }
+  }
+}
+
 // Rows of up to kIndexCtaSelectMaxEntries entries through the workspace are selected by one CTA
 // each (cta_select): rows where the first levels decide, rows whose keys all tie (the levels
 // reach the columns' bits), NaN scores, rows of exactly top_k entries and shorter (the whole row
@@ -494,6 +540,12 @@ TEST_P(IndexTopkWorkspace, QuantizedQueriesEqualTheOneLaunchPathAndTheReference)
 TEST_P(IndexTopkWorkspace, RandomCasesEqualTheOneLaunchPathAndTheReference) {
 #ifdef HDK_WITH_CUDA
   random_cases_equal_the_one_launch_path_and_the_reference(backend());
+#endif
+}
+
+TEST_P(IndexTopkWorkspace, ABadBlockInAnyShareInvalidatesItsRow) {
+#ifdef HDK_WITH_CUDA
+  a_bad_block_in_any_share_invalidates_its_row(backend());
 #endif
 }
 

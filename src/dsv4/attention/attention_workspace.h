@@ -8,7 +8,8 @@
 // sum) and an invalid flag.
 //
 // index_topk: a row scored by CTAs outside one cluster writes its scores, as the order-preserving
-// uint32 keys of topk_key.h, to the workspace; the select then reads them from there.
+// uint32 keys of topk_key.h, and each CTA its verdict on its share, to the workspace; the select
+// then reads them from there.
 #pragma once
 
 #include <cstdint>
@@ -107,13 +108,30 @@ HDK_HOST_DEVICE int64_t sparse_workspace_bytes_up_to(int64_t rows, int64_t heads
 constexpr int64_t kIndexMaxWorkspaceRows = 64;
 constexpr int64_t kIndexStreamRowsPerLaunch = 128;
 
+// Fewest entries a scoring CTA takes (two 64-entry tiles; index_launch_plan.h gives the
+// measurement), so a row has at most ceil(capacity / kIndexScoreMinEntries) scoring CTAs.
+constexpr int64_t kIndexScoreMinEntries = 128;
+
 struct IndexWorkspaceLayout {
-  int64_t rows = 0;          // rows that have a score row: min(N, kIndexStreamRowsPerLaunch)
-  int64_t row_stride = 0;    // uint32 keys a score row holds (capacity rounded up to 64)
-  int64_t keys_offset = 0;   // rows x row_stride uint32
-  int64_t flags_offset = 0;  // rows x int32: the row's invalid flag
+  int64_t rows = 0;         // rows that have a score row: min(N, kIndexStreamRowsPerLaunch)
+  int64_t row_stride = 0;   // uint32 keys a score row holds (capacity rounded up to 64)
+  int64_t keys_offset = 0;  // rows x row_stride uint32
+  // rows x index_flag_stride int32: each scoring CTA's verdict on its share of the row (the
+  // queries, weights and num_entries, alike in every CTA, and the block ids of its pages).
+  int64_t flags_offset = 0;
   int64_t bytes = 0;
 };
+
+// Every scoring CTA checks the block ids of the row's first kIndexEarlyPages pages (loaded with its
+// queries) and of its own pages beyond them, so a row of at most that many pages has its verdict
+// in each of its flags, and the select reads the first; a longer row's is the OR of its flags.
+constexpr int64_t kIndexEarlyPages = 256;
+
+// A row's flags: one for each scoring CTA it may have, ceil(capacity / kIndexScoreMinEntries)
+// (the same from the capacity rounded up to 64).
+HDK_HOST_DEVICE constexpr int64_t index_flag_stride(const IndexWorkspaceLayout& layout) {
+  return (layout.row_stride + kIndexScoreMinEntries - 1) / kIndexScoreMinEntries;
+}
 
 HDK_HOST_DEVICE IndexWorkspaceLayout index_workspace_layout(int64_t rows, int64_t capacity) {
   IndexWorkspaceLayout layout;
@@ -122,7 +140,8 @@ HDK_HOST_DEVICE IndexWorkspaceLayout index_workspace_layout(int64_t rows, int64_
   layout.row_stride = (capacity + 63) / 64 * 64;
   layout.keys_offset = 0;
   layout.flags_offset = workspace_round_up(layout.rows * layout.row_stride * 4);
-  layout.bytes = layout.flags_offset + workspace_round_up(layout.rows * 4);
+  layout.bytes =
+      layout.flags_offset + workspace_round_up(layout.rows * index_flag_stride(layout) * 4);
   return layout;
 }
 

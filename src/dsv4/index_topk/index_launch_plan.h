@@ -213,11 +213,10 @@ inline IndexLaunchPlan plan_index_launch(
 // A row whose cluster would leave most SMs idle is scored by `segments` CTAs of its own (no
 // cluster), each writing its entries' keys to the row's workspace score row; a second launch of
 // one cluster per row (`select`, planned as above) loads them in place of scoring and selects.
-// Fewest entries a scoring CTA takes: two 64-entry tiles. Against 256 (its two warpgroups'
-// three tiles in flight each), one or two rows of 8192-16384 keys ran 1.02-1.14x faster on an
-// H200 (16384 keys 26.8 -> 25.1 us), every other cell 0.99-1.01x: the scoring CTAs finish sooner
-// than their staging costs.
-constexpr int64_t kIndexScoreMinEntries = 128;
+// Fewest entries a scoring CTA takes (kIndexScoreMinEntries, attention_workspace.h): two
+// 64-entry tiles. Against 256 (its two warpgroups' three tiles in flight each), one or two rows
+// of 8192-16384 keys ran 1.02-1.14x faster on an H200 (16384 keys 26.8 -> 25.1 us), every other
+// cell 0.99-1.01x: the scoring CTAs finish sooner than their staging costs.
 // A row goes through the workspace only where its CTAs of this many entries would outnumber its
 // cluster's CTAs: the rule as measured (H100), kept where 128 a CTA was not measured (rows of a
 // few hundred keys keep one launch).
@@ -297,15 +296,14 @@ struct IndexWorkspacePlan {
   IndexWorkspaceLayout layout;  // where the keys and the rows' invalid flags lie
 };
 
-// Entries of scoring CTA `segment`'s share of a row of `length` entries split `segments` ways:
-// whole 64-entry tiles (the warpgroup kernel's), the last CTAs possibly empty. `quotient` is
-// length / segments, which the scoring kernel takes from a FastDivide.
-HDK_HOST_DEVICE int64_t index_score_share(int64_t length, int64_t segments, int64_t quotient) {
-  const int64_t share = quotient + (quotient * segments != length ? 1 : 0);
-  return (share + 63) / 64 * 64;
+// Entries of each scoring CTA's share of a row of `length` entries split `segments` ways: whole
+// 64-entry tiles (the warpgroup kernel's), the last CTAs possibly empty. index_score_tiles takes
+// length / segments rounded up, which the scoring kernel gets from a FastDivide.
+HDK_HOST_DEVICE int64_t index_score_tiles(int64_t even_share) {
+  return (even_share + 63) / 64 * 64;
 }
 HDK_HOST_DEVICE int64_t index_score_segment(int64_t length, int64_t segments) {
-  return index_score_share(length, segments, length / segments);
+  return index_score_tiles(hdk::detail::ceil_div(length, segments));
 }
 
 // The plan for a call with a workspace, given its one-cluster plan (`cluster_plan`, for the

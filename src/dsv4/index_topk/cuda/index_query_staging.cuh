@@ -264,13 +264,14 @@ __device__ bool stage_queries(const IndexerProblem& p, int64_t row, const IndexL
   return bad;
 }
 
-// 1. Weights and queries to shared memory; the row's validity (finite queries and weights,
-// num_entries in range, block ids of the used pages in range), which every CTA of the row reaches
-// alike from the same values. `segment_of(length)` is this CTA's share of a row of `length`
-// entries: the block ids of its pages are kept in shared memory when they fit (`pages`). Zeroes
-// `first_level` when given. Every thread calls it; it ends with a barrier and returns whether the
-// row is invalid, with num_entries in `length`.
-template <ScoreKernel kScore, QueryKind kQ, typename SegmentOf>
+// 1. Weights and queries to shared memory; the validity of the row (finite queries and weights,
+// num_entries in range), which every CTA of the row reaches alike from the same values, and of
+// the block ids of the used pages (in range): the row's, or its first kIndexEarlyPages and this
+// CTA's own (kPages). `segment_of(length)` is this CTA's share of a row of `length` entries: the
+// block ids of its pages are kept in shared memory when they fit (`pages`). Zeroes `first_level`
+// when given. Every thread calls it; it ends with a barrier and returns whether the row (or,
+// kOwnPages, this CTA's share) is invalid, with num_entries in `length`.
+template <ScoreKernel kScore, QueryKind kQ, PageCheck kPages, typename SegmentOf>
 __device__ bool stage_row(const IndexerProblem& p, int64_t row, const IndexLaunch& launch,
                           uint8_t* shared, uint32_t* first_level, SegmentOf&& segment_of,
                           int64_t& length, KeyPages& pages, bool& remainder) {
@@ -279,22 +280,35 @@ __device__ bool stage_row(const IndexerProblem& p, int64_t row, const IndexLaunc
   // A load does not pass a store to shared memory through a generic pointer, so the loads go out
   // in batches ahead of the stores they feed: num_entries, this thread's weight and the block ids
   // of the row's first pages (any page below max_blocks is in the table) together with the
-  // queries.
+  // queries: kRowPages, the first kPageBatch x kThreads; kOwnPages, the first kIndexEarlyPages
+  // (one a thread), which every CTA checks, and a CTA's own pages beyond them once num_entries is
+  // known. With every CTA checking the row's first 1024 ids, the 264 CTAs of one row of 65536
+  // keys read the same 4 KiB and their queries came back 1.4 us later (H200).
   bool bad = false;
   length = p.num_entries.at(row);
   const float own_weight = tid < p.num_heads
                                ? p.weights[row * p.weights_row_stride + tid * p.weights_head_stride]
                                : 0.0f;
   constexpr int kPageBatch = 4;  // block ids a thread loads before it checks them
+  constexpr bool kOwn = kPages == PageCheck::kOwnPages;
+  static_assert(kIndexEarlyPages == kThreads, "a thread's early page is its own index");
   int64_t blocks[kPageBatch];
-  auto load_blocks = [&](int64_t first_page) {
+  // Pages base + tid + i x kThreads: kRowPages, those below max_blocks; kOwnPages, those in
+  // first_page .. end_page - 1.
+  auto load_blocks = [&](int64_t base, int64_t first_page, int64_t end_page) {
 #pragma unroll
     for (int i = 0; i < kPageBatch; ++i) {
-      const int64_t page = first_page + tid + i * kThreads;
-      blocks[i] = page < p.max_blocks ? p.block_table.at(row, page) : 0;
+      const int64_t page = base + tid + i * kThreads;
+      const bool wanted = kOwn ? page >= first_page && page < end_page : page < p.max_blocks;
+      blocks[i] = wanted ? p.block_table.at(row, page) : 0;
     }
   };
-  load_blocks(0);
+  int64_t early_block = 0;
+  if constexpr (kOwn) {
+    early_block = tid < p.max_blocks ? p.block_table.at(row, tid) : 0;
+  } else {
+    load_blocks(0, 0, p.max_blocks);
+  }
   bool own_remainder = false;
   bad |= stage_queries<kScore, kQ>(p, row, launch, shared, own_remainder);
   // A caller that counts the select's first level while it scores counts from zero (the barrier
@@ -321,23 +335,39 @@ __device__ bool stage_row(const IndexerProblem& p, int64_t row, const IndexLaunc
         pages.cached = reinterpret_cast<const int32_t*>(shared + launch.pages);
     }
     int32_t* cache = reinterpret_cast<int32_t*>(shared + launch.pages);
+    auto check = [&](int64_t page, int64_t block) {
+      bad |= block < 0 || block >= p.keys.num_blocks;
+      const int64_t slot = page - pages.first_cached;
+      if (pages.cached != nullptr && slot >= 0 && slot < launch.page_capacity)
+        cache[slot] = static_cast<int32_t>(block);  // block_table is int32
+    };
     const int64_t whole_pages = pages.divide.quotient(static_cast<uint32_t>(length));
     const int64_t page_count = whole_pages + (whole_pages * block_size != length ? 1 : 0);
-    for (int64_t base = 0; base < page_count; base += kPageBatch * kThreads) {
-      if (base > 0) load_blocks(base);
+    // The pages checked from loads after num_entries: first_page .. end_page - 1, in batches
+    // from a multiple of a batch's.
+    constexpr int64_t kBatchPages = kPageBatch * kThreads;
+    int64_t first_page = 0, end_page = page_count;
+    if constexpr (kOwn) {
+      if (tid < page_count) check(tid, early_block);
+      first_page = max(pages.first_cached, int64_t{kIndexEarlyPages});
+      end_page = segment.last > segment.first
+                     ? pages.divide.quotient(static_cast<uint32_t>(segment.last - 1)) + 1
+                     : 0;
+    }
+    for (int64_t base = kOwn ? first_page / kBatchPages * kBatchPages : 0; base < end_page;
+         base += kBatchPages) {
+      if (kOwn || base > 0) load_blocks(base, first_page, end_page);
 #pragma unroll
       for (int i = 0; i < kPageBatch; ++i) {
         const int64_t page = base + tid + i * kThreads;
-        if (page >= page_count) break;
-        const int64_t block = blocks[i];
-        bad |= block < 0 || block >= p.keys.num_blocks;
-        const int64_t slot = page - pages.first_cached;
-        if (pages.cached != nullptr && slot >= 0 && slot < launch.page_capacity)
-          cache[slot] = static_cast<int32_t>(block);  // block_table is int32
+        if (page >= end_page) break;
+        if (kOwn && page < first_page) continue;
+        check(page, blocks[i]);
       }
     }
   }
-  // The row's verdicts; also the barrier after staging.
+  // The verdicts (kOwnPages: on the row's queries, weights, length and first pages, and this
+  // CTA's pages); also the barrier after staging.
   remainder = kQ == QueryKind::kMXFP4 && __syncthreads_or(own_remainder ? 1 : 0) != 0;
   return __syncthreads_or(bad ? 1 : 0) != 0;
 }

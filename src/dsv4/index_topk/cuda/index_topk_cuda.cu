@@ -115,7 +115,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   pages.divide = page_divide;
   int64_t length = 0;
   bool remainder = false;
-  const bool bad = stage_row<kScore, kQ>(
+  const bool bad = stage_row<kScore, kQ, PageCheck::kRowPages>(
       p, row, launch, shared, first_level,
       [&](int64_t entries) { return cluster_segment(entries, cluster_size, rank); }, length, pages,
       remainder);
@@ -131,9 +131,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // Scoring through the workspace, over every SM: CTA `segment` of the row's `segments` scores its
-// share (index_score_segment) straight into the row's workspace keys; segment 0 writes the row's
-// invalid flag, the only word of the row that every call writes whatever the row holds. A launch
-// takes rows row_base .., the workspace's row r holding row row_base + r. `kKeyRing`: the FP8
+// share (index_score_segment) straight into the row's workspace keys, and writes its verdict on
+// that share to the row's flags, the only words of the row that every call writes whatever the
+// row holds (attention_workspace.h: how the select reads them). A launch takes rows row_base ..,
+// the workspace's row r holding row row_base + r. `kKeyRing`: the FP8
 // forms' keys through the launch's key ring in shared memory, not registers, two CTAs an SM.
 template <ScoreKernel kScore, QueryKind kQ, KeyFormat kFormat, bool kKeyRing>
 __global__ void __launch_bounds__(kThreads, kKeyRing ? 2 : 1)
@@ -149,24 +150,27 @@ __global__ void __launch_bounds__(kThreads, kKeyRing ? 2 : 1)
   // keys), and the call kept a 32-byte stack frame in the packed MXFP4 query's register-fed
   // kernel: E4M3 keys 1.00-1.03x, the packed MXFP4 query 1.07-1.36x at 1-16 rows.
   auto segment_of = [&](int64_t entries) {
-    const int64_t share = index_score_share(entries, segments.divisor,
-                                            segments.quotient(static_cast<uint32_t>(entries)));
+    const int64_t share = index_score_tiles(segments.ceil_quotient(static_cast<uint32_t>(entries)));
     const int64_t first = min(entries, segment * share);
     return Segment{first, min(entries, first + share)};
   };
-  // Every CTA stages and checks the row itself rather than wait for segment 0's verdict, and one
-  // past the row's entries returns after the staging: deciding that first put a round trip for
-  // num_entries before the staging's loads.
+  // Every CTA stages and checks the queries and weights itself, and the block ids of the row's
+  // first pages and of its own (PageCheck::kOwnPages), and one past the row's entries returns
+  // after the staging: deciding that first put a round trip for num_entries before the
+  // staging's loads.
   extern __shared__ __align__(16) uint8_t shared_bytes[];
   uint8_t* shared = aligned_shared(shared_bytes);
   KeyPages pages;
   pages.divide = page_divide;
   int64_t length = 0;
   bool remainder = false;
-  const bool bad =
-      stage_row<kScore, kQ>(p, row, launch, shared, nullptr, segment_of, length, pages, remainder);
-  if (segment == 0 && threadIdx.x == 0)
-    reinterpret_cast<int32_t*>(p.workspace + layout.flags_offset)[local_row] = bad ? 1 : 0;
+  const bool bad = stage_row<kScore, kQ, PageCheck::kOwnPages>(
+      p, row, launch, shared, nullptr, segment_of, length, pages, remainder);
+  if (threadIdx.x == 0) {
+    reinterpret_cast<int32_t*>(
+        p.workspace + layout.flags_offset)[local_row * index_flag_stride(layout) + segment] =
+        bad ? 1 : 0;
+  }
   if (bad) return;
   const Segment share = segment_of(length);
   if (share.last <= share.first) return;
@@ -223,7 +227,7 @@ __device__ __forceinline__ void fill_row_by_quads(const uint32_t* keys, int coun
 template <bool kOneCta>
 __global__ void __launch_bounds__(kOneCta ? kCtaSelectThreads : kSelectThreads, 1)
     index_select_kernel(IndexerProblem p, IndexLaunch launch, IndexWorkspaceLayout layout,
-                        int64_t row_base) {
+                        int64_t row_base, int segments) {
   constexpr int kCtaThreads = kOneCta ? kCtaSelectThreads : kSelectThreads;
   // Waits, but never lets the next kernel start early, though its grid is small: sparse_decode
   // scheduled during the select ran slower by more than the launch it hid (Flash CSA step at
@@ -239,14 +243,26 @@ __global__ void __launch_bounds__(kOneCta ? kCtaSelectThreads : kSelectThreads, 
   uint8_t* shared = aligned_shared(shared_bytes);
   uint32_t* const first_level = first_level_of(shared, launch, launch.count_first_level);
   zero_first_level<kCtaThreads>(first_level);
-  // Both loads go out together (num_entries is read even for an invalid row).
-  const int32_t flag =
-      reinterpret_cast<const int32_t*>(p.workspace + layout.flags_offset)[local_row];
+  // The row's flags and num_entries go out together (num_entries is read even for an invalid
+  // row), and the barrier that orders the zeroed histogram before any count does not wait for
+  // them. A row of at most kIndexEarlyPages pages has its verdict in its first flag; a longer
+  // one's is the OR of all, its scoring CTAs' own pages (a barrier that ORed every row's flags
+  // made rows of 2048 keys 0.98-0.99x, H200).
+  const int32_t* flags = reinterpret_cast<const int32_t*>(p.workspace + layout.flags_offset) +
+                         local_row * index_flag_stride(layout);
+  const int32_t first_flag = flags[0];
+  const int32_t own_flag = static_cast<int>(threadIdx.x) < segments ? flags[threadIdx.x] : 0;
   const int64_t entries = p.num_entries.at(row);
-  const bool bad = flag != 0;
+  __syncthreads();
+  bool bad = first_flag != 0;
+  if (entries > kIndexEarlyPages * p.keys.block_size) {
+    int32_t flag = own_flag;
+    for (int s = threadIdx.x + kCtaThreads; s < segments; s += kCtaThreads)
+      flag |= flags[s];
+    bad = __syncthreads_or(bad || flag != 0) != 0;
+  }
   const int64_t length = bad ? 0 : entries;
   if (bad && rank == 0 && threadIdx.x == 0) count_invalid(p.invalid_count);
-  __syncthreads();  // the histogram is zero before any count
   const uint32_t* keys = reinterpret_cast<const uint32_t*>(p.workspace + layout.keys_offset) +
                          local_row * layout.row_stride;
   select_row<kCtaThreads, kOneCta>(
@@ -503,7 +519,7 @@ void index_topk_cuda(const IndexerProblem& p, int device, CudaStream stream) {
               static_cast<unsigned>(rows * select.cluster_size),
               alone ? kCtaSelectThreads : kSelectThreads, select.launch.bytes, cuda_stream,
               static_cast<unsigned>(alone ? 0 : select.cluster_size), p, select.launch,
-              workspace.layout, base),
+              workspace.layout, base, static_cast<int>(workspace.segments)),
           kOperation, "launching index_select_kernel");
     }
     return;

@@ -141,6 +141,12 @@ __device__ __forceinline__ ClusterPlace cluster_place() {
   }
 }
 
+// Which block ids a CTA's staging checks: the row's used pages (the one-launch kernel: every CTA
+// of the row's cluster reaches the same verdict), or the row's first kIndexEarlyPages and its own
+// share's (the workspace's scoring kernel; attention_workspace.h says how the select reads the
+// verdicts).
+enum class PageCheck { kRowPages, kOwnPages };
+
 // A CTA's contiguous share of a row: entries first .. last - 1.
 struct Segment {
   int64_t first, last;
