@@ -11,6 +11,7 @@
 #include "core/bf16_pairs.h"
 #include "core/cuda/wgmma.cuh"
 #include "dsv4/attention/attention_problem.h"
+#include "dsv4/attention/attention_workspace.h"
 #include "dsv4/index_topk/cuda/index_key_loads.cuh"
 #include "dsv4/index_topk/cuda/index_topk_device.cuh"
 #include "dsv4/index_topk/index_fp8_layout.h"
