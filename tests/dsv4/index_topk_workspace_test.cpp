@@ -4,10 +4,9 @@
 // with NaN markers, invalid rows of every kind), on a block id out of range in any scoring CTA's
 // share, and on cases of the quantized q forms (E4M3 q over fp8 keys, packed MXFP4 q over mxfp4
 // keys) its outputs equal the one-launch path's bit for bit (indices, scores, slots,
-// invalid_count), whatever bytes the workspace held before, and
-// match the float64 reference (index_topk_test.cpp's tolerances); a workspace too small is an
-// error naming it before anything is written; a CUDA graph replays it to the same bytes. Every
-// case skips without a GPU.
+// invalid_count), whatever bytes the workspace held before, and match the float64 reference
+// (index_topk_test.cpp's tolerances); a workspace too small is an error naming it before anything
+// is written; a CUDA graph replays it to the same bytes. Every case skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -434,9 +433,11 @@ void quantized_queries_equal_the_one_launch_path_and_the_reference(IndexBackend 
 }
 
 // A block id beyond the cache in any used page invalidates its row, whichever scoring CTA's share
-// holds the page: each CTA checks its own pages and the select ORs their verdicts. Pages at the
-// start, middle and end of a long row (first, middle and last of its CTAs) and the last page of
-// a short one, for the exact q over MXFP4 keys and E4M3 q over FP8 keys (the key ring): the
+// holds the page: each CTA checks the row's first kIndexEarlyPages pages and its own, and the
+// select reads a short row's first flag or ORs a long row's. Pages at the start, middle and end
+// of a long row (first, middle and last of its CTAs; the first among every CTA's early pages) and
+// the last page of a short one, for the exact q over MXFP4 keys and E4M3 q over FP8 keys (the key
+// ring): the
 // one-launch path's bytes (it checks the whole row in every CTA of the row's cluster), the row
 // all padding and counted once, the other row untouched. The pages past a row's entries are -1
 // in every case and change nothing.
