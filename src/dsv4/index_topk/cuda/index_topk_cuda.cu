@@ -134,8 +134,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 // share (index_score_segment) straight into the row's workspace keys, and writes its verdict on
 // that share to the row's flags, the only words of the row that every call writes whatever the
 // row holds (attention_workspace.h: how the select reads them). A launch takes rows row_base ..,
-// the workspace's row r holding row row_base + r. `kKeyRing`: the FP8
-// forms' keys through the launch's key ring in shared memory, not registers, two CTAs an SM.
+// the workspace's row r holding row row_base + r. `kKeyRing`: the FP8 forms' keys through the
+// launch's key ring in shared memory, not registers, two CTAs an SM.
 template <ScoreKernel kScore, QueryKind kQ, KeyFormat kFormat, bool kKeyRing>
 __global__ void __launch_bounds__(kThreads, kKeyRing ? 2 : 1)
     index_score_kernel(IndexerProblem p, IndexLaunch launch, IndexWorkspaceLayout layout,
