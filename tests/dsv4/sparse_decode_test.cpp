@@ -796,16 +796,21 @@ TEST_P(SparseDecode, EmptyListGivesZeroAndTheSinkAsLse) {
 
 TEST_P(SparseDecode, NaNQueryOrNaNEntryZeroesAndCountsTheRow) {
   // 20 heads: two CPU head blocks; 80: two tensor-core head groups (a cluster of CTAs that must
-  // agree). A bad value in either zeroes every head of the row.
-  for (int64_t heads : {int64_t{20}, int64_t{80}}) {
+  // agree). A bad value in either zeroes every head of the row. fp32 q is checked as it is
+  // rounded, bf16 q (copied as stored) by the scores it gives, or in shared memory where a CTA has
+  // no entries (row 4's list is empty).
+  for (int form = 0; form < 4; ++form) {
+    const int64_t heads = form % 2 == 0 ? 20 : 80;
     SparseCase c;
-    c.N = 4;
+    c.N = 5;
     c.heads = heads;
     c.L = 40;
-    c.q_dtype = DType::kFloat32;
+    c.q_dtype = form < 2 ? DType::kFloat32 : DType::kBFloat16;
+    c.empty_rows = std::vector<int64_t>{4};
     SparseInputs in = make_sparse_inputs(c);
     in.q[(0 * c.heads + heads - 1) * dsv4::kHeadDim + 3] = kNaN;  // row 0: NaN query, last head
     in.q[(1 * c.heads + 0) * dsv4::kHeadDim + 500] = kInf;        // row 1: infinite query
+    in.q[(4 * c.heads + 1) * dsv4::kHeadDim + 300] = -kInf;       // row 4: and an empty list
     in.q_bytes = encode_rows(in.q, c.q_dtype);
     // Row 2 names an entry stored with NaN markers.
     std::vector<float> bad(dsv4::kHeadDim, 0.5f);
@@ -821,14 +826,16 @@ TEST_P(SparseDecode, NaNQueryOrNaNEntryZeroesAndCountsTheRow) {
       }
     }
     const dsv4::SparseDecodeReference ref = sparse_reference(c, in);
-    ASSERT_EQ(ref.invalid_rows, 3);
+    ASSERT_EQ(ref.invalid_rows, 4);
     ASSERT_FALSE(ref.invalid[3]);
     if (refused_by_tensor_core(c, in, GetParam())) continue;
     run_sparse_backend(c, in, GetParam());
-    EXPECT_EQ(read_counter(in.counter, DType::kInt64), 6);
+    EXPECT_EQ(read_counter(in.counter, DType::kInt64), 7);
     check_sparse_outputs(c, in, ref, GetParam().kernel);
-    for (int64_t h = 0; h < 3 * c.heads; ++h)
-      EXPECT_TRUE(std::isnan(in.lse[h])) << h;
+    for (int64_t n : {0, 1, 2, 4}) {
+      for (int64_t h = 0; h < c.heads; ++h)
+        EXPECT_TRUE(std::isnan(in.lse[n * c.heads + h])) << n << " " << h;
+    }
   }
 }
 

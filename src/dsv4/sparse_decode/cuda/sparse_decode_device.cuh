@@ -151,15 +151,18 @@ __device__ __forceinline__ uint8_t* query_chunk(uint8_t* tile, int row, int chun
 }
 
 // The CTA's 64 query heads as bf16 rows (zero rows beyond Hq). bf16 q with 16-byte aligned rows
-// goes by cp.async (committed with the first tile; queries_finite checks it once it has landed);
+// goes by cp.async (jobs [first_job, end_job) of the thread's; committed by the caller, which
+// checks it once it has landed: queries_finite, or the scores);
 // other q is loaded four 8-value chunks at a time (one round trip per four chunks), converted to
 // bf16, checked (a NaN or infinity marks the CTA bad) and stored.
+constexpr int kQueryJobs = kHeads * kChunksPerRow / kSparseThreads;  // chunks a thread loads
+static_assert(kHeads * kChunksPerRow % kSparseThreads == 0, "whole jobs per thread");
+constexpr int kQueryBatch = 4;  // fp32 or unaligned q: chunks loaded before the first is stored
 __device__ void load_queries(const SparseDecodeProblem& p, int64_t n, int64_t head0, bool q_async,
-                             bool q_vector, uint8_t* q_tile, int* bad, int tid) {
-  constexpr int kJobs = kHeads * kChunksPerRow / kSparseThreads;
-  static_assert(kHeads * kChunksPerRow % kSparseThreads == 0, "whole jobs per thread");
+                             bool q_vector, uint8_t* q_tile, int* bad, int tid, int first_job = 0,
+                             int end_job = kQueryJobs) {
   if (q_async) {
-    for (int i = 0; i < kJobs; ++i) {
+    for (int i = first_job; i < end_job; ++i) {
       const int job = tid + i * kSparseThreads;
       const int h = job / kChunksPerRow, c = job % kChunksPerRow;
       uint8_t* target = query_chunk(q_tile, h, c);
@@ -172,9 +175,9 @@ __device__ void load_queries(const SparseDecodeProblem& p, int64_t n, int64_t he
     }
     return;
   }
-  constexpr int kBatch = 4;
+  constexpr int kBatch = kQueryBatch;
   bool finite = true;
-  for (int batch = 0; batch < kJobs; batch += kBatch) {
+  for (int batch = first_job; batch < end_job; batch += kBatch) {
     float x[kBatch][8];
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
@@ -229,7 +232,7 @@ __device__ void load_queries(const SparseDecodeProblem& p, int64_t n, int64_t he
 __device__ bool queries_finite(const uint8_t* q_tile, int tid) {
   uint32_t nonfinite = 0;
 #pragma unroll
-  for (int i = 0; i < kHeads * kChunksPerRow / kSparseThreads; ++i) {
+  for (int i = 0; i < kQueryJobs; ++i) {
     const int job = tid + i * kSparseThreads;
     const int h = job / kChunksPerRow, c = job % kChunksPerRow;
     const uint4 v =

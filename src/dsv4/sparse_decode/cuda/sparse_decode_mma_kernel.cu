@@ -18,6 +18,7 @@
 
 #include "core/cuda/async_copy.cuh"
 #include "core/cuda/dependent_launch.cuh"
+#include "core/cuda/mbarrier.cuh"
 #include "core/cuda/shared_address.cuh"
 #include "core/cuda/wgmma.cuh"
 #include "dsv4/attention/attention_problem.h"
@@ -57,6 +58,7 @@ struct MmaSharedMemory {
   int bad;                                       // the CTA's invalid-row flag
   int unused[3];                                 // pads the flag to 16 bytes
   float factors[kSparseMaxWideCluster][kHeads];  // each split's weight in the combined row
+  uint64_t raw_full;                             // a 16-byte aligned pool's tile has landed
 };
 // The dynamic shared memory is aligned up to the swizzle atom inside the kernel.
 constexpr int kSharedBytes = static_cast<int>(sizeof(MmaSharedMemory)) + kSwizzleAtomBytes;
@@ -93,6 +95,31 @@ __device__ __forceinline__ EntrySource locate_entry(const SparseDecodeProblem& p
   return source;
 }
 
+// The queries copied as stored (bf16 q by cp.async, load_queries) before the list: half of them
+// ahead of the first tile, the rest behind it.
+constexpr int kEarlyQueryJobs = kQueryJobs / 2;
+static_assert(kEarlyQueryJobs % kQueryBatch == 0, "load_queries' batches");
+
+// Whether the queries behind a tile's scores are finite, told by the scores themselves (a pass
+// over Q in shared memory after the list took 0.8 us of a one-tile CTA, H200). A NaN or infinite
+// query value makes its head's score with every entry NaN or infinite (x inf is inf or NaN, and
+// the zero rows of entries that are not real give NaN), while finite queries leave a whole row
+// of 64 scores non-finite only where every one of its products overflowed, a row whose softmax
+// is lost anyway. A head's row lies in a quad (wgmma_d_coord): accumulators 4k, 4k + 1 of one
+// row, 4k + 2, 4k + 3 of the row eight further. Every thread of the warp calls it.
+__device__ __forceinline__ bool query_rows_finite(const float (&s)[kScoreRegisters]) {
+  bool row_nonfinite[2] = {true, true};
+#pragma unroll
+  for (int i = 0; i < kScoreRegisters; ++i)
+    row_nonfinite[(i / 2) % 2] = row_nonfinite[(i / 2) % 2] && !isfinite(s[i]);
+  const uint32_t quad_shift = threadIdx.x % 32 & ~3u;
+  bool bad_row = false;
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+    bad_row = bad_row || (__ballot_sync(kFullMask, row_nonfinite[r]) >> quad_shift & 0xfu) == 0xfu;
+  return !__any_sync(kFullMask, bad_row);
+}
+
 // The list entry whose slot lane l of warp w loads for tile `tile`: entry w + 8 (l % 8), lanes 8..
 // repeating lanes 0..7, so the warp's eight slots cost one round trip.
 __device__ __forceinline__ int64_t tile_entry(int64_t tile, int warp, int lane) {
@@ -107,34 +134,48 @@ __device__ __forceinline__ const uint8_t* shuffle_pointer(const uint8_t* pointer
 }
 
 // Enqueues the stored bytes of the warp's eight entries of a tile (located by locate_entry)
-// into the raw buffer and records which are real (valid[e]). The warp's lanes share each entry's
-// 36 (or 72) data chunks and its scale word.
+// into the raw buffer and records which are real (valid[e]). A 16-byte aligned pool (kWide): lane
+// i < 8 holds entry warp + 8 i and requests its 576 data bytes by one bulk copy, completing on
+// raw_full (the warp's lane 0 expects them), and its scale word by cp.async. Otherwise the warp's
+// lanes share each entry's 72 eight-byte data chunks and its scale word, by cp.async.
 template <bool kWide>
 __device__ void issue_tile(const EntrySource& mine, uint8_t* smem, int* valid, int warp, int lane) {
   uint8_t* raw = smem + offsetof(MmaSharedMemory, raw);
   uint8_t* raw_scales = smem + offsetof(MmaSharedMemory, raw_scales);
-#pragma unroll 1
-  for (int i = 0; i < kEntriesPerWarp; ++i) {
-    const int e = warp + kSparseWarps * i;
-    const uint8_t* data = shuffle_pointer(mine.data, i);
-    const uint8_t* scales = shuffle_pointer(mine.scales, i);
-    if (lane == 0) valid[e] = data != nullptr ? 1 : 0;
-    if (data == nullptr) continue;
-    uint8_t* target = raw + e * kEntryDataBytes;
-    constexpr int kChunk = kWide ? 16 : 8;
-    constexpr int kDataChunks = static_cast<int>(kEntryDataBytes) / kChunk;
+  constexpr uint32_t kDataBytes = static_cast<uint32_t>(kEntryDataBytes);
+  if constexpr (kWide) {
+    uint64_t* raw_full = reinterpret_cast<uint64_t*>(smem + offsetof(MmaSharedMemory, raw_full));
+    const int e = warp + kSparseWarps * (lane % kEntriesPerWarp);
+    const bool real = lane < kEntriesPerWarp && mine.data != nullptr;
+    const uint32_t real_lanes = __ballot_sync(kFullMask, real);
+    if (lane == 0) {
+      hdk::detail::mbarrier_arrive_expect_bytes(raw_full, __popc(real_lanes) * kDataBytes);
+    }
+    if (real) {
+      hdk::detail::bulk_copy_from_global(shared_address(raw + e * kDataBytes), mine.data,
+                                         kDataBytes, shared_address(raw_full));
+      cp_async_8(raw_scales + e * kEntryScaleBytes, mine.scales);
+    }
+    if (lane < kEntriesPerWarp) valid[e] = real ? 1 : 0;
+  } else {
+    constexpr int kDataChunks = static_cast<int>(kDataBytes / 8);
     constexpr int kPasses = (kDataChunks + 1 + 31) / 32;  // the data chunks, then the scales
+#pragma unroll 1
+    for (int i = 0; i < kEntriesPerWarp; ++i) {
+      const int e = warp + kSparseWarps * i;
+      const uint8_t* data = shuffle_pointer(mine.data, i);
+      const uint8_t* scales = shuffle_pointer(mine.scales, i);
+      if (lane == 0) valid[e] = data != nullptr ? 1 : 0;
+      if (data == nullptr) continue;
+      uint8_t* target = raw + e * kDataBytes;
 #pragma unroll
-    for (int pass = 0; pass < kPasses; ++pass) {
-      const int c = lane + 32 * pass;
-      if (c < kDataChunks) {
-        if (kWide) {
-          cp_async_16(target + c * kChunk, data + c * kChunk);
-        } else {
-          cp_async_8(target + c * kChunk, data + c * kChunk);
+      for (int pass = 0; pass < kPasses; ++pass) {
+        const int c = lane + 32 * pass;
+        if (c < kDataChunks) {
+          cp_async_8(target + c * 8, data + c * 8);
+        } else if (c == kDataChunks) {
+          cp_async_8(raw_scales + e * kEntryScaleBytes, scales);
         }
-      } else if (c == kDataChunks) {
-        cp_async_8(raw_scales + e * kEntryScaleBytes, scales);
       }
     }
   }
@@ -211,25 +252,31 @@ __global__ void __launch_bounds__(kSparseThreads, 1)
   int* bad = &shared.bad;
   float* factors = shared.factors[0];
 
-  if (tid == 0) *bad = 0;
+  if (tid == 0) {
+    *bad = 0;
+    if (kWide) hdk::detail::mbarrier_init(&shared.raw_full, kSparseWarps);
+  }
   __syncthreads();
 
   const int64_t tiles = (p.list_length() + kTile - 1) / kTile;
   const int64_t first = split_first_tile(tiles, split, plan.splits);
   const int64_t last = split_first_tile(tiles, split + 1, plan.splits);
   const bool q_async = q_vector && p.q.dtype != DType::kFloat32;
-  // The first tile's slots are requested first and used last, so their round trip overlaps the
-  // sink's and the queries' requests (used at once, the slots held both back: %globaltimer marks
-  // of a one-tile CTA, H200, had its Q and tile requested 3.5 us after its start).
+  // A CTA's requests went out at about 30 bytes a nanosecond (cp.async or bulk copies alike,
+  // H200), so 64 KiB of queries and 37 KiB of entries took 3 us to land. The first tile's slots
+  // go out first; half the queries fill their round trip; then the tile, then the other half.
   LoadedSlot next_slot;
   if (first < last) next_slot = load_slot_now(p, n, tile_entry(first, warp, lane));
   const float sink = load_sink(p, head0, tid);
-  load_queries(p, n, head0, q_async, q_vector, shared.q, bad, tid);
+  load_queries(p, n, head0, q_async, q_vector, shared.q, bad, tid, 0, kEarlyQueryJobs);
+  cp_async_commit();
   if (first < last) {
     const int64_t j = tile_entry(first, warp, lane);
     issue_tile<kWide>(locate_entry(p, j, slot_value(next_slot), bad), smem,
                       valid + (first & 1) * kTile, warp, lane);
   }
+  cp_async_commit();
+  load_queries(p, n, head0, q_async, q_vector, shared.q, bad, tid, kEarlyQueryJobs, kQueryJobs);
   cp_async_commit();
   if (tid < kHeads) shared.sink[tid] = sink;  // read back by the same thread in finish_row
 
@@ -249,10 +296,16 @@ __global__ void __launch_bounds__(kSparseThreads, 1)
     const int* tile_valid = valid + (t & 1) * kTile;
     // The next tile's slots, requested while this tile lands and the last O product runs.
     if (t + 1 < last) next_slot = load_slot_now(p, n, tile_entry(t + 1, warp, lane));
-    cp_async_wait<0>();
+    if (t == first) {
+      cp_async_wait<1>();  // the later queries may still be in flight
+    } else {
+      cp_async_wait<0>();
+    }
+    if (kWide) hdk::detail::mbarrier_wait(&shared.raw_full, static_cast<uint32_t>(t - first) & 1);
     wgmma_wait<0>();  // the last tile's O = P E no longer reads E
     __syncthreads();  // the raw tile has landed in every thread's view; E is free
     if (dequantize_tile(smem, tile_valid, tid)) *bad = 1;
+    if (t == first) cp_async_wait<0>();  // the queries
     fence_shared_for_wgmma();
     __syncthreads();  // E is complete (and Q, on the first tile); the raw buffer is free
     if (t + 1 < last) {
@@ -285,6 +338,7 @@ __global__ void __launch_bounds__(kSparseThreads, 1)
     for (int i = 0; i < kScoreRegisters; ++i)
       s[i] += exchange[((1 - half) * kScoreRegisters + i) * 128 + thread];
 
+    if (t == first && q_async && half == 0 && !query_rows_finite(s)) *bad = 1;
     float alpha[2];
     uint32_t weights[kTile / 16][4];
     softmax_tile(s, tile_valid, thread, score_scale, row_max, row_sum, o, alpha, weights);
@@ -301,7 +355,8 @@ __global__ void __launch_bounds__(kSparseThreads, 1)
   }
   wgmma_wait<0>();
   cp_async_wait<0>();
-  if (q_async && !queries_finite(shared.q, tid)) *bad = 1;
+  // A CTA without entries has no scores to tell: its copy of the queries is checked instead.
+  if (q_async && first >= last && !queries_finite(shared.q, tid)) *bad = 1;
   const CtaSpace space{
       reinterpret_cast<float*>(shared.q), stat_m, stat_l, shared.sink, bad, factors};
   finish_row<kSparseThreads, kThroughWorkspace>(p, plan, space, n, tid, half, half == 0, o, row_max,
