@@ -104,9 +104,10 @@ static_assert(kEarlyQueryJobs % kQueryBatch == 0, "load_queries' batches");
 // over Q in shared memory after the list took 0.8 us of a one-tile CTA, H200). A NaN or infinite
 // query value makes its head's score with every entry NaN or infinite (x inf is inf or NaN, and
 // the zero rows of entries that are not real give NaN), while finite queries leave a whole row
-// of 64 scores non-finite only where every one of its products overflowed, a row whose softmax
-// is lost anyway. A head's row lies in a quad (wgmma_d_coord): accumulators 4k, 4k + 1 of one
-// row, 4k + 2, 4k + 3 of the row eight further. Every thread of the warp calls it.
+// of 64 scores non-finite only where they are infinite scores, which make the row invalid anyway
+// (docs/dsv4-attention.md, "Invalid rows"). A head's row lies in a quad (wgmma_d_coord):
+// accumulators 4k, 4k + 1 of one row, 4k + 2, 4k + 3 of the row eight further. Every thread of
+// the warp calls it.
 __device__ __forceinline__ bool query_rows_finite(const float (&s)[kScoreRegisters]) {
   bool row_nonfinite[2] = {true, true};
 #pragma unroll
@@ -115,8 +116,10 @@ __device__ __forceinline__ bool query_rows_finite(const float (&s)[kScoreRegiste
   const uint32_t quad_shift = threadIdx.x % 32 & ~3u;
   bool bad_row = false;
 #pragma unroll
-  for (int r = 0; r < 2; ++r)
-    bad_row = bad_row || (__ballot_sync(kFullMask, row_nonfinite[r]) >> quad_shift & 0xfu) == 0xfu;
+  for (int r = 0; r < 2; ++r) {
+    const uint32_t rows = __ballot_sync(kFullMask, row_nonfinite[r]);  // every lane, every r
+    bad_row = bad_row || (rows >> quad_shift & 0xfu) == 0xfu;
+  }
   return !__any_sync(kFullMask, bad_row);
 }
 
