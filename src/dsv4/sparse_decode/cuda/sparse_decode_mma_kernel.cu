@@ -1,14 +1,15 @@
 // sparse_decode's tensor-core kernel: one thread-block cluster per query row. Its CTAs are
 // `groups` head groups of 64 heads times `splits` slices of the list (plan_sparse_decode). A CTA
-// walks its slice in tiles of 64 entries: cp.async brings the next tile's stored bytes into shared
-// memory while the current tile, dequantized once to bf16, feeds S = Q E^T and O += P E through
-// Hopper's warpgroup MMA (wgmma.cuh). Two warpgroups: warpgroup h computes S over dims
-// 256 h .. + 255 (the two halves are summed through shared memory, so both hold the whole 64 x 64
-// S and run the same softmax) and owns O's columns 256 h .. + 255, with P passed from the score
-// accumulators to the output product in registers. The splits' partial results meet in shared
-// memory across the cluster (no global workspace), where the sink is added once and the row's
-// validity agreed on (finish_row), or in the caller's workspace for the combine kernel. Design,
-// the work split and what was verified where: docs/dsv4-attention.md ("sparse_decode on CUDA").
+// walks its slice in tiles of 64 entries: bulk copies (or cp.async, for a pool aligned to 8 bytes
+// only) bring the next tile's stored bytes into shared memory while the current tile, dequantized
+// once to bf16, feeds S = Q E^T and O += P E through Hopper's warpgroup MMA (wgmma.cuh). Two
+// warpgroups: warpgroup h computes S over dims 256 h .. + 255 (the two halves are summed through
+// shared memory, so both hold the whole 64 x 64 S and run the same softmax) and owns O's columns
+// 256 h .. + 255, with P passed from the score accumulators to the output product in registers. The
+// splits' partial results meet in shared memory across the cluster (no global workspace), where the
+// sink is added once and the row's validity agreed on (finish_row), or in the caller's workspace
+// for the combine kernel. Design, the work split and what was verified where:
+// docs/dsv4-attention.md ("sparse_decode on CUDA").
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
