@@ -150,34 +150,39 @@ __device__ __forceinline__ uint8_t* query_chunk(uint8_t* tile, int row, int chun
   return tile + operand_chunk_offset(row, chunk, kHeads);
 }
 
-// The CTA's 64 query heads as bf16 rows (zero rows beyond Hq). bf16 q with 16-byte aligned rows
-// goes by cp.async (jobs [first_job, end_job) of the thread's; committed by the caller, which
-// checks it once it has landed: queries_finite, or the scores);
-// other q is loaded four 8-value chunks at a time (one round trip per four chunks), converted to
-// bf16, checked (a NaN or infinity marks the CTA bad) and stored.
 constexpr int kQueryJobs = kHeads * kChunksPerRow / kSparseThreads;  // chunks a thread loads
 static_assert(kHeads * kChunksPerRow % kSparseThreads == 0, "whole jobs per thread");
-constexpr int kQueryBatch = 4;  // fp32 or unaligned q: chunks loaded before the first is stored
-__device__ void load_queries(const SparseDecodeProblem& p, int64_t n, int64_t head0, bool q_async,
-                             bool q_vector, uint8_t* q_tile, int* bad, int tid, int first_job = 0,
-                             int end_job = kQueryJobs) {
-  if (q_async) {
-    for (int i = first_job; i < end_job; ++i) {
-      const int job = tid + i * kSparseThreads;
-      const int h = job / kChunksPerRow, c = job % kChunksPerRow;
-      uint8_t* target = query_chunk(q_tile, h, c);
-      if (head0 + h < p.num_heads) {
-        cp_async_16(target, static_cast<const uint16_t*>(p.q.data) + n * p.q.row_stride +
-                                (head0 + h) * p.q.head_stride + 8 * c);
-      } else {
-        *reinterpret_cast<uint4*>(target) = make_uint4(0, 0, 0, 0);
-      }
+
+// bf16 q with 16-byte aligned rows: the thread's chunks [first_job, end_job) of the CTA's 64
+// query heads requested by cp.async as stored (zero rows beyond Hq). The caller commits them and
+// checks them once they have landed (queries_finite, or the tensor-core kernel's scores).
+__device__ void copy_queries_async(const SparseDecodeProblem& p, int64_t n, int64_t head0,
+                                   uint8_t* q_tile, int tid, int first_job, int end_job) {
+  for (int i = first_job; i < end_job; ++i) {
+    const int job = tid + i * kSparseThreads;
+    const int h = job / kChunksPerRow, c = job % kChunksPerRow;
+    uint8_t* target = query_chunk(q_tile, h, c);
+    if (head0 + h < p.num_heads) {
+      cp_async_16(target, static_cast<const uint16_t*>(p.q.data) + n * p.q.row_stride +
+                              (head0 + h) * p.q.head_stride + 8 * c);
+    } else {
+      *reinterpret_cast<uint4*>(target) = make_uint4(0, 0, 0, 0);
     }
+  }
+}
+
+// The CTA's 64 query heads as bf16 rows (zero rows beyond Hq): bf16 q with 16-byte aligned rows
+// by copy_queries_async; other q loaded four 8-value chunks at a time (one round trip per four
+// chunks), converted to bf16, checked (a NaN or infinity marks the CTA bad) and stored.
+__device__ void load_queries(const SparseDecodeProblem& p, int64_t n, int64_t head0, bool q_async,
+                             bool q_vector, uint8_t* q_tile, int* bad, int tid) {
+  if (q_async) {
+    copy_queries_async(p, n, head0, q_tile, tid, 0, kQueryJobs);
     return;
   }
-  constexpr int kBatch = kQueryBatch;
+  constexpr int kBatch = 4;
   bool finite = true;
-  for (int batch = first_job; batch < end_job; batch += kBatch) {
+  for (int batch = 0; batch < kQueryJobs; batch += kBatch) {
     float x[kBatch][8];
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {

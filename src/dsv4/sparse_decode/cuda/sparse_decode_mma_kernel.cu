@@ -96,10 +96,9 @@ __device__ __forceinline__ EntrySource locate_entry(const SparseDecodeProblem& p
   return source;
 }
 
-// The queries copied as stored (bf16 q by cp.async, load_queries) before the list: half of them
-// ahead of the first tile, the rest behind it.
+// bf16 queries copied as stored (copy_queries_async) before the list: half of them ahead of the
+// first tile, the rest behind it.
 constexpr int kEarlyQueryJobs = kQueryJobs / 2;
-static_assert(kEarlyQueryJobs % kQueryBatch == 0, "load_queries' batches");
 
 // Whether the queries behind a tile's scores are finite, told by the scores themselves (a pass
 // over Q in shared memory after the list took 0.8 us of a one-tile CTA, H200). A NaN or infinite
@@ -272,7 +271,11 @@ __global__ void __launch_bounds__(kSparseThreads, 1)
   LoadedSlot next_slot;
   if (first < last) next_slot = load_slot_now(p, n, tile_entry(first, warp, lane));
   const float sink = load_sink(p, head0, tid);
-  load_queries(p, n, head0, q_async, q_vector, shared.q, bad, tid, 0, kEarlyQueryJobs);
+  if (q_async) {
+    copy_queries_async(p, n, head0, shared.q, tid, 0, kEarlyQueryJobs);
+  } else {
+    load_queries(p, n, head0, false, q_vector, shared.q, bad, tid);
+  }
   cp_async_commit();
   if (first < last) {
     const int64_t j = tile_entry(first, warp, lane);
@@ -280,7 +283,7 @@ __global__ void __launch_bounds__(kSparseThreads, 1)
                       valid + (first & 1) * kTile, warp, lane);
   }
   cp_async_commit();
-  load_queries(p, n, head0, q_async, q_vector, shared.q, bad, tid, kEarlyQueryJobs, kQueryJobs);
+  if (q_async) copy_queries_async(p, n, head0, shared.q, tid, kEarlyQueryJobs, kQueryJobs);
   cp_async_commit();
   if (tid < kHeads) shared.sink[tid] = sink;  // read back by the same thread in finish_row
 
