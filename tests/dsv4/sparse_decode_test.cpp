@@ -797,8 +797,8 @@ TEST_P(SparseDecode, EmptyListGivesZeroAndTheSinkAsLse) {
 TEST_P(SparseDecode, NaNQueryOrNaNEntryZeroesAndCountsTheRow) {
   // 20 heads: two CPU head blocks; 80: two tensor-core head groups (a cluster of CTAs that must
   // agree). A bad value in either zeroes every head of the row. fp32 q is checked as it is
-  // rounded, bf16 q (copied as stored) by the scores it gives, or in shared memory where a CTA has
-  // no entries (row 4's list is empty).
+  // rounded, bf16 q (copied as stored) by the scores it gives: row 4's list is all negative, so
+  // its scores are against zero rows.
   for (int form = 0; form < 4; ++form) {
     const int64_t heads = form % 2 == 0 ? 20 : 80;
     SparseCase c;
@@ -835,6 +835,32 @@ TEST_P(SparseDecode, NaNQueryOrNaNEntryZeroesAndCountsTheRow) {
     for (int64_t n : {0, 1, 2, 4}) {
       for (int64_t h = 0; h < c.heads; ++h)
         EXPECT_TRUE(std::isnan(in.lse[n * c.heads + h])) << n << " " << h;
+    }
+  }
+}
+
+// Without a list at all (L + L2 = 0) a tensor-core CTA has no scores to tell a non-finite bf16
+// query by, and checks its copy of the queries instead.
+TEST_P(SparseDecode, NaNQueryWithoutAListZeroesAndCountsTheRow) {
+  for (DType q_dtype : {DType::kBFloat16, DType::kFloat32}) {
+    SparseCase c;
+    c.N = 3;
+    c.heads = 64;
+    c.L = 0;
+    c.q_dtype = q_dtype;
+    SparseInputs in = make_sparse_inputs(c);
+    in.q[(1 * c.heads + 9) * dsv4::kHeadDim + 77] = kNaN;  // row 1 only
+    in.q_bytes = encode_rows(in.q, c.q_dtype);
+    const dsv4::SparseDecodeReference ref = sparse_reference(c, in);
+    ASSERT_EQ(ref.invalid_rows, 1);
+    ASSERT_TRUE(ref.invalid[1]);
+    run_sparse_backend(c, in, GetParam());
+    EXPECT_EQ(read_counter(in.counter, DType::kInt64), 4);
+    check_sparse_outputs(c, in, ref, GetParam().kernel);
+    for (int64_t h = 0; h < c.heads; ++h) {
+      EXPECT_TRUE(std::isnan(in.lse[1 * c.heads + h])) << h;
+      EXPECT_EQ(in.lse[h], in.sink[h]) << h;  // rows 0 and 2: empty lists, lse = the sink
+      EXPECT_EQ(in.lse[2 * c.heads + h], in.sink[h]) << h;
     }
   }
 }
