@@ -297,9 +297,12 @@ class AttentionBench {
       const dsv4::detail::SparseLaunchReport launch = dsv4::detail::sparse_decode_launch_report(
           dsv4::detail::validate_sparse_decode(p), where.index);
       point.kernel = launch.kernel;
+      // groups x splits, then the heads of a group where they are fewer than 64.
+      const bool small_groups = launch.plan.group_heads < dsv4::detail::kSparseHeadsPerCta;
       point.cluster = std::to_string(launch.plan.groups) + "x" +
                       std::to_string(launch.plan.splits) +
-                      (launch.plan.through_workspace ? " ws" : "");
+                      (launch.plan.through_workspace ? " ws" : "") +
+                      (small_groups ? " h" + std::to_string(launch.plan.group_heads) : "");
     }
 #endif
     point.time_us = device_.time_us([&](CudaStream s) { dsv4::sparse_decode(p, s); }, timing_);

@@ -4,6 +4,7 @@
 // against the SMs and the workspace size.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -235,11 +236,12 @@ TEST(SparseDecodePlan, WorkspacePlansFitTheSmsAndTheWorkspace) {
 }
 
 // The fewest tiles a CTA through the workspace: one tile a CTA, else two for lists of 17 tiles
-// or more, exactly where all of every row's CTAs fit in one wave, within the workspace
-// sparse_decode_workspace_bytes promised for those rows.
+// or more, exactly where all of every row's CTAs fit in one wave, then head groups of 32 or 16
+// while they still fit it, within the workspace sparse_decode_workspace_bytes promised for those
+// rows.
 TEST(SparseDecodePlan, FewestTilesTakeOneWaveOfTheSms) {
   for (int sm_count : {132, 114, 78, 1000}) {
-    for (int64_t heads : {64, 128, 96, 512}) {
+    for (int64_t heads : {16, 48, 64, 80, 128, 96, 512}) {
       for (int64_t length : {1, 128, 129, 192, 640, 1152, 4096, 4097, 4224, 8192, 8193, 16512}) {
         for (int64_t rows = 1; rows <= 160; rows += rows < 16 ? 1 : 9) {
           SCOPED_TRACE(std::to_string(sm_count) + " SMs, " + std::to_string(rows) + " x " +
@@ -250,35 +252,59 @@ TEST(SparseDecodePlan, FewestTilesTakeOneWaveOfTheSms) {
           const int64_t tiles = dsv4::detail::sparse_tiles(length);
           // One tile a CTA where a wave holds them all, else two for lists of 17 tiles or more;
           // lists of 2 tiles up to 8 (row, head group) pairs.
-          auto fit = [&](int64_t splits) {
+          auto fit = [&](int64_t splits, int64_t group_count) {
             return splits <= dsv4::detail::kSparseMaxWorkspaceSplits &&
-                   rows * groups * splits <= sm_count &&
-                   groups * splits <= dsv4::detail::kSparseMaxWorkspaceRowCtas;
+                   rows * group_count * splits <= sm_count &&
+                   group_count * splits <= dsv4::detail::kSparseMaxWorkspaceRowCtas;
           };
-          const int64_t splits = fit(tiles) ? tiles : (tiles + 1) / 2;
+          const int64_t splits = fit(tiles, groups) ? tiles : (tiles + 1) / 2;
           const bool short_fits = tiles > 2 || rows * groups <= 8;
           const bool fits =
-              tiles >= 2 && short_fits && fit(splits) && (splits == tiles || tiles >= 17);
-          EXPECT_EQ(plan.groups, groups);
+              tiles >= 2 && short_fits && fit(splits, groups) && (splits == tiles || tiles >= 17);
           EXPECT_EQ(plan.through_workspace, fits);
           if (!fits) {
+            EXPECT_EQ(plan.groups, groups);
+            EXPECT_EQ(plan.group_heads, 64);
             EXPECT_EQ(plan.splits, 1);
             continue;
           }
           EXPECT_EQ(plan.splits, splits);
           EXPECT_LE(plan.splits, dsv4::detail::kSparseMaxWorkspaceSplits);
-          EXPECT_EQ(plan.cluster(), groups);
-          EXPECT_LE(dsv4::detail::sparse_workspace_layout(rows, groups, plan.splits).bytes,
+          // The smallest group (64, 32, 16 heads) whose CTAs fit.
+          int group_heads = 64;
+          while (group_heads > 16 && fit(splits, (heads + group_heads / 2 - 1) / (group_heads / 2)))
+            group_heads /= 2;
+          EXPECT_EQ(plan.group_heads, group_heads);
+          EXPECT_EQ(plan.groups, dsv4::detail::sparse_head_groups(heads, group_heads));
+          EXPECT_LE(rows * plan.row_ctas(), sm_count);  // one wave
+          EXPECT_EQ(plan.cluster(), 1);                 // the groups convert their tiles each
+          // Every head in exactly one group; the last cut at Hq.
+          EXPECT_EQ(plan.first_head(plan.groups - 1) < heads, true);
+          EXPECT_EQ(plan.end_head(plan.groups - 1, heads), heads);
+          EXPECT_EQ(plan.end_head(0, heads), std::min<int64_t>(heads, group_heads));
+          EXPECT_LE(dsv4::detail::sparse_workspace_layout(rows, plan.groups, plan.splits,
+                                                          plan.group_heads)
+                        .bytes,
                     dsv4::detail::sparse_workspace_bytes(rows, heads, length, sm_count));
         }
       }
     }
   }
-  // 132 SMs: Flash CSA lists (10 tiles) up to 13 rows, Pro's (2 groups x 18 tiles) one tile a
-  // CTA up to 3 rows and two up to 7; an HCA list of 4224 entries (66 tiles) in 33 splits of two
-  // tiles up to 4 rows; SWA lists (2 tiles) up to 8 Flash rows and 4 Pro rows; none of 8256
-  // entries (130 tiles).
+  // 132 SMs: Flash CSA rows (10 tiles) in groups of 16 heads up to 3 rows, 32 up to 6, 64 from
+  // 7; Pro CSA (18 tiles) in groups of 32 at one row; Flash HCA (66 tiles, 33 splits) in groups
+  // of 16 at one row.
   using dsv4::detail::plan_sparse_fewest_tiles;
+  EXPECT_EQ(plan_sparse_fewest_tiles(3, 64, 640, 132).group_heads, 16);
+  EXPECT_EQ(plan_sparse_fewest_tiles(4, 64, 640, 132).group_heads, 32);
+  EXPECT_EQ(plan_sparse_fewest_tiles(6, 64, 640, 132).group_heads, 32);
+  EXPECT_EQ(plan_sparse_fewest_tiles(7, 64, 640, 132).group_heads, 64);
+  EXPECT_EQ(plan_sparse_fewest_tiles(1, 128, 1152, 132).group_heads, 32);
+  EXPECT_EQ(plan_sparse_fewest_tiles(2, 128, 1152, 132).group_heads, 64);
+  EXPECT_EQ(plan_sparse_fewest_tiles(1, 64, 4224, 132).group_heads, 16);
+  // Flash CSA lists (10 tiles) up to 13 rows, Pro's (2 groups x 18 tiles) one tile a CTA up to 3
+  // rows and two up to 7; an HCA list of 4224 entries (66 tiles) in 33 splits of two tiles up to
+  // 4 rows; SWA lists (2 tiles) up to 8 Flash rows and 4 Pro rows; none of 8256 entries (130
+  // tiles).
   EXPECT_EQ(plan_sparse_fewest_tiles(13, 64, 640, 132).splits, 10);
   EXPECT_FALSE(plan_sparse_fewest_tiles(14, 64, 640, 132).through_workspace);
   EXPECT_EQ(plan_sparse_fewest_tiles(3, 128, 1152, 132).splits, 18);

@@ -216,12 +216,20 @@ SparseInputs make_sparse_inputs(const SparseCase& c) {
 }
 
 // Where a sparse_decode case runs: the CPU, or CUDA with one of its kernels forced.
-enum class SparseKernel { kCpu, kTensorCore, kTensorCorePipelined, kCudaCore };
+// kDispatch: CUDA's own choice of kernel and plan (with a workspace: the fewest tiles a CTA and
+// smaller head groups where they apply, plan_sparse_fewest_tiles).
+enum class SparseKernel { kCpu, kTensorCore, kTensorCorePipelined, kCudaCore, kDispatch };
 
-// Whether `kernel` runs on tensor cores (bf16 operands: the wider bounds of
-// check_sparse_outputs, and head counts limited to multiples of 16).
-bool on_tensor_cores(SparseKernel kernel) {
+// Whether `kernel` is a tensor-core kernel forced for every head count (refused where the kernel
+// cannot serve them).
+bool forces_tensor_cores(SparseKernel kernel) {
   return kernel == SparseKernel::kTensorCore || kernel == SparseKernel::kTensorCorePipelined;
+}
+
+// Whether `kernel` may run on tensor cores (bf16 operands: the wider bounds of
+// check_sparse_outputs).
+bool on_tensor_cores(SparseKernel kernel) {
+  return forces_tensor_cores(kernel) || kernel == SparseKernel::kDispatch;
 }
 
 // `workspace`: CUDA gets a workspace filled with random bytes and splits every row through it
@@ -240,6 +248,8 @@ const char* kernel_name(SparseKernel kernel) {
       return "cuda_tensor_core_pipelined";
     case SparseKernel::kCudaCore:
       return "cuda_cuda_core";
+    case SparseKernel::kDispatch:
+      return "cuda_dispatch";
     case SparseKernel::kCpu:
       break;
   }
@@ -424,7 +434,7 @@ dsv4::SparseDecodeReference sparse_reference(const SparseCase& c, SparseInputs& 
 
 // A forced tensor-core kernel refuses head counts it cannot serve, before writing anything.
 bool refused_by_tensor_core(const SparseCase& c, SparseInputs& in, const SparseRun& run) {
-  if (!on_tensor_cores(run.kernel) || tensor_core_serves(c.heads)) return false;
+  if (!forces_tensor_cores(run.kernel) || tensor_core_serves(c.heads)) return false;
   const std::vector<uint8_t> poisoned = in.out;
   expect_error([&] { run_sparse_backend(c, in, run); }, "the tensor-core kernel was forced");
   EXPECT_EQ(in.out, poisoned);
@@ -960,7 +970,8 @@ INSTANTIATE_TEST_SUITE_P(
                       SparseRun{Backend::kCUDA, SparseKernel::kTensorCorePipelined},
                       SparseRun{Backend::kCUDA, SparseKernel::kCudaCore},
                       SparseRun{Backend::kCUDA, SparseKernel::kTensorCore, true},
-                      SparseRun{Backend::kCUDA, SparseKernel::kTensorCorePipelined, true}),
+                      SparseRun{Backend::kCUDA, SparseKernel::kTensorCorePipelined, true},
+                      SparseRun{Backend::kCUDA, SparseKernel::kDispatch, true}),
     sparse_run_name);
 
 TEST(SparseDecodeArguments, ValidationNamesTheArgument) {
@@ -1159,8 +1170,9 @@ TEST(SparseDecodeCuda, WorkspaceContentsDoNotMatterAndTooSmallIsAnError) {
 
 // The dispatcher with a workspace: a few rows take one tile a CTA (two where one tile a CTA
 // would not fit one wave: Pro at 4 rows, a list of 68 tiles) on the kernel that converts on all 8
-// warps (plan_sparse_fewest_tiles), against the float64 reference; more rows than one wave of
-// such CTAs keep the pipelined kernel.
+// warps (plan_sparse_fewest_tiles), in head groups of 16 or 32 where the SMs left over hold them
+// (the last group cut at Hq for 80 and 48 heads), against the float64 reference; more rows than
+// one wave of such CTAs keep the pipelined kernel.
 TEST(SparseDecodeCuda, FewRowsTakeTheFewestTilesACta) {
   const std::string reason = backend_unavailable_reason(Backend::kCUDA);
   if (!reason.empty()) GTEST_SKIP() << "cuda backend skipped: " << reason;
@@ -1177,12 +1189,12 @@ TEST(SparseDecodeCuda, FewRowsTakeTheFewestTilesACta) {
   struct Shape {
     int64_t rows, heads, L, extra_L;
   };
-  // The last two: lists of 2 tiles (a window with its step), split while a call has at most 8
-  // (row, head group) pairs (kSparseShortListMaxRowGroups).
+  // Lists of 2 tiles (a window with its step) are split while a call has at most 8 (row, group
+  // of 64 heads) pairs (kSparseShortListMaxRowGroups).
   for (const Shape shape :
        {Shape{2, 64, 512, 128}, Shape{1, 128, 1024, 128}, Shape{3, 64, 200, 128},
         Shape{1, 64, 4200, 128}, Shape{4, 128, 1024, 128}, Shape{3, 64, 64, 64},
-        Shape{4, 128, 100, 28}}) {
+        Shape{4, 128, 100, 28}, Shape{2, 80, 1000, 128}, Shape{5, 48, 512, 128}}) {
     SparseCase c;
     c.N = shape.rows;
     c.heads = shape.heads;
@@ -1199,7 +1211,14 @@ TEST(SparseDecodeCuda, FewRowsTakeTheFewestTilesACta) {
                            : tiles >= 17                                   ? (tiles + 1) / 2
                                                                            : sm_count + 1;
     if (c.N * groups * splits > sm_count) continue;  // a device too small for one wave of them
-    const SparseRun run{Backend::kCUDA, SparseKernel::kCpu, true};  // the dispatcher's kernel
+    // The smallest head group whose CTAs still fit the wave.
+    int group_heads = 64;
+    while (group_heads > 16) {
+      const int64_t smaller = (c.heads + group_heads / 2 - 1) / (group_heads / 2);
+      if (c.N * smaller * splits > sm_count) break;
+      group_heads /= 2;
+    }
+    const SparseRun run{Backend::kCUDA, SparseKernel::kDispatch, true};
     SparseInputs in = make_sparse_inputs(c);
     {
       const ForcedSparseKernel forced(run);
@@ -1209,6 +1228,7 @@ TEST(SparseDecodeCuda, FewRowsTakeTheFewestTilesACta) {
           dsv4::detail::sparse_decode_launch_report(dsv4::detail::validate_sparse_decode(p), 0);
       EXPECT_STREQ(report.kernel, "mma");
       EXPECT_EQ(report.plan.splits, splits);
+      EXPECT_EQ(report.plan.group_heads, group_heads);
       EXPECT_TRUE(report.plan.through_workspace);
     }
     const dsv4::SparseDecodeReference ref = sparse_reference(c, in);
@@ -1223,7 +1243,7 @@ TEST(SparseDecodeCuda, FewRowsTakeTheFewestTilesACta) {
   many.extra_L = 128;
   many.num_blocks = 20;
   SparseInputs in = make_sparse_inputs(many);
-  const ForcedSparseKernel forced(SparseRun{Backend::kCUDA, SparseKernel::kCpu, true});
+  const ForcedSparseKernel forced(SparseRun{Backend::kCUDA, SparseKernel::kDispatch, true});
   dsv4::SparseDecodeParams p = in.params(many);
   p.workspace = host_workspace_view(workspace);
   const dsv4::detail::SparseLaunchReport report =
@@ -1280,7 +1300,7 @@ TEST_P(SparseDecodeCudaGraph, CapturedAndReplayed) {
   ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
   {
     // The dispatcher's kernel; every row split through the workspace when there is one.
-    const ForcedSparseKernel forced(SparseRun{Backend::kCUDA, SparseKernel::kCpu, GetParam()});
+    const ForcedSparseKernel forced(SparseRun{Backend::kCUDA, SparseKernel::kDispatch, GetParam()});
     dsv4::sparse_decode(p, stream);
   }
   ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);

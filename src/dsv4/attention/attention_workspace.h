@@ -4,8 +4,9 @@
 //
 // sparse_decode: a row whose list is split over CTAs outside one thread-block cluster leaves each
 // CTA's partial result in the workspace, and a combine kernel finishes the row. One record per
-// CTA (row, split, head group): its unnormalized O [64][512] fp32, its per-head (max in log2 units,
-// sum) and an invalid flag.
+// CTA (row, split, head group): its unnormalized O [heads][512] fp32, its per-head (max in log2
+// units, sum) and an invalid flag, for the group's 64 heads, or 32 or 16 where the plan takes
+// smaller groups.
 //
 // index_topk: a row scored by CTAs outside one cluster writes its scores, as the order-preserving
 // uint32 keys of topk_key.h, and each CTA its verdict on its share, to the workspace; the select
@@ -27,7 +28,8 @@ HDK_HOST_DEVICE constexpr int64_t workspace_round_up(int64_t bytes) {
 }
 
 // ---- sparse_decode ----------------------------------------------------------------------------
-constexpr int64_t kSparseRecordHeads = 64;     // heads of a CTA's record (one head group)
+constexpr int kSparseRecordHeads = 64;         // heads of a CTA's record, at most (one head group)
+constexpr int kSparseRecordFewestHeads = 16;   // and at least
 constexpr int64_t kSparseRecordColumns = 512;  // the entry width
 // The most list splits a row takes through the workspace: the combine keeps one weight per split
 // and head in shared memory.
@@ -51,21 +53,20 @@ HDK_HOST_DEVICE int sparse_workspace_max_splits(int64_t rows, int groups, int64_
 
 struct SparseWorkspaceLayout {
   int64_t records = 0;       // rows x splits x groups
-  int64_t o_offset = 0;      // records x [64][512] fp32
-  int64_t stats_offset = 0;  // records x [2][64] fp32: maxima (log2 units), then sums
+  int64_t o_offset = 0;      // records x [heads][512] fp32
+  int64_t stats_offset = 0;  // records x [2][heads] fp32: maxima (log2 units), then sums
   int64_t flags_offset = 0;  // records x int32: the CTA's invalid flag
   int64_t bytes = 0;
 };
 
-HDK_HOST_DEVICE SparseWorkspaceLayout sparse_workspace_layout(int64_t rows, int groups,
-                                                              int splits) {
+// The layout for head groups of `heads` heads each.
+HDK_HOST_DEVICE SparseWorkspaceLayout sparse_workspace_layout(int64_t rows, int groups, int splits,
+                                                              int heads = kSparseRecordHeads) {
   SparseWorkspaceLayout layout;
   layout.records = rows * groups * splits;
   layout.o_offset = 0;
-  layout.stats_offset =
-      workspace_round_up(layout.records * kSparseRecordHeads * kSparseRecordColumns * 4);
-  layout.flags_offset =
-      layout.stats_offset + workspace_round_up(layout.records * 2 * kSparseRecordHeads * 4);
+  layout.stats_offset = workspace_round_up(layout.records * heads * kSparseRecordColumns * 4);
+  layout.flags_offset = layout.stats_offset + workspace_round_up(layout.records * 2 * heads * 4);
   layout.bytes = layout.flags_offset + workspace_round_up(layout.records * 4);
   return layout;
 }
@@ -78,14 +79,24 @@ HDK_HOST_DEVICE constexpr int64_t sparse_record(int64_t row, int split, int grou
 
 // The bytes sparse_decode may use for `rows` query rows of `heads` heads over lists of
 // `list_length` entries (both lists together) on a device of `sm_count` SMs: 0 where it never
-// splits through the workspace.
+// splits through the workspace. A plan splits a row at most as many ways as groups of 64 heads
+// allow, then may take smaller groups: their records hold as many heads in all (fewer where the
+// last group is cut at Hq) but more flags.
 HDK_HOST_DEVICE int64_t sparse_workspace_bytes(int64_t rows, int64_t heads, int64_t list_length,
                                                int sm_count) {
   if (rows <= 0 || heads <= 0 || list_length <= 0) return 0;
   const int groups = static_cast<int>((heads + kSparseRecordHeads - 1) / kSparseRecordHeads);
   const int64_t tiles = (list_length + 63) / 64;
   const int splits = sparse_workspace_max_splits(rows, groups, tiles, sm_count);
-  return splits > 1 ? sparse_workspace_layout(rows, groups, splits).bytes : 0;
+  if (splits <= 1) return 0;
+  int64_t most = 0;
+  for (int group_heads = kSparseRecordHeads; group_heads >= kSparseRecordFewestHeads;
+       group_heads /= 2) {
+    const int group_count = static_cast<int>((heads + group_heads - 1) / group_heads);
+    const int64_t bytes = sparse_workspace_layout(rows, group_count, splits, group_heads).bytes;
+    most = bytes > most ? bytes : most;
+  }
+  return most;
 }
 
 // What sparse_decode_workspace_bytes promises: enough for every row count up to `rows` (the bytes

@@ -43,23 +43,27 @@ __device__ __forceinline__ void add_partials(float4& sum, const float* o, int64_
   }
 }
 
+namespace {
+
 // Finishes column slice `slice` of `slices` of one head group of one row from the partial results
 // its splits left in the workspace: the row's validity (every CTA's flag, which includes its
 // heads' sinks), each split's weight per head, lse, then each output column summed over the
-// splits in split order. The same arithmetic as finish_row's.
+// splits in split order. The same arithmetic as finish_row's. kGroupHeads: the heads of a group
+// (SparsePlan::group_heads), of a record in the workspace.
 // Its time is latency: the flags, the sinks and every split's statistics go out in one round,
 // then the partials in batches of 16 splits (4 in rows of up to 8), in short code (32-bit block
 // indices, the statistics' loop unrolled by 4 only, one copy of the output loop). The same round
 // with every load unrolled (53 KB) was 1.00-1.13x after the mma kernel but 0.89-0.96x after the
 // pipelined one, whose larger code, we read, leaves this kernel's to be fetched again (H200;
 // docs/dsv4-attention.md, "sparse_decode through the workspace").
+template <int kGroupHeads>
 __global__ void __launch_bounds__(kSparseCombineThreads)
     sparse_decode_combine_kernel(SparseDecodeProblem p, SparsePlan plan, int slices,
                                  bool out_vector) {
-  // Every split's statistics as its record holds them ([split][maxima 64, sums 64]); the maxima
-  // become the splits' weights.
-  __shared__ float split_stats[kSparseMaxWorkspaceSplits * 2 * kHeads];
-  constexpr int kStatsPerSplit = 2 * kHeads;
+  // Every split's statistics as its record holds them ([split][maxima, sums] of kGroupHeads
+  // each); the maxima become the splits' weights.
+  __shared__ float split_stats[kSparseMaxWorkspaceSplits * 2 * kGroupHeads];
+  constexpr int kStatsPerSplit = 2 * kGroupHeads;
   constexpr int kBatch = 8;  // statistics a thread loads before it stores the first
   const int tid = threadIdx.x;
   // 32-bit: the grid has fewer than 2^31 CTAs.
@@ -67,10 +71,10 @@ __global__ void __launch_bounds__(kSparseCombineThreads)
   const int slice = block % slices;
   const int group = (block / slices) % plan.groups;
   const int64_t n = block / (slices * plan.groups);
-  const int64_t head0 = int64_t{group} * kHeads;
-  const bool has_head = tid < kHeads && head0 + tid < p.num_heads;
+  const int64_t head0 = int64_t{group} * kGroupHeads;
+  const bool has_head = tid < kGroupHeads && head0 + tid < p.num_heads;
   const SparseWorkspaceLayout layout =
-      sparse_workspace_layout(p.num_rows, plan.groups, plan.splits);
+      sparse_workspace_layout(p.num_rows, plan.groups, plan.splits, kGroupHeads);
   const float* o_records = reinterpret_cast<const float*>(p.workspace + layout.o_offset);
   const int* flags = reinterpret_cast<const int*>(p.workspace + layout.flags_offset);
   // Split s's statistics are kStatsPerSplit floats at s * split_step from the first split's.
@@ -101,10 +105,10 @@ __global__ void __launch_bounds__(kSparseCombineThreads)
   }
   const bool row_bad = __syncthreads_or(bad) != 0;  // also: the statistics are in
 
-  if (tid < kHeads) {
+  if (tid < kGroupHeads) {
     const int h = tid;
-    float* weight = split_stats + h;              // [s * kStatsPerSplit]: maxima, weights
-    const float* sum = split_stats + kHeads + h;  // [s * kStatsPerSplit]
+    float* weight = split_stats + h;                   // [s * kStatsPerSplit]: maxima, weights
+    const float* sum = split_stats + kGroupHeads + h;  // [s * kStatsPerSplit]
     float top = -INFINITY;
 #pragma unroll 4
     for (int s = 0; s < plan.splits; ++s)
@@ -145,12 +149,13 @@ __global__ void __launch_bounds__(kSparseCombineThreads)
   }
   __syncthreads();  // the weights are complete
 
-  const int quads = static_cast<int>(kHeadDim / 4) / slices;        // column quads of the slice
-  const int64_t o_step = int64_t{plan.groups} * kHeads * kHeadDim;  // one split's record further
+  const int quads = static_cast<int>(kHeadDim / 4) / slices;  // column quads of the slice
+  // One split's record further.
+  const int64_t o_step = int64_t{plan.groups} * kGroupHeads * kHeadDim;
   const float* o_first =
-      o_records + sparse_record(n, 0, group, plan.splits, plan.groups) * kHeads * kHeadDim;
+      o_records + sparse_record(n, 0, group, plan.splits, plan.groups) * kGroupHeads * kHeadDim;
 #pragma unroll 1
-  for (int job = tid; job < kHeads * quads; job += kSparseCombineThreads) {
+  for (int job = tid; job < kGroupHeads * quads; job += kSparseCombineThreads) {
     const int h = job / quads;
     const int col = 4 * (slice * quads + job % quads);
     const int64_t head = head0 + h;
@@ -173,6 +178,19 @@ __global__ void __launch_bounds__(kSparseCombineThreads)
     store_output4(p, n * p.out_row_stride + head * p.out_head_stride + col, sum, out_vector);
   }
   if (slice == 0 && group == 0 && tid == 0 && row_bad) count_invalid(p.invalid_count, 1);
+}
+
+}  // namespace
+
+CombineKernel sparse_decode_combine_instance(int group_heads) {
+  switch (group_heads) {
+    case kHeads / 4:
+      return sparse_decode_combine_kernel<kHeads / 4>;
+    case kHeads / 2:
+      return sparse_decode_combine_kernel<kHeads / 2>;
+    default:
+      return sparse_decode_combine_kernel<kHeads>;
+  }
 }
 
 }  // namespace detail

@@ -58,11 +58,12 @@ struct TensorCoreLaunch {
   SparsePlan plan;
 };
 
-// The instance of a tensor-core kernel for a call's pools, head groups and combine.
+// The instance of a tensor-core kernel for a call's pools, head groups and combine (the pipelined
+// kernel's groups are always 64 heads).
 TensorCoreKernel tensor_core_kernel(bool pipelined, bool shared_conversion, bool wide,
-                                    bool through_workspace) {
+                                    bool through_workspace, int group_heads) {
   return pipelined ? sparse_decode_pipelined_instance(wide, shared_conversion, through_workspace)
-                   : sparse_decode_mma_instance(wide, through_workspace);
+                   : sparse_decode_mma_instance(wide, through_workspace, group_heads);
 }
 
 // One of the two tensor-core kernels over the row clusters of plan_sparse_decode: `pipelined`
@@ -80,13 +81,15 @@ TensorCoreLaunch plan_tensor_core(const SparseDecodeProblem& p, bool pipelined, 
   // Two head groups (Hq 65..128) share the conversion of each tile in the pipelined kernel.
   const bool shared_conversion = sparse_head_groups(p.num_heads) == 2;
   // A kernel's instance, threads and shared memory, its plan left to the caller.
-  auto kernel_of = [&](bool use_pipelined, bool through_workspace) {
+  auto kernel_of = [&](bool use_pipelined, bool through_workspace,
+                       int group_heads = kSparseHeadsPerCta) {
     TensorCoreLaunch launch{};
     launch.pipelined = use_pipelined;
     launch.threads = use_pipelined ? kSparsePipelinedThreads : kSparseThreads;
     launch.shared_bytes =
         use_pipelined ? sparse_decode_pipelined_shared_bytes() : sparse_decode_mma_shared_bytes();
-    launch.kernel = tensor_core_kernel(use_pipelined, shared_conversion, wide, through_workspace);
+    launch.kernel =
+        tensor_core_kernel(use_pipelined, shared_conversion, wide, through_workspace, group_heads);
     hdk::detail::allow_dynamic_shared_memory(launch.kernel, launch.shared_bytes, device,
                                              kOperation);
     return launch;
@@ -129,7 +132,7 @@ TensorCoreLaunch plan_tensor_core(const SparseDecodeProblem& p, bool pipelined, 
     const SparsePlan plan =
         plan_sparse_fewest_tiles(p.num_rows, p.num_heads, p.list_length(), sm_count);
     if (plan.through_workspace) {
-      TensorCoreLaunch launch = kernel_of(false, true);
+      TensorCoreLaunch launch = kernel_of(false, true, plan.group_heads);
       launch.plan = plan;
       return launch;
     }
@@ -158,10 +161,11 @@ void launch_tensor_core(const SparseDecodeProblem& p, const TensorCoreLaunch& la
   if (!launch.plan.through_workspace) return;
   const int slices = sparse_combine_slices(p.num_rows, launch.plan.groups, sm_count);
   const unsigned combine_ctas = static_cast<unsigned>(p.num_rows * launch.plan.groups * slices);
-  hdk::detail::check_launch(hdk::detail::launch_dependent(
-                                sparse_decode_combine_kernel, combine_ctas, kSparseCombineThreads,
-                                0, stream, p, launch.plan, slices, out_vector),
-                            kOperation, "sparse_decode_combine_kernel");
+  hdk::detail::check_launch(
+      hdk::detail::launch_dependent(sparse_decode_combine_instance(launch.plan.group_heads),
+                                    combine_ctas, kSparseCombineThreads, 0, stream, p, launch.plan,
+                                    slices, out_vector),
+      kOperation, "sparse_decode_combine_kernel");
 }
 
 // Which kernel serves a call, from the override and the problem: the CUDA-core one

@@ -154,15 +154,18 @@ constexpr int kQueryJobs = kHeads * kChunksPerRow / kSparseThreads;  // chunks a
 static_assert(kHeads * kChunksPerRow % kSparseThreads == 0, "whole jobs per thread");
 
 // bf16 q with 16-byte aligned rows: the thread's chunks [first_job, end_job) of the CTA's 64
-// query heads requested by cp.async as stored (zero rows beyond Hq). The caller commits them and
-// checks them once they have landed (queries_finite, or the tensor-core kernel's scores).
+// query rows, its group's kGroupHeads heads from head0, requested by cp.async as stored (zero
+// rows beyond the group and beyond Hq). The caller commits them and checks them once they have
+// landed (queries_finite, or the tensor-core kernel's scores).
+template <int kGroupHeads = kHeads>
 __device__ void copy_queries_async(const SparseDecodeProblem& p, int64_t n, int64_t head0,
                                    uint8_t* q_tile, int tid, int first_job, int end_job) {
   for (int i = first_job; i < end_job; ++i) {
     const int job = tid + i * kSparseThreads;
     const int h = job / kChunksPerRow, c = job % kChunksPerRow;
     uint8_t* target = query_chunk(q_tile, h, c);
-    if (head0 + h < p.num_heads) {
+    // (A 64-head group skips the first test, which the compiler cannot drop.)
+    if ((kGroupHeads == kHeads || h < kGroupHeads) && head0 + h < p.num_heads) {
       cp_async_16(target, static_cast<const uint16_t*>(p.q.data) + n * p.q.row_stride +
                               (head0 + h) * p.q.head_stride + 8 * c);
     } else {
@@ -171,13 +174,15 @@ __device__ void copy_queries_async(const SparseDecodeProblem& p, int64_t n, int6
   }
 }
 
-// The CTA's 64 query heads as bf16 rows (zero rows beyond Hq): bf16 q with 16-byte aligned rows
-// by copy_queries_async; other q loaded four 8-value chunks at a time (one round trip per four
-// chunks), converted to bf16, checked (a NaN or infinity marks the CTA bad) and stored.
+// The CTA's 64 query rows as bf16, its group's kGroupHeads heads from head0 (zero rows beyond the
+// group and beyond Hq): bf16 q with 16-byte aligned rows by copy_queries_async; other q loaded
+// four 8-value chunks at a time (one round trip per four chunks), converted to bf16, checked (a
+// NaN or infinity marks the CTA bad) and stored.
+template <int kGroupHeads = kHeads>
 __device__ void load_queries(const SparseDecodeProblem& p, int64_t n, int64_t head0, bool q_async,
                              bool q_vector, uint8_t* q_tile, int* bad, int tid) {
   if (q_async) {
-    copy_queries_async(p, n, head0, q_tile, tid, 0, kQueryJobs);
+    copy_queries_async<kGroupHeads>(p, n, head0, q_tile, tid, 0, kQueryJobs);
     return;
   }
   constexpr int kBatch = 4;
@@ -190,7 +195,7 @@ __device__ void load_queries(const SparseDecodeProblem& p, int64_t n, int64_t he
       const int h = job / kChunksPerRow, c = job % kChunksPerRow;
       const int64_t head = head0 + h;
       const int64_t offset = n * p.q.row_stride + head * p.q.head_stride + 8 * c;
-      if (head >= p.num_heads) {
+      if ((kGroupHeads < kHeads && h >= kGroupHeads) || head >= p.num_heads) {
 #pragma unroll
         for (int i = 0; i < 8; ++i)
           x[b][i] = 0.0f;

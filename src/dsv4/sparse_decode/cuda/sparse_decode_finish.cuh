@@ -54,12 +54,14 @@ struct CtaSpace {
   float* factors;     // [splits][64] each split's weight in the combined row
 };
 
-// The sink of head `tid` of the group starting at head0 (0 for threads past the group's heads or
-// without sinks), loaded by each kernel before its list so that the round trip to memory is
-// hidden behind the list rather than added to the end (1.2 us of a one-row call's finish,
-// H200). The kernel keeps it in CtaSpace::sink, which the same thread reads in finish_row.
+// The sink of head `tid` of the group of kGroupHeads heads starting at head0 (0 for threads past
+// the group's heads or without sinks), loaded by each kernel before its list so that the round
+// trip to memory is hidden behind the list rather than added to the end (1.2 us of a one-row
+// call's finish, H200). The kernel keeps it in CtaSpace::sink, which the same thread reads in
+// finish_row.
+template <int kGroupHeads = kHeads>
 __device__ __forceinline__ float load_sink(const SparseDecodeProblem& p, int64_t head0, int tid) {
-  return tid < kHeads && p.sink != nullptr && head0 + tid < p.num_heads
+  return tid < kGroupHeads && p.sink != nullptr && head0 + tid < p.num_heads
              ? p.sink[(head0 + tid) * p.sink_stride]
              : 0.0f;
 }
@@ -68,17 +70,19 @@ __device__ __forceinline__ float load_sink(const SparseDecodeProblem& p, int64_t
 // its shared memory, then, across the row's cluster, the row's validity agreed on, the sink added
 // once, lse written and this CTA's column slice of its group's heads finished from every split's
 // partial. `o_half`: which 256 columns of O this thread's accumulators hold (-1: none);
-// `holds_stats`: whether its row_max / row_sum are the CTA's softmax statistics. Every thread of
-// the CTA calls it (it holds CTA and cluster barriers).
-template <int kCtaThreads, bool kThroughWorkspace>
+// `holds_stats`: whether its row_max / row_sum are the CTA's softmax statistics. kGroupHeads:
+// the heads of a group (SparsePlan::group_heads), fewer than 64 only through the workspace. Every
+// thread of the CTA calls it (it holds CTA and cluster barriers).
+template <int kCtaThreads, bool kThroughWorkspace, int kGroupHeads = kHeads>
 __device__ void finish_row(const SparseDecodeProblem& p, const SparsePlan& plan,
                            const CtaSpace& space, int64_t n, int tid, int o_half, bool holds_stats,
                            const float (&o)[128], const float (&row_max)[2], float (&row_sum)[2],
                            bool out_vector) {
   cg::cluster_group cluster = cg::this_cluster();
   const CtaRole role = cta_role<kThroughWorkspace>(plan);
+  static_assert(kGroupHeads == kHeads || kThroughWorkspace, "a cluster combines 64-head groups");
   const int group = role.group, split = role.split;
-  const int64_t head0 = int64_t{group} * kHeads;
+  const int64_t head0 = int64_t{group} * kGroupHeads;
   const int lane = tid % 32;
   const int thread = tid % 128;          // in the warpgroup (wgmma_d_coord)
   const int head_tile = (tid / 32) % 4;  // heads 16 head_tile .. + 15 of the warpgroup's products
@@ -105,13 +109,13 @@ __device__ void finish_row(const SparseDecodeProblem& p, const SparsePlan& plan,
     for (int i = 0; i < 128; ++i)
       nan = nan || isnan(o[i]);
   }
-  if (tid < kHeads && p.sink != nullptr && head0 + tid < p.num_heads) {
+  if (tid < kGroupHeads && p.sink != nullptr && head0 + tid < p.num_heads) {
     const float sink = space.sink[tid];
     nan = nan || isnan(sink) || sink == INFINITY;  // the CPU's NaN results for such a sink
   }
   if (nan) *bad = 1;
   __syncthreads();  // the operand tiles are free for the staging
-  if (o_half >= 0) {
+  if (o_half >= 0 && (kGroupHeads == kHeads || 16 * head_tile < kGroupHeads)) {
 #pragma unroll
     for (int i = 0; i < 128; i += 2) {
       const MatrixCoord at = wgmma_d_coord(thread, i);
@@ -132,20 +136,21 @@ __device__ void finish_row(const SparseDecodeProblem& p, const SparsePlan& plan,
     // sparse_decode_combine_kernel. The cluster (this split's head groups) still meets at the
     // end, since a shared conversion writes into the peer's shared memory.
     __syncthreads();  // the staged O, the statistics and the flag are complete
+    // The group's rows only: smaller groups leave an SM fewer bytes to write.
     const SparseWorkspaceLayout layout =
-        sparse_workspace_layout(p.num_rows, plan.groups, plan.splits);
+        sparse_workspace_layout(p.num_rows, plan.groups, plan.splits, kGroupHeads);
     const int64_t record = sparse_record(n, split, group, plan.splits, plan.groups);
     float4* o_record = reinterpret_cast<float4*>(p.workspace + layout.o_offset) +
-                       record * (kSparseRecordHeads * kSparseRecordColumns / 4);
-    for (int job = tid; job < kHeads * (kHeadDim / 4); job += kCtaThreads) {
+                       record * (kGroupHeads * kSparseRecordColumns / 4);
+    for (int job = tid; job < kGroupHeads * (kHeadDim / 4); job += kCtaThreads) {
       const int h = job / (kHeadDim / 4), quad = job % (kHeadDim / 4);
       o_record[job] = *reinterpret_cast<const float4*>(stage + h * kStageStride + 4 * quad);
     }
     float* stats =
-        reinterpret_cast<float*>(p.workspace + layout.stats_offset) + record * 2 * kHeads;
-    if (tid < kHeads) {
+        reinterpret_cast<float*>(p.workspace + layout.stats_offset) + record * 2 * kGroupHeads;
+    if (tid < kGroupHeads) {
       stats[tid] = stat_m[tid];
-      stats[kHeads + tid] = stat_l[tid];
+      stats[kGroupHeads + tid] = stat_l[tid];
     }
     if (tid == 0) reinterpret_cast<int*>(p.workspace + layout.flags_offset)[record] = *bad;
     cluster.sync();

@@ -27,8 +27,9 @@ using TensorCoreKernel = void (*)(SparseDecodeProblem p, SparsePlan plan, bool q
 
 // Tensor-core kernel (sparse_decode_mma_kernel.cu): a CTA per head group and list split, 8 warps
 // converting a tile and then multiplying it. `wide`: the pools allow 16-byte copies;
-// `through_workspace`: the splits meet in the caller's workspace instead of the row's cluster.
-TensorCoreKernel sparse_decode_mma_instance(bool wide, bool through_workspace);
+// `through_workspace`: the splits meet in the caller's workspace instead of the row's cluster;
+// `group_heads`: the plan's heads a group (64, or 32 or 16 through the workspace).
+TensorCoreKernel sparse_decode_mma_instance(bool wide, bool through_workspace, int group_heads);
 
 // Warp-specialized tensor-core kernel (sparse_decode_pipelined_kernel.cu): a producer warpgroup
 // converts the next tile while two consumer warpgroups multiply this one. `shared_conversion`:
@@ -37,9 +38,10 @@ TensorCoreKernel sparse_decode_pipelined_instance(bool wide, bool shared_convers
                                                   bool through_workspace);
 
 // Combine of the splits a tensor-core kernel left in the workspace
-// (sparse_decode_combine_kernel.cu): a CTA per column slice of a row's head group.
-__global__ void sparse_decode_combine_kernel(SparseDecodeProblem p, SparsePlan plan, int slices,
-                                             bool out_vector);
+// (sparse_decode_combine_kernel.cu): a CTA per column slice of a row's head group, an instance for
+// each size of group (SparsePlan::group_heads).
+using CombineKernel = void (*)(SparseDecodeProblem p, SparsePlan plan, int slices, bool out_vector);
+CombineKernel sparse_decode_combine_instance(int group_heads);
 
 // CUDA-core kernel (sparse_decode_simple_kernel.cu): a CTA per query row, any head count.
 __global__ void sparse_decode_simple_kernel(SparseDecodeProblem p);

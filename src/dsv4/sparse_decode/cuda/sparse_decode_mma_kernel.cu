@@ -1,5 +1,6 @@
 // sparse_decode's tensor-core kernel: one thread-block cluster per query row. Its CTAs are
-// `groups` head groups of 64 heads times `splits` slices of the list (plan_sparse_decode). A CTA
+// `groups` head groups of 64 heads times `splits` slices of the list (plan_sparse_decode); through
+// the workspace groups of 32 or 16 heads where SMs are left over (plan_sparse_fewest_tiles). A CTA
 // walks its slice in tiles of 64 entries: bulk copies (or cp.async, for a pool aligned to 8 bytes
 // only) bring the next tile's stored bytes into shared memory while the current tile, dequantized
 // once to bf16, feeds S = Q E^T and O += P E through Hopper's warpgroup MMA (wgmma.cuh). Two
@@ -229,7 +230,9 @@ __device__ bool dequantize_tile(uint8_t* smem, const int* valid, int tid) {
   return nan_bits != 0;
 }
 
-template <bool kWide, bool kThroughWorkspace>
+// kGroupHeads: the heads of the CTA's group (SparsePlan::group_heads; 32 and 16 only through the
+// workspace), the rest of its 64 query rows zero.
+template <bool kWide, bool kThroughWorkspace, int kGroupHeads>
 __global__ void __launch_bounds__(kSparseThreads, 1)
     sparse_decode_mma_kernel(SparseDecodeProblem p, SparsePlan plan, bool q_vector,
                              bool out_vector) {
@@ -243,7 +246,7 @@ __global__ void __launch_bounds__(kSparseThreads, 1)
   const CtaRole role = cta_role<kThroughWorkspace>(plan);
   const int64_t n = role.n;
   const int group = role.group, split = role.split;
-  const int64_t head0 = int64_t{group} * kHeads;
+  const int64_t head0 = int64_t{group} * kGroupHeads;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int half = warp / 4;     // the warpgroup: its half of S's dims and of O's columns
   const int thread = tid % 128;  // in the warpgroup (wgmma_d_coord)
@@ -270,11 +273,11 @@ __global__ void __launch_bounds__(kSparseThreads, 1)
   // go out first; half the queries fill their round trip; then the tile, then the other half.
   LoadedSlot next_slot;
   if (first < last) next_slot = load_slot_now(p, n, tile_entry(first, warp, lane));
-  const float sink = load_sink(p, head0, tid);
+  const float sink = load_sink<kGroupHeads>(p, head0, tid);
   if (q_async) {
-    copy_queries_async(p, n, head0, shared.q, tid, 0, kEarlyQueryJobs);
+    copy_queries_async<kGroupHeads>(p, n, head0, shared.q, tid, 0, kEarlyQueryJobs);
   } else {
-    load_queries(p, n, head0, false, q_vector, shared.q, bad, tid);
+    load_queries<kGroupHeads>(p, n, head0, false, q_vector, shared.q, bad, tid);
   }
   cp_async_commit();
   if (first < last) {
@@ -283,7 +286,9 @@ __global__ void __launch_bounds__(kSparseThreads, 1)
                       valid + (first & 1) * kTile, warp, lane);
   }
   cp_async_commit();
-  if (q_async) copy_queries_async(p, n, head0, shared.q, tid, kEarlyQueryJobs, kQueryJobs);
+  if (q_async) {
+    copy_queries_async<kGroupHeads>(p, n, head0, shared.q, tid, kEarlyQueryJobs, kQueryJobs);
+  }
   cp_async_commit();
   if (tid < kHeads) shared.sink[tid] = sink;  // read back by the same thread in finish_row
 
@@ -366,17 +371,28 @@ __global__ void __launch_bounds__(kSparseThreads, 1)
   if (q_async && first >= last && !queries_finite(shared.q, tid)) *bad = 1;
   const CtaSpace space{
       reinterpret_cast<float*>(shared.q), stat_m, stat_l, shared.sink, bad, factors};
-  finish_row<kSparseThreads, kThroughWorkspace>(p, plan, space, n, tid, half, half == 0, o, row_max,
-                                                row_sum, out_vector);
+  finish_row<kSparseThreads, kThroughWorkspace, kGroupHeads>(
+      p, plan, space, n, tid, half, half == 0, o, row_max, row_sum, out_vector);
 }
 
 }  // namespace
 
-TensorCoreKernel sparse_decode_mma_instance(bool wide, bool through_workspace) {
-  if (through_workspace) {
-    return wide ? sparse_decode_mma_kernel<true, true> : sparse_decode_mma_kernel<false, true>;
+TensorCoreKernel sparse_decode_mma_instance(bool wide, bool through_workspace, int group_heads) {
+  if (!through_workspace) {
+    return wide ? sparse_decode_mma_kernel<true, false, kHeads>
+                : sparse_decode_mma_kernel<false, false, kHeads>;
   }
-  return wide ? sparse_decode_mma_kernel<true, false> : sparse_decode_mma_kernel<false, false>;
+  switch (group_heads) {
+    case kHeads / 4:
+      return wide ? sparse_decode_mma_kernel<true, true, kHeads / 4>
+                  : sparse_decode_mma_kernel<false, true, kHeads / 4>;
+    case kHeads / 2:
+      return wide ? sparse_decode_mma_kernel<true, true, kHeads / 2>
+                  : sparse_decode_mma_kernel<false, true, kHeads / 2>;
+    default:
+      return wide ? sparse_decode_mma_kernel<true, true, kHeads>
+                  : sparse_decode_mma_kernel<false, true, kHeads>;
+  }
 }
 
 int sparse_decode_mma_shared_bytes() {

@@ -17,8 +17,9 @@ namespace hdk {
 namespace dsv4 {
 namespace detail {
 
-constexpr int kSparseHeadsPerCta = 64;  // 4 head tiles of 16
-constexpr int kSparseTile = 64;         // entries per step of the list
+constexpr int kSparseHeadsPerCta = 64;        // the most heads a CTA takes: 4 head tiles of 16
+constexpr int kSparseFewestHeadsPerCta = 16;  // the fewest: one head tile
+constexpr int kSparseTile = 64;               // entries per step of the list
 constexpr int kSparseMaxCluster = hdk::detail::kPortableClusterSize;
 constexpr int kSparseMaxWideCluster = hdk::detail::kMaxClusterSize;  // where the device runs it
 
@@ -26,12 +27,26 @@ constexpr int kSparseMaxWideCluster = hdk::detail::kMaxClusterSize;  // where th
 // the row's thread-block cluster (distributed shared memory), or, with `through_workspace`, by a
 // second kernel from the caller's workspace: a cluster is then one slice's head groups, so that a
 // row may take more CTAs than a cluster holds.
+// A head group is `group_heads` consecutive heads (64, or 32 or 16 for the fewest tiles through
+// the workspace), the last one cut at Hq. Through the workspace a cluster is one split's head
+// groups where `groups_share_tiles` (the pipelined kernel's shared conversion), else one CTA.
 struct SparsePlan {
   int groups = 1;
   int splits = 1;
   bool through_workspace = false;
+  int group_heads = kSparseHeadsPerCta;
+  bool groups_share_tiles = true;
   HDK_HOST_DEVICE int row_ctas() const { return groups * splits; }
-  HDK_HOST_DEVICE int cluster() const { return through_workspace ? groups : groups * splits; }
+  HDK_HOST_DEVICE int cluster() const {
+    if (!through_workspace) return groups * splits;
+    return groups_share_tiles ? groups : 1;
+  }
+  HDK_HOST_DEVICE int64_t first_head(int group) const { return int64_t{group} * group_heads; }
+  // One past the group's last head of Hq heads.
+  HDK_HOST_DEVICE int64_t end_head(int group, int64_t heads) const {
+    const int64_t end = first_head(group) + group_heads;
+    return end < heads ? end : heads;
+  }
 };
 
 // Whether the tensor-core kernel can serve Hq heads: a multiple of 16 whose head groups fit in
@@ -42,8 +57,8 @@ HDK_HOST_DEVICE bool sparse_mma_supports(int64_t heads) {
 }
 
 // Head groups of 64 for Hq heads, and tiles of a list.
-HDK_HOST_DEVICE int sparse_head_groups(int64_t heads) {
-  return static_cast<int>(hdk::detail::ceil_div(heads, kSparseHeadsPerCta));
+HDK_HOST_DEVICE int sparse_head_groups(int64_t heads, int group_heads = kSparseHeadsPerCta) {
+  return static_cast<int>(hdk::detail::ceil_div(heads, int64_t{group_heads}));
 }
 HDK_HOST_DEVICE int64_t sparse_tiles(int64_t list_length) {
   return hdk::detail::ceil_div(list_length, kSparseTile);
@@ -192,6 +207,12 @@ constexpr int64_t kSparseShortListMaxRowGroups = 8;
 // sparse_decode_cuda.cu takes it where the dispatcher's own choice is the pipelined kernel and
 // the caller gave a workspace. That includes lists of 2 tiles (up to kSparseShortListMaxRowGroups
 // pairs), which the pipelined kernel leaves to the other kernel in a cluster of two.
+// Where SMs are left over, the head groups shrink to 32 or 16 heads while every CTA still fits
+// the wave: a CTA's partial result (its heads x 512 fp32), which leaves an SM at about 57 bytes
+// a nanosecond, and its queries shrink with its heads, while the whole call's partial bytes stay
+// the same (fewer heads a record, more records). Each group's CTA reads and converts the tile
+// (the second reads come from L2), so the CTAs need no cluster: clusters of 4 would not all fit
+// at once (an H100 runs 30 of them, 120 CTAs).
 // through_workspace is false where the plan does not apply.
 HDK_HOST_DEVICE SparsePlan plan_sparse_fewest_tiles(int64_t rows, int64_t heads,
                                                     int64_t list_length, int sm_count) {
@@ -206,8 +227,20 @@ HDK_HOST_DEVICE SparsePlan plan_sparse_fewest_tiles(int64_t rows, int64_t heads,
     if (splits <= most) {
       plan.splits = static_cast<int>(splits);
       plan.through_workspace = true;
-      return plan;
+      break;
     }
+  }
+  if (!plan.through_workspace) return plan;
+  plan.groups_share_tiles = false;
+  for (int group_heads = kSparseHeadsPerCta / 2; group_heads >= kSparseFewestHeadsPerCta;
+       group_heads /= 2) {
+    const int groups = sparse_head_groups(heads, group_heads);
+    if (rows * groups * plan.splits > sm_count ||
+        groups * plan.splits > kSparseMaxWorkspaceRowCtas) {
+      break;
+    }
+    plan.groups = groups;
+    plan.group_heads = group_heads;
   }
   return plan;
 }
