@@ -199,8 +199,14 @@ TEST(SparseDecodePlan, WorkspacePlansFitTheSmsAndTheWorkspace) {
             EXPECT_LE(plan.splits, dsv4::detail::kSparseMaxWorkspaceSplits);
             EXPECT_LE(rows * plan.groups * plan.splits, sm_count);  // one wave
             EXPECT_LE(plan.row_ctas(), dsv4::detail::kSparseMaxWorkspaceRowCtas);
-            EXPECT_GE(tiles / plan.splits, costs.min_tiles_per_split);
-            EXPECT_GE(tiles / plan.splits, dsv4::detail::kSparseWorkspaceMinTiles);
+            // Lists of 32 to 128 tiles split down to 2 tiles a CTA, the others to 4 and the
+            // kernel's own fewest.
+            if (tiles >= 32 && tiles <= 128) {
+              EXPECT_GE(tiles / plan.splits, 2);
+            } else {
+              EXPECT_GE(tiles / plan.splits, costs.min_tiles_per_split);
+              EXPECT_GE(tiles / plan.splits, dsv4::detail::kSparseWorkspaceMinTiles);
+            }
             EXPECT_EQ(plan.cluster(), plan.groups);
             EXPECT_LE(dsv4::detail::sparse_workspace_layout(rows, plan.groups, plan.splits).bytes,
                       promise);
@@ -220,11 +226,17 @@ TEST(SparseDecodePlan, WorkspacePlansFitTheSmsAndTheWorkspace) {
   EXPECT_EQ(layout.flags_offset % 256, 0);
   EXPECT_GE(layout.flags_offset, layout.stats_offset + 30 * 128 * 4);
   EXPECT_GE(layout.bytes, layout.flags_offset + 30 * 4);
-  // Rows of one SM each take no workspace; a lone Flash HCA row of 66 tiles takes 16 splits of
-  // 4 tiles, as do eight rows of it (128 CTAs), nine rows 14.
+  // Rows of one SM each take no workspace; a lone Flash HCA row of 66 tiles takes 33 splits of
+  // 2 tiles (its list is one of 32-128 tiles), eight rows of it 16 (128 CTAs), nine rows 14; a
+  // Pro CSA row of 18 tiles stops at 4 tiles a split (4 splits at 8 rows), one of 130 tiles too
+  // (32 splits).
   EXPECT_EQ(dsv4::detail::sparse_workspace_bytes(132, 64, 640, 132), 0);
   EXPECT_EQ(dsv4::detail::plan_sparse_workspace(1, 64, 4224, 132, kSparsePipelinedCosts).splits,
-            16);
+            33);
+  EXPECT_EQ(dsv4::detail::plan_sparse_workspace(8, 128, 1152, 132, kSparsePipelinedCosts).splits,
+            4);
+  EXPECT_EQ(dsv4::detail::plan_sparse_workspace(1, 64, 8320, 132, kSparsePipelinedCosts).splits,
+            32);
   EXPECT_EQ(dsv4::detail::plan_sparse_workspace(8, 64, 4224, 132, kSparsePipelinedCosts).splits,
             16);
   EXPECT_EQ(dsv4::detail::plan_sparse_workspace(9, 64, 4224, 132, kSparsePipelinedCosts).splits,

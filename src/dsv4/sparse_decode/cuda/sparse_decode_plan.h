@@ -160,19 +160,33 @@ HDK_HOST_DEVICE int64_t sparse_plan_steps(const SparsePlan& plan, int64_t rows, 
 // more than they save (H200: Flash HCA N = 1 in 64 one-tile splits 51.3 us against 34.4 in one
 // cluster of 16; 16 splits of 4 tiles at N = 8 37.0 against 42.0).
 constexpr int64_t kSparseWorkspaceMinTiles = 4;
+// Except for lists of 32 to 128 tiles (HCA lists of 2176 and 4224 entries), whose rows a cluster
+// or 4-tile splits leave on a fraction of the SMs: there splits of 2 tiles or more. H200, against
+// the rule above in one run: Flash HCA (66 tiles) N = 5 and 6 in 22-26 splits 1.09-1.11x warm,
+// 1.11-1.16x with the instruction caches flushed; the decode step's HCA layer at context 262144
+// (34 tiles) Pro N = 4 and 5 1.10-1.14x, Flash N = 10 and 11 1.08-1.09x. Not for the CSA lists
+// (10 and 18 tiles): Pro CSA N = 9..11 in 6-7 splits 0.90-0.91x warm; nor beyond 128 tiles,
+// where rows of 8320 entries in up to 64 splits read 0.96-1.03x.
+constexpr int64_t kSparseWorkspaceShortSplitsMinListTiles = 32;
+constexpr int64_t kSparseWorkspaceShortSplitsMaxListTiles = 128;
+constexpr int64_t kSparseWorkspaceShortSplitTiles = 2;
 
 // Splits through the workspace: as many as fill the SMs once (sparse_workspace_max_splits), but
 // none that leaves a CTA fewer than kSparseWorkspaceMinTiles tiles or the kernel's
-// `min_tiles_per_split`; through_workspace is false where that is one split.
+// `min_tiles_per_split` (2 tiles for lists of 32 to 128 tiles); through_workspace is false where
+// that is one split.
 HDK_HOST_DEVICE SparsePlan plan_sparse_workspace(int64_t rows, int64_t heads, int64_t list_length,
                                                  int sm_count, SparseKernelCosts costs) {
   SparsePlan plan;
   plan.groups = sparse_head_groups(heads);
   const int64_t tiles = sparse_tiles(list_length);
   int64_t splits = sparse_workspace_max_splits(rows, plan.groups, tiles, sm_count);
-  const int64_t min_tiles = costs.min_tiles_per_split > kSparseWorkspaceMinTiles
-                                ? costs.min_tiles_per_split
-                                : kSparseWorkspaceMinTiles;
+  const bool short_splits = tiles >= kSparseWorkspaceShortSplitsMinListTiles &&
+                            tiles <= kSparseWorkspaceShortSplitsMaxListTiles;
+  const int64_t min_tiles = short_splits ? kSparseWorkspaceShortSplitTiles
+                                         : (costs.min_tiles_per_split > kSparseWorkspaceMinTiles
+                                                ? costs.min_tiles_per_split
+                                                : kSparseWorkspaceMinTiles);
   const int64_t by_length = tiles / min_tiles;
   if (splits > by_length) splits = by_length;
   plan.splits = splits > 1 ? static_cast<int>(splits) : 1;
