@@ -56,7 +56,7 @@ HDK_HOST_DEVICE bool sparse_mma_supports(int64_t heads) {
          hdk::detail::ceil_div(heads, kSparseHeadsPerCta) <= kSparseMaxCluster;
 }
 
-// Head groups of 64 for Hq heads, and tiles of a list.
+// Head groups of `group_heads` (64 unless given) for Hq heads, and tiles of a list.
 HDK_HOST_DEVICE int sparse_head_groups(int64_t heads, int group_heads = kSparseHeadsPerCta) {
   return static_cast<int>(hdk::detail::ceil_div(heads, int64_t{group_heads}));
 }
@@ -162,9 +162,9 @@ HDK_HOST_DEVICE int64_t sparse_plan_steps(const SparsePlan& plan, int64_t rows, 
 constexpr int64_t kSparseWorkspaceMinTiles = 4;
 // Except for lists of 32 to 128 tiles (HCA lists of 2176 and 4224 entries), whose rows a cluster
 // or 4-tile splits leave on a fraction of the SMs: there splits of 2 tiles or more. H200, against
-// the rule above in one run: Flash HCA (66 tiles) N = 5 and 6 in 22-26 splits 1.09-1.11x warm,
+// the rule above in one run: Flash HCA (66 tiles) N = 5 and 6 in 22-26 splits 1.09-1.12x warm,
 // 1.11-1.16x with the instruction caches flushed; the decode step's HCA layer at context 262144
-// (34 tiles) Pro N = 4 and 5 1.10-1.14x, Flash N = 10 and 11 1.08-1.09x. Not for the CSA lists
+// (34 tiles) Pro N = 4 and 5 1.11-1.15x, Flash N = 10 and 11 1.07-1.08x. Not for the CSA lists
 // (10 and 18 tiles): Pro CSA N = 9..11 in 6-7 splits 0.90-0.91x warm; nor beyond 128 tiles,
 // where rows of 8320 entries in up to 64 splits read 0.96-1.03x.
 constexpr int64_t kSparseWorkspaceShortSplitsMinListTiles = 32;
