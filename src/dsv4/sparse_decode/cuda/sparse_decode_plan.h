@@ -17,9 +17,12 @@ namespace hdk {
 namespace dsv4 {
 namespace detail {
 
-constexpr int kSparseHeadsPerCta = 64;        // the most heads a CTA takes: 4 head tiles of 16
-constexpr int kSparseFewestHeadsPerCta = 16;  // the fewest: one head tile
-constexpr int kSparseTile = 64;               // entries per step of the list
+// The most heads a CTA takes (4 head tiles of 16) and the fewest (one head tile): the range of a
+// workspace record's heads (attention_workspace.h), whose size function covers every group size.
+constexpr int kSparseHeadsPerCta = kSparseRecordHeads;
+constexpr int kSparseFewestHeadsPerCta = kSparseRecordFewestHeads;
+static_assert(kSparseHeadsPerCta == 64 && kSparseFewestHeadsPerCta == 16, "wgmma's M, one tile");
+constexpr int kSparseTile = 64;  // entries per step of the list
 constexpr int kSparseMaxCluster = hdk::detail::kPortableClusterSize;
 constexpr int kSparseMaxWideCluster = hdk::detail::kMaxClusterSize;  // where the device runs it
 
