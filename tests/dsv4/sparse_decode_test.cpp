@@ -39,6 +39,7 @@
 
 #include "dsv4/attention/attention_validation.h"
 #include "dsv4/sparse_decode/cuda/sparse_decode_cuda.h"
+#include "dsv4/sparse_decode/cuda/sparse_decode_kernels.cuh"
 #endif
 
 namespace hdk {
@@ -1169,6 +1170,32 @@ TEST(SparseDecodeCuda, WorkspaceContentsDoNotMatterAndTooSmallIsAnError) {
     buffers[6].download(after.data(), after.size());
     EXPECT_EQ(after, poison);
   }
+}
+
+// The kernels' instances exist for the group sizes the plan makes (64 heads; 32 and 16 through
+// the workspace); any other size is an error naming it, not another size's kernel. Host code
+// only: no device needed.
+TEST(SparseDecodeCuda, InstancesRefuseGroupSizesThePlanNeverMakes) {
+  using dsv4::detail::sparse_decode_combine_instance;
+  using dsv4::detail::sparse_decode_mma_instance;
+  for (const bool wide : {false, true}) {
+    for (const int heads : {16, 32, 64}) {
+      EXPECT_NE(sparse_decode_mma_instance(wide, true, heads), nullptr);
+      EXPECT_NE(sparse_decode_combine_instance(heads), nullptr);
+    }
+    EXPECT_NE(sparse_decode_mma_instance(wide, false, 64), nullptr);
+    expect_error([&] { sparse_decode_mma_instance(wide, true, 48); },
+                 "no tensor-core instance for groups of 48 heads through the workspace");
+    expect_error([&] { sparse_decode_mma_instance(wide, true, 128); },
+                 "no tensor-core instance for groups of 128 heads");
+    expect_error([&] { sparse_decode_mma_instance(wide, false, 32); },
+                 "no tensor-core instance for groups of 32 heads in a cluster");
+  }
+  expect_error([] { sparse_decode_combine_instance(8); },
+               "no combine instance for groups of 8 heads");
+  // Distinct sizes are distinct kernels.
+  EXPECT_NE(sparse_decode_mma_instance(true, true, 16), sparse_decode_mma_instance(true, true, 64));
+  EXPECT_NE(sparse_decode_combine_instance(32), sparse_decode_combine_instance(64));
 }
 
 // The dispatcher with a workspace: a few rows take one tile a CTA (two where one tile a CTA

@@ -20,6 +20,7 @@
 
 #include <algorithm>
 
+#include "core/cuda/cluster_barrier.cuh"
 #include "core/cuda/gate_mma.cuh"
 #include "core/cuda_helpers.h"
 #include "dsv4/router/cuda/router_launch.h"
@@ -77,7 +78,7 @@ __global__ void __launch_bounds__(kThreads, 2) gate_gemm_kernel(GemmArgs args) {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   // A CTA may store into a peer's shared memory only once the peer runs: announce this CTA now
   // and wait for the others just before the first remote store, long after the loads.
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+  hdk::detail::cluster_arrive_relaxed();
 
   cg::cluster_group cluster = cg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank());
@@ -163,7 +164,7 @@ __global__ void __launch_bounds__(kThreads, 2) gate_gemm_kernel(GemmArgs args) {
         make_float2(acc[j][2], acc[j][3]);
   }
   __syncthreads();
-  asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");  // every peer runs now
+  hdk::detail::cluster_wait();  // every peer runs now
 
   // Sum the D groups in order; entry i goes to CTA i / kSegment, which finishes it.
   const float* flat = &partial[0][0][0][0];

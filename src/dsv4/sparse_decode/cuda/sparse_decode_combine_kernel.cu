@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string>
 
 #include "core/cuda/count_invalid.cuh"
 #include "core/cuda/dependent_launch.cuh"
@@ -15,6 +16,7 @@
 #include "dsv4/sparse_decode/cuda/sparse_decode_kernels.cuh"
 #include "dsv4/sparse_decode/cuda/sparse_decode_plan.h"
 #include "hdk/dsv4/kv_cache.h"
+#include "hdk/error.h"
 
 namespace hdk {
 namespace dsv4 {
@@ -188,8 +190,11 @@ CombineKernel sparse_decode_combine_instance(int group_heads) {
       return sparse_decode_combine_kernel<kHeads / 4>;
     case kHeads / 2:
       return sparse_decode_combine_kernel<kHeads / 2>;
-    default:
+    case kHeads:
       return sparse_decode_combine_kernel<kHeads>;
+    default:
+      throw Error("hdk::dsv4::sparse_decode: no combine instance for groups of " +
+                  std::to_string(group_heads) + " heads (the plan makes 64, 32 or 16)");
   }
 }
 

@@ -28,7 +28,8 @@ using TensorCoreKernel = void (*)(SparseDecodeProblem p, SparsePlan plan, bool q
 // Tensor-core kernel (sparse_decode_mma_kernel.cu): a CTA per head group and list split, 8 warps
 // converting a tile and then multiplying it. `wide`: the pools allow 16-byte copies;
 // `through_workspace`: the splits meet in the caller's workspace instead of the row's cluster;
-// `group_heads`: the plan's heads a group (64, or 32 or 16 through the workspace).
+// `group_heads`: the plan's heads a group (64, or 32 or 16 through the workspace; any other is
+// an hdk::Error).
 TensorCoreKernel sparse_decode_mma_instance(bool wide, bool through_workspace, int group_heads);
 
 // Warp-specialized tensor-core kernel (sparse_decode_pipelined_kernel.cu): a producer warpgroup
@@ -39,7 +40,7 @@ TensorCoreKernel sparse_decode_pipelined_instance(bool wide, bool shared_convers
 
 // Combine of the splits a tensor-core kernel left in the workspace
 // (sparse_decode_combine_kernel.cu): a CTA per column slice of a row's head group, an instance for
-// each size of group (SparsePlan::group_heads).
+// each size of group (SparsePlan::group_heads: 64, 32 or 16; any other is an hdk::Error).
 using CombineKernel = void (*)(SparseDecodeProblem p, SparsePlan plan, int slices, bool out_vector);
 CombineKernel sparse_decode_combine_instance(int group_heads);
 

@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "core/cuda/async_copy.cuh"
 #include "core/cuda/dependent_launch.cuh"
@@ -33,6 +34,7 @@
 #include "dsv4/sparse_decode/cuda/sparse_decode_plan.h"
 #include "hdk/dsv4/kv_cache.h"
 #include "hdk/dtype.h"
+#include "hdk/error.h"
 
 namespace hdk {
 namespace dsv4 {
@@ -378,6 +380,10 @@ __global__ void __launch_bounds__(kSparseThreads, 1)
 }  // namespace
 
 TensorCoreKernel sparse_decode_mma_instance(bool wide, bool through_workspace, int group_heads) {
+  if (!through_workspace && group_heads != kHeads) {
+    throw Error("hdk::dsv4::sparse_decode: no tensor-core instance for groups of " +
+                std::to_string(group_heads) + " heads in a cluster (the plan makes 64 there)");
+  }
   if (!through_workspace) {
     return wide ? sparse_decode_mma_kernel<true, false, kHeads>
                 : sparse_decode_mma_kernel<false, false, kHeads>;
@@ -389,9 +395,13 @@ TensorCoreKernel sparse_decode_mma_instance(bool wide, bool through_workspace, i
     case kHeads / 2:
       return wide ? sparse_decode_mma_kernel<true, true, kHeads / 2>
                   : sparse_decode_mma_kernel<false, true, kHeads / 2>;
-    default:
+    case kHeads:
       return wide ? sparse_decode_mma_kernel<true, true, kHeads>
                   : sparse_decode_mma_kernel<false, true, kHeads>;
+    default:
+      throw Error("hdk::dsv4::sparse_decode: no tensor-core instance for groups of " +
+                  std::to_string(group_heads) +
+                  " heads through the workspace (the plan makes 64, 32 or 16)");
   }
 }
 
