@@ -271,13 +271,14 @@ inline size_t index_key_ring_bytes(IndexQueryForm form, bool tensor, int64_t num
   return 0;
 }
 
-// Rows of up to this many entries are selected by one CTA each (cta_select, 1024 threads)
+// Rows of up to this many entries are selected by one CTA each (cta_select, kCtaSelectThreads)
 // instead of a cluster, except rows of more than kIndexCtaSelectRingEntries whose keys stream
 // through the key ring (E4M3), 1-4 at a time. Against the clusters (H200, one device call, two
 // rounds, top 512 and 1024, 1-64 rows through the workspace): 2048 keys a row 1.03-1.16x; 16384
 // keys 1.01-1.05x (MXFP4 keys, bf16 q), 1.02-1.07x (packed MXFP4 q), E4M3 keys 0.99-1.06x from
 // 8 rows but 0.97-0.99x at 1-4 rows; rows of 8192 keys 1.02-1.17x and of 32768 0.86-0.93x in an
-// earlier run, where one SM's passes over the keys cost more than the cluster's fixed time.
+// earlier run, where one SM's passes over the keys cost more than the cluster's fixed time
+// (measured at 1024 threads a CTA; 512 since, 1.03-1.10x faster).
 constexpr int64_t kIndexCtaSelectMaxEntries = 16384;
 constexpr int64_t kIndexCtaSelectRingEntries = 8192;
 inline bool index_select_in_one_cta(int64_t num_rows, int64_t capacity, bool key_ring) {

@@ -1,7 +1,8 @@
 // The select of a row that one CTA holds whole in its shared memory: cluster_select.cuh's steps
 // with no cluster and no leader, for rows short enough that one SM's pass over them costs less
 // than a cluster's fixed time (cluster barriers, round trips through distributed shared memory,
-// the leader's appends). With 1024 threads a pass over 16384 keys is 4 quads a thread.
+// the leader's appends). With 512 threads (index_topk's) a pass over 16384 keys is 8 quads a
+// thread.
 //  1. Levels over the whole row: the digit of the entries that match the prefix chosen so far is
 //     counted into one of two histograms (the other is zeroed meanwhile), and the bin of the
 //     entry of rank `need` joins the prefix. Digits of 11, 11 and 10 bits cover the key in 32-bit

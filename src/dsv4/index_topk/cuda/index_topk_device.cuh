@@ -43,9 +43,13 @@ constexpr int kThreads = 256;
 // E4M3 keys 243.3 -> 229.0 us), ties at 2048 keys; 32 warps (64 registers, 92 bytes of spill):
 // 0.85-0.93x at 2048 keys.
 constexpr int kSelectThreads = 512;
-// A row alone in one select CTA (IndexWorkspacePlan::select_in_one_cta) gets 32 warps: its CTA
-// is the row's only SM, and a pass over 16384 keys is then 4 quads of keys a thread.
-constexpr int kCtaSelectThreads = 1024;
+// A row alone in one select CTA (IndexWorkspacePlan::select_in_one_cta) gets 16 warps too (56
+// registers): a pass over 16384 keys is 8 quads of keys a thread. Against 32 warps (H200, one
+// device call, two rounds, E4M3 and MXFP4 keys, 1-16 rows of 2048-16384 keys, top 512 and 1024):
+// 1.03-1.10x in every cell with the instruction caches warm (one Flash row of 2048 E4M3 keys
+// 18.7 -> 16.9 us), 1.03-1.09x with them flushed but for one or two MXFP4 rows of 2048-8192 keys
+// (0.96-0.99x, where the call takes 27-32 us with its code fetched cold); 8 warps 0.86-1.08x.
+constexpr int kCtaSelectThreads = 512;
 constexpr int kWarps = kThreads / 32;
 constexpr int kTilesPerWarp = 2;  // 8-entry tiles per warp per query fragment read
 constexpr unsigned kFullMask = 0xffffffffu;
