@@ -369,8 +369,7 @@ void check_workspace_plan(const Call& c, const hdk::detail::ResidentClusterCount
   }
   // A CTA a row where the rule allows it (the grid's top_k leave room for a whole row): the
   // cluster of 1 holds every key of the row.
-  ASSERT_EQ(plan.select_in_one_cta,
-            index_select_in_one_cta(plan.rows_per_launch, c.capacity, c.key_ring > 0));
+  ASSERT_EQ(plan.select_in_one_cta, index_select_in_one_cta(c.capacity));
   if (plan.select_in_one_cta) {
     ASSERT_LE(c.capacity, kIndexCtaSelectMaxEntries);
     ASSERT_EQ(C, 1);
@@ -515,8 +514,7 @@ TEST(IndexWorkspacePlan, WholePageTilesNeedAlignedPagesOfSixtyFourEntries) {
 }
 
 // The select of a row through the workspace runs in one CTA up to 16384 keys (the measured
-// shapes), except rows streamed through the key ring beyond 8192 keys, 1-4 at a time; clusters
-// beyond.
+// shapes), whether or not its keys stream through the key ring; clusters beyond.
 TEST(IndexWorkspacePlan, ShortRowsSelectInOneCta) {
   auto alone = [&](int64_t rows, int64_t capacity, size_t ring) {
     const IndexLaunchPlan cluster =
@@ -536,10 +534,12 @@ TEST(IndexWorkspacePlan, ShortRowsSelectInOneCta) {
   }
   EXPECT_TRUE(alone(1, 16384, 0));
   EXPECT_TRUE(alone(4, 16384, 0));
-  EXPECT_FALSE(alone(1, 16384, kE4m3Ring));
-  EXPECT_FALSE(alone(4, 16384, kE4m3Ring));
+  EXPECT_TRUE(alone(1, 16384, kE4m3Ring));
+  EXPECT_TRUE(alone(4, 16384, kE4m3Ring));
   EXPECT_TRUE(alone(8, 16384, kE4m3Ring));
   EXPECT_TRUE(alone(64, 16384, kE4m3Ring));
+  EXPECT_FALSE(alone(1, 32768, kE4m3Ring));
+  EXPECT_FALSE(alone(4, 32768, 0));
 }
 
 // MXFP4 keys with the packed query take the key ring for rows of 16384 entries and more, from 8

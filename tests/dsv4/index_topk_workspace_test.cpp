@@ -481,8 +481,9 @@ void a_bad_block_in_any_share_invalidates_its_row(IndexBackend backend) {
 // Rows of up to kIndexCtaSelectMaxEntries entries through the workspace are selected by one CTA
 // each (cta_select): rows where the first levels decide, rows whose keys all tie (the levels
 // reach the columns' bits), NaN scores, rows of exactly top_k entries and shorter (the whole row
-// wanted) and empty ones, top_k from 1 to 2048. The one launch's bytes, whatever the workspace
-// held, and the float64 reference.
+// wanted) and empty ones, top_k from 1 to 2048; MXFP4 keys with the exact q, and E4M3 keys with
+// the E4M3 q, whose rows of more than 8192 keys stream through the key ring. The one launch's
+// bytes, whatever the workspace held, and the float64 reference.
 void one_cta_select_equals_the_one_launch_path_and_the_reference(IndexBackend backend) {
   struct Shape {
     std::vector<int64_t> counts;
@@ -502,25 +503,31 @@ void one_cta_select_equals_the_one_launch_path_and_the_reference(IndexBackend ba
       {{16300, 12000, 1}, 1024, 0, true},
   };
   uint64_t seed = 970;
-  for (const Shape& shape : shapes) {
-    IndexCase c;
-    c.counts = shape.counts;
-    c.top_k = shape.top_k;
-    c.distinct_keys = shape.distinct_keys;
-    c.seed = seed++;
-    SCOPED_TRACE(c.describe() + " on " + index_backend_name(backend));
-    IndexInputs in = make_index_inputs(c);
-    if (shape.nan_key) store_nan_key(c, in, 0, c.counts[0] / 2);
-    const Outputs one_launch = run_on_cuda(c, in, backend, nullptr);
-    dsv4::detail::IndexLaunchReport report;
-    const Workspace poisoned{workspace_bytes_for(in, c), seed};
-    const Outputs through = run_on_cuda(c, in, backend, &poisoned, nullptr, &report);
-    ASSERT_GT(report.segments, 0) << "few rows of these lengths spread over the SMs";
-    EXPECT_TRUE(report.select_in_one_cta);
-    EXPECT_EQ(report.cluster_size, 1);
-    expect_same_bytes(through, one_launch, "one-CTA select against no workspace");
-    EXPECT_EQ(check_against_reference(c, in, in, through, index_tolerance(backend, c)), 0);
-    EXPECT_EQ(read_counter(through.counter, DType::kInt32), 3);
+  for (const bool e4m3 : {false, true}) {
+    for (const Shape& shape : shapes) {
+      IndexCase c;
+      if (e4m3) {
+        c.q_form = IndexQuery::kE4M3;
+        c.format = KeyFormat::kFP8;
+      }
+      c.counts = shape.counts;
+      c.top_k = shape.top_k;
+      c.distinct_keys = shape.distinct_keys;
+      c.seed = seed++;
+      SCOPED_TRACE(c.describe() + " on " + index_backend_name(backend));
+      IndexInputs in = make_index_inputs(c);
+      if (shape.nan_key) store_nan_key(c, in, 0, c.counts[0] / 2);
+      const Outputs one_launch = run_on_cuda(c, in, backend, nullptr);
+      dsv4::detail::IndexLaunchReport report;
+      const Workspace poisoned{workspace_bytes_for(in, c), seed};
+      const Outputs through = run_on_cuda(c, in, backend, &poisoned, nullptr, &report);
+      ASSERT_GT(report.segments, 0) << "few rows of these lengths spread over the SMs";
+      EXPECT_TRUE(report.select_in_one_cta);
+      EXPECT_EQ(report.cluster_size, 1);
+      expect_same_bytes(through, one_launch, "one-CTA select against no workspace");
+      EXPECT_EQ(check_against_reference(c, in, in, through, index_tolerance(backend, c)), 0);
+      EXPECT_EQ(read_counter(through.counter, DType::kInt32), 3);
+    }
   }
 }
 

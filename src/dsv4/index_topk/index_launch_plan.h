@@ -272,18 +272,17 @@ inline size_t index_key_ring_bytes(IndexQueryForm form, bool tensor, int64_t num
 }
 
 // Rows of up to this many entries are selected by one CTA each (cta_select, kCtaSelectThreads)
-// instead of a cluster, except rows of more than kIndexCtaSelectRingEntries whose keys stream
-// through the key ring (E4M3), 1-4 at a time. Against the clusters (H200, one device call, two
-// rounds, top 512 and 1024, 1-64 rows through the workspace): 2048 keys a row 1.03-1.16x; 16384
-// keys 1.01-1.05x (MXFP4 keys, bf16 q), 1.02-1.07x (packed MXFP4 q), E4M3 keys 0.99-1.06x from
-// 8 rows but 0.97-0.99x at 1-4 rows; rows of 8192 keys 1.02-1.17x and of 32768 0.86-0.93x in an
-// earlier run, where one SM's passes over the keys cost more than the cluster's fixed time
-// (measured at 1024 threads a CTA; 512 since, 1.03-1.10x faster).
+// instead of a cluster. Against the clusters (H200, one device call, two rounds, top 512 and 1024,
+// 1-64 rows through the workspace, 1024 threads a CTA): 2048 keys a row 1.03-1.16x; 16384 keys
+// 1.01-1.05x (MXFP4 keys, bf16 q), 1.02-1.07x (packed MXFP4 q), E4M3 keys 0.99-1.06x from 8 rows;
+// rows of 8192 keys 1.02-1.17x in an earlier run. At 512 threads a CTA (1.03-1.10x faster than
+// 1024), H200, two rounds: E4M3 rows of 16384 keys streamed 1-4 at a time 1.05-1.12x with the
+// instruction caches flushed (one Flash row 26.3 -> 23.6 us), a tie (0.996-1.011x) with them warm,
+// where they had kept the clusters at 1024 threads (0.97-0.99x); rows of 32768 keys 0.86-0.95x,
+// one SM's passes over the keys costing more than the cluster's fixed time.
 constexpr int64_t kIndexCtaSelectMaxEntries = 16384;
-constexpr int64_t kIndexCtaSelectRingEntries = 8192;
-inline bool index_select_in_one_cta(int64_t num_rows, int64_t capacity, bool key_ring) {
-  if (capacity > kIndexCtaSelectMaxEntries) return false;
-  return !key_ring || num_rows > 4 || capacity <= kIndexCtaSelectRingEntries;
+inline bool index_select_in_one_cta(int64_t capacity) {
+  return capacity <= kIndexCtaSelectMaxEntries;
 }
 
 struct IndexWorkspacePlan {
@@ -373,7 +372,7 @@ inline IndexWorkspacePlan plan_index_workspace(
     return plan_index_launch(plan.rows_per_launch, 1, capacity, top_k, true, false, sm_count,
                              shared_limit, select_clusters, spread);
   };
-  if (index_select_in_one_cta(plan.rows_per_launch, capacity, key_ring_bytes > 0)) {
+  if (index_select_in_one_cta(capacity)) {
     plan.select = plan_select(false);
     plan.select_in_one_cta = plan.select.cluster_size == 1 && plan.select.launch.chunk >= capacity;
   }
