@@ -1,7 +1,7 @@
 // The thread-block cluster's hardware barrier in two halves (barrier.cluster, sm_90): a thread
-// arrives, goes on with work that needs no peer, and waits only where it does. Every thread of
-// every CTA of the cluster arrives once before any waits for that phase (the .aligned forms: the
-// whole warp executes each call together).
+// arrives, goes on with work that needs no peer, and waits only where it does; the wait returns
+// once every thread of every CTA of the cluster has arrived, and a thread waits before it arrives
+// again. The .aligned forms: every thread of the warp executes each call together.
 #pragma once
 
 namespace hdk {
