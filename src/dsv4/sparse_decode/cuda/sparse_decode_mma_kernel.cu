@@ -380,29 +380,29 @@ __global__ void __launch_bounds__(kSparseThreads, 1)
 }  // namespace
 
 TensorCoreKernel sparse_decode_mma_instance(bool wide, bool through_workspace, int group_heads) {
-  if (!through_workspace && group_heads != kHeads) {
-    throw Error("hdk::dsv4::sparse_decode: no tensor-core instance for groups of " +
-                std::to_string(group_heads) + " heads in a cluster (the plan makes 64 there)");
-  }
-  if (!through_workspace) {
+  if (!through_workspace && group_heads == kHeads) {
     return wide ? sparse_decode_mma_kernel<true, false, kHeads>
                 : sparse_decode_mma_kernel<false, false, kHeads>;
   }
-  switch (group_heads) {
-    case kHeads / 4:
-      return wide ? sparse_decode_mma_kernel<true, true, kHeads / 4>
-                  : sparse_decode_mma_kernel<false, true, kHeads / 4>;
-    case kHeads / 2:
-      return wide ? sparse_decode_mma_kernel<true, true, kHeads / 2>
-                  : sparse_decode_mma_kernel<false, true, kHeads / 2>;
-    case kHeads:
-      return wide ? sparse_decode_mma_kernel<true, true, kHeads>
-                  : sparse_decode_mma_kernel<false, true, kHeads>;
-    default:
-      throw Error("hdk::dsv4::sparse_decode: no tensor-core instance for groups of " +
-                  std::to_string(group_heads) +
-                  " heads through the workspace (the plan makes 64, 32 or 16)");
+  if (through_workspace) {
+    switch (group_heads) {
+      case kHeads / 4:
+        return wide ? sparse_decode_mma_kernel<true, true, kHeads / 4>
+                    : sparse_decode_mma_kernel<false, true, kHeads / 4>;
+      case kHeads / 2:
+        return wide ? sparse_decode_mma_kernel<true, true, kHeads / 2>
+                    : sparse_decode_mma_kernel<false, true, kHeads / 2>;
+      case kHeads:
+        return wide ? sparse_decode_mma_kernel<true, true, kHeads>
+                    : sparse_decode_mma_kernel<false, true, kHeads>;
+      default:
+        break;
+    }
   }
+  throw Error("hdk::dsv4::sparse_decode: no tensor-core instance for groups of " +
+              std::to_string(group_heads) + " heads " +
+              (through_workspace ? "through the workspace (the plan makes 64, 32 or 16)"
+                                 : "in a cluster (the plan makes 64 there)"));
 }
 
 int sparse_decode_mma_shared_bytes() {
