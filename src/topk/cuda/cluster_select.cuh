@@ -27,6 +27,7 @@
 
 #include "core/resident_clusters.h"
 #include "topk/select_layout.h"
+#include "topk/split_bounds.h"
 #include "topk/topk_key.h"
 
 namespace hdk {
@@ -74,11 +75,6 @@ struct Digit {
 __device__ __forceinline__ Digit digit_after(int prefix_bits) {
   const int width = 64 - prefix_bits < kDigitBits ? 64 - prefix_bits : kDigitBits;
   return Digit{width, 64 - prefix_bits - width};
-}
-
-// The entry's top `bits` bits (bits > 0).
-__device__ __forceinline__ uint64_t top_bits(uint64_t entry, int bits) {
-  return entry >> (64 - bits);
 }
 
 // Adds one to counts[bin] for every lane with `counted`; all 32 lanes call it. A warp whose 32
@@ -499,15 +495,16 @@ __device__ bool cluster_select(uint8_t* shared, int sort_capacity, int64_t want,
   unsigned int* leader_candidates = cluster.map_shared_rank(&control->candidates, 0);
   uint64_t* leader_sorted = cluster.map_shared_rank(sorted, 0);
   uint64_t* leader_candidate = cluster.map_shared_rank(candidate, 0);
+  const SplitBounds bounds(prefix, prefix_bits, done, select_all);
   // The entry's verdict is written out in both forms below: shared through a lambda, the
   // one-round form compiled to other code than the one hdk::topk was measured and tested with.
   if constexpr (kAppendBatch == 1) {
     for_each_entry(select_all, [&](uint32_t key, uint32_t column, bool in_range) {
-      const uint64_t entry = ranked_entry(key, column);
-      const uint64_t top = select_all ? 0 : top_bits(entry, prefix_bits);
-      const bool win = in_range && (select_all || top > prefix || (done && top == prefix));
-      const bool maybe = in_range && !done && top == prefix;
+      const SplitVerdict verdict = bounds.of(key, column);
+      const bool win = in_range && verdict.win;
+      const bool maybe = in_range && verdict.maybe;
       if (__ballot_sync(kFullMask, win || maybe) == 0) return;  // most warps, most of the time
+      const uint64_t entry = ranked_entry(key, column);
       warp_append(leader_sorted, leader_winners, win, entry, lane);
       warp_append(leader_candidate, leader_candidates, maybe, entry, lane);
     });
@@ -522,11 +519,11 @@ __device__ bool cluster_select(uint8_t* shared, int sort_capacity, int64_t want,
       pending.filled = 0;
     };
     for_each_entry(select_all, [&](uint32_t key, uint32_t column, bool in_range) {
-      const uint64_t entry = ranked_entry(key, column);
-      const uint64_t top = select_all ? 0 : top_bits(entry, prefix_bits);
-      const bool win = in_range && (select_all || top > prefix || (done && top == prefix));
-      const bool maybe = in_range && !done && top == prefix;
+      const SplitVerdict verdict = bounds.of(key, column);
+      const bool win = in_range && verdict.win;
+      const bool maybe = in_range && verdict.maybe;
       if (__ballot_sync(kFullMask, win || maybe) == 0) return;  // most warps, most of the time
+      const uint64_t entry = ranked_entry(key, column);
 #pragma unroll
       for (int j = 0; j < kAppendBatch; ++j) {
         if (j == pending.filled) {

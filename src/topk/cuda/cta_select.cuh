@@ -21,6 +21,7 @@
 
 #include "topk/cuda/cluster_select.cuh"
 #include "topk/select_layout.h"
+#include "topk/split_bounds.h"
 #include "topk/topk_key.h"
 
 namespace hdk {
@@ -137,13 +138,11 @@ __device__ void cta_select(uint8_t* shared, int sort_capacity, const uint32_t* k
   // one counter.
   uint32_t winners = 0, candidates = 0;
   {
-    // The comparison in 32-bit arithmetic unless the prefix reaches into the columns (keys
-    // that tie through 32 bits). One compact loop: a form unrolled for each kind of comparison
-    // (24 KB more code, the same work a key) made rows of 2048-8192 MXFP4 keys about 3 us slower
-    // (H200), likely the instruction fetch of a CTA alone on its SM after an L2 flush.
-    const bool wide = prefix_bits > 32;
-    const int shift = select_all || wide ? 0 : 32 - prefix_bits;
-    const uint32_t key_prefix = static_cast<uint32_t>(prefix);
+    // Two comparisons a key (SplitBounds); keys that tie through 32 bits (a wide prefix) take a
+    // rolled loop of their own: a form unrolled for each kind of comparison (24 KB more code)
+    // had made rows of 2048-8192 MXFP4 keys about 3 us slower (H200), likely the instruction
+    // fetch of a CTA alone on its SM after an L2 flush.
+    const SplitBounds bounds(prefix, prefix_bits, done, select_all);
     const int quads = (length + 3) / 4;
     const int rounded_quads = (quads + kThreads - 1) / kThreads * kThreads;
     const uint4* key_quads = reinterpret_cast<const uint4*>(keys);
@@ -154,23 +153,30 @@ __device__ void cta_select(uint8_t* shared, int sort_capacity, const uint32_t* k
         const int q = chunk + r * kThreads + tid;
         const uint4 four = q < quads ? key_quads[q] : make_uint4(0u, 0u, 0u, 0u);
         const uint32_t key[4] = {four.x, four.y, four.z, four.w};
+        uint32_t win4 = 0, maybe4 = 0;
+        if (!bounds.wide()) {
 #pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const int i = 4 * q + c;
-          bool above, at;
-          if (wide) {
-            const uint64_t top =
-                top_bits(ranked_entry(key[c], static_cast<uint32_t>(i)), prefix_bits);
-            above = top > prefix;
-            at = top == prefix;
-          } else {
-            above = select_all || (key[c] >> shift) > key_prefix;
-            at = !select_all && (key[c] >> shift) == key_prefix;
+          for (int c = 0; c < 4; ++c) {
+            const SplitVerdict verdict = bounds.of_key(key[c]);
+            win4 |= static_cast<uint32_t>(verdict.win) << c;
+            maybe4 |= static_cast<uint32_t>(verdict.maybe) << c;
           }
-          const bool real = i < length;
-          win_bits |= static_cast<uint32_t>(real && (above || (done && at))) << (4 * r + c);
-          maybe_bits |= static_cast<uint32_t>(real && !done && at) << (4 * r + c);
+        } else {
+#pragma unroll 1
+          for (int c = 0; c < 4; ++c) {
+            // Picked by selects: an index into key[] would put the quad in local memory.
+            const uint32_t k = c == 0 ? key[0] : c == 1 ? key[1] : c == 2 ? key[2] : key[3];
+            const SplitVerdict verdict =
+                bounds.of_entry(ranked_entry(k, static_cast<uint32_t>(4 * q + c)));
+            win4 |= static_cast<uint32_t>(verdict.win) << c;
+            maybe4 |= static_cast<uint32_t>(verdict.maybe) << c;
+          }
         }
+        // The row's last quad may carry keys past its end: never taken.
+        const int real = length - 4 * q;
+        const uint32_t real4 = real >= 4 ? 0xfu : (real <= 0 ? 0u : (1u << real) - 1u);
+        win_bits |= (win4 & real4) << (4 * r);
+        maybe_bits |= (maybe4 & real4) << (4 * r);
       }
       // Counts of at most 32 each, packed: winners in the high half, candidates in the low.
       uint32_t total = 0;

@@ -211,8 +211,15 @@ __device__ __forceinline__ void fill_row_by_quads(const uint32_t* keys, int coun
       target[q] = four[j];
       if (counts == nullptr) continue;
       const uint32_t key[4] = {four[j].x, four[j].y, four[j].z, four[j].w};
+      // Every quad but the row's last is whole: its four counts go without a test a key.
+      if (4 * q + 4 <= count) {
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
+        for (int c = 0; c < 4; ++c)
+          atomicAdd(&counts[key[c] >> (32 - hdk::detail::kSelectDigitBits)], 1u);
+        continue;
+      }
+#pragma unroll
+      for (int c = 0; c < 3; ++c) {
         if (4 * q + c < count)
           atomicAdd(&counts[key[c] >> (32 - hdk::detail::kSelectDigitBits)], 1u);
       }
