@@ -15,6 +15,7 @@
 
 #include <cstdint>
 
+#include "core/ceil_div.h"
 #include "core/host_device.h"
 
 namespace hdk {
@@ -31,12 +32,22 @@ HDK_HOST_DEVICE constexpr int64_t workspace_round_up(int64_t bytes) {
 constexpr int kSparseRecordHeads = 64;         // heads of a CTA's record, at most (one head group)
 constexpr int kSparseRecordFewestHeads = 16;   // and at least
 constexpr int64_t kSparseRecordColumns = 512;  // the entry width
+constexpr int kSparseTile = 64;                // entries per step of a CTA's list
 // The most list splits a row takes through the workspace: the combine keeps one weight per split
 // and head in shared memory.
 constexpr int kSparseMaxWorkspaceSplits = 64;
 // The most CTAs (head groups x splits) a row takes through the workspace: the combine reads the
 // row's flags one a thread, all in its first round of loads.
 constexpr int kSparseMaxWorkspaceRowCtas = 256;
+
+// Head groups of `group_heads` heads (64 unless given) for Hq heads, and tiles of a list: shared
+// by the workspace's size and sparse_decode's plan (sparse_decode_plan.h).
+HDK_HOST_DEVICE int sparse_head_groups(int64_t heads, int group_heads = kSparseRecordHeads) {
+  return static_cast<int>(hdk::detail::ceil_div(heads, int64_t{group_heads}));
+}
+HDK_HOST_DEVICE int64_t sparse_tiles(int64_t list_length) {
+  return hdk::detail::ceil_div(list_length, kSparseTile);
+}
 
 // Splits through the workspace fill the GPU once: at most as many CTAs as SMs (and
 // kSparseMaxWorkspaceRowCtas a row), at least one tile each, at most kSparseMaxWorkspaceSplits;
@@ -85,15 +96,15 @@ HDK_HOST_DEVICE constexpr int64_t sparse_record(int64_t row, int split, int grou
 HDK_HOST_DEVICE int64_t sparse_workspace_bytes(int64_t rows, int64_t heads, int64_t list_length,
                                                int sm_count) {
   if (rows <= 0 || heads <= 0 || list_length <= 0) return 0;
-  const int groups = static_cast<int>((heads + kSparseRecordHeads - 1) / kSparseRecordHeads);
-  const int64_t tiles = (list_length + 63) / 64;
-  const int splits = sparse_workspace_max_splits(rows, groups, tiles, sm_count);
+  const int groups = sparse_head_groups(heads);
+  const int splits = sparse_workspace_max_splits(rows, groups, sparse_tiles(list_length), sm_count);
   if (splits <= 1) return 0;
   int64_t most = 0;
   for (int group_heads = kSparseRecordHeads; group_heads >= kSparseRecordFewestHeads;
        group_heads /= 2) {
-    const int group_count = static_cast<int>((heads + group_heads - 1) / group_heads);
-    const int64_t bytes = sparse_workspace_layout(rows, group_count, splits, group_heads).bytes;
+    const int64_t bytes =
+        sparse_workspace_layout(rows, sparse_head_groups(heads, group_heads), splits, group_heads)
+            .bytes;
     most = bytes > most ? bytes : most;
   }
   return most;

@@ -22,7 +22,6 @@ namespace detail {
 constexpr int kSparseHeadsPerCta = kSparseRecordHeads;
 constexpr int kSparseFewestHeadsPerCta = kSparseRecordFewestHeads;
 static_assert(kSparseHeadsPerCta == 64 && kSparseFewestHeadsPerCta == 16, "wgmma's M, one tile");
-constexpr int kSparseTile = 64;  // entries per step of the list
 constexpr int kSparseMaxCluster = hdk::detail::kPortableClusterSize;
 constexpr int kSparseMaxWideCluster = hdk::detail::kMaxClusterSize;  // where the device runs it
 
@@ -57,14 +56,6 @@ struct SparsePlan {
 HDK_HOST_DEVICE bool sparse_mma_supports(int64_t heads) {
   return heads > 0 && heads % 16 == 0 &&
          hdk::detail::ceil_div(heads, kSparseHeadsPerCta) <= kSparseMaxCluster;
-}
-
-// Head groups of `group_heads` (64 unless given) for Hq heads, and tiles of a list.
-HDK_HOST_DEVICE int sparse_head_groups(int64_t heads, int group_heads = kSparseHeadsPerCta) {
-  return static_cast<int>(hdk::detail::ceil_div(heads, int64_t{group_heads}));
-}
-HDK_HOST_DEVICE int64_t sparse_tiles(int64_t list_length) {
-  return hdk::detail::ceil_div(list_length, kSparseTile);
 }
 
 // The most splits a row of `groups` head groups and `tiles` tiles can take: the cluster within
