@@ -10,8 +10,10 @@
 //     or holds at most kCandidates entries. A caller may count the first level itself (see
 //     cluster_select's first_level_counted).
 //  2. One pass over the segment appends the entries above the chosen bin (winners) and those in
-//     it (candidates) to the leader CTA's shared memory (one remote atomic per warp and list for
-//     every kAppendBatch rounds that have any; the caller picks the batch).
+//     it (candidates) to the leader CTA's shared memory: for a segment whose keys sit in shared
+//     memory, by split_by_quads (one remote atomic per chunk of the segment and list); otherwise
+//     through the visitor, one remote atomic per warp and list for every kAppendBatch rounds that
+//     have any (the caller picks the batch).
 //  3. The leader alone finishes the radix select on the candidates (shared memory and
 //     __syncthreads only), appends the ones it needs and sorts the exactly `want` winners
 //     (bitonic), largest first.
@@ -26,6 +28,7 @@
 #include <cstdint>
 
 #include "core/resident_clusters.h"
+#include "topk/cuda/split_by_quads.cuh"
 #include "topk/select_layout.h"
 #include "topk/split_bounds.h"
 #include "topk/topk_key.h"
@@ -46,7 +49,8 @@ struct Control {
   unsigned int count;       // entries in the chosen bin
   unsigned int winners;     // leader only: entries appended to `sorted` so far
   unsigned int candidates;  // leader only: entries appended to `candidate` so far
-  unsigned int unused[3];
+  SplitPlaces append_at;    // where this CTA's chunk goes in the leader's lists (resident keys)
+  unsigned int unused;
 };
 
 // The select's arrays in a CTA's shared memory, at select_layout's offsets.
@@ -136,34 +140,6 @@ __device__ __forceinline__ void warp_append_batch(uint64_t* buffer, unsigned int
     if (take[j]) buffer[slot + __popc(ballot[j] & lanes_below)] = entry[j];
     slot += static_cast<unsigned int>(__popc(ballot[j]));
   }
-}
-
-// The sum of `value` over this lane and the lanes below it.
-__device__ __forceinline__ uint32_t warp_inclusive_sum(uint32_t value, int lane) {
-#pragma unroll
-  for (int offset = 1; offset < 32; offset <<= 1) {
-    const uint32_t other = __shfl_up_sync(kFullMask, value, offset);
-    if (lane >= offset) value += other;
-  }
-  return value;
-}
-
-// This thread's exclusive prefix sum of `value` over the block in thread order, and the block's
-// total in *total unless null. Every thread calls it; one block barrier, after which every warp
-// reads `warp_sums` (32 words): the caller synchronizes before they are written again. Every
-// warp scans the warp sums itself, lane w holding warp w's, rather than each thread adding those
-// of the warps before it (a chain of up to 31 shared loads at 1024 threads).
-__device__ __forceinline__ uint32_t block_exclusive_sum(uint32_t value, uint32_t* warp_sums,
-                                                        uint32_t* total) {
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  const uint32_t inclusive = warp_inclusive_sum(value, lane);
-  if (lane == 31) warp_sums[warp] = inclusive;
-  __syncthreads();
-  const uint32_t sum = lane < static_cast<int>(blockDim.x >> 5) ? warp_sums[lane] : 0u;
-  const uint32_t scanned = warp_inclusive_sum(sum, lane);
-  if (total != nullptr) *total = __shfl_sync(kFullMask, scanned, 31);
-  return __shfl_sync(kFullMask, scanned - sum, warp) + inclusive - value;
 }
 
 // Finds the bin (of kBins, higher bins hold larger entries) where the count of entries in
@@ -393,6 +369,14 @@ __device__ inline const uint32_t* sum_over_cluster(Cluster& cluster, const uint3
 
 }  // namespace cluster_select_detail
 
+// A CTA's segment of the row, when its keys sit whole in shared memory: keys[i] (16-byte aligned,
+// readable up to the next multiple of 4) is the key of column first + i, for i < size.
+struct ResidentSegment {
+  const uint32_t* keys = nullptr;  // null: not resident
+  uint32_t first = 0;
+  int size = 0;
+};
+
 // Selects the `want` (1 .. sort_capacity, the same in every CTA of the cluster) largest ranked
 // entries among the segments of the cluster's CTAs; `length` is the row's entry count. Returns
 // true in the leader CTA (rank 0), whose shared `sorted` array (select_layout) then holds them,
@@ -417,9 +401,13 @@ __device__ inline const uint32_t* sum_over_cluster(Cluster& cluster, const uint3
 // one atomicAdd a key, before this call; index_topk does it while it scores). The select then
 // neither zeroes that buffer nor makes that pass (nor tells a later level's pass `first`: the
 // caller has its entries at hand).
+//
+// resident: this CTA's segment, when its keys sit in shared memory (the same as for_each_entry
+// visits); the appends then go by split_by_quads instead of the visitor.
 template <int kAppendBatch, typename ForEachEntry>
 __device__ bool cluster_select(uint8_t* shared, int sort_capacity, int64_t want, int64_t length,
-                               ForEachEntry&& for_each_entry, bool first_level_counted = false) {
+                               ForEachEntry&& for_each_entry, bool first_level_counted = false,
+                               ResidentSegment resident = {}) {
   using namespace cluster_select_detail;
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
@@ -496,9 +484,24 @@ __device__ bool cluster_select(uint8_t* shared, int sort_capacity, int64_t want,
   uint64_t* leader_sorted = cluster.map_shared_rank(sorted, 0);
   uint64_t* leader_candidate = cluster.map_shared_rank(candidate, 0);
   const SplitBounds bounds(prefix, prefix_bits, done, select_all);
-  // The entry's verdict is written out in both forms below: shared through a lambda, the
-  // one-round form compiled to other code than the one hdk::topk was measured and tested with.
-  if constexpr (kAppendBatch == 1) {
+  if (resident.keys != nullptr) {
+    // The chunk's place in the leader's lists, one remote atomic a list, for every thread of the
+    // CTA through *control.
+    split_by_quads(
+        resident.keys, resident.size, resident.first, threads, bounds, leader_sorted,
+        leader_candidate, warp_sums, [&](uint32_t chunk_winners, uint32_t chunk_candidates) {
+          if (tid == 0) {
+            control->append_at.winners =
+                chunk_winners > 0 ? atomicAdd(leader_winners, chunk_winners) : 0u;
+            control->append_at.candidates =
+                chunk_candidates > 0 ? atomicAdd(leader_candidates, chunk_candidates) : 0u;
+          }
+          __syncthreads();  // also: warp_sums may be written again
+          return control->append_at;
+        });
+  } else if constexpr (kAppendBatch == 1) {
+    // The entry's verdict is written out in both forms below: shared through a lambda, the
+    // one-round form compiled to other code than the one hdk::topk was measured and tested with.
     for_each_entry(select_all, [&](uint32_t key, uint32_t column, bool in_range) {
       const SplitVerdict verdict = bounds.of(key, column);
       const bool win = in_range && verdict.win;

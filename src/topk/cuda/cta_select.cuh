@@ -8,8 +8,9 @@
 //     entry of rank `need` joins the prefix. Digits of 11, 11 and 10 bits cover the key in 32-bit
 //     arithmetic. It stops when the chosen bin is needed whole or holds at most kCandidates
 //     entries: usually after the first level, which the caller may count while it loads.
-//  2. One pass over the row writes the entries above the prefix to `sorted` and those in it to
-//     the candidate buffer, each thread at its place from a prefix sum over the CTA.
+//  2. One pass over the row (split_by_quads.cuh) writes the entries above the prefix to `sorted`
+//     and those in it to the candidate buffer, each thread at its place from a prefix sum over
+//     the CTA.
 //  3. Levels over the candidates until the bin is needed whole, then those at or above the
 //     prefix join `sorted`: exactly `want` entries.
 //  4. cluster_select.cuh's bitonic sort, largest first.
@@ -20,6 +21,7 @@
 #include <cstdint>
 
 #include "topk/cuda/cluster_select.cuh"
+#include "topk/cuda/split_by_quads.cuh"
 #include "topk/select_layout.h"
 #include "topk/split_bounds.h"
 #include "topk/topk_key.h"
@@ -30,9 +32,6 @@ namespace detail {
 namespace cta_select_detail {
 
 using cluster_select_detail::Digit;
-
-// 16-byte quads of keys a thread classifies before the CTA's prefix sum: 32 bits of marks.
-constexpr int kSplitQuads = 8;
 
 // The next digit after `prefix_bits` bits: 11, 11, then the key's last 10 bits, so that keys are
 // compared in 32-bit arithmetic; past the key, cluster_select's 64-bit digits over the column.
@@ -55,7 +54,6 @@ template <int kThreads>
 __device__ void cta_select(uint8_t* shared, int sort_capacity, const uint32_t* keys, int length,
                            int want, bool first_level_counted) {
   using namespace cluster_select_detail;
-  using cta_select_detail::kSplitQuads;
   using cta_select_detail::next_digit;
   const SelectArrays arrays = select_arrays(shared, sort_capacity);
   Control* control = arrays.control;
@@ -133,75 +131,21 @@ __device__ void cta_select(uint8_t* shared, int sort_capacity, const uint32_t* k
   }
 
   // 2. One pass: the entries above the prefix (and in it, when done) are winners, those in it
-  // (when not) candidates. A thread takes 16-byte quads of keys (q, q + kThreads, ...), marks
-  // its own in a bit a key, then writes them at its place in the CTA's order: no atomics on
-  // one counter.
+  // (when not) candidates, each thread's at its place in the CTA's order.
+  // The lists' ends after the previous chunk, and the totals of the chunk being written.
   uint32_t winners = 0, candidates = 0;
-  {
-    // Two comparisons a key (SplitBounds); keys that tie through 32 bits (a wide prefix) take a
-    // rolled loop of their own: a form unrolled for each kind of comparison (24 KB more code)
-    // had made rows of 2048-8192 MXFP4 keys about 3 us slower (H200), likely the instruction
-    // fetch of a CTA alone on its SM after an L2 flush.
-    const SplitBounds bounds(prefix, prefix_bits, done, select_all);
-    const int quads = (length + 3) / 4;
-    const int rounded_quads = (quads + kThreads - 1) / kThreads * kThreads;
-    const uint4* key_quads = reinterpret_cast<const uint4*>(keys);
-    for (int chunk = 0; chunk < rounded_quads; chunk += kSplitQuads * kThreads) {
-      uint32_t win_bits = 0, maybe_bits = 0;
-#pragma unroll 1
-      for (int r = 0; r < kSplitQuads && chunk + r * kThreads < rounded_quads; ++r) {
-        const int q = chunk + r * kThreads + tid;
-        const uint4 four = q < quads ? key_quads[q] : make_uint4(0u, 0u, 0u, 0u);
-        const uint32_t key[4] = {four.x, four.y, four.z, four.w};
-        uint32_t win4 = 0, maybe4 = 0;
-        if (!bounds.wide()) {
-#pragma unroll
-          for (int c = 0; c < 4; ++c) {
-            const SplitVerdict verdict = bounds.of_key(key[c]);
-            win4 |= static_cast<uint32_t>(verdict.win) << c;
-            maybe4 |= static_cast<uint32_t>(verdict.maybe) << c;
-          }
-        } else {
-#pragma unroll 1
-          for (int c = 0; c < 4; ++c) {
-            // Picked by selects: an index into key[] would put the quad in local memory.
-            const uint32_t k = c == 0 ? key[0] : c == 1 ? key[1] : c == 2 ? key[2] : key[3];
-            const SplitVerdict verdict =
-                bounds.of_entry(ranked_entry(k, static_cast<uint32_t>(4 * q + c)));
-            win4 |= static_cast<uint32_t>(verdict.win) << c;
-            maybe4 |= static_cast<uint32_t>(verdict.maybe) << c;
-          }
-        }
-        // The row's last quad may carry keys past its end: never taken.
-        const int real = length - 4 * q;
-        const uint32_t real4 = real >= 4 ? 0xfu : (real <= 0 ? 0u : (1u << real) - 1u);
-        win_bits |= (win4 & real4) << (4 * r);
-        maybe_bits |= (maybe4 & real4) << (4 * r);
-      }
-      // Counts of at most 32 each, packed: winners in the high half, candidates in the low.
-      uint32_t total = 0;
-      const uint32_t offset = block_exclusive_sum(
-          static_cast<uint32_t>(__popc(win_bits)) << 16 | static_cast<uint32_t>(__popc(maybe_bits)),
-          warp_sums, &total);
-      __syncthreads();  // warp_sums may be written again
-      auto column_of_bit = [&](uint32_t bits) {
-        const int b = __ffs(bits) - 1;
-        return 4 * (chunk + (b >> 2) * kThreads + tid) + (b & 3);
-      };
-      uint32_t win_at = winners + (offset >> 16);
-      for (uint32_t bits = win_bits; bits != 0; bits &= bits - 1) {
-        const int i = column_of_bit(bits);
-        sorted[win_at++] = ranked_entry(keys[i], static_cast<uint32_t>(i));
-      }
-      uint32_t maybe_at = candidates + (offset & 0xffffu);
-      for (uint32_t bits = maybe_bits; bits != 0; bits &= bits - 1) {
-        const int i = column_of_bit(bits);
-        candidate[maybe_at++] = ranked_entry(keys[i], static_cast<uint32_t>(i));
-      }
-      winners += total >> 16;
-      candidates += total & 0xffffu;
-    }
-  }
+  SplitPlaces last{0u, 0u};
+  split_by_quads(keys, length, 0u, kThreads, SplitBounds(prefix, prefix_bits, done, select_all),
+                 sorted, candidate, warp_sums,
+                 [&](uint32_t chunk_winners, uint32_t chunk_candidates) {
+                   __syncthreads();  // warp_sums may be written again
+                   winners += last.winners;
+                   candidates += last.candidates;
+                   last = SplitPlaces{chunk_winners, chunk_candidates};
+                   return SplitPlaces{winners, candidates};
+                 });
+  winners += last.winners;
+  candidates += last.candidates;
 
   // 3. Levels over the candidates until done, then the candidates at or above the prefix join
   // the winners.

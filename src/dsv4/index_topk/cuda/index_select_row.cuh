@@ -93,10 +93,14 @@ __device__ void select_row(const IndexerProblem& p, int64_t row, int64_t length,
         }
       }
     };
-    // Winners and candidates go to the leader in batches of 4 rounds (cluster_select.cuh): the
-    // select runs after the scoring, whose registers it reuses.
+    // Resident keys go to the leader by split_by_quads. The others in batches of 4 rounds
+    // (cluster_select.cuh): the select runs after the scoring, whose registers it reuses.
+    const hdk::detail::ResidentSegment segment_keys =
+        resident ? hdk::detail::ResidentSegment{scores, static_cast<uint32_t>(begin),
+                                                static_cast<int>(size)}
+                 : hdk::detail::ResidentSegment{};
     if (!cluster_select<4>(shared, launch.sort_capacity, want, length, for_each_entry,
-                           counts != nullptr)) {
+                           counts != nullptr, segment_keys)) {
       return;
     }
   }
