@@ -36,7 +36,8 @@ __device__ __forceinline__ float value_of_key(uint32_t key) {
 // kCtaThreads: the CTA's threads (kThreads in the one launch, kSelectThreads or
 // kCtaSelectThreads in the select kernel). kOneCta: the CTA is alone with the row (no cluster),
 // which the plan gives only where the whole row fits its shared memory; it selects by cta_select.
-template <int kCtaThreads = kThreads, bool kOneCta = false, typename Fill>
+// kShareGranule: cluster_segment's granule (the one launch scores its shares with 1).
+template <int kCtaThreads = kThreads, bool kOneCta = false, int kShareGranule = 1, typename Fill>
 __device__ void select_row(const IndexerProblem& p, int64_t row, int64_t length,
                            const IndexLaunch& launch, uint8_t* shared, uint32_t* first_level,
                            Fill&& fill) {
@@ -64,7 +65,7 @@ __device__ void select_row(const IndexerProblem& p, int64_t row, int64_t length,
   }
 
   // 2. Keys of the segment, kept in shared memory when they fit (always up to 8 x chunk).
-  const Segment segment = cluster_segment(length, cluster_size, rank);
+  const Segment segment = cluster_segment(length, cluster_size, rank, kShareGranule);
   const int64_t begin = segment.first;
   const int64_t size = segment.last - segment.first;
   const bool resident = size <= launch.chunk;

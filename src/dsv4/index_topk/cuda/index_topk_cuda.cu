@@ -181,18 +181,19 @@ __global__ void __launch_bounds__(kThreads, kKeyRing ? 2 : 1)
                                                nullptr, remainder);
 }
 
-// Workspace keys a select thread has in flight at once.
-constexpr int kFillBatch = 16;
+// The keys of a 16-byte piece: the select kernel's shares are whole pieces.
+constexpr int kFillQuad = 4;
 
-// A whole row's `count` keys (a CTA alone with its row: `keys` is the row's first) from the
-// workspace to shared memory in 16-byte pieces, 4 a thread in flight, each key counted into the
-// select's first level when `counts` is not null. Workspace rows start on 256 bytes with a stride
-// of 64 keys, and `out` on 16 bytes with room for whole pieces, so the last piece may carry up to
-// 3 keys past the row's end: copied, never counted, never read by cta_select. Against one key a
-// load (kFillBatch), 16384 keys filled in 2.4 instead of 3.0 us (H200, %globaltimer marks).
+// `count` keys of a row's share (cluster_segment, or the whole row where one CTA selects it:
+// `keys` is the share's first, on 16 bytes) from the workspace to shared memory in 16-byte
+// pieces, 4 a thread in flight, each key counted into the select's first level when `counts` is
+// not null. Workspace rows start on 256 bytes with a stride of 64 keys, and `out` on 16 bytes
+// with room for whole pieces, so the last piece may carry up to 3 keys past the share's end:
+// copied, never counted, never read by the select. Against one key a load (16 in flight), 16384
+// keys filled in 2.4 instead of 3.0 us (H200, %globaltimer marks, one CTA a row).
 template <int kCtaThreads>
-__device__ __forceinline__ void fill_row_by_quads(const uint32_t* keys, int count, uint32_t* out,
-                                                  uint32_t* counts) {
+__device__ __forceinline__ void fill_by_quads(const uint32_t* keys, int count, uint32_t* out,
+                                              uint32_t* counts) {
   constexpr int kQuadBatch = 4;
   const int quads = (count + 3) / 4;
   const uint4* source = reinterpret_cast<const uint4*>(keys);
@@ -211,7 +212,7 @@ __device__ __forceinline__ void fill_row_by_quads(const uint32_t* keys, int coun
       target[q] = four[j];
       if (counts == nullptr) continue;
       const uint32_t key[4] = {four[j].x, four[j].y, four[j].z, four[j].w};
-      // Every quad but the row's last is whole: its four counts go without a test a key.
+      // Every quad but the share's last is whole: its four counts go without a test a key.
       if (4 * q + 4 <= count) {
 #pragma unroll
         for (int c = 0; c < 4; ++c)
@@ -272,32 +273,10 @@ __global__ void __launch_bounds__(kOneCta ? kCtaSelectThreads : kSelectThreads, 
   if (bad && rank == 0 && threadIdx.x == 0) count_invalid(p.invalid_count);
   const uint32_t* keys = reinterpret_cast<const uint32_t*>(p.workspace + layout.keys_offset) +
                          local_row * layout.row_stride;
-  select_row<kCtaThreads, kOneCta>(
+  select_row<kCtaThreads, kOneCta, kOneCta ? 1 : kFillQuad>(
       p, row, length, launch, shared, first_level,
       [&](int64_t first, int64_t count, uint32_t* out, uint32_t* counts) {
-        if constexpr (kOneCta) {
-          fill_row_by_quads<kCtaThreads>(keys + first, static_cast<int>(count), out, counts);
-        } else {
-          // kFillBatch loads a thread before any store: the compiler cannot tell the
-          // shared stores from the workspace loads, so a loop of one of each waited a
-          // memory latency a key.
-          for (int64_t base = 0; base < count; base += kFillBatch * kCtaThreads) {
-            uint32_t key[kFillBatch];
-#pragma unroll
-            for (int j = 0; j < kFillBatch; ++j) {
-              const int64_t i = base + threadIdx.x + j * kCtaThreads;
-              key[j] = i < count ? keys[first + i] : 0u;
-            }
-#pragma unroll
-            for (int j = 0; j < kFillBatch; ++j) {
-              const int64_t i = base + threadIdx.x + j * kCtaThreads;
-              if (i >= count) break;
-              out[i] = key[j];
-              if (counts != nullptr)
-                atomicAdd(&counts[key[j] >> (32 - hdk::detail::kSelectDigitBits)], 1u);
-            }
-          }
-        }
+        fill_by_quads<kCtaThreads>(keys + first, static_cast<int>(count), out, counts);
       });
 }
 

@@ -156,9 +156,12 @@ struct Segment {
   int64_t first, last;
 };
 
-// Share `part` of a row of `length` entries split evenly over `parts` CTAs (a cluster's).
-__device__ __forceinline__ Segment cluster_segment(int64_t length, int parts, int part) {
-  const int64_t share = ceil_div(length, parts);
+// Share `part` of a row of `length` entries split evenly over `parts` CTAs (a cluster's), in
+// whole multiples of `granule` entries (the select kernel's 4: each share starts on 16 bytes of a
+// workspace row, whose keys it loads in 16-byte pieces).
+__device__ __forceinline__ Segment cluster_segment(int64_t length, int parts, int part,
+                                                   int granule = 1) {
+  const int64_t share = ceil_div(ceil_div(length, parts), granule) * granule;
   const int64_t first = min(length, part * share);
   return Segment{first, min(length, first + share)};
 }
