@@ -131,8 +131,9 @@ __device__ void cta_select(uint8_t* shared, int sort_capacity, const uint32_t* k
   }
 
   // 2. One pass: the entries above the prefix (and in it, when done) are winners, those in it
-  // (when not) candidates, each thread's at its place in the CTA's order.
-  // The lists' ends after the previous chunk, and the totals of the chunk being written.
+  // (when not) candidates, each thread's at its place in the CTA's order. A chunk starts where
+  // the chunks before it end: `winners` and `candidates` take each chunk's totals (`last`) when
+  // the next chunk asks for its place, and after the pass.
   uint32_t winners = 0, candidates = 0;
   SplitPlaces last{0u, 0u};
   split_by_quads(keys, length, 0u, kThreads, SplitBounds(prefix, prefix_bits, done, select_all),
