@@ -298,7 +298,7 @@ class AttentionBench {
           dsv4::detail::validate_sparse_decode(p), where.index);
       point.kernel = launch.kernel;
       // groups x splits, then the heads of a group where they are fewer than 64.
-      const bool small_groups = launch.plan.group_heads < dsv4::detail::kSparseHeadsPerCta;
+      const bool small_groups = launch.plan.group_heads < dsv4::detail::kSparseGroupHeads;
       point.cluster = std::to_string(launch.plan.groups) + "x" +
                       std::to_string(launch.plan.splits) +
                       (launch.plan.through_workspace ? " ws" : "") +

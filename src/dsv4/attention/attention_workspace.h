@@ -29,8 +29,9 @@ HDK_HOST_DEVICE constexpr int64_t workspace_round_up(int64_t bytes) {
 }
 
 // ---- sparse_decode ----------------------------------------------------------------------------
-constexpr int kSparseRecordHeads = 64;         // heads of a CTA's record, at most (one head group)
-constexpr int kSparseRecordFewestHeads = 16;   // and at least
+// The heads a CTA takes, its head group, and so its workspace record: at most 64, at least 16.
+constexpr int kSparseGroupHeads = 64;
+constexpr int kSparseFewestGroupHeads = 16;
 constexpr int64_t kSparseRecordColumns = 512;  // the entry width
 constexpr int kSparseTile = 64;                // entries per step of a CTA's list
 // The most list splits a row takes through the workspace: the combine keeps one weight per split
@@ -42,7 +43,7 @@ constexpr int kSparseMaxWorkspaceRowCtas = 256;
 
 // Head groups of `group_heads` heads (64 unless given) for Hq heads, and tiles of a list: shared
 // by the workspace's size and sparse_decode's plan (sparse_decode_plan.h).
-HDK_HOST_DEVICE int sparse_head_groups(int64_t heads, int group_heads = kSparseRecordHeads) {
+HDK_HOST_DEVICE int sparse_head_groups(int64_t heads, int group_heads = kSparseGroupHeads) {
   return static_cast<int>(hdk::detail::ceil_div(heads, int64_t{group_heads}));
 }
 HDK_HOST_DEVICE int64_t sparse_tiles(int64_t list_length) {
@@ -72,7 +73,7 @@ struct SparseWorkspaceLayout {
 
 // The layout for head groups of `heads` heads each.
 HDK_HOST_DEVICE SparseWorkspaceLayout sparse_workspace_layout(int64_t rows, int groups, int splits,
-                                                              int heads = kSparseRecordHeads) {
+                                                              int heads = kSparseGroupHeads) {
   SparseWorkspaceLayout layout;
   layout.records = rows * groups * splits;
   layout.o_offset = 0;
@@ -100,7 +101,7 @@ HDK_HOST_DEVICE int64_t sparse_workspace_bytes(int64_t rows, int64_t heads, int6
   const int splits = sparse_workspace_max_splits(rows, groups, sparse_tiles(list_length), sm_count);
   if (splits <= 1) return 0;
   int64_t most = 0;
-  for (int group_heads = kSparseRecordHeads; group_heads >= kSparseRecordFewestHeads;
+  for (int group_heads = kSparseGroupHeads; group_heads >= kSparseFewestGroupHeads;
        group_heads /= 2) {
     const int64_t bytes =
         sparse_workspace_layout(rows, sparse_head_groups(heads, group_heads), splits, group_heads)

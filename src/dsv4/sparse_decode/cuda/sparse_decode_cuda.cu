@@ -82,7 +82,7 @@ TensorCoreLaunch plan_tensor_core(const SparseDecodeProblem& p, bool pipelined, 
   const bool shared_conversion = sparse_head_groups(p.num_heads) == 2;
   // A kernel's instance, threads and shared memory, its plan left to the caller.
   auto kernel_of = [&](bool use_pipelined, bool through_workspace,
-                       int group_heads = kSparseHeadsPerCta) {
+                       int group_heads = kSparseGroupHeads) {
     TensorCoreLaunch launch{};
     launch.pipelined = use_pipelined;
     launch.threads = use_pipelined ? kSparsePipelinedThreads : kSparseThreads;

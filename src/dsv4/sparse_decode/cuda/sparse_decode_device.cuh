@@ -34,7 +34,7 @@ using hdk::detail::shared_address;
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
-constexpr int kHeads = kSparseHeadsPerCta;
+constexpr int kHeads = kSparseGroupHeads;
 constexpr int kTile = kSparseTile;
 constexpr int kChunksPerRow = static_cast<int>(kHeadDim / 8);  // 16-byte chunks of a bf16 row
 constexpr int kStageStride = static_cast<int>(kHeadDim) + 8;   // floats per staged O row

@@ -17,11 +17,8 @@ namespace hdk {
 namespace dsv4 {
 namespace detail {
 
-// The most heads a CTA takes (4 head tiles of 16) and the fewest (one head tile): the range of a
-// workspace record's heads (attention_workspace.h), whose size function covers every group size.
-constexpr int kSparseHeadsPerCta = kSparseRecordHeads;
-constexpr int kSparseFewestHeadsPerCta = kSparseRecordFewestHeads;
-static_assert(kSparseHeadsPerCta == 64 && kSparseFewestHeadsPerCta == 16, "wgmma's M, one tile");
+// A CTA's head group (attention_workspace.h): 4 head tiles of 16 at most, one at least.
+static_assert(kSparseGroupHeads == 64 && kSparseFewestGroupHeads == 16, "wgmma's M, one tile");
 constexpr int kSparseMaxCluster = hdk::detail::kPortableClusterSize;
 constexpr int kSparseMaxWideCluster = hdk::detail::kMaxClusterSize;  // where the device runs it
 
@@ -36,7 +33,7 @@ struct SparsePlan {
   int groups = 1;
   int splits = 1;
   bool through_workspace = false;
-  int group_heads = kSparseHeadsPerCta;
+  int group_heads = kSparseGroupHeads;
   bool groups_share_tiles = true;
   HDK_HOST_DEVICE int row_ctas() const { return groups * splits; }
   HDK_HOST_DEVICE int cluster() const {
@@ -55,7 +52,7 @@ struct SparsePlan {
 // one cluster (up to 512 heads).
 HDK_HOST_DEVICE bool sparse_mma_supports(int64_t heads) {
   return heads > 0 && heads % 16 == 0 &&
-         hdk::detail::ceil_div(heads, kSparseHeadsPerCta) <= kSparseMaxCluster;
+         hdk::detail::ceil_div(heads, kSparseGroupHeads) <= kSparseMaxCluster;
 }
 
 // The most splits a row of `groups` head groups and `tiles` tiles can take: the cluster within
@@ -240,7 +237,7 @@ HDK_HOST_DEVICE SparsePlan plan_sparse_fewest_tiles(int64_t rows, int64_t heads,
   }
   if (!plan.through_workspace) return plan;
   plan.groups_share_tiles = false;
-  for (int group_heads = kSparseHeadsPerCta / 2; group_heads >= kSparseFewestHeadsPerCta;
+  for (int group_heads = kSparseGroupHeads / 2; group_heads >= kSparseFewestGroupHeads;
        group_heads /= 2) {
     const int groups = sparse_head_groups(heads, group_heads);
     if (rows * groups * plan.splits > sm_count ||
