@@ -9,6 +9,14 @@
       preset, context and N (time, x floor), base / new where a base is given, and each call
       alone at N = 1.
 
+  dsv4_tables.py index-timeline TIMELINE.json
+      bench/dsv4_vs_peers.py --ops index --timeline: per cell, hdk's scoring kernel and the end of
+      its select against the peer's logits kernel and the end of its top-k, inside the graph (us
+      from the flush's end), and the differences of the two kernels' times.
+  dsv4_tables.py index-copy-share PEERS.json
+      bench/dsv4_vs_peers.py --ops index: hdk's stored bytes over its time, as a share of the copy
+      bandwidth measured in the same run, per key format, keys a row and N.
+
 A run is an hdk-bench --json file, or FILE.json:NAME for the rounds kept under NAME in a bundle
 (`bundle` below: {"NAME": [run, run, ...], ...}), which keeps a folder of bench/results small.
 
@@ -130,6 +138,58 @@ def step(args):
               ((f" {float(b['time_us']):.1f} |" if b else " - |") if base else ""))
 
 
+def index_timeline(args):
+    data = json.load(open(args.timeline))
+    rows = [r for r in data["results"] if r.get("timelines")]
+    if not rows:
+        sys.exit(f"index-timeline: {args.timeline} holds no timelines (run with --timeline)")
+    peer = {"deepgemm": "DeepGEMM"}.get(data.get("index_peer"), "peer")
+    topk = rows[0].get("peer_topk", "the peer's top-k")
+    print(f"| keys | N | hdk scoring | hdk select ends | {peer} logits | {topk} ends | "
+          f"scoring, hdk - {peer} | select - {topk} |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        # Each timeline: [position, kernel, start, end] per kernel, then ["end", "", 0, end].
+        kernels = {name: [k for k in line if k[0] != "end"] for name, line in r["timelines"].items()}
+        hdk = kernels.pop("hdk_fp8")
+        theirs = next(iter(kernels.values()), [])
+        if len(hdk) != 2 or len(theirs) != 2:
+            # One launch (no separate select) or a peer without its own top-k kernel.
+            print(f"| {r['entries']} | {r['N']} | {len(hdk)} kernels | - | {len(theirs)} kernels | "
+                  "- | - | - |")
+            continue
+        (_, _, score_start, score_end), (_, _, _, select_end) = hdk
+        (_, _, logits_start, logits_end), (_, _, _, topk_end) = theirs
+        score, logits = score_end - score_start, logits_end - logits_start
+        select_after, topk_after = select_end - score_end, topk_end - logits_end
+        print(f"| {r['entries']} | {r['N']} | {score_start:.1f} -> {score_end:.1f} us ({score:.1f}) "
+              f"| {select_end:.1f} ({select_after:.1f} after) | {logits_start:.1f} -> "
+              f"{logits_end:.1f} ({logits:.1f}) | {topk_end:.1f} ({topk_after:.1f} after) | "
+              f"{score - logits:+.1f} | {select_after - topk_after:+.1f} |")
+
+
+def index_copy_share(args):
+    data = json.load(open(args.peers))
+    bandwidth = float(data["copy_bandwidth_gbs"])
+    rows = data["results"]
+    ns = sorted({int(r["N"]) for r in rows})
+    print("| index_topk, hdk | " + " | ".join(f"N={n}" for n in ns) + " |")
+    print("|---|" + "---|" * len(ns))
+    for entries in sorted({int(r["entries"]) for r in rows}):
+        for form in ("fp8", "mxfp4"):
+            cells = []
+            for n in ns:
+                row = next((r for r in rows if int(r["N"]) == n and int(r["entries"]) == entries),
+                           None)
+                time = row.get(f"hdk_{form}_us") if row else None
+                if time in (None, "error"):
+                    cells.append("-")
+                    continue
+                gbs = row[f"bytes_{form}"] / (float(time) * 1e-6) / 1e9
+                cells.append(f"{gbs / bandwidth * 100:.1f}%")
+            print(f"| {entries} keys, {form} | " + " | ".join(cells) + " |")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -143,8 +203,13 @@ def main():
     b = sub.add_parser("bundle")
     b.add_argument("out")
     b.add_argument("runs", nargs="+")
+    t = sub.add_parser("index-timeline")
+    t.add_argument("timeline")
+    c = sub.add_parser("index-copy-share")
+    c.add_argument("peers")
     args = parser.parse_args()
-    {"attention": attention, "step": step, "bundle": bundle}[args.table](args)
+    {"attention": attention, "step": step, "bundle": bundle, "index-timeline": index_timeline,
+     "index-copy-share": index_copy_share}[args.table](args)
 
 
 if __name__ == "__main__":

@@ -60,3 +60,56 @@ def test_a_malformed_bundle_argument_is_refused(tmp_path):
     assert code != 0
     assert "expected NAME=RUN.json" in err
     assert not (tmp_path / "out.json").exists()
+
+
+def peers_json(cells):
+    """A bench/dsv4_vs_peers.py --ops index --json run; each cell (N, entries, hdk kernels, peer
+    kernels, hdk fp8 us) with kernels as (start, end) pairs, or without timelines when both are
+    None."""
+    results = []
+    for n, entries, hdk, peer, hdk_us in cells:
+        row = {"op": "index_topk", "N": n, "entries": entries, "peer_topk": "hdk.topk",
+               "hdk_fp8_us": hdk_us, "hdk_mxfp4_us": "error", "bytes_fp8": n * entries * 132,
+               "bytes_mxfp4": n * entries * 68, "check": "ok"}
+        if hdk is not None:
+            line = lambda kernels: ([[i, f"kernel{i}", a, b] for i, (a, b) in enumerate(kernels)] +
+                                    [["end", "", 0.0, kernels[-1][1]]])
+            row["timelines"] = {"hdk_fp8": line(hdk), "deepgemm_hdk_topk": line(peer)}
+        results.append(row)
+    return {"index_peer": "deepgemm", "copy_bandwidth_gbs": 4000.0, "results": results}
+
+
+def test_index_timeline_gives_each_kernel_and_the_differences(tmp_path):
+    path = tmp_path / "timeline.json"
+    path.write_text(json.dumps(peers_json([
+        (1, 2048, [(1.5, 6.5), (7.0, 16.0)], [(1.5, 5.5), (6.0, 20.0)], 16.0),
+        (64, 2048, [(1.0, 30.0)], [(1.0, 20.0), (21.0, 32.0)], 30.0),  # one launch
+    ])))
+    code, out, err = tables("index-timeline", str(path))
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith("| keys | N | hdk scoring | hdk select ends | DeepGEMM logits |")
+    # Scoring 5.0 against logits 4.0 (+1.0); select 9.5 after its scores against 14.5 (-5.0).
+    assert lines[2] == ("| 2048 | 1 | 1.5 -> 6.5 us (5.0) | 16.0 (9.5 after) | 1.5 -> 5.5 (4.0) | "
+                        "20.0 (14.5 after) | +1.0 | -5.0 |")
+    assert lines[3] == "| 2048 | 64 | 1 kernels | - | 2 kernels | - | - | - |"
+
+
+def test_index_timeline_without_timelines_is_refused(tmp_path):
+    path = tmp_path / "plain.json"
+    path.write_text(json.dumps(peers_json([(1, 2048, None, None, 16.0)])))
+    code, _, err = tables("index-timeline", str(path))
+    assert code != 0
+    assert "--timeline" in err
+
+
+def test_index_copy_share_is_bytes_over_time_over_the_run_bandwidth(tmp_path):
+    path = tmp_path / "peers.json"
+    # 8 x 65536 x 132 bytes in 43.26 us: 2000 GB/s, half of the run's 4000.
+    path.write_text(json.dumps(peers_json([(8, 65536, None, None, 8 * 65536 * 132 / 2000e3)])))
+    code, out, err = tables("index-copy-share", str(path))
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0] == "| index_topk, hdk | N=8 |"
+    assert lines[2] == "| 65536 keys, fp8 | 50.0% |"
+    assert lines[3] == "| 65536 keys, mxfp4 | - |"  # a cell that did not run
