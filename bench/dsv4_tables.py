@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Markdown tables of the DeepSeek-V4 read side from hdk-bench JSON, for bench/results READMEs.
+"""Markdown tables of the DeepSeek-V4 read side from hdk-bench and bench/dsv4_vs_peers.py JSON,
+for bench/results READMEs.
 
   dsv4_tables.py attention NEW.json [NEW2.json ...] --base BASE.json [BASE2.json ...]
       sparse_decode and index_topk: per cell the faster of the rounds given, the base binary's
@@ -9,6 +10,11 @@
       preset, context and N (time, x floor), base / new where a base is given, and each call
       alone at N = 1.
 
+A run is an hdk-bench --json file, or FILE.json:NAME for the rounds kept under NAME in a bundle
+(`bundle` below: {"NAME": [run, run, ...], ...}), which keeps a folder of bench/results small.
+
+  dsv4_tables.py bundle OUT.json NAME=RUN.json[,RUN2.json ...] [NAME2=...]
+
   dsv4_tables.py index-timeline TIMELINE.json
       bench/dsv4_vs_peers.py --ops index --timeline: per cell, hdk's scoring kernel and the end of
       its select against the peer's logits kernel and the end of its top-k, inside the graph (us
@@ -16,11 +22,6 @@
   dsv4_tables.py index-copy-share PEERS.json
       bench/dsv4_vs_peers.py --ops index: hdk's stored bytes over its time, as a share of the copy
       bandwidth measured in the same run, per key format, keys a row and N.
-
-A run is an hdk-bench --json file, or FILE.json:NAME for the rounds kept under NAME in a bundle
-(`bundle` below: {"NAME": [run, run, ...], ...}), which keeps a folder of bench/results small.
-
-  dsv4_tables.py bundle OUT.json NAME=RUN.json[,RUN2.json ...] [NAME2=...]
 """
 import argparse
 import json
