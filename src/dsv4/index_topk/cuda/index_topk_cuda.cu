@@ -59,6 +59,7 @@
 #include "dsv4/kv_cache/kv_cache_problem.h"
 #include "dsv4/kv_cache/kv_formats.h"
 #include "hdk/error.h"
+#include "topk/select_layout.h"
 
 namespace hdk {
 namespace dsv4 {
