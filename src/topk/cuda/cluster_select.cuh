@@ -27,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/cuda/block_scan.cuh"
 #include "core/resident_clusters.h"
 #include "topk/cuda/split_by_quads.cuh"
 #include "topk/select_layout.h"
