@@ -153,36 +153,54 @@ __device__ __forceinline__ uint8_t* query_chunk(uint8_t* tile, int row, int chun
 constexpr int kQueryJobs = kHeads * kChunksPerRow / kSparseThreads;  // chunks a thread loads
 static_assert(kHeads * kChunksPerRow % kSparseThreads == 0, "whole jobs per thread");
 
-// bf16 q with 16-byte aligned rows: the thread's chunks [first_job, end_job) of the CTA's 64
-// query rows, its group's kGroupHeads heads from head0, requested by cp.async as stored (zero
-// rows beyond the group and beyond Hq). The caller commits them and checks them once they have
-// landed (queries_finite, or the tensor-core kernel's scores).
-template <int kGroupHeads = kHeads>
-__device__ void copy_queries_async(const SparseDecodeProblem& p, int64_t n, int64_t head0,
-                                   uint8_t* q_tile, int tid, int first_job, int end_job) {
-  for (int i = first_job; i < end_job; ++i) {
-    const int job = tid + i * kSparseThreads;
-    const int h = job / kChunksPerRow, c = job % kChunksPerRow;
-    uint8_t* target = query_chunk(q_tile, h, c);
-    // (A 64-head group skips the first test, which the compiler cannot drop.)
-    if ((kGroupHeads == kHeads || h < kGroupHeads) && head0 + h < p.num_heads) {
-      cp_async_16(target, static_cast<const uint16_t*>(p.q.data) + n * p.q.row_stride +
-                              (head0 + h) * p.q.head_stride + 8 * c);
-    } else {
-      *reinterpret_cast<uint4*>(target) = make_uint4(0, 0, 0, 0);
-    }
+// Chunk c of the group's head h (of kGroupHeads heads from head0), bf16 q with 16-byte aligned
+// rows: requested by cp.async as stored, or zeros beyond the group and beyond Hq.
+template <int kGroupHeads>
+__device__ __forceinline__ void copy_query_chunk(const SparseDecodeProblem& p, int64_t n,
+                                                 int64_t head0, uint8_t* q_tile, int h, int c) {
+  uint8_t* target = query_chunk(q_tile, h, c);
+  // (A 64-head group skips the first test, which the compiler cannot drop.)
+  if ((kGroupHeads == kHeads || h < kGroupHeads) && head0 + h < p.num_heads) {
+    cp_async_16(target, static_cast<const uint16_t*>(p.q.data) + n * p.q.row_stride +
+                            (head0 + h) * p.q.head_stride + 8 * c);
+  } else {
+    *reinterpret_cast<uint4*>(target) = make_uint4(0, 0, 0, 0);
   }
 }
 
+// Job tid + kSparseThreads i is chunk tid % kChunksPerRow of head tid / kChunksPerRow +
+// kQueryHeadStep i: a thread takes the same chunk of every fourth head.
+constexpr int kQueryHeadStep = kSparseThreads / kChunksPerRow;
+static_assert(kSparseThreads % kChunksPerRow == 0, "a thread's chunk is the same in every job");
+
+// The thread's chunks [first_job, end_job) of the CTA's 64 query rows (copy_query_chunk). The
+// caller commits them and checks them once they have landed (queries_finite, or the tensor-core
+// kernel's scores). Each job's head and chunk divided out of its number (signed) had cost about
+// 45 instructions a copy, issued before the first tile's requests: the stepped heads made the
+// tensor-core kernel 1.01-1.06x at 1-16 rows (H200).
+template <int kGroupHeads = kHeads>
+__device__ void copy_queries_async(const SparseDecodeProblem& p, int64_t n, int64_t head0,
+                                   uint8_t* q_tile, int tid, int first_job, int end_job) {
+  const int c = static_cast<int>(static_cast<unsigned>(tid) % kChunksPerRow);
+  const int first_head = static_cast<int>(static_cast<unsigned>(tid) / kChunksPerRow);
+  for (int i = first_job; i < end_job; ++i)
+    copy_query_chunk<kGroupHeads>(p, n, head0, q_tile, first_head + kQueryHeadStep * i, c);
+}
+
 // The CTA's 64 query rows as bf16, its group's kGroupHeads heads from head0 (zero rows beyond the
-// group and beyond Hq): bf16 q with 16-byte aligned rows by copy_queries_async; other q loaded
+// group and beyond Hq): bf16 q with 16-byte aligned rows by copy_query_chunk; other q loaded
 // four 8-value chunks at a time (one round trip per four chunks), converted to bf16, checked (a
 // NaN or infinity marks the CTA bad) and stored.
 template <int kGroupHeads = kHeads>
 __device__ void load_queries(const SparseDecodeProblem& p, int64_t n, int64_t head0, bool q_async,
                              bool q_vector, uint8_t* q_tile, int* bad, int tid) {
   if (q_async) {
-    copy_queries_async<kGroupHeads>(p, n, head0, q_tile, tid, 0, kQueryJobs);
+    // The same chunks as copy_queries_async, each job's divided out of its number: the pipelined
+    // kernel's consumers (168 registers) spilled more with the stepped heads.
+    for (int i = 0; i < kQueryJobs; ++i) {
+      const int job = tid + i * kSparseThreads;
+      copy_query_chunk<kGroupHeads>(p, n, head0, q_tile, job / kChunksPerRow, job % kChunksPerRow);
+    }
     return;
   }
   constexpr int kBatch = 4;
@@ -241,10 +259,11 @@ __device__ void load_queries(const SparseDecodeProblem& p, int64_t n, int64_t he
 // one-tile CTA, H200).
 __device__ bool queries_finite(const uint8_t* q_tile, int tid) {
   uint32_t nonfinite = 0;
+  const int c = static_cast<int>(static_cast<unsigned>(tid) % kChunksPerRow);
+  const int first_head = static_cast<int>(static_cast<unsigned>(tid) / kChunksPerRow);
 #pragma unroll
   for (int i = 0; i < kQueryJobs; ++i) {
-    const int job = tid + i * kSparseThreads;
-    const int h = job / kChunksPerRow, c = job % kChunksPerRow;
+    const int h = first_head + kQueryHeadStep * i;  // copy_queries_async's jobs
     const uint4 v =
         *reinterpret_cast<const uint4*>(query_chunk(const_cast<uint8_t*>(q_tile), h, c));
     nonfinite |= bf16x2_nonfinite_bits(v.x) | bf16x2_nonfinite_bits(v.y) |

@@ -71,13 +71,15 @@ __device__ __forceinline__ float load_sink(const SparseDecodeProblem& p, int64_t
 // once, lse written and this CTA's column slice of its group's heads finished from every split's
 // partial. `o_half`: which 256 columns of O this thread's accumulators hold (-1: none);
 // `holds_stats`: whether its row_max / row_sum are the CTA's softmax statistics. kGroupHeads:
-// the heads of a group (SparsePlan::group_heads), fewer than 64 only through the workspace. Every
-// thread of the CTA calls it (it holds CTA and cluster barriers).
+// the heads of a group (SparsePlan::group_heads), fewer than 64 only through the workspace.
+// `shared_conversion`: the peer CTA writes into this one's shared memory (the pipelined kernel's
+// shared conversion), so the cluster meets at the end even through the workspace. Every thread of
+// the CTA calls it (it holds CTA and cluster barriers).
 template <int kCtaThreads, bool kThroughWorkspace, int kGroupHeads = kHeads>
 __device__ void finish_row(const SparseDecodeProblem& p, const SparsePlan& plan,
                            const CtaSpace& space, int64_t n, int tid, int o_half, bool holds_stats,
                            const float (&o)[128], const float (&row_max)[2], float (&row_sum)[2],
-                           bool out_vector) {
+                           bool out_vector, bool shared_conversion) {
   cg::cluster_group cluster = cg::this_cluster();
   const CtaRole role = cta_role<kThroughWorkspace>(plan);
   static_assert(kGroupHeads == kHeads || kThroughWorkspace, "a cluster combines 64-head groups");
@@ -133,8 +135,9 @@ __device__ void finish_row(const SparseDecodeProblem& p, const SparsePlan& plan,
   }
   if constexpr (kThroughWorkspace) {
     // The row's other splits are CTAs of other clusters: the partial goes to the workspace for
-    // sparse_decode_combine_kernel. The cluster (this split's head groups) still meets at the
-    // end, since a shared conversion writes into the peer's shared memory.
+    // sparse_decode_combine_kernel. With a shared conversion the cluster (this split's head
+    // groups) still meets at the end: the peer's copies and arrivals land in this CTA's shared
+    // memory.
     __syncthreads();  // the staged O, the statistics and the flag are complete
     // The group's rows only: smaller groups leave an SM fewer bytes to write.
     const SparseWorkspaceLayout layout =
@@ -153,7 +156,9 @@ __device__ void finish_row(const SparseDecodeProblem& p, const SparsePlan& plan,
       stats[kGroupHeads + tid] = stat_l[tid];
     }
     if (tid == 0) reinterpret_cast<int*>(p.workspace + layout.flags_offset)[record] = *bad;
-    cluster.sync();
+    // Nothing else of a CTA is read by its peers here, and the combine kernel sees the records
+    // once this grid is done: without a shared conversion a CTA leaves without waiting for them.
+    if (shared_conversion) cluster.sync();
     return;
   }
   cluster.sync();  // every CTA's partials and flag are visible cluster-wide

@@ -374,7 +374,7 @@ __global__ void __launch_bounds__(kSparseThreads, 1)
   const CtaSpace space{
       reinterpret_cast<float*>(shared.q), stat_m, stat_l, shared.sink, bad, factors};
   finish_row<kSparseThreads, kThroughWorkspace, kGroupHeads>(
-      p, plan, space, n, tid, half, half == 0, o, row_max, row_sum, out_vector);
+      p, plan, space, n, tid, half, half == 0, o, row_max, row_sum, out_vector, false);
 }
 
 }  // namespace

@@ -543,7 +543,7 @@ __global__ void __launch_bounds__(kSparsePipelinedThreads, 1)
   // (one set of CTA and cluster barriers, reached by every thread from the same code).
   finish_row<kSparsePipelinedThreads, kThroughWorkspace>(
       p, plan, space, n, tid, warpgroup < 2 ? warpgroup : -1, warpgroup == 0, o, row_max, row_sum,
-      out_vector);
+      out_vector, kSharedConversion);
 }
 
 }  // namespace
