@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "core/bf16_pairs.h"
+#include "core/cuda/cluster_barrier.cuh"
 #include "core/cuda/count_invalid.cuh"
 #include "dsv4/attention/attention_problem.h"
 #include "dsv4/attention/attention_workspace.h"
@@ -17,6 +19,7 @@
 #include "dsv4/sparse_decode/cuda/sparse_decode_layout.h"
 #include "dsv4/sparse_decode/cuda/sparse_decode_plan.h"
 #include "hdk/dsv4/kv_cache.h"
+#include "hdk/dtype.h"
 
 namespace hdk {
 namespace dsv4 {
@@ -66,6 +69,34 @@ __device__ __forceinline__ float load_sink(const SparseDecodeProblem& p, int64_t
              : 0.0f;
 }
 
+// Whether a row of one split finishes without the combine's jobs: bf16 outputs on 16 bytes take
+// its O in 16-byte runs (store_bf16_runs).
+__device__ __forceinline__ bool one_split_bf16_row(const SparseDecodeProblem& p,
+                                                   const SparsePlan& plan) {
+  return plan.splits == 1 && p.out_dtype == DType::kBFloat16 &&
+         reinterpret_cast<uintptr_t>(p.out) % 16 == 0 && p.out_row_stride % 8 == 0 &&
+         p.out_head_stride % 8 == 0;
+}
+
+// Row n's O for the group's heads from head0, eight bf16 columns a job: `run_of(h, run)` is head
+// h's run of columns 8 run .. 8 run + 7 as four bf16 pairs. An invalid row is zeros, NaN partials
+// included.
+template <int kCtaThreads, typename RunOf>
+__device__ __forceinline__ void store_bf16_runs(const SparseDecodeProblem& p, int64_t n,
+                                                int64_t head0, int tid, bool row_bad,
+                                                RunOf run_of) {
+  constexpr int kRuns = static_cast<int>(kHeadDim) / 8;  // 16-byte runs a row
+  for (int job = tid; job < kHeads * kRuns; job += kCtaThreads) {
+    const int h = static_cast<int>(static_cast<unsigned>(job) / kRuns);
+    const int run = static_cast<int>(static_cast<unsigned>(job) % kRuns);
+    if (head0 + h >= p.num_heads) continue;
+    uint4 packed = make_uint4(0, 0, 0, 0);
+    if (!row_bad) packed = run_of(h, run);
+    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.out) + n * p.out_row_stride +
+                              (head0 + h) * p.out_head_stride + 8 * run) = packed;
+  }
+}
+
 // The end of a CTA's slice: its partial result (row maxima and sums, unnormalized O) staged in
 // its shared memory, then, across the row's cluster, the row's validity agreed on, the sink added
 // once, lse written and this CTA's column slice of its group's heads finished from every split's
@@ -75,7 +106,13 @@ __device__ __forceinline__ float load_sink(const SparseDecodeProblem& p, int64_t
 // `shared_conversion`: the peer CTA writes into this one's shared memory (the pipelined kernel's
 // shared conversion), so the cluster meets at the end even through the workspace. Every thread of
 // the CTA calls it (it holds CTA and cluster barriers).
-template <int kCtaThreads, bool kThroughWorkspace, int kGroupHeads = kHeads>
+// A row of one split in its cluster with bf16 outputs on 16 bytes (one_split_bf16_row) skips the
+// combine's jobs and stores its O in 16-byte runs, ending without the barrier's fence. With
+// kStageOneSplitRowsAsBf16 (the tensor-core kernel) the weights come before the cluster barrier
+// and O is staged as the finished bf16 rows straight from the accumulators; the pipelined kernel,
+// whose accumulators kept across the weights spilled, scales its fp32 staging as it stores.
+template <int kCtaThreads, bool kThroughWorkspace, int kGroupHeads = kHeads,
+          bool kStageOneSplitRowsAsBf16 = false>
 __device__ void finish_row(const SparseDecodeProblem& p, const SparsePlan& plan,
                            const CtaSpace& space, int64_t n, int tid, int o_half, bool holds_stats,
                            const float (&o)[128], const float (&row_max)[2], float (&row_sum)[2],
@@ -116,8 +153,11 @@ __device__ void finish_row(const SparseDecodeProblem& p, const SparsePlan& plan,
     nan = nan || isnan(sink) || sink == INFINITY;  // the CPU's NaN results for such a sink
   }
   if (nan) *bad = 1;
-  __syncthreads();  // the operand tiles are free for the staging
-  if (o_half >= 0 && (kGroupHeads == kHeads || 16 * head_tile < kGroupHeads)) {
+  // Staged as bf16 rows below, after the weights.
+  const bool one_split_rows =
+      kStageOneSplitRowsAsBf16 && !kThroughWorkspace && one_split_bf16_row(p, plan);
+  if (!one_split_rows) __syncthreads();  // the operand tiles are free for the staging
+  if (!one_split_rows && o_half >= 0 && (kGroupHeads == kHeads || 16 * head_tile < kGroupHeads)) {
 #pragma unroll
     for (int i = 0; i < 128; i += 2) {
       const MatrixCoord at = wgmma_d_coord(thread, i);
@@ -133,42 +173,8 @@ __device__ void finish_row(const SparseDecodeProblem& p, const SparsePlan& plan,
       stat_l[row] = row_sum[r];
     }
   }
-  if constexpr (kThroughWorkspace) {
-    // The row's other splits are CTAs of other clusters: the partial goes to the workspace for
-    // sparse_decode_combine_kernel. With a shared conversion the cluster (this split's head
-    // groups) still meets at the end: the peer's copies and arrivals land in this CTA's shared
-    // memory.
-    __syncthreads();  // the staged O, the statistics and the flag are complete
-    // The group's rows only: smaller groups leave an SM fewer bytes to write.
-    const SparseWorkspaceLayout layout =
-        sparse_workspace_layout(p.num_rows, plan.groups, plan.splits, kGroupHeads);
-    const int64_t record = sparse_record(n, split, group, plan.splits, plan.groups);
-    float4* o_record = reinterpret_cast<float4*>(p.workspace + layout.o_offset) +
-                       record * (kGroupHeads * kSparseRecordColumns / 4);
-    for (int job = tid; job < kGroupHeads * (kHeadDim / 4); job += kCtaThreads) {
-      const int h = job / (kHeadDim / 4), quad = job % (kHeadDim / 4);
-      o_record[job] = *reinterpret_cast<const float4*>(stage + h * kStageStride + 4 * quad);
-    }
-    float* stats =
-        reinterpret_cast<float*>(p.workspace + layout.stats_offset) + record * 2 * kGroupHeads;
-    if (tid < kGroupHeads) {
-      stats[tid] = stat_m[tid];
-      stats[kGroupHeads + tid] = stat_l[tid];
-    }
-    if (tid == 0) reinterpret_cast<int*>(p.workspace + layout.flags_offset)[record] = *bad;
-    // Nothing else of a CTA is read by its peers here, and the combine kernel sees the records
-    // once this grid is done: without a shared conversion a CTA leaves without waiting for them.
-    if (shared_conversion) cluster.sync();
-    return;
-  }
-  cluster.sync();  // every CTA's partials and flag are visible cluster-wide
-
-  // ---- combine: the row's validity, then this CTA's column slice of its group's heads -------
-  // Every distributed load of the statistics goes out in one round: thread r reads rank r's
-  // flag, and each head's thread its splits' maxima and sums (unrolled over the most splits the
-  // plan allows), before any is used. Read one after another, they took 1.2-2.1 us of a
-  // one-row call (H200).
-  const int rank_bad = tid < plan.cluster() ? *cluster.map_shared_rank(bad, tid) : 0;
+  // Head tid's weight of each split in the combined row (`factors`) and its lse, from the splits'
+  // maxima and sums and the sink.
   float lse = 0.0f;
   auto statistics = [&](auto max_splits) {
     constexpr int kMaxSplits = decltype(max_splits)::value;
@@ -178,8 +184,9 @@ __device__ void finish_row(const SparseDecodeProblem& p, const SparsePlan& plan,
     for (int s = 0; s < kMaxSplits; ++s) {
       if (s < plan.splits) {
         const int peer = s * plan.groups + group;
-        split_m[s] = cluster.map_shared_rank(stat_m, peer)[h];
-        split_l[s] = cluster.map_shared_rank(stat_l, peer)[h];
+        // One split is this CTA's own (no distributed load).
+        split_m[s] = kMaxSplits == 1 ? stat_m[h] : cluster.map_shared_rank(stat_m, peer)[h];
+        split_l[s] = kMaxSplits == 1 ? stat_l[h] : cluster.map_shared_rank(stat_l, peer)[h];
       }
     }
     float top = -INFINITY;
@@ -219,6 +226,80 @@ __device__ void finish_row(const SparseDecodeProblem& p, const SparsePlan& plan,
       lse = list_top == -INFINITY ? -INFINITY : (list_top + log2f(list_sum)) * kLn2;
     }
   };
+  if constexpr (kStageOneSplitRowsAsBf16) {
+    if (one_split_rows) {
+      // The weights before the cluster barrier, so that the accumulators are staged and dead
+      // before it (kept across it, they spilled at the pipelined kernel's 168 registers).
+      __syncthreads();  // the statistics are complete; the operand tiles are free
+      if (tid < kHeads) statistics(std::integral_constant<int, 1>());
+      __syncthreads();  // the factors are complete
+      // Accumulators 4 k + 2 r, 4 k + 2 r + 1 are columns 8 k + 2 (lane % 4) + {0, 1} of row
+      // 16 head_tile + lane / 4 + 8 r (wgmma_d_coord): bf16 pair (word) 4 k + lane % 4 of the
+      // warpgroup's half row. Rows kBf16StageWords apart keep a warp's stores on 32 banks.
+      uint32_t* rows = reinterpret_cast<uint32_t*>(stage);
+      if (o_half >= 0) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int row = 16 * head_tile + quad_row + 8 * r;
+          const float factor = factors[row];
+          uint32_t* at = rows + row * kBf16StageWords + 128 * o_half + lane % 4;
+#pragma unroll
+          for (int k = 0; k < 32; ++k)
+            at[4 * k] =
+                pack_floats_bf16x2(o[4 * k + 2 * r] * factor, o[4 * k + 2 * r + 1] * factor);
+        }
+      }
+      cluster.sync();  // every CTA's flag is visible cluster-wide, the bf16 rows CTA-wide
+      const int rank_bad = tid < plan.cluster() ? *cluster.map_shared_rank(bad, tid) : 0;
+      const bool row_bad = __syncthreads_or(rank_bad) != 0;
+      if (tid < kHeads && head0 + tid < p.num_heads && p.lse != nullptr)
+        p.lse[n * p.lse_row_stride + (head0 + tid) * p.lse_head_stride] = row_bad ? NAN : lse;
+      // The peers' flags are read: a peer may leave once this CTA is past here too.
+      hdk::detail::cluster_arrive_relaxed();
+      store_bf16_runs<kCtaThreads>(p, n, head0, tid, row_bad, [&](int h, int run) {
+        return *reinterpret_cast<const uint4*>(rows + h * kBf16StageWords + 4 * run);
+      });
+      if (group == 0 && tid == 0 && row_bad) count_invalid(p.invalid_count, 1);
+      hdk::detail::cluster_wait();  // no CTA leaves while a peer may still read its flag
+      return;
+    }
+  }
+  if constexpr (kThroughWorkspace) {
+    // The row's other splits are CTAs of other clusters: the partial goes to the workspace for
+    // sparse_decode_combine_kernel. With a shared conversion the cluster (this split's head
+    // groups) still meets at the end: the peer's copies and arrivals land in this CTA's shared
+    // memory.
+    __syncthreads();  // the staged O, the statistics and the flag are complete
+    // The group's rows only: smaller groups leave an SM fewer bytes to write.
+    const SparseWorkspaceLayout layout =
+        sparse_workspace_layout(p.num_rows, plan.groups, plan.splits, kGroupHeads);
+    const int64_t record = sparse_record(n, split, group, plan.splits, plan.groups);
+    float4* o_record = reinterpret_cast<float4*>(p.workspace + layout.o_offset) +
+                       record * (kGroupHeads * kSparseRecordColumns / 4);
+    for (int job = tid; job < kGroupHeads * (kHeadDim / 4); job += kCtaThreads) {
+      const int h = job / (kHeadDim / 4), quad = job % (kHeadDim / 4);
+      o_record[job] = *reinterpret_cast<const float4*>(stage + h * kStageStride + 4 * quad);
+    }
+    float* stats =
+        reinterpret_cast<float*>(p.workspace + layout.stats_offset) + record * 2 * kGroupHeads;
+    if (tid < kGroupHeads) {
+      stats[tid] = stat_m[tid];
+      stats[kGroupHeads + tid] = stat_l[tid];
+    }
+    if (tid == 0) reinterpret_cast<int*>(p.workspace + layout.flags_offset)[record] = *bad;
+    // Nothing else of a CTA is read by its peers here, and the combine kernel sees the records
+    // once this grid is done: without a shared conversion a CTA leaves without waiting for them.
+    if (shared_conversion) cluster.sync();
+    return;
+  }
+  cluster.sync();  // every CTA's partials and flag are visible cluster-wide
+
+  // ---- combine: the row's validity, then this CTA's column slice of its group's heads -------
+  // Every distributed load of the statistics goes out in one round: thread r reads rank r's
+  // flag, and each head's thread its splits' maxima and sums (unrolled over the most splits the
+  // plan allows), before any is used. Read one after another, they took 1.2-2.1 us of a
+  // one-row call (H200).
+  const int rank_bad = tid < plan.cluster() ? *cluster.map_shared_rank(bad, tid) : 0;
   if (tid < kHeads) {
     if (plan.splits <= kSparseMaxCluster) {
       statistics(std::integral_constant<int, kSparseMaxCluster>());
@@ -230,6 +311,20 @@ __device__ void finish_row(const SparseDecodeProblem& p, const SparsePlan& plan,
   const bool row_bad = __syncthreads_or(rank_bad) != 0;
   if (tid < kHeads && split == 0 && head0 + tid < p.num_heads && p.lse != nullptr) {
     p.lse[n * p.lse_row_stride + (head0 + tid) * p.lse_head_stride] = row_bad ? NAN : lse;
+  }
+  // A row of one split staged in fp32: eight columns a job from the CTA's own staging.
+  if (!kStageOneSplitRowsAsBf16 && one_split_bf16_row(p, plan)) {
+    hdk::detail::cluster_arrive_relaxed();  // the peers' flags and statistics are read
+    store_bf16_runs<kCtaThreads>(p, n, head0, tid, row_bad, [&](int h, int run) {
+      const float f = factors[h];
+      const float4 a = *reinterpret_cast<const float4*>(stage + h * kStageStride + 8 * run);
+      const float4 b = *reinterpret_cast<const float4*>(stage + h * kStageStride + 8 * run + 4);
+      return make_uint4(pack_floats_bf16x2(f * a.x, f * a.y), pack_floats_bf16x2(f * a.z, f * a.w),
+                        pack_floats_bf16x2(f * b.x, f * b.y), pack_floats_bf16x2(f * b.z, f * b.w));
+    });
+    if (group == 0 && tid == 0 && row_bad) count_invalid(p.invalid_count, 1);
+    hdk::detail::cluster_wait();  // no CTA leaves while a peer may still read its shared memory
+    return;
   }
 
   // Each thread sums four columns of one head over the splits: every split's partial is loaded

@@ -373,7 +373,7 @@ __global__ void __launch_bounds__(kSparseThreads, 1)
   if (q_async && first >= last && !queries_finite(shared.q, tid)) *bad = 1;
   const CtaSpace space{
       reinterpret_cast<float*>(shared.q), stat_m, stat_l, shared.sink, bad, factors};
-  finish_row<kSparseThreads, kThroughWorkspace, kGroupHeads>(
+  finish_row<kSparseThreads, kThroughWorkspace, kGroupHeads, true>(
       p, plan, space, n, tid, half, half == 0, o, row_max, row_sum, out_vector, false);
 }
 
