@@ -16,27 +16,29 @@ namespace hdk {
 namespace testing {
 namespace {
 
-// The combine's column slices of any split count cover a row's 128 column quads once, and
-// head_of_job recovers every job's head exactly.
+// The combine's column slices of any split count cover a row's 128 column quads (64 octets for
+// bf16 partials) once, and head_of_job recovers every job's head exactly.
 TEST(SparseDecodePlan, CombineSlicesCoverTheColumnsAndFindEveryHead) {
-  for (int splits = 1; splits <= dsv4::detail::kSparseMaxWideCluster; ++splits) {
-    int covered = 0;
-    for (int split = 0; split < splits; ++split) {
-      const dsv4::detail::CombineSlice slice = dsv4::detail::combine_slice(split, splits);
-      ASSERT_EQ(slice.first, covered) << splits << " " << split;
-      ASSERT_GE(slice.count, 128 / splits);
-      ASSERT_LE(slice.count, 128 / splits + 1);
-      covered += slice.count;
-      for (uint32_t job = 0; job < 64u * static_cast<uint32_t>(slice.count); ++job) {
-        ASSERT_EQ(dsv4::detail::head_of_job(job, slice.inverse),
-                  static_cast<int>(job / static_cast<uint32_t>(slice.count)))
-            << splits << " " << split << " " << job;
+  for (const int units : {128, 64}) {
+    for (int splits = 1; splits <= dsv4::detail::kSparseMaxWideCluster; ++splits) {
+      int covered = 0;
+      for (int split = 0; split < splits; ++split) {
+        const dsv4::detail::CombineSlice slice = dsv4::detail::combine_slice(split, splits, units);
+        ASSERT_EQ(slice.first, covered) << units << " " << splits << " " << split;
+        ASSERT_GE(slice.count, units / splits);
+        ASSERT_LE(slice.count, units / splits + 1);
+        covered += slice.count;
+        for (uint32_t job = 0; job < 64u * static_cast<uint32_t>(slice.count); ++job) {
+          ASSERT_EQ(dsv4::detail::head_of_job(job, slice.inverse),
+                    static_cast<int>(job / static_cast<uint32_t>(slice.count)))
+              << units << " " << splits << " " << split << " " << job;
+        }
       }
+      ASSERT_EQ(covered, units) << splits;
     }
-    ASSERT_EQ(covered, 128) << splits;
   }
   // Beyond the combine's jobs too: every count from 2 (ceil(2^32 / 1) needs 33 bits; a slice
-  // has at least 8 quads) to 128, up to 2^16 jobs.
+  // has at least 4 units) to 128, up to 2^16 jobs.
   for (int count = 2; count <= 128; ++count) {
     const uint32_t inverse = 0xffffffffu / static_cast<uint32_t>(count) + 1u;
     for (uint32_t job = 0; job < (1u << 16); job += 7) {

@@ -156,13 +156,29 @@ __device__ void finish_row(const SparseDecodeProblem& p, const SparsePlan& plan,
   // Staged as bf16 rows below, after the weights.
   const bool one_split_rows =
       kStageOneSplitRowsAsBf16 && !kThroughWorkspace && one_split_bf16_row(p, plan);
+  // The splits of a row combined in its cluster with bf16 outputs stage their partial O as bf16
+  // pairs, rows kBf16StageWords apart: the combine's reads through distributed shared memory,
+  // whose bytes bound it, are halved. Their rounding adds at most 2^-9 max|E| to o
+  // (docs/dsv4-attention.md, "Accuracy").
+  const bool bf16_partials =
+      !kThroughWorkspace && plan.splits > 1 && p.out_dtype == DType::kBFloat16;
   if (!one_split_rows) __syncthreads();  // the operand tiles are free for the staging
   if (!one_split_rows && o_half >= 0 && (kGroupHeads == kHeads || 16 * head_tile < kGroupHeads)) {
+    if (bf16_partials) {
+      uint32_t* rows = reinterpret_cast<uint32_t*>(stage);
 #pragma unroll
-    for (int i = 0; i < 128; i += 2) {
-      const MatrixCoord at = wgmma_d_coord(thread, i);
-      *reinterpret_cast<float2*>(stage + at.row * kStageStride + 256 * o_half + at.col) =
-          make_float2(o[i], o[i + 1]);
+      for (int i = 0; i < 128; i += 2) {
+        const MatrixCoord at = wgmma_d_coord(thread, i);
+        rows[at.row * kBf16StageWords + 128 * o_half + at.col / 2] =
+            pack_floats_bf16x2(o[i], o[i + 1]);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 128; i += 2) {
+        const MatrixCoord at = wgmma_d_coord(thread, i);
+        *reinterpret_cast<float2*>(stage + at.row * kStageStride + 256 * o_half + at.col) =
+            make_float2(o[i], o[i + 1]);
+      }
     }
   }
   if (holds_stats && lane % 4 == 0) {
@@ -330,16 +346,52 @@ __device__ void finish_row(const SparseDecodeProblem& p, const SparsePlan& plan,
   // Each thread sums four columns of one head over the splits: every split's partial is loaded
   // (distributed shared memory) before any is used, then four values are stored at once. The
   // split finishes its combine_slice of every head's columns.
-  const CombineSlice slice = combine_slice(split, plan.splits);
+  const CombineSlice slice = combine_slice(split, plan.splits, bf16_partials ? 64 : 128);
   // The arrays below are unrolled over the most splits the plan allows: 8 unless the row's
   // cluster is one of the non-portable 16, whose longer loops cost the others 1-4% on an H100.
-  auto combine = [&](auto max_splits) {
+  auto combine = [&](auto max_splits, auto in_bf16) {
     constexpr int kMaxSplits = decltype(max_splits)::value;
     const float* peer_stage[kMaxSplits];
 #pragma unroll
     for (int s = 0; s < kMaxSplits; ++s) {
       peer_stage[s] =
           s < plan.splits ? cluster.map_shared_rank(stage, s * plan.groups + group) : stage;
+    }
+    if constexpr (decltype(in_bf16)::value) {  // eight columns a job, 16 bytes of a split's pairs
+      for (int job = tid; job < kHeads * slice.count; job += kCtaThreads) {
+        const int h = head_of_job(static_cast<uint32_t>(job), slice.inverse);
+        const int octet = slice.first + job - h * slice.count;
+        const int64_t head = head0 + h;
+        if (head >= p.num_heads) continue;
+        float sum[8] = {};
+        if (!row_bad) {
+          uint4 partial[kMaxSplits];
+#pragma unroll
+          for (int s = 0; s < kMaxSplits; ++s) {
+            if (s < plan.splits) {
+              partial[s] =
+                  *reinterpret_cast<const uint4*>(reinterpret_cast<const uint32_t*>(peer_stage[s]) +
+                                                  h * kBf16StageWords + 4 * octet);
+            }
+          }
+#pragma unroll
+          for (int s = 0; s < kMaxSplits; ++s) {
+            if (s < plan.splits) {
+              const float f = factors[s * kHeads + h];
+              const uint32_t pairs[4] = {partial[s].x, partial[s].y, partial[s].z, partial[s].w};
+#pragma unroll
+              for (int k = 0; k < 4; ++k) {
+                sum[2 * k] += f * bf16_bits_value(pairs[k] & 0xffffu);
+                sum[2 * k + 1] += f * bf16_bits_value(pairs[k] >> 16);
+              }
+            }
+          }
+        }
+        const int64_t offset = n * p.out_row_stride + head * p.out_head_stride + 8 * octet;
+        store_output4(p, offset, make_float4(sum[0], sum[1], sum[2], sum[3]), out_vector);
+        store_output4(p, offset + 4, make_float4(sum[4], sum[5], sum[6], sum[7]), out_vector);
+      }
+      return;
     }
     for (int job = tid; job < kHeads * slice.count; job += kCtaThreads) {
       const int h = head_of_job(static_cast<uint32_t>(job), slice.inverse);
@@ -372,10 +424,28 @@ __device__ void finish_row(const SparseDecodeProblem& p, const SparsePlan& plan,
       store_output4(p, offset, sum, out_vector);
     }
   };
-  if (plan.splits <= kSparseMaxCluster) {
-    combine(std::integral_constant<int, kSparseMaxCluster>());
+  // The bf16 partials' loop is unrolled for the row's split count where it is small: its code is
+  // fetched cold inside a decode step, and the 8-split form is three times the fp32 loop's.
+  using Bf16 = std::true_type;
+  using Fp32 = std::false_type;
+  if (bf16_partials && plan.splits <= 4) {
+    if (plan.splits == 2) {
+      combine(std::integral_constant<int, 2>(), Bf16());
+    } else if (plan.splits == 3) {
+      combine(std::integral_constant<int, 3>(), Bf16());
+    } else {
+      combine(std::integral_constant<int, 4>(), Bf16());
+    }
+  } else if (plan.splits <= kSparseMaxCluster) {
+    if (bf16_partials) {
+      combine(std::integral_constant<int, kSparseMaxCluster>(), Bf16());
+    } else {
+      combine(std::integral_constant<int, kSparseMaxCluster>(), Fp32());
+    }
+  } else if (bf16_partials) {
+    combine(std::integral_constant<int, kSparseMaxWideCluster>(), Bf16());
   } else {
-    combine(std::integral_constant<int, kSparseMaxWideCluster>());
+    combine(std::integral_constant<int, kSparseMaxWideCluster>(), Fp32());
   }
   if (split == 0 && group == 0 && tid == 0 && row_bad) count_invalid(p.invalid_count, 1);
   cluster.sync();  // no CTA leaves while a peer may still read its shared memory

@@ -263,21 +263,21 @@ HDK_HOST_DEVICE int sparse_combine_slices(int64_t rows, int groups, int sm_count
   return slices;
 }
 
-// The combine's share of split `split` of `splits`: the column quads [first, first + count) of
-// every head (of the 128 quads of a 512-column row), and `inverse` = ceil(2^32 / count), with
-// which head_of_job turns a job number (head x count + quad) into its head by a multiply-high.
+// The combine's share of split `split` of `splits`: the column units [first, first + count) of
+// every head (of a 512-column row's `units`: 128 quads of fp32 partials, 64 octets of bf16 ones),
+// and `inverse` = ceil(2^32 / count), with which head_of_job turns a job number (head x count +
+// unit) into its head by a multiply-high.
 struct CombineSlice {
   int first;
   int count;
   uint32_t inverse;
 };
-HDK_HOST_DEVICE CombineSlice combine_slice(int split, int splits) {
-  constexpr int kQuads = 128;
-  const int first = kQuads * split / splits;
-  const int count = kQuads * (split + 1) / splits - first;
+HDK_HOST_DEVICE CombineSlice combine_slice(int split, int splits, int units = 128) {
+  const int first = units * split / splits;
+  const int count = units * (split + 1) / splits - first;
   return CombineSlice{first, count, 0xffffffffu / static_cast<uint32_t>(count) + 1u};
 }
-// job / count for count >= 2 (a slice has at least 128 / 16 quads), exact while job x count <
+// job / count for count >= 2 (a slice has at least 64 / 16 units), exact while job x count <
 // 2^32, which the combine's jobs (under 64 x 128 x 128) are: the rounding of `inverse` adds less
 // than job / 2^32 < 1 / count to the true quotient.
 HDK_HOST_DEVICE int head_of_job(uint32_t job, uint32_t inverse) {
