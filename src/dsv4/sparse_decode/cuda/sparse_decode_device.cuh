@@ -38,8 +38,8 @@ constexpr int kHeads = kSparseGroupHeads;
 constexpr int kTile = kSparseTile;
 constexpr int kChunksPerRow = static_cast<int>(kHeadDim / 8);  // 16-byte chunks of a bf16 row
 constexpr int kStageStride = static_cast<int>(kHeadDim) + 8;   // floats per staged O row
-// Words per bf16 O row staged by a row of one split (finish_row): 256 pairs and 4 of padding,
-// so the 8 rows of a warp's store start 4 banks apart.
+// Words per bf16 O row staged in finish_row (a row of one split, or a split's partial): 256
+// pairs and 4 of padding, so the 8 rows of a warp's store start 4 banks apart.
 constexpr int kBf16StageWords = static_cast<int>(kHeadDim) / 2 + 4;
 constexpr int kQBytes = operand_bytes(kHeads);  // 64 heads x 512 bf16
 constexpr int kEBytes = operand_bytes(kTile);   // 64 entries x 512 bf16

@@ -110,7 +110,8 @@ __device__ __forceinline__ void store_bf16_runs(const SparseDecodeProblem& p, in
 // combine's jobs and stores its O in 16-byte runs, ending without the barrier's fence. With
 // kStageOneSplitRowsAsBf16 (the tensor-core kernel) the weights come before the cluster barrier
 // and O is staged as the finished bf16 rows straight from the accumulators; the pipelined kernel,
-// whose accumulators kept across the weights spilled, scales its fp32 staging as it stores.
+// whose accumulators kept across the weights spilled, scales its fp32 staging as it stores. A
+// row of several splits with bf16 outputs combines bf16 partials (`bf16_partials`).
 template <int kCtaThreads, bool kThroughWorkspace, int kGroupHeads = kHeads,
           bool kStageOneSplitRowsAsBf16 = false>
 __device__ void finish_row(const SparseDecodeProblem& p, const SparsePlan& plan,
@@ -343,9 +344,9 @@ __device__ void finish_row(const SparseDecodeProblem& p, const SparsePlan& plan,
     return;
   }
 
-  // Each thread sums four columns of one head over the splits: every split's partial is loaded
-  // (distributed shared memory) before any is used, then four values are stored at once. The
-  // split finishes its combine_slice of every head's columns.
+  // Each thread sums four columns (eight of bf16 partials) of one head over the splits: every
+  // split's partial is loaded (distributed shared memory) before any is used, then the values are
+  // stored at once. The split finishes its combine_slice of every head's columns.
   const CombineSlice slice = combine_slice(split, plan.splits, bf16_partials ? 64 : 128);
   // The arrays below are unrolled over the most splits the plan allows: 8 unless the row's
   // cluster is one of the non-portable 16, whose longer loops cost the others 1-4% on an H100.
