@@ -392,37 +392,37 @@ __device__ void finish_row(const SparseDecodeProblem& p, const SparsePlan& plan,
         store_output4(p, offset, make_float4(sum[0], sum[1], sum[2], sum[3]), out_vector);
         store_output4(p, offset + 4, make_float4(sum[4], sum[5], sum[6], sum[7]), out_vector);
       }
-      return;
-    }
-    for (int job = tid; job < kHeads * slice.count; job += kCtaThreads) {
-      const int h = head_of_job(static_cast<uint32_t>(job), slice.inverse);
-      const int col = 4 * (slice.first + job - h * slice.count);
-      const int64_t head = head0 + h;
-      if (head >= p.num_heads) continue;
-      float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      if (!row_bad && plan.splits == 1) {  // the CTA's own partial alone
-        const float f = factors[h];
-        const float4 v = *reinterpret_cast<const float4*>(stage + h * kStageStride + col);
-        sum = make_float4(f * v.x, f * v.y, f * v.z, f * v.w);
-      } else if (!row_bad) {
-        float4 partial[kMaxSplits];
+    } else {
+      for (int job = tid; job < kHeads * slice.count; job += kCtaThreads) {
+        const int h = head_of_job(static_cast<uint32_t>(job), slice.inverse);
+        const int col = 4 * (slice.first + job - h * slice.count);
+        const int64_t head = head0 + h;
+        if (head >= p.num_heads) continue;
+        float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (!row_bad && plan.splits == 1) {  // the CTA's own partial alone
+          const float f = factors[h];
+          const float4 v = *reinterpret_cast<const float4*>(stage + h * kStageStride + col);
+          sum = make_float4(f * v.x, f * v.y, f * v.z, f * v.w);
+        } else if (!row_bad) {
+          float4 partial[kMaxSplits];
 #pragma unroll
-        for (int s = 0; s < kMaxSplits; ++s) {
-          if (s < plan.splits) {
-            partial[s] = *reinterpret_cast<const float4*>(peer_stage[s] + h * kStageStride + col);
+          for (int s = 0; s < kMaxSplits; ++s) {
+            if (s < plan.splits) {
+              partial[s] = *reinterpret_cast<const float4*>(peer_stage[s] + h * kStageStride + col);
+            }
+          }
+#pragma unroll
+          for (int s = 0; s < kMaxSplits; ++s) {
+            if (s < plan.splits) {
+              const float f = factors[s * kHeads + h];
+              sum.x += f * partial[s].x, sum.y += f * partial[s].y;
+              sum.z += f * partial[s].z, sum.w += f * partial[s].w;
+            }
           }
         }
-#pragma unroll
-        for (int s = 0; s < kMaxSplits; ++s) {
-          if (s < plan.splits) {
-            const float f = factors[s * kHeads + h];
-            sum.x += f * partial[s].x, sum.y += f * partial[s].y;
-            sum.z += f * partial[s].z, sum.w += f * partial[s].w;
-          }
-        }
+        const int64_t offset = n * p.out_row_stride + head * p.out_head_stride + col;
+        store_output4(p, offset, sum, out_vector);
       }
-      const int64_t offset = n * p.out_row_stride + head * p.out_head_stride + col;
-      store_output4(p, offset, sum, out_vector);
     }
   };
   // The bf16 partials' loop is unrolled for the row's split count where it is small: its code is
