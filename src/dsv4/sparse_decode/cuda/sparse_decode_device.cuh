@@ -179,9 +179,8 @@ static_assert(kSparseThreads % kChunksPerRow == 0, "a thread's chunk is the same
 // The thread's chunks [first_job, end_job) of the CTA's 64 query rows (copy_query_chunk). The
 // caller commits them and checks them once they have landed (queries_finite, or the tensor-core
 // kernel's scores). Each job's head and chunk divided out of its number (signed) had cost about
-// 45 instructions a copy, issued before the first tile's requests: with the end barrier dropped
-// through the workspace (finish_row), the tensor-core kernel 1.01-1.06x at 1-16 rows, against
-// 1.01-1.03x for the barrier alone (H200).
+// 45 instructions a copy, issued before the first tile's requests: the stepped heads made the
+// tensor-core kernel 1.01-1.06x at 1-16 rows (H200).
 template <int kGroupHeads = kHeads>
 __device__ void copy_queries_async(const SparseDecodeProblem& p, int64_t n, int64_t head0,
                                    uint8_t* q_tile, int tid, int first_job, int end_job) {
