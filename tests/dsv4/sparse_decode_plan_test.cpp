@@ -335,6 +335,35 @@ TEST(SparseDecodePlan, FewestTilesTakeOneWaveOfTheSms) {
   EXPECT_FALSE(plan_sparse_fewest_tiles(1, 64, 8256, 132).through_workspace);
 }
 
+// bf16 records where a combine CTA has at least 128 eight-column jobs (group heads x 64 octets
+// over its slices). The plans an H200 (132 SMs) takes: a Flash CSA row in four groups of 16 heads
+// (32 slices: 32 jobs) and two rows (16 slices: 64 jobs) keep fp32 records, four rows in groups
+// of 32 (16 slices: 128 jobs) and eight rows of one group take bf16 ones; a Pro CSA row in four
+// groups of 32 (32 slices: 64 jobs) keeps fp32, two rows of two groups of 64 (32 slices: 128
+// jobs) take bf16.
+TEST(SparseDecodePlan, Bf16RecordsWhereTheCombineHasJobsForItsThreads) {
+  using dsv4::detail::sparse_bf16_records;
+  EXPECT_FALSE(sparse_bf16_records(16, 32));
+  EXPECT_FALSE(sparse_bf16_records(16, 16));
+  EXPECT_FALSE(sparse_bf16_records(32, 32));
+  EXPECT_TRUE(sparse_bf16_records(32, 16));
+  EXPECT_TRUE(sparse_bf16_records(64, 32));
+  EXPECT_TRUE(sparse_bf16_records(16, 8));
+  auto records = [](int64_t rows, int64_t heads, int64_t length) {
+    const dsv4::detail::SparsePlan plan =
+        dsv4::detail::plan_sparse_fewest_tiles(rows, heads, length, 132);
+    EXPECT_TRUE(plan.through_workspace);
+    return sparse_bf16_records(plan.group_heads,
+                               dsv4::detail::sparse_combine_slices(rows, plan.groups, 132));
+  };
+  EXPECT_FALSE(records(1, 64, 640));
+  EXPECT_FALSE(records(2, 64, 640));
+  EXPECT_TRUE(records(4, 64, 640));
+  EXPECT_TRUE(records(8, 64, 640));
+  EXPECT_FALSE(records(1, 128, 1152));
+  EXPECT_TRUE(records(2, 128, 1152));
+}
+
 }  // namespace
 }  // namespace testing
 }  // namespace hdk

@@ -473,6 +473,22 @@ TEST_P(SparseDecode, FlashShapeCsaList) {
   run_sparse_case(c, GetParam());
 }
 
+// Through the workspace with bf16 outputs, a lone Flash CSA row (dispatched in four groups of 16
+// heads) keeps fp32 records and eight rows take bf16 ones (sparse_bf16_records); fp32 outputs
+// keep fp32 records.
+TEST_P(SparseDecode, WorkspaceRecordsOfEitherWidth) {
+  for (int64_t rows : {1, 8}) {
+    for (DType out : {DType::kBFloat16, DType::kFloat32}) {
+      SparseCase c;
+      c.N = rows;
+      c.L = 128 + 512;
+      c.out_dtype = out;
+      c.seed = 11 + static_cast<uint64_t>(rows);
+      run_sparse_case(c, GetParam());
+    }
+  }
+}
+
 TEST_P(SparseDecode, MisalignedQueryAndOutput) {
   for (DType dtype : {DType::kBFloat16, DType::kFloat32}) {
     SparseCase c;
@@ -1178,24 +1194,40 @@ TEST(SparseDecodeCuda, WorkspaceContentsDoNotMatterAndTooSmallIsAnError) {
 TEST(SparseDecodeCuda, InstancesRefuseGroupSizesThePlanNeverMakes) {
   using dsv4::detail::sparse_decode_combine_instance;
   using dsv4::detail::sparse_decode_mma_instance;
+  using dsv4::detail::sparse_decode_pipelined_instance;
+  using dsv4::detail::SparsePartials;
+  const SparsePartials kFp32 = SparsePartials::kFp32Records, kBf16 = SparsePartials::kBf16Records,
+                       kCluster = SparsePartials::kInCluster;
   for (const bool wide : {false, true}) {
     for (const int heads : {16, 32, 64}) {
-      EXPECT_NE(sparse_decode_mma_instance(wide, true, heads), nullptr);
-      EXPECT_NE(sparse_decode_combine_instance(heads), nullptr);
+      for (const SparsePartials records : {kFp32, kBf16})
+        EXPECT_NE(sparse_decode_mma_instance(wide, records, heads), nullptr);
+      for (const bool bf16_records : {false, true})
+        EXPECT_NE(sparse_decode_combine_instance(heads, bf16_records), nullptr);
     }
-    EXPECT_NE(sparse_decode_mma_instance(wide, false, 64), nullptr);
-    expect_error([&] { sparse_decode_mma_instance(wide, true, 48); },
-                 "no tensor-core instance for groups of 48 heads through the workspace");
-    expect_error([&] { sparse_decode_mma_instance(wide, true, 128); },
-                 "no tensor-core instance for groups of 128 heads");
-    expect_error([&] { sparse_decode_mma_instance(wide, false, 32); },
+    EXPECT_NE(sparse_decode_mma_instance(wide, kCluster, 64), nullptr);
+    for (const SparsePartials records : {kFp32, kBf16}) {
+      expect_error([&] { sparse_decode_mma_instance(wide, records, 48); },
+                   "no tensor-core instance for groups of 48 heads through the workspace");
+      expect_error([&] { sparse_decode_mma_instance(wide, records, 128); },
+                   "no tensor-core instance for groups of 128 heads");
+    }
+    expect_error([&] { sparse_decode_mma_instance(wide, kCluster, 32); },
                  "no tensor-core instance for groups of 32 heads in a cluster");
   }
-  expect_error([] { sparse_decode_combine_instance(8); },
+  expect_error([] { sparse_decode_combine_instance(8, true); },
                "no combine instance for groups of 8 heads");
-  // Distinct sizes are distinct kernels.
-  EXPECT_NE(sparse_decode_mma_instance(true, true, 16), sparse_decode_mma_instance(true, true, 64));
-  EXPECT_NE(sparse_decode_combine_instance(32), sparse_decode_combine_instance(64));
+  // Distinct sizes and record types are distinct kernels.
+  EXPECT_NE(sparse_decode_mma_instance(true, kFp32, 16),
+            sparse_decode_mma_instance(true, kFp32, 64));
+  EXPECT_NE(sparse_decode_mma_instance(true, kFp32, 32),
+            sparse_decode_mma_instance(true, kBf16, 32));
+  EXPECT_NE(sparse_decode_pipelined_instance(true, false, kFp32),
+            sparse_decode_pipelined_instance(true, false, kBf16));
+  EXPECT_NE(sparse_decode_pipelined_instance(false, true, kCluster),
+            sparse_decode_pipelined_instance(false, true, kFp32));
+  EXPECT_NE(sparse_decode_combine_instance(32, false), sparse_decode_combine_instance(64, false));
+  EXPECT_NE(sparse_decode_combine_instance(64, true), sparse_decode_combine_instance(64, false));
 }
 
 // The dispatcher with a workspace: a few rows take one tile a CTA (two where one tile a CTA

@@ -4,9 +4,9 @@
 //
 // sparse_decode: a row whose list is split over CTAs outside one thread-block cluster leaves each
 // CTA's partial result in the workspace, and a combine kernel finishes the row. One record per
-// CTA (row, split, head group): its unnormalized O [heads][512] fp32, its per-head (max in log2
-// units, sum) and an invalid flag, for the group's 64 heads, or 32 or 16 where the plan takes
-// smaller groups.
+// CTA (row, split, head group): its unnormalized O [heads][512] fp32 (or bf16 in the first half
+// of that space, SparsePlan::bf16_records), its per-head (max in log2 units, sum) and an invalid
+// flag, for the group's 64 heads, or 32 or 16 where the plan takes smaller groups.
 //
 // index_topk: a row scored by CTAs outside one cluster writes its scores, as the order-preserving
 // uint32 keys of topk_key.h, and each CTA its verdict on its share, to the workspace; the select
@@ -65,7 +65,7 @@ HDK_HOST_DEVICE int sparse_workspace_max_splits(int64_t rows, int groups, int64_
 
 struct SparseWorkspaceLayout {
   int64_t records = 0;       // rows x splits x groups
-  int64_t o_offset = 0;      // records x [heads][512] fp32
+  int64_t o_offset = 0;      // records x [heads][512] fp32 (or bf16, in the first half)
   int64_t stats_offset = 0;  // records x [2][heads] fp32: maxima (log2 units), then sums
   int64_t flags_offset = 0;  // records x int32: the CTA's invalid flag
   int64_t bytes = 0;

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/bf16_pairs.h"
 #include "core/cuda/count_invalid.cuh"
 #include "core/cuda/dependent_launch.cuh"
 #include "dsv4/attention/attention_problem.h"
@@ -16,31 +17,96 @@
 #include "dsv4/sparse_decode/cuda/sparse_decode_kernels.cuh"
 #include "dsv4/sparse_decode/cuda/sparse_decode_plan.h"
 #include "hdk/dsv4/kv_cache.h"
+#include "hdk/dtype.h"
 #include "hdk/error.h"
 
 namespace hdk {
 namespace dsv4 {
 namespace detail {
 
-// Adds `splits` partial results of one column quad, each times its split's weight
+// kColumns consecutive columns of one split's record, added to `sum` times the split's weight:
+// fp32 records four columns a 16-byte load, bf16 records eight.
+template <typename Record, int kColumns>
+struct RecordColumns;
+template <>
+struct RecordColumns<float, 4> {
+  using Load = float4;
+  __device__ static void add(float (&sum)[4], float f, const Load& v) {
+    sum[0] += f * v.x, sum[1] += f * v.y, sum[2] += f * v.z, sum[3] += f * v.w;
+  }
+};
+template <>
+struct RecordColumns<uint16_t, 8> {
+  using Load = uint4;
+  __device__ static void add(float (&sum)[8], float f, const Load& v) {
+    const uint32_t pairs[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      sum[2 * k] += f * bf16_bits_value(pairs[k] & 0xffffu);
+      sum[2 * k + 1] += f * bf16_bits_value(pairs[k] >> 16);
+    }
+  }
+};
+
+// Adds `splits` partial results of kColumns columns, each times its split's weight
 // (weights[s * weight_step]), in split order, with kBatch splits' loads in flight before the
 // first of them is summed.
-template <int kBatch>
-__device__ __forceinline__ void add_partials(float4& sum, const float* o, int64_t o_step,
-                                             const float* weights, int weight_step, int splits) {
+template <int kBatch, typename Record, int kColumns>
+__device__ __forceinline__ void add_partials(float (&sum)[kColumns], const Record* o,
+                                             int64_t o_step, const float* weights, int weight_step,
+                                             int splits) {
+  using Columns = RecordColumns<Record, kColumns>;
+  using Load = typename Columns::Load;
 #pragma unroll 1
   for (int first = 0; first < splits; first += kBatch) {
-    float4 v[kBatch];
+    Load v[kBatch];
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
-      if (first + b < splits) v[b] = *reinterpret_cast<const float4*>(o + (first + b) * o_step);
+      if (first + b < splits) v[b] = *reinterpret_cast<const Load*>(o + (first + b) * o_step);
     }
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
-      if (first + b < splits) {
-        const float f = weights[(first + b) * weight_step];
-        sum.x += f * v[b].x, sum.y += f * v[b].y, sum.z += f * v[b].z, sum.w += f * v[b].w;
+      if (first + b < splits) Columns::add(sum, weights[(first + b) * weight_step], v[b]);
+    }
+  }
+}
+
+// The combine's jobs over column slice `slice` of `slices` of one head group: kColumns columns of
+// one head a job, each the sum of the splits' partials (`o_first`: split 0's record of the group,
+// `o_step` a split further) times their weights, stored to the output.
+template <int kGroupHeads, typename Record, int kColumns>
+__device__ __forceinline__ void combine_columns(const SparseDecodeProblem& p, const Record* o_first,
+                                                int64_t o_step, const float* split_stats,
+                                                int splits, int64_t n, int64_t head0, int slice,
+                                                int slices, bool row_bad, bool out_vector,
+                                                int tid) {
+  const int units = static_cast<int>(kHeadDim / kColumns) / slices;  // column units of the slice
+#pragma unroll 1
+  for (int job = tid; job < kGroupHeads * units; job += kSparseCombineThreads) {
+    const int h = job / units;
+    const int col = kColumns * (slice * units + job % units);
+    const int64_t head = head0 + h;
+    if (head >= p.num_heads) continue;
+    float sum[kColumns] = {};
+    if (!row_bad) {
+      const Record* o = o_first + h * kHeadDim + col;
+      // Batches of 16 splits' loads (one round for up to 16 splits: the pipelined kernel's 16,
+      // Flash CSA's 10 one-tile splits; two or three for 18-33) where a loop unrolled by 4 had
+      // kept two in flight: 16 splits 1.02-1.06x, one-tile splits 1.04-1.14x (H200). Rows of at
+      // most 8 splits take batches of 4: with 16 their predicated-off loads and sums cost 3-4%
+      // at 2 and 4 splits.
+      const float* weights = split_stats + h;
+      if (splits > 8) {
+        add_partials<16>(sum, o, o_step, weights, 2 * kGroupHeads, splits);
+      } else {
+        add_partials<4>(sum, o, o_step, weights, 2 * kGroupHeads, splits);
       }
+    }
+    const int64_t offset = n * p.out_row_stride + head * p.out_head_stride + col;
+#pragma unroll
+    for (int c = 0; c < kColumns; c += 4) {
+      store_output4(p, offset + c, make_float4(sum[c], sum[c + 1], sum[c + 2], sum[c + 3]),
+                    out_vector);
     }
   }
 }
@@ -58,7 +124,9 @@ namespace {
 // with every load unrolled (53 KB) was 1.00-1.13x after the mma kernel but 0.89-0.96x after the
 // pipelined one, whose larger code, we read, leaves this kernel's to be fetched again (H200;
 // docs/dsv4-attention.md, "sparse_decode through the workspace").
-template <int kGroupHeads>
+// kBf16Records: the records hold bf16 partials (bf16 outputs, finish_row), read eight columns a
+// job; an instance of its own keeps each loop's registers and code apart.
+template <int kGroupHeads, bool kBf16Records>
 __global__ void __launch_bounds__(kSparseCombineThreads)
     sparse_decode_combine_kernel(SparseDecodeProblem p, SparsePlan plan, int slices,
                                  bool out_vector) {
@@ -151,47 +219,36 @@ __global__ void __launch_bounds__(kSparseCombineThreads)
   }
   __syncthreads();  // the weights are complete
 
-  const int quads = static_cast<int>(kHeadDim / 4) / slices;  // column quads of the slice
   // One split's record further.
   const int64_t o_step = int64_t{plan.groups} * kGroupHeads * kHeadDim;
-  const float* o_first =
-      o_records + sparse_record(n, 0, group, plan.splits, plan.groups) * kGroupHeads * kHeadDim;
-#pragma unroll 1
-  for (int job = tid; job < kGroupHeads * quads; job += kSparseCombineThreads) {
-    const int h = job / quads;
-    const int col = 4 * (slice * quads + job % quads);
-    const int64_t head = head0 + h;
-    if (head >= p.num_heads) continue;
-    float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (!row_bad) {
-      const float* o = o_first + h * kHeadDim + col;
-      // Batches of 16 splits' loads (one round for up to 16 splits: the pipelined kernel's 16,
-      // Flash CSA's 10 one-tile splits; two or three for 18-33) where a loop unrolled by 4 had
-      // kept two in flight: 16 splits 1.02-1.06x, one-tile splits 1.04-1.14x (H200). Rows of at
-      // most 8 splits take batches of 4: with 16 their predicated-off loads and sums cost 3-4%
-      // at 2 and 4 splits.
-      const float* weights = split_stats + h;
-      if (plan.splits > 8) {
-        add_partials<16>(sum, o, o_step, weights, kStatsPerSplit, plan.splits);
-      } else {
-        add_partials<4>(sum, o, o_step, weights, kStatsPerSplit, plan.splits);
-      }
-    }
-    store_output4(p, n * p.out_row_stride + head * p.out_head_stride + col, sum, out_vector);
+  const int64_t first_record =
+      sparse_record(n, 0, group, plan.splits, plan.groups) * kGroupHeads * kHeadDim;
+  if constexpr (kBf16Records) {
+    const uint16_t* o_first =
+        reinterpret_cast<const uint16_t*>(p.workspace + layout.o_offset) + first_record;
+    combine_columns<kGroupHeads, uint16_t, 8>(p, o_first, o_step, split_stats, plan.splits, n,
+                                              head0, slice, slices, row_bad, out_vector, tid);
+  } else {
+    combine_columns<kGroupHeads, float, 4>(p, o_records + first_record, o_step, split_stats,
+                                           plan.splits, n, head0, slice, slices, row_bad,
+                                           out_vector, tid);
   }
   if (slice == 0 && group == 0 && tid == 0 && row_bad) count_invalid(p.invalid_count, 1);
 }
 
 }  // namespace
 
-CombineKernel sparse_decode_combine_instance(int group_heads) {
+CombineKernel sparse_decode_combine_instance(int group_heads, bool bf16_records) {
   switch (group_heads) {
     case kHeads / 4:
-      return sparse_decode_combine_kernel<kHeads / 4>;
+      return bf16_records ? sparse_decode_combine_kernel<kHeads / 4, true>
+                          : sparse_decode_combine_kernel<kHeads / 4, false>;
     case kHeads / 2:
-      return sparse_decode_combine_kernel<kHeads / 2>;
+      return bf16_records ? sparse_decode_combine_kernel<kHeads / 2, true>
+                          : sparse_decode_combine_kernel<kHeads / 2, false>;
     case kHeads:
-      return sparse_decode_combine_kernel<kHeads>;
+      return bf16_records ? sparse_decode_combine_kernel<kHeads, true>
+                          : sparse_decode_combine_kernel<kHeads, false>;
     default:
       throw Error("hdk::dsv4::sparse_decode: no combine instance for groups of " +
                   std::to_string(group_heads) + " heads (the plan makes 64, 32 or 16)");

@@ -58,12 +58,12 @@ struct TensorCoreLaunch {
   SparsePlan plan;
 };
 
-// The instance of a tensor-core kernel for a call's pools, head groups and combine (the pipelined
-// kernel's groups are always 64 heads).
+// The instance of a tensor-core kernel for a call's pools, head groups and partial results (the
+// pipelined kernel's groups are always 64 heads).
 TensorCoreKernel tensor_core_kernel(bool pipelined, bool shared_conversion, bool wide,
-                                    bool through_workspace, int group_heads) {
-  return pipelined ? sparse_decode_pipelined_instance(wide, shared_conversion, through_workspace)
-                   : sparse_decode_mma_instance(wide, through_workspace, group_heads);
+                                    SparsePartials partials, int group_heads) {
+  return pipelined ? sparse_decode_pipelined_instance(wide, shared_conversion, partials)
+                   : sparse_decode_mma_instance(wide, partials, group_heads);
 }
 
 // One of the two tensor-core kernels over the row clusters of plan_sparse_decode: `pipelined`
@@ -81,7 +81,7 @@ TensorCoreLaunch plan_tensor_core(const SparseDecodeProblem& p, bool pipelined, 
   // Two head groups (Hq 65..128) share the conversion of each tile in the pipelined kernel.
   const bool shared_conversion = sparse_head_groups(p.num_heads) == 2;
   // A kernel's instance, threads and shared memory, its plan left to the caller.
-  auto kernel_of = [&](bool use_pipelined, bool through_workspace,
+  auto kernel_of = [&](bool use_pipelined, SparsePartials partials,
                        int group_heads = kSparseGroupHeads) {
     TensorCoreLaunch launch{};
     launch.pipelined = use_pipelined;
@@ -89,13 +89,21 @@ TensorCoreLaunch plan_tensor_core(const SparseDecodeProblem& p, bool pipelined, 
     launch.shared_bytes =
         use_pipelined ? sparse_decode_pipelined_shared_bytes() : sparse_decode_mma_shared_bytes();
     launch.kernel =
-        tensor_core_kernel(use_pipelined, shared_conversion, wide, through_workspace, group_heads);
+        tensor_core_kernel(use_pipelined, shared_conversion, wide, partials, group_heads);
     hdk::detail::allow_dynamic_shared_memory(launch.kernel, launch.shared_bytes, device,
                                              kOperation);
     return launch;
   };
+  // A workspace plan's record type (sparse_bf16_records).
+  auto with_records = [&](SparsePlan plan) {
+    plan.bf16_records =
+        plan.through_workspace && p.out_dtype == DType::kBFloat16 &&
+        sparse_bf16_records(plan.group_heads,
+                            sparse_combine_slices(p.num_rows, plan.groups, sm_count));
+    return plan;
+  };
   auto launch_of = [&](bool use_pipelined) {
-    TensorCoreLaunch launch = kernel_of(use_pipelined, false);
+    TensorCoreLaunch launch = kernel_of(use_pipelined, SparsePartials::kInCluster);
     // Every cluster size (above 8 CTAs: 0 where the device does not run clusters of that size).
     const hdk::detail::ResidentClusterCounts& resident = hdk::detail::resident_clusters(
         launch.kernel, launch.threads, static_cast<size_t>(launch.shared_bytes), device,
@@ -123,16 +131,17 @@ TensorCoreLaunch plan_tensor_core(const SparseDecodeProblem& p, bool pipelined, 
       launch.plan.through_workspace = launch.plan.through_workspace && launch.plan.splits > 1;
     }
     if (launch.plan.through_workspace) {
-      launch.kernel = kernel_of(use_pipelined, true).kernel;
+      launch.plan = with_records(launch.plan);
+      launch.kernel = kernel_of(use_pipelined, sparse_partials(launch.plan)).kernel;
     }
     return launch;
   };
   if (pipelined && fewest_tiles && p.workspace != nullptr &&
       workspace_override.load() != SparseWorkspaceChoice::kNever && splits_override.load() == 0) {
     const SparsePlan plan =
-        plan_sparse_fewest_tiles(p.num_rows, p.num_heads, p.list_length(), sm_count);
+        with_records(plan_sparse_fewest_tiles(p.num_rows, p.num_heads, p.list_length(), sm_count));
     if (plan.through_workspace) {
-      TensorCoreLaunch launch = kernel_of(false, true, plan.group_heads);
+      TensorCoreLaunch launch = kernel_of(false, sparse_partials(plan), plan.group_heads);
       launch.plan = plan;
       return launch;
     }
@@ -162,9 +171,9 @@ void launch_tensor_core(const SparseDecodeProblem& p, const TensorCoreLaunch& la
   const int slices = sparse_combine_slices(p.num_rows, launch.plan.groups, sm_count);
   const unsigned combine_ctas = static_cast<unsigned>(p.num_rows * launch.plan.groups * slices);
   hdk::detail::check_launch(
-      hdk::detail::launch_dependent(sparse_decode_combine_instance(launch.plan.group_heads),
-                                    combine_ctas, kSparseCombineThreads, 0, stream, p, launch.plan,
-                                    slices, out_vector),
+      hdk::detail::launch_dependent(
+          sparse_decode_combine_instance(launch.plan.group_heads, launch.plan.bf16_records),
+          combine_ctas, kSparseCombineThreads, 0, stream, p, launch.plan, slices, out_vector),
       kOperation, "sparse_decode_combine_kernel");
 }
 

@@ -111,13 +111,15 @@ __device__ __forceinline__ void store_bf16_runs(const SparseDecodeProblem& p, in
 // kStageOneSplitRowsAsBf16 (the tensor-core kernel) the weights come before the cluster barrier
 // and O is staged as the finished bf16 rows straight from the accumulators; the pipelined kernel,
 // whose accumulators kept across the weights spilled, scales its fp32 staging as it stores. A
-// row of several splits with bf16 outputs combines bf16 partials (`bf16_partials`).
-template <int kCtaThreads, bool kThroughWorkspace, int kGroupHeads = kHeads,
+// row of several splits with bf16 outputs combines bf16 partials (`bf16_partials`); through the
+// workspace, kPartials says which records the instance writes.
+template <int kCtaThreads, SparsePartials kPartials, int kGroupHeads = kHeads,
           bool kStageOneSplitRowsAsBf16 = false>
 __device__ void finish_row(const SparseDecodeProblem& p, const SparsePlan& plan,
                            const CtaSpace& space, int64_t n, int tid, int o_half, bool holds_stats,
                            const float (&o)[128], const float (&row_max)[2], float (&row_sum)[2],
                            bool out_vector, bool shared_conversion) {
+  constexpr bool kThroughWorkspace = kPartials != SparsePartials::kInCluster;
   cg::cluster_group cluster = cg::this_cluster();
   const CtaRole role = cta_role<kThroughWorkspace>(plan);
   static_assert(kGroupHeads == kHeads || kThroughWorkspace, "a cluster combines 64-head groups");
@@ -161,8 +163,11 @@ __device__ void finish_row(const SparseDecodeProblem& p, const SparsePlan& plan,
   // pairs, rows kBf16StageWords apart: the combine's reads through distributed shared memory,
   // whose bytes bound it, are halved. Their rounding adds at most 2^-9 max|E| to o
   // (docs/dsv4-attention.md, "Accuracy").
-  const bool bf16_partials =
-      !kThroughWorkspace && plan.splits > 1 && p.out_dtype == DType::kBFloat16;
+  // Through the workspace the records are bf16 in the instances for them (bf16 outputs,
+  // SparsePlan::bf16_records), which halves what a CTA writes there and what the combine kernel
+  // reads; the other instances keep only the fp32 records' code.
+  const bool bf16_partials = kThroughWorkspace ? kPartials == SparsePartials::kBf16Records
+                                               : plan.splits > 1 && p.out_dtype == DType::kBFloat16;
   if (!one_split_rows) __syncthreads();  // the operand tiles are free for the staging
   if (!one_split_rows && o_half >= 0 && (kGroupHeads == kHeads || 16 * head_tile < kGroupHeads)) {
     if (bf16_partials) {
@@ -291,11 +296,21 @@ __device__ void finish_row(const SparseDecodeProblem& p, const SparsePlan& plan,
     const SparseWorkspaceLayout layout =
         sparse_workspace_layout(p.num_rows, plan.groups, plan.splits, kGroupHeads);
     const int64_t record = sparse_record(n, split, group, plan.splits, plan.groups);
-    float4* o_record = reinterpret_cast<float4*>(p.workspace + layout.o_offset) +
-                       record * (kGroupHeads * kSparseRecordColumns / 4);
-    for (int job = tid; job < kGroupHeads * (kHeadDim / 4); job += kCtaThreads) {
-      const int h = job / (kHeadDim / 4), quad = job % (kHeadDim / 4);
-      o_record[job] = *reinterpret_cast<const float4*>(stage + h * kStageStride + 4 * quad);
+    if (bf16_partials) {  // [kGroupHeads][512] bf16 in the first half of the fp32 record space
+      uint4* o_record = reinterpret_cast<uint4*>(p.workspace + layout.o_offset) +
+                        record * (kGroupHeads * kSparseRecordColumns / 8);
+      const uint32_t* rows = reinterpret_cast<const uint32_t*>(stage);
+      for (int job = tid; job < kGroupHeads * (kHeadDim / 8); job += kCtaThreads) {
+        const int h = job / (kHeadDim / 8), octet = job % (kHeadDim / 8);
+        o_record[job] = *reinterpret_cast<const uint4*>(rows + h * kBf16StageWords + 4 * octet);
+      }
+    } else {
+      float4* o_record = reinterpret_cast<float4*>(p.workspace + layout.o_offset) +
+                         record * (kGroupHeads * kSparseRecordColumns / 4);
+      for (int job = tid; job < kGroupHeads * (kHeadDim / 4); job += kCtaThreads) {
+        const int h = job / (kHeadDim / 4), quad = job % (kHeadDim / 4);
+        o_record[job] = *reinterpret_cast<const float4*>(stage + h * kStageStride + 4 * quad);
+      }
     }
     float* stats =
         reinterpret_cast<float*>(p.workspace + layout.stats_offset) + record * 2 * kGroupHeads;
@@ -317,8 +332,18 @@ __device__ void finish_row(const SparseDecodeProblem& p, const SparsePlan& plan,
   // plan allows), before any is used. Read one after another, they took 1.2-2.1 us of a
   // one-row call (H200).
   const int rank_bad = tid < plan.cluster() ? *cluster.map_shared_rank(bad, tid) : 0;
+  // Unrolled for the row's split count up to 4, as the bf16 combine below: the code a row runs
+  // is fetched cold inside a decode step. One split reads its own statistics.
   if (tid < kHeads) {
-    if (plan.splits <= kSparseMaxCluster) {
+    if (plan.splits == 1) {
+      statistics(std::integral_constant<int, 1>());
+    } else if (plan.splits == 2) {
+      statistics(std::integral_constant<int, 2>());
+    } else if (plan.splits == 3) {
+      statistics(std::integral_constant<int, 3>());
+    } else if (plan.splits == 4) {
+      statistics(std::integral_constant<int, 4>());
+    } else if (plan.splits <= kSparseMaxCluster) {
       statistics(std::integral_constant<int, kSparseMaxCluster>());
     } else {
       statistics(std::integral_constant<int, kSparseMaxWideCluster>());

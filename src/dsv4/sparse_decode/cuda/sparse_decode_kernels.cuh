@@ -27,22 +27,23 @@ using TensorCoreKernel = void (*)(SparseDecodeProblem p, SparsePlan plan, bool q
 
 // Tensor-core kernel (sparse_decode_mma_kernel.cu): a CTA per head group and list split, 8 warps
 // converting a tile and then multiplying it. `wide`: the pools allow 16-byte copies;
-// `through_workspace`: the splits meet in the caller's workspace instead of the row's cluster;
-// `group_heads`: the plan's heads a group (64, or 32 or 16 through the workspace; any other is
-// an hdk::Error).
-TensorCoreKernel sparse_decode_mma_instance(bool wide, bool through_workspace, int group_heads);
+// `partials`: whether the splits meet in the row's cluster or in the caller's workspace, and
+// there in which records; `group_heads`: the plan's heads a group (64, or 32 or 16 through the
+// workspace; any other is an hdk::Error).
+TensorCoreKernel sparse_decode_mma_instance(bool wide, SparsePartials partials, int group_heads);
 
 // Warp-specialized tensor-core kernel (sparse_decode_pipelined_kernel.cu): a producer warpgroup
 // converts the next tile while two consumer warpgroups multiply this one. `shared_conversion`:
 // two head groups, whose CTAs convert half of each tile for both.
 TensorCoreKernel sparse_decode_pipelined_instance(bool wide, bool shared_conversion,
-                                                  bool through_workspace);
+                                                  SparsePartials partials);
 
 // Combine of the splits a tensor-core kernel left in the workspace
 // (sparse_decode_combine_kernel.cu): a CTA per column slice of a row's head group, an instance for
-// each size of group (SparsePlan::group_heads: 64, 32 or 16; any other is an hdk::Error).
+// each size of group (SparsePlan::group_heads: 64, 32 or 16; any other is an hdk::Error) and
+// record type (`bf16_records`: bf16 outputs, whose records finish_row writes in bf16).
 using CombineKernel = void (*)(SparseDecodeProblem p, SparsePlan plan, int slices, bool out_vector);
-CombineKernel sparse_decode_combine_instance(int group_heads);
+CombineKernel sparse_decode_combine_instance(int group_heads, bool bf16_records);
 
 // CUDA-core kernel (sparse_decode_simple_kernel.cu): a CTA per query row, any head count.
 __global__ void sparse_decode_simple_kernel(SparseDecodeProblem p);

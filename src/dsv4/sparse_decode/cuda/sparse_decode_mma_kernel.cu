@@ -234,10 +234,11 @@ __device__ bool dequantize_tile(uint8_t* smem, const int* valid, int tid) {
 
 // kGroupHeads: the heads of the CTA's group (SparsePlan::group_heads; 32 and 16 only through the
 // workspace), the rest of its 64 query rows zero.
-template <bool kWide, bool kThroughWorkspace, int kGroupHeads>
+template <bool kWide, SparsePartials kPartials, int kGroupHeads>
 __global__ void __launch_bounds__(kSparseThreads, 1)
     sparse_decode_mma_kernel(SparseDecodeProblem p, SparsePlan plan, bool q_vector,
                              bool out_vector) {
+  constexpr bool kThroughWorkspace = kPartials != SparsePartials::kInCluster;
   hdk::detail::begin_dependent_kernel();
   extern __shared__ __align__(128) uint8_t shared_bytes[];
   // wgmma swizzles by shared-address bits, so the operand tiles start on a 1024-byte boundary.
@@ -373,36 +374,52 @@ __global__ void __launch_bounds__(kSparseThreads, 1)
   if (q_async && first >= last && !queries_finite(shared.q, tid)) *bad = 1;
   const CtaSpace space{
       reinterpret_cast<float*>(shared.q), stat_m, stat_l, shared.sink, bad, factors};
-  finish_row<kSparseThreads, kThroughWorkspace, kGroupHeads, true>(
-      p, plan, space, n, tid, half, half == 0, o, row_max, row_sum, out_vector, false);
+  finish_row<kSparseThreads, kPartials, kGroupHeads, true>(p, plan, space, n, tid, half, half == 0,
+                                                           o, row_max, row_sum, out_vector, false);
 }
 
 }  // namespace
 
-TensorCoreKernel sparse_decode_mma_instance(bool wide, bool through_workspace, int group_heads) {
-  if (!through_workspace && group_heads == kHeads) {
-    return wide ? sparse_decode_mma_kernel<true, false, kHeads>
-                : sparse_decode_mma_kernel<false, false, kHeads>;
+// The workspace instances of one record type, by group size (nullptr: none for that size).
+template <SparsePartials kPartials>
+TensorCoreKernel mma_workspace_instance(bool wide, int group_heads) {
+  switch (group_heads) {
+    case kHeads / 4:
+      return wide ? sparse_decode_mma_kernel<true, kPartials, kHeads / 4>
+                  : sparse_decode_mma_kernel<false, kPartials, kHeads / 4>;
+    case kHeads / 2:
+      return wide ? sparse_decode_mma_kernel<true, kPartials, kHeads / 2>
+                  : sparse_decode_mma_kernel<false, kPartials, kHeads / 2>;
+    case kHeads:
+      return wide ? sparse_decode_mma_kernel<true, kPartials, kHeads>
+                  : sparse_decode_mma_kernel<false, kPartials, kHeads>;
+    default:
+      return nullptr;
   }
-  if (through_workspace) {
-    switch (group_heads) {
-      case kHeads / 4:
-        return wide ? sparse_decode_mma_kernel<true, true, kHeads / 4>
-                    : sparse_decode_mma_kernel<false, true, kHeads / 4>;
-      case kHeads / 2:
-        return wide ? sparse_decode_mma_kernel<true, true, kHeads / 2>
-                    : sparse_decode_mma_kernel<false, true, kHeads / 2>;
-      case kHeads:
-        return wide ? sparse_decode_mma_kernel<true, true, kHeads>
-                    : sparse_decode_mma_kernel<false, true, kHeads>;
-      default:
-        break;
-    }
+}
+
+TensorCoreKernel sparse_decode_mma_instance(bool wide, SparsePartials partials, int group_heads) {
+  TensorCoreKernel kernel = nullptr;
+  switch (partials) {
+    case SparsePartials::kInCluster:
+      if (group_heads == kHeads) {
+        kernel = wide ? sparse_decode_mma_kernel<true, SparsePartials::kInCluster, kHeads>
+                      : sparse_decode_mma_kernel<false, SparsePartials::kInCluster, kHeads>;
+      }
+      break;
+    case SparsePartials::kFp32Records:
+      kernel = mma_workspace_instance<SparsePartials::kFp32Records>(wide, group_heads);
+      break;
+    case SparsePartials::kBf16Records:
+      kernel = mma_workspace_instance<SparsePartials::kBf16Records>(wide, group_heads);
+      break;
   }
+  if (kernel != nullptr) return kernel;
   throw Error("hdk::dsv4::sparse_decode: no tensor-core instance for groups of " +
               std::to_string(group_heads) + " heads " +
-              (through_workspace ? "through the workspace (the plan makes 64, 32 or 16)"
-                                 : "in a cluster (the plan makes 64 there)"));
+              (partials != SparsePartials::kInCluster
+                   ? "through the workspace (the plan makes 64, 32 or 16)"
+                   : "in a cluster (the plan makes 64 there)"));
 }
 
 int sparse_decode_mma_shared_bytes() {

@@ -157,10 +157,11 @@ __device__ __forceinline__ void lower_registers() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
 }
 
-template <bool kWide, bool kSharedConversion, bool kThroughWorkspace>
+template <bool kWide, bool kSharedConversion, SparsePartials kPartials>
 __global__ void __launch_bounds__(kSparsePipelinedThreads, 1)
     sparse_decode_pipelined_kernel(SparseDecodeProblem p, SparsePlan plan, bool q_vector,
                                    bool out_vector) {
+  constexpr bool kThroughWorkspace = kPartials != SparsePartials::kInCluster;
   hdk::detail::begin_dependent_kernel();
   extern __shared__ __align__(128) uint8_t shared_bytes[];
   uint8_t* smem =
@@ -541,29 +542,35 @@ __global__ void __launch_bounds__(kSparsePipelinedThreads, 1)
   }
   // Every warpgroup is back at the launch's register count, so the three finish in one place
   // (one set of CTA and cluster barriers, reached by every thread from the same code).
-  finish_row<kSparsePipelinedThreads, kThroughWorkspace>(
-      p, plan, space, n, tid, warpgroup < 2 ? warpgroup : -1, warpgroup == 0, o, row_max, row_sum,
-      out_vector, kSharedConversion);
+  finish_row<kSparsePipelinedThreads, kPartials>(p, plan, space, n, tid,
+                                                 warpgroup < 2 ? warpgroup : -1, warpgroup == 0, o,
+                                                 row_max, row_sum, out_vector, kSharedConversion);
 }
 
 }  // namespace
 
-TensorCoreKernel sparse_decode_pipelined_instance(bool wide, bool shared_conversion,
-                                                  bool through_workspace) {
-  if (through_workspace) {
-    if (shared_conversion) {
-      return wide ? sparse_decode_pipelined_kernel<true, true, true>
-                  : sparse_decode_pipelined_kernel<false, true, true>;
-    }
-    return wide ? sparse_decode_pipelined_kernel<true, false, true>
-                : sparse_decode_pipelined_kernel<false, false, true>;
-  }
+// The instances for one place of the partial results.
+template <SparsePartials kPartials>
+TensorCoreKernel pipelined_instance(bool wide, bool shared_conversion) {
   if (shared_conversion) {
-    return wide ? sparse_decode_pipelined_kernel<true, true, false>
-                : sparse_decode_pipelined_kernel<false, true, false>;
+    return wide ? sparse_decode_pipelined_kernel<true, true, kPartials>
+                : sparse_decode_pipelined_kernel<false, true, kPartials>;
   }
-  return wide ? sparse_decode_pipelined_kernel<true, false, false>
-              : sparse_decode_pipelined_kernel<false, false, false>;
+  return wide ? sparse_decode_pipelined_kernel<true, false, kPartials>
+              : sparse_decode_pipelined_kernel<false, false, kPartials>;
+}
+
+TensorCoreKernel sparse_decode_pipelined_instance(bool wide, bool shared_conversion,
+                                                  SparsePartials partials) {
+  switch (partials) {
+    case SparsePartials::kFp32Records:
+      return pipelined_instance<SparsePartials::kFp32Records>(wide, shared_conversion);
+    case SparsePartials::kBf16Records:
+      return pipelined_instance<SparsePartials::kBf16Records>(wide, shared_conversion);
+    case SparsePartials::kInCluster:
+      break;
+  }
+  return pipelined_instance<SparsePartials::kInCluster>(wide, shared_conversion);
 }
 
 int sparse_decode_pipelined_shared_bytes() {

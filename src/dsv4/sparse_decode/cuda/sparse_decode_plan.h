@@ -35,6 +35,9 @@ struct SparsePlan {
   bool through_workspace = false;
   int group_heads = kSparseGroupHeads;
   bool groups_share_tiles = true;
+  // Through the workspace: the splits' partial O are bf16 (bf16 outputs;
+  // sparse_bf16_records), written and combined by instances of their own.
+  bool bf16_records = false;
   HDK_HOST_DEVICE int row_ctas() const { return groups * splits; }
   HDK_HOST_DEVICE int cluster() const {
     if (!through_workspace) return groups * splits;
@@ -47,6 +50,14 @@ struct SparsePlan {
     return end < heads ? end : heads;
   }
 };
+
+// Where a tensor-core kernel's CTAs leave their partial results, which picks its instance: in
+// the row's cluster, or in the workspace as fp32 or bf16 records (SparsePlan::bf16_records).
+enum class SparsePartials { kInCluster, kFp32Records, kBf16Records };
+HDK_HOST_DEVICE SparsePartials sparse_partials(const SparsePlan& plan) {
+  if (!plan.through_workspace) return SparsePartials::kInCluster;
+  return plan.bf16_records ? SparsePartials::kBf16Records : SparsePartials::kFp32Records;
+}
 
 // Whether the tensor-core kernel can serve Hq heads: a multiple of 16 whose head groups fit in
 // one cluster (up to 512 heads).
@@ -261,6 +272,18 @@ HDK_HOST_DEVICE int sparse_combine_slices(int64_t rows, int groups, int sm_count
   while (slices < kSparseCombineMaxSlices && 2 * slices <= most)
     slices *= 2;  // a power of two divides 512 columns
   return slices;
+}
+
+// Whether a row split through the workspace with bf16 outputs keeps its partial O as bf16
+// records: half the bytes its CTAs write and the combine reads back, each combine job summing
+// eight columns a split. That pays where a combine CTA of `slices` has at least
+// kSparseBf16RecordJobs such jobs (Flash and Pro rows of one head group, N = 4..32: 1.03-1.14x
+// on H200). With fewer (2-4 head groups of 16 or 32 heads at N = 1 and 2: 32 or 64 jobs, a warp
+// or two of 256 threads) the combine is a chain of loads and sums per thread, which eight columns
+// lengthen: 0.97-0.99x there, the step 0.96-0.98x, so those rows keep fp32 records.
+constexpr int kSparseBf16RecordJobs = 128;
+HDK_HOST_DEVICE bool sparse_bf16_records(int group_heads, int slices) {
+  return group_heads * static_cast<int>(kSparseRecordColumns / 8) / slices >= kSparseBf16RecordJobs;
 }
 
 // The combine's share of split `split` of `splits`: the column units [first, first + count) of
