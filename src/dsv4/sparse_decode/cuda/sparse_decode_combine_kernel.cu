@@ -236,23 +236,29 @@ __global__ void __launch_bounds__(kSparseCombineThreads)
   if (slice == 0 && group == 0 && tid == 0 && row_bad) count_invalid(p.invalid_count, 1);
 }
 
+// The combine's instances of one record type, by group size (nullptr: none for that size).
+template <bool kBf16Records>
+CombineKernel combine_instance(int group_heads) {
+  switch (group_heads) {
+    case kHeads / 4:
+      return sparse_decode_combine_kernel<kHeads / 4, kBf16Records>;
+    case kHeads / 2:
+      return sparse_decode_combine_kernel<kHeads / 2, kBf16Records>;
+    case kHeads:
+      return sparse_decode_combine_kernel<kHeads, kBf16Records>;
+    default:
+      return nullptr;
+  }
+}
+
 }  // namespace
 
 CombineKernel sparse_decode_combine_instance(int group_heads, bool bf16_records) {
-  switch (group_heads) {
-    case kHeads / 4:
-      return bf16_records ? sparse_decode_combine_kernel<kHeads / 4, true>
-                          : sparse_decode_combine_kernel<kHeads / 4, false>;
-    case kHeads / 2:
-      return bf16_records ? sparse_decode_combine_kernel<kHeads / 2, true>
-                          : sparse_decode_combine_kernel<kHeads / 2, false>;
-    case kHeads:
-      return bf16_records ? sparse_decode_combine_kernel<kHeads, true>
-                          : sparse_decode_combine_kernel<kHeads, false>;
-    default:
-      throw Error("hdk::dsv4::sparse_decode: no combine instance for groups of " +
-                  std::to_string(group_heads) + " heads (the plan makes 64, 32 or 16)");
-  }
+  const CombineKernel kernel =
+      bf16_records ? combine_instance<true>(group_heads) : combine_instance<false>(group_heads);
+  if (kernel != nullptr) return kernel;
+  throw Error("hdk::dsv4::sparse_decode: no combine instance for groups of " +
+              std::to_string(group_heads) + " heads (the plan makes 64, 32 or 16)");
 }
 
 }  // namespace detail

@@ -378,8 +378,6 @@ __global__ void __launch_bounds__(kSparseThreads, 1)
                                                            o, row_max, row_sum, out_vector, false);
 }
 
-}  // namespace
-
 // The workspace instances of one record type, by group size (nullptr: none for that size).
 template <SparsePartials kPartials>
 TensorCoreKernel mma_workspace_instance(bool wide, int group_heads) {
@@ -397,6 +395,8 @@ TensorCoreKernel mma_workspace_instance(bool wide, int group_heads) {
       return nullptr;
   }
 }
+
+}  // namespace
 
 TensorCoreKernel sparse_decode_mma_instance(bool wide, SparsePartials partials, int group_heads) {
   TensorCoreKernel kernel = nullptr;

@@ -547,8 +547,6 @@ __global__ void __launch_bounds__(kSparsePipelinedThreads, 1)
                                                  row_max, row_sum, out_vector, kSharedConversion);
 }
 
-}  // namespace
-
 // The instances for one place of the partial results.
 template <SparsePartials kPartials>
 TensorCoreKernel pipelined_instance(bool wide, bool shared_conversion) {
@@ -559,6 +557,8 @@ TensorCoreKernel pipelined_instance(bool wide, bool shared_conversion) {
   return wide ? sparse_decode_pipelined_kernel<true, false, kPartials>
               : sparse_decode_pipelined_kernel<false, false, kPartials>;
 }
+
+}  // namespace
 
 TensorCoreKernel sparse_decode_pipelined_instance(bool wide, bool shared_conversion,
                                                   SparsePartials partials) {
