@@ -8,7 +8,6 @@
 #include <cstdint>
 #include <string>
 
-#include "core/bf16_pairs.h"
 #include "core/cuda/count_invalid.cuh"
 #include "core/cuda/dependent_launch.cuh"
 #include "dsv4/attention/attention_problem.h"
@@ -17,36 +16,11 @@
 #include "dsv4/sparse_decode/cuda/sparse_decode_kernels.cuh"
 #include "dsv4/sparse_decode/cuda/sparse_decode_plan.h"
 #include "hdk/dsv4/kv_cache.h"
-#include "hdk/dtype.h"
 #include "hdk/error.h"
 
 namespace hdk {
 namespace dsv4 {
 namespace detail {
-
-// kColumns consecutive columns of one split's record, added to `sum` times the split's weight:
-// fp32 records four columns a 16-byte load, bf16 records eight.
-template <typename Record, int kColumns>
-struct RecordColumns;
-template <>
-struct RecordColumns<float, 4> {
-  using Load = float4;
-  __device__ static void add(float (&sum)[4], float f, const Load& v) {
-    sum[0] += f * v.x, sum[1] += f * v.y, sum[2] += f * v.z, sum[3] += f * v.w;
-  }
-};
-template <>
-struct RecordColumns<uint16_t, 8> {
-  using Load = uint4;
-  __device__ static void add(float (&sum)[8], float f, const Load& v) {
-    const uint32_t pairs[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      sum[2 * k] += f * bf16_bits_value(pairs[k] & 0xffffu);
-      sum[2 * k + 1] += f * bf16_bits_value(pairs[k] >> 16);
-    }
-  }
-};
 
 // Adds `splits` partial results of kColumns columns, each times its split's weight
 // (weights[s * weight_step]), in split order, with kBatch splits' loads in flight before the
@@ -55,7 +29,7 @@ template <int kBatch, typename Record, int kColumns>
 __device__ __forceinline__ void add_partials(float (&sum)[kColumns], const Record* o,
                                              int64_t o_step, const float* weights, int weight_step,
                                              int splits) {
-  using Columns = RecordColumns<Record, kColumns>;
+  using Columns = PartialColumns<Record, kColumns>;
   using Load = typename Columns::Load;
 #pragma unroll 1
   for (int first = 0; first < splits; first += kBatch) {
@@ -80,6 +54,7 @@ __device__ __forceinline__ void combine_columns(const SparseDecodeProblem& p, co
                                                 int splits, int64_t n, int64_t head0, int slice,
                                                 int slices, bool row_bad, bool out_vector,
                                                 int tid) {
+  constexpr int kStatsPerSplit = 2 * kGroupHeads;  // a split's maxima (weights), then sums
   const int units = static_cast<int>(kHeadDim / kColumns) / slices;  // column units of the slice
 #pragma unroll 1
   for (int job = tid; job < kGroupHeads * units; job += kSparseCombineThreads) {
@@ -97,9 +72,9 @@ __device__ __forceinline__ void combine_columns(const SparseDecodeProblem& p, co
       // at 2 and 4 splits.
       const float* weights = split_stats + h;
       if (splits > 8) {
-        add_partials<16>(sum, o, o_step, weights, 2 * kGroupHeads, splits);
+        add_partials<16>(sum, o, o_step, weights, kStatsPerSplit, splits);
       } else {
-        add_partials<4>(sum, o, o_step, weights, 2 * kGroupHeads, splits);
+        add_partials<4>(sum, o, o_step, weights, kStatsPerSplit, splits);
       }
     }
     const int64_t offset = n * p.out_row_stride + head * p.out_head_stride + col;

@@ -73,6 +73,31 @@ __device__ __forceinline__ void store_output4(const SparseDecodeProblem& p, int6
   }
 }
 
+// kColumns consecutive columns of one split's partial O, added to `sum` times the split's
+// weight: fp32 partials four columns a 16-byte load, bf16 pairs eight (the cluster combine's
+// staging and the workspace's records alike).
+template <typename Element, int kColumns>
+struct PartialColumns;
+template <>
+struct PartialColumns<float, 4> {
+  using Load = float4;
+  __device__ static void add(float (&sum)[4], float f, const Load& v) {
+    sum[0] += f * v.x, sum[1] += f * v.y, sum[2] += f * v.z, sum[3] += f * v.w;
+  }
+};
+template <>
+struct PartialColumns<uint16_t, 8> {
+  using Load = uint4;
+  __device__ static void add(float (&sum)[8], float f, const Load& v) {
+    const uint32_t pairs[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      sum[2 * k] += f * bf16_bits_value(pairs[k] & 0xffffu);
+      sum[2 * k + 1] += f * bf16_bits_value(pairs[k] >> 16);
+    }
+  }
+};
+
 // ---- list slots --------------------------------------------------------------------------------
 
 // List entry j's slot (indices over cache, then extra_indices over extra_cache; -1 past the list),

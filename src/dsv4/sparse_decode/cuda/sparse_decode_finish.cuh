@@ -402,15 +402,8 @@ __device__ void finish_row(const SparseDecodeProblem& p, const SparsePlan& plan,
           }
 #pragma unroll
           for (int s = 0; s < kMaxSplits; ++s) {
-            if (s < plan.splits) {
-              const float f = factors[s * kHeads + h];
-              const uint32_t pairs[4] = {partial[s].x, partial[s].y, partial[s].z, partial[s].w};
-#pragma unroll
-              for (int k = 0; k < 4; ++k) {
-                sum[2 * k] += f * bf16_bits_value(pairs[k] & 0xffffu);
-                sum[2 * k + 1] += f * bf16_bits_value(pairs[k] >> 16);
-              }
-            }
+            if (s < plan.splits)
+              PartialColumns<uint16_t, 8>::add(sum, factors[s * kHeads + h], partial[s]);
           }
         }
         const int64_t offset = n * p.out_row_stride + head * p.out_head_stride + 8 * octet;

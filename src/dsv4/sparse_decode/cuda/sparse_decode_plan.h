@@ -277,10 +277,10 @@ HDK_HOST_DEVICE int sparse_combine_slices(int64_t rows, int groups, int sm_count
 // Whether a row split through the workspace with bf16 outputs keeps its partial O as bf16
 // records: half the bytes its CTAs write and the combine reads back, each combine job summing
 // eight columns a split. That pays where a combine CTA of `slices` has at least
-// kSparseBf16RecordJobs such jobs (Flash and Pro rows of one head group, N = 4..32: 1.03-1.14x
-// on H200). With fewer (2-4 head groups of 16 or 32 heads at N = 1 and 2: 32 or 64 jobs, a warp
-// or two of 256 threads) the combine is a chain of loads and sums per thread, which eight columns
-// lengthen: 0.97-0.99x there, the step 0.96-0.98x, so those rows keep fp32 records.
+// kSparseBf16RecordJobs such jobs (on an H200 Flash N = 4..32 and Pro N = 2..32: 1.04-1.14x).
+// With fewer (N = 1 in groups of 16 or 32 heads, Flash N = 2: 32 or 64 jobs, a warp or two of
+// 256 threads) the combine is a chain of loads and sums per thread, which eight columns lengthen:
+// bf16 records there were 0.96-1.01x warm, 0.96-0.98x cold, so those rows keep fp32 records.
 constexpr int kSparseBf16RecordJobs = 128;
 HDK_HOST_DEVICE bool sparse_bf16_records(int group_heads, int slices) {
   return group_heads * static_cast<int>(kSparseRecordColumns / 8) / slices >= kSparseBf16RecordJobs;
