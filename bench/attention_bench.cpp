@@ -511,7 +511,8 @@ void print_attention_usage() {
       "  --sparse-kernel K     sparse_decode on tensor cores: auto (the dispatcher's: pipelined,\n"
       "                        but one or two tiles a CTA through the workspace where those\n"
       "                        CTAs fit one wave), mma (without warp specialization) or pipelined\n"
-      "                        (warp-specialized where a CTA walks 3+ tiles, mma elsewhere)\n"
+      "                        (warp-specialized where a CTA walks 3+ tiles, mma elsewhere),\n"
+      "                        pipelined-always (warp-specialized whatever a CTA walks)\n"
       "  --index-kernel K      index_topk on tensor cores: auto (warpgroups up to 64 heads) or\n"
       "                        warp (the mma.sync kernel at any head count; comparison)\n"
 
@@ -568,9 +569,11 @@ int attention_command(Options& options) {
   if (index_kernel != "auto" && index_kernel != "warp") {
     throw std::runtime_error("--index-kernel must be auto or warp, got '" + index_kernel + "'");
   }
-  if (sparse_kernel != "auto" && sparse_kernel != "mma" && sparse_kernel != "pipelined") {
-    throw std::runtime_error("--sparse-kernel must be auto, mma or pipelined, got '" +
-                             sparse_kernel + "'");
+  if (sparse_kernel != "auto" && sparse_kernel != "mma" && sparse_kernel != "pipelined" &&
+      sparse_kernel != "pipelined-always") {
+    throw std::runtime_error(
+        "--sparse-kernel must be auto, mma, pipelined or pipelined-always, got '" + sparse_kernel +
+        "'");
   }
 #ifdef HDK_WITH_CUDA
   dsv4::detail::set_sparse_decode_splits_override(static_cast<int>(forced_splits));
@@ -584,7 +587,9 @@ int attention_command(Options& options) {
   dsv4::detail::set_sparse_decode_kernel_override(
       sparse_kernel == "mma"         ? dsv4::detail::SparseDecodeKernel::kTensorCore
       : sparse_kernel == "pipelined" ? dsv4::detail::SparseDecodeKernel::kTensorCorePipelined
-                                     : dsv4::detail::SparseDecodeKernel::kAuto);
+      : sparse_kernel == "pipelined-always"
+          ? dsv4::detail::SparseDecodeKernel::kTensorCorePipelinedEveryCall
+          : dsv4::detail::SparseDecodeKernel::kAuto);
 #else
   if (forced_splits != 0) throw std::runtime_error("--splits needs the CUDA backend");
   if (index_kernel != "auto") throw std::runtime_error("--index-kernel needs the CUDA backend");

@@ -189,29 +189,40 @@ TEST(SparseDecodePlan, WorkspacePlansFitTheSmsAndTheWorkspace) {
           EXPECT_GE(promise, previous_promise);  // grows with the rows
           previous_promise = promise;
           for (const auto& costs : {kSparseMmaCosts, kSparsePipelinedCosts}) {
-            const SparsePlan plan =
-                dsv4::detail::plan_sparse_workspace(rows, heads, length, sm_count, costs);
-            const int64_t tiles = dsv4::detail::sparse_tiles(length);
-            EXPECT_EQ(plan.groups, dsv4::detail::sparse_head_groups(heads));
-            if (!plan.through_workspace) {
-              EXPECT_EQ(plan.splits, 1);
-              continue;
+            for (bool bf16_outputs : {false, true}) {
+              const SparsePlan plan = dsv4::detail::plan_sparse_workspace(
+                  rows, heads, length, sm_count, costs, bf16_outputs);
+              const int64_t tiles = dsv4::detail::sparse_tiles(length);
+              EXPECT_EQ(plan.groups, dsv4::detail::sparse_head_groups(heads));
+              if (!plan.through_workspace) {
+                EXPECT_EQ(plan.splits, 1);
+                EXPECT_FALSE(plan.bf16_records);
+                continue;
+              }
+              EXPECT_GE(plan.splits, 2);
+              EXPECT_LE(plan.splits, dsv4::detail::kSparseMaxWorkspaceSplits);
+              EXPECT_LE(rows * plan.groups * plan.splits, sm_count);  // one wave
+              EXPECT_LE(plan.row_ctas(), dsv4::detail::kSparseMaxWorkspaceRowCtas);
+              // The records the dispatcher gives the plan.
+              EXPECT_EQ(plan.bf16_records,
+                        bf16_outputs && dsv4::detail::sparse_bf16_records(
+                                            plan.group_heads, dsv4::detail::sparse_combine_slices(
+                                                                  rows, plan.groups, sm_count)));
+              // Lists of 32 to 128 tiles split down to 2 tiles a CTA, and bf16 records too with
+              // the kernel's own fewest for the longest CTA; the others to 4 and that fewest.
+              if (tiles >= 32 && tiles <= 128) {
+                EXPECT_GE(tiles / plan.splits, 2);
+              } else if (plan.bf16_records) {
+                EXPECT_GE(tiles / plan.splits, 2);
+                EXPECT_GE((tiles + plan.splits - 1) / plan.splits, costs.min_tiles_per_split);
+              } else {
+                EXPECT_GE(tiles / plan.splits, costs.min_tiles_per_split);
+                EXPECT_GE(tiles / plan.splits, dsv4::detail::kSparseWorkspaceMinTiles);
+              }
+              EXPECT_EQ(plan.cluster(), plan.groups);
+              EXPECT_LE(dsv4::detail::sparse_workspace_layout(rows, plan.groups, plan.splits).bytes,
+                        promise);
             }
-            EXPECT_GE(plan.splits, 2);
-            EXPECT_LE(plan.splits, dsv4::detail::kSparseMaxWorkspaceSplits);
-            EXPECT_LE(rows * plan.groups * plan.splits, sm_count);  // one wave
-            EXPECT_LE(plan.row_ctas(), dsv4::detail::kSparseMaxWorkspaceRowCtas);
-            // Lists of 32 to 128 tiles split down to 2 tiles a CTA, the others to 4 and the
-            // kernel's own fewest.
-            if (tiles >= 32 && tiles <= 128) {
-              EXPECT_GE(tiles / plan.splits, 2);
-            } else {
-              EXPECT_GE(tiles / plan.splits, costs.min_tiles_per_split);
-              EXPECT_GE(tiles / plan.splits, dsv4::detail::kSparseWorkspaceMinTiles);
-            }
-            EXPECT_EQ(plan.cluster(), plan.groups);
-            EXPECT_LE(dsv4::detail::sparse_workspace_layout(rows, plan.groups, plan.splits).bytes,
-                      promise);
           }
           const int slices = dsv4::detail::sparse_combine_slices(
               rows, dsv4::detail::sparse_head_groups(heads), sm_count);
@@ -237,6 +248,18 @@ TEST(SparseDecodePlan, WorkspacePlansFitTheSmsAndTheWorkspace) {
             33);
   EXPECT_EQ(dsv4::detail::plan_sparse_workspace(8, 128, 1152, 132, kSparsePipelinedCosts).splits,
             4);
+  // With bf16 outputs its records are bf16 and its splits go down to 2 tiles, the longest CTA
+  // keeping the pipelined kernel's 3: 8 splits at 8 rows (2-3 tiles), 6 at 11, none below 3 for
+  // a Flash CSA row of 10 tiles at 16 rows (4 splits, not 5).
+  const SparsePlan pro_bf16 =
+      dsv4::detail::plan_sparse_workspace(8, 128, 1152, 132, kSparsePipelinedCosts, true);
+  EXPECT_EQ(pro_bf16.splits, 8);
+  EXPECT_TRUE(pro_bf16.bf16_records);
+  EXPECT_EQ(
+      dsv4::detail::plan_sparse_workspace(11, 128, 1152, 132, kSparsePipelinedCosts, true).splits,
+      6);
+  EXPECT_EQ(
+      dsv4::detail::plan_sparse_workspace(16, 64, 640, 132, kSparsePipelinedCosts, true).splits, 4);
   EXPECT_EQ(dsv4::detail::plan_sparse_workspace(1, 64, 8320, 132, kSparsePipelinedCosts).splits,
             32);
   EXPECT_EQ(dsv4::detail::plan_sparse_workspace(8, 64, 4224, 132, kSparsePipelinedCosts).splits,
@@ -333,6 +356,46 @@ TEST(SparseDecodePlan, FewestTilesTakeOneWaveOfTheSms) {
   EXPECT_FALSE(plan_sparse_fewest_tiles(5, 128, 128, 132).through_workspace);
   EXPECT_FALSE(plan_sparse_fewest_tiles(1, 64, 64, 132).through_workspace);
   EXPECT_FALSE(plan_sparse_fewest_tiles(1, 64, 8256, 132).through_workspace);
+}
+
+// The combine kernel's slices double where the SMs hold more CTAs than the power of two below
+// and each thread keeps two jobs: 4 -> 8 for Pro's two groups of bf16 records at 9-12 rows on 132
+// SMs, never past 32, never where the count already fills the SMs or where a thread would be
+// left one job or less.
+TEST(SparseDecodePlan, CombineSlicesDoubleWhereThreadsKeepTwoJobs) {
+  using dsv4::detail::sparse_combine_launch_slices;
+  using dsv4::detail::sparse_combine_slices;
+  for (int64_t rows : {9, 10, 11, 12}) {
+    EXPECT_EQ(sparse_combine_slices(rows, 2, 132), 4);
+    EXPECT_EQ(sparse_combine_launch_slices(rows, 2, 132, 64, true), 8);
+  }
+  EXPECT_EQ(sparse_combine_launch_slices(8, 2, 132, 64, true), 8);     // 8 fill the SMs
+  EXPECT_EQ(sparse_combine_launch_slices(12, 1, 132, 64, true), 8);    // 16 would leave 256 jobs
+  EXPECT_EQ(sparse_combine_launch_slices(12, 1, 132, 64, false), 16);  // fp32 records: 512 jobs
+  EXPECT_EQ(sparse_combine_launch_slices(3, 4, 132, 16, false), 8);    // 16 heads: 128 jobs
+  EXPECT_EQ(sparse_combine_launch_slices(1, 1, 132, 64, false), 32);   // the most
+  EXPECT_EQ(sparse_combine_launch_slices(200, 1, 132, 64, false), 1);  // rows beyond the SMs
+  for (int sm_count : {132, 114, 78, 1000}) {
+    for (int64_t rows = 1; rows <= 160; ++rows) {
+      for (int groups : {1, 2, 4, 8}) {
+        for (int group_heads : {16, 32, 64}) {
+          for (bool bf16 : {false, true}) {
+            const int base = sparse_combine_slices(rows, groups, sm_count);
+            const int slices =
+                sparse_combine_launch_slices(rows, groups, sm_count, group_heads, bf16);
+            EXPECT_TRUE(slices == base || slices == 2 * base);
+            EXPECT_LE(slices, dsv4::detail::kSparseCombineMaxSlices);
+            EXPECT_EQ(512 % slices, 0);
+            if (slices == 2 * base) {
+              EXPECT_LT(rows * groups * base, sm_count);
+              EXPECT_GE(group_heads * (bf16 ? 64 : 128) / slices,
+                        dsv4::detail::kSparseCombineMinJobs);
+            }
+          }
+        }
+      }
+    }
+  }
 }
 
 // bf16 records where a combine CTA has at least 128 eight-column jobs (group heads x 64 octets

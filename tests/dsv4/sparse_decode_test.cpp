@@ -23,6 +23,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/float_convert.h"
@@ -1311,6 +1312,58 @@ TEST(SparseDecodeCuda, FewRowsTakeTheFewestTilesACta) {
   const dsv4::detail::SparseLaunchReport report =
       dsv4::detail::sparse_decode_launch_report(dsv4::detail::validate_sparse_decode(p), 0);
   EXPECT_STREQ(report.kernel, "pipelined");
+}
+
+// Rows of Pro's heads and CSA list (18 tiles) that do not fit one wave of one- or two-tile CTAs
+// split through the workspace on the pipelined kernel down to 2 tiles a CTA where their records
+// are bf16 (plan_sparse_workspace): at 8 rows on 132 SMs, 8 splits in place of a cluster of 4;
+// at 11 rows 6 splits, combined in 8 column slices (sparse_combine_launch_slices). fp32 outputs
+// keep fp32 records and 4 tiles a split. Each checked against the float64 reference.
+TEST(SparseDecodeCuda, Bf16RecordsSplitDownToTwoTiles) {
+  const std::string reason = backend_unavailable_reason(Backend::kCUDA);
+  if (!reason.empty()) GTEST_SKIP() << "cuda backend skipped: " << reason;
+  int sm_count = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  for (const auto& [rows, out] : {std::make_pair(sm_count / 16, DType::kBFloat16),
+                                  std::make_pair(sm_count / 12, DType::kBFloat16),
+                                  std::make_pair(sm_count / 16, DType::kFloat32)}) {
+    SparseCase c;
+    c.N = rows;  // 8 on 132 SMs: 16 (row, group) pairs, 8 CTAs each; 11: 22 pairs, 6 CTAs
+    c.heads = 128;
+    c.L = 1024;
+    c.extra_L = 128;
+    c.num_blocks = 40;
+    c.out_dtype = out;
+    c.empty_rows = std::vector<int64_t>{c.N - 1};
+    c.seed = 900 + static_cast<uint64_t>(rows) + static_cast<uint64_t>(out == DType::kFloat32);
+    SCOPED_TRACE(c.describe());
+    const dsv4::detail::SparsePlan expected = dsv4::detail::plan_sparse_workspace(
+        c.N, c.heads, c.L + c.extra_L, sm_count, dsv4::detail::kSparsePipelinedCosts,
+        out == DType::kBFloat16);
+    EXPECT_EQ(expected.bf16_records, out == DType::kBFloat16);
+    const SparseRun run{Backend::kCUDA, SparseKernel::kDispatch, true};
+    SparseInputs in = make_sparse_inputs(c);
+    const dsv4::SparseDecodeReference ref = sparse_reference(c, in);
+    run_sparse_backend(c, in, run);
+    EXPECT_EQ(read_counter(in.counter, DType::kInt64), 3 + ref.invalid_rows);
+    check_sparse_outputs(c, in, ref, SparseKernel::kTensorCore);
+    if (out != DType::kBFloat16 || rows != sm_count / 16) continue;
+    // The plan the dispatcher ran, from a host view of a workspace (its bytes are not read).
+    std::vector<uint8_t> workspace(512);
+    uint8_t* const aligned =
+        workspace.data() + (256 - reinterpret_cast<uintptr_t>(workspace.data()) % 256) % 256;
+    const ForcedSparseKernel forced(run);
+    dsv4::SparseDecodeParams p = in.params(c);
+    p.workspace = TensorView::contiguous(aligned, DType::kUInt8, {256});
+    const dsv4::detail::SparseLaunchReport report =
+        dsv4::detail::sparse_decode_launch_report(dsv4::detail::validate_sparse_decode(p), 0);
+    if (sm_count == 132) {
+      EXPECT_STREQ(report.kernel, "pipelined");
+      EXPECT_TRUE(report.plan.through_workspace);
+      EXPECT_TRUE(report.plan.bf16_records);
+      EXPECT_EQ(report.plan.splits, 8);
+    }
+  }
 }
 
 // The default CUDA path (Flash's heads: the tensor-core kernel; without a workspace a cluster of

@@ -113,7 +113,8 @@ TensorCoreLaunch plan_tensor_core(const SparseDecodeProblem& p, bool pipelined, 
     const SparseWorkspaceChoice through = workspace_override.load();
     if (p.workspace != nullptr && through != SparseWorkspaceChoice::kNever) {
       const SparsePlan split =
-          plan_sparse_workspace(p.num_rows, p.num_heads, p.list_length(), sm_count, costs);
+          plan_sparse_workspace(p.num_rows, p.num_heads, p.list_length(), sm_count, costs,
+                                p.out_dtype == DType::kBFloat16);
       const bool faster =
           sparse_plan_steps(split, p.num_rows, p.list_length(), resident, costs) <
           sparse_plan_steps(launch.plan, p.num_rows, p.list_length(), resident, costs);
@@ -168,7 +169,8 @@ void launch_tensor_core(const SparseDecodeProblem& p, const TensorCoreLaunch& la
                                       stream, cluster, p, launch.plan, q_vector, out_vector),
       kOperation, launch.pipelined ? "sparse_decode_pipelined_kernel" : "sparse_decode_mma_kernel");
   if (!launch.plan.through_workspace) return;
-  const int slices = sparse_combine_slices(p.num_rows, launch.plan.groups, sm_count);
+  const int slices = sparse_combine_launch_slices(
+      p.num_rows, launch.plan.groups, sm_count, launch.plan.group_heads, launch.plan.bf16_records);
   const unsigned combine_ctas = static_cast<unsigned>(p.num_rows * launch.plan.groups * slices);
   hdk::detail::check_launch(
       hdk::detail::launch_dependent(

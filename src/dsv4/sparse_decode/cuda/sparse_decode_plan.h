@@ -139,6 +139,49 @@ HDK_HOST_DEVICE SparsePlan plan_sparse_decode(int64_t rows, int64_t heads, int64
 }
 
 // ---- splits through the caller's workspace ------------------------------------------------------
+// The combine kernel's threads a CTA, and its column slices of a row's head group: enough CTAs to
+// read the partial results back from L2 over the SMs, at least 16 columns each. Up to 32 slices
+// rather than 16: Pro HCA at N = 1 and 2 (two head groups, 16 splits) 1.05-1.07x (H200, N = 1
+// 34.6 -> 32.4 us), every other cell the same plan or a tie; 64 slices measured the same as 32.
+constexpr int kSparseCombineThreads = 256;
+constexpr int kSparseCombineMaxSlices = 32;
+HDK_HOST_DEVICE int sparse_combine_slices(int64_t rows, int groups, int sm_count) {
+  const int64_t most = sm_count / (rows * groups);
+  int slices = 1;
+  while (slices < kSparseCombineMaxSlices && 2 * slices <= most)
+    slices *= 2;  // a power of two divides 512 columns
+  return slices;
+}
+
+// The slices the combine kernel runs: sparse_combine_slices', doubled where the SMs hold more CTAs
+// than that (sm_count / (rows x groups) is not a power of two) and each thread still sums two
+// column jobs (kSparseCombineMinJobs: a record's 128 fp32 quads or 64 bf16 octets a head), so
+// that a thread's chain of jobs is halved on SMs that have room. H200 against the slices without
+// the doubling, one call, two rounds: Pro CSA and HCA N = 9..12 (4 -> 8 slices, 512 jobs)
+// 1.03-1.05x warm, 1.02-1.04x with the instruction caches flushed, Flash HCA N = 24 1.01-1.02x;
+// doubled down to 128 jobs too (N = 3, 5 and 6 of both presets) they were 0.96-0.99x.
+constexpr int kSparseCombineMinJobs = 2 * kSparseCombineThreads;
+HDK_HOST_DEVICE int sparse_combine_launch_slices(int64_t rows, int groups, int sm_count,
+                                                 int group_heads, bool bf16_records) {
+  const int slices = sparse_combine_slices(rows, groups, sm_count);
+  const int64_t most = sm_count / (rows * groups);
+  const int64_t units = bf16_records ? kSparseRecordColumns / 8 : kSparseRecordColumns / 4;
+  const bool room = slices < kSparseCombineMaxSlices && slices < most;
+  return room && group_heads * units / (2 * slices) >= kSparseCombineMinJobs ? 2 * slices : slices;
+}
+
+// Whether a row split through the workspace with bf16 outputs keeps its partial O as bf16
+// records: half the bytes its CTAs write and the combine reads back, each combine job summing
+// eight columns a split. That pays where a combine CTA of `slices` has at least
+// kSparseBf16RecordJobs such jobs (on an H200 Flash N = 4..32 and Pro N = 2..32: 1.04-1.14x).
+// With fewer (N = 1 in groups of 16 or 32 heads, Flash N = 2: 32 or 64 jobs, a warp or two of
+// 256 threads) the combine is a chain of loads and sums per thread, which eight columns lengthen:
+// bf16 records there were 0.96-1.01x warm, 0.96-0.98x cold, so those rows keep fp32 records.
+constexpr int kSparseBf16RecordJobs = 128;
+HDK_HOST_DEVICE bool sparse_bf16_records(int group_heads, int slices) {
+  return group_heads * static_cast<int>(kSparseRecordColumns / 8) / slices >= kSparseBf16RecordJobs;
+}
+
 // The combine kernel's cost in tile times of the kernel before it: its launch behind the split
 // kernel and the partial results it reads back from L2.
 constexpr int64_t kSparseCombineTiles = 1;
@@ -162,37 +205,57 @@ HDK_HOST_DEVICE int64_t sparse_plan_steps(const SparsePlan& plan, int64_t rows, 
 // more than they save (H200: Flash HCA N = 1 in 64 one-tile splits 51.3 us against 34.4 in one
 // cluster of 16; 16 splits of 4 tiles at N = 8 37.0 against 42.0).
 constexpr int64_t kSparseWorkspaceMinTiles = 4;
+// Records of bf16 (sparse_bf16_records) are half those bytes, 1.75 tiles: their splits go down to
+// 2 tiles a CTA, the kernel's own fewest for its longest CTA still kept. H200, against the
+// cluster of 4 splits the pipelined kernel ran before, one call, two rounds: Pro CSA N = 8 (18
+// tiles) in 8 splits of 2-3 tiles 28.2 -> 26.9 us warm, 33.1 -> 29.8 with the instruction caches
+// flushed; N = 9..11 in 6-7 splits 1.03-1.04x warm, 1.00-1.09x cold with their combine in 8
+// slices (sparse_combine_launch_slices; in 4, N = 10 and 11 read 0.97-0.99x).
+constexpr int64_t kSparseWorkspaceMinTilesBf16Records = 2;
 // Except for lists of 32 to 128 tiles (HCA lists of 2176 and 4224 entries), whose rows a cluster
 // or 4-tile splits leave on a fraction of the SMs: there splits of 2 tiles or more. H200, against
 // the rule above in one run: Flash HCA (66 tiles) N = 5 and 6 in 22-26 splits 1.09-1.12x warm,
 // 1.11-1.16x with the instruction caches flushed; the decode step's HCA layer at context 262144
 // (34 tiles) Pro N = 4 and 5 1.11-1.15x, Flash N = 10 and 11 1.07-1.08x. Not for the CSA lists
-// (10 and 18 tiles): Pro CSA N = 9..11 in 6-7 splits 0.90-0.91x warm; nor beyond 128 tiles,
-// where rows of 8320 entries in up to 64 splits read 0.96-1.03x.
+// (10 and 18 tiles): Pro CSA N = 9..11 in 6-7 splits 0.90-0.91x warm (fp32 records); nor beyond
+// 128 tiles, where rows of 8320 entries in up to 64 splits read 0.96-1.03x.
 constexpr int64_t kSparseWorkspaceShortSplitsMinListTiles = 32;
 constexpr int64_t kSparseWorkspaceShortSplitsMaxListTiles = 128;
 constexpr int64_t kSparseWorkspaceShortSplitTiles = 2;
 
 // Splits through the workspace: as many as fill the SMs once (sparse_workspace_max_splits), but
-// none that leaves a CTA fewer than kSparseWorkspaceMinTiles tiles or the kernel's
-// `min_tiles_per_split` (2 tiles for lists of 32 to 128 tiles); through_workspace is false where
-// that is one split.
+// none that leaves a CTA fewer than kSparseWorkspaceMinTiles tiles (2 for lists of 32 to 128
+// tiles, and for bf16 records) or the CTA that walks the most fewer than the kernel's
+// `min_tiles_per_split`; through_workspace is false where that is one split. `bf16_outputs`:
+// the call writes bf16, so that the plan's records are bf16 where sparse_bf16_records says so.
 HDK_HOST_DEVICE SparsePlan plan_sparse_workspace(int64_t rows, int64_t heads, int64_t list_length,
-                                                 int sm_count, SparseKernelCosts costs) {
+                                                 int sm_count, SparseKernelCosts costs,
+                                                 bool bf16_outputs = false) {
   SparsePlan plan;
   plan.groups = sparse_head_groups(heads);
   const int64_t tiles = sparse_tiles(list_length);
   int64_t splits = sparse_workspace_max_splits(rows, plan.groups, tiles, sm_count);
   const bool short_splits = tiles >= kSparseWorkspaceShortSplitsMinListTiles &&
                             tiles <= kSparseWorkspaceShortSplitsMaxListTiles;
-  const int64_t min_tiles = short_splits ? kSparseWorkspaceShortSplitTiles
-                                         : (costs.min_tiles_per_split > kSparseWorkspaceMinTiles
-                                                ? costs.min_tiles_per_split
-                                                : kSparseWorkspaceMinTiles);
+  const bool bf16_records =
+      bf16_outputs &&
+      sparse_bf16_records(plan.group_heads, sparse_combine_slices(rows, plan.groups, sm_count));
+  int64_t min_tiles = kSparseWorkspaceShortSplitTiles;
+  if (!short_splits && bf16_records) {
+    min_tiles = kSparseWorkspaceMinTilesBf16Records;
+  } else if (!short_splits) {
+    min_tiles = costs.min_tiles_per_split > kSparseWorkspaceMinTiles ? costs.min_tiles_per_split
+                                                                     : kSparseWorkspaceMinTiles;
+  }
   const int64_t by_length = tiles / min_tiles;
   if (splits > by_length) splits = by_length;
+  while (!short_splits && splits > 1 &&
+         hdk::detail::ceil_div(tiles, splits) < costs.min_tiles_per_split) {
+    --splits;
+  }
   plan.splits = splits > 1 ? static_cast<int>(splits) : 1;
   plan.through_workspace = plan.splits > 1;
+  plan.bf16_records = plan.through_workspace && bf16_records;
   return plan;
 }
 
@@ -259,31 +322,6 @@ HDK_HOST_DEVICE SparsePlan plan_sparse_fewest_tiles(int64_t rows, int64_t heads,
     plan.group_heads = group_heads;
   }
   return plan;
-}
-
-// The combine's column slices of a row's head group: enough CTAs to read the partial results back
-// from L2 over the SMs, at least 16 columns each. Up to 32 slices rather than 16: Pro HCA at
-// N = 1 and 2 (two head groups, 16 splits) 1.05-1.07x (H200, N = 1 34.6 -> 32.4 us), every other
-// cell the same plan or a tie; 64 slices measured the same as 32.
-constexpr int kSparseCombineMaxSlices = 32;
-HDK_HOST_DEVICE int sparse_combine_slices(int64_t rows, int groups, int sm_count) {
-  const int64_t most = sm_count / (rows * groups);
-  int slices = 1;
-  while (slices < kSparseCombineMaxSlices && 2 * slices <= most)
-    slices *= 2;  // a power of two divides 512 columns
-  return slices;
-}
-
-// Whether a row split through the workspace with bf16 outputs keeps its partial O as bf16
-// records: half the bytes its CTAs write and the combine reads back, each combine job summing
-// eight columns a split. That pays where a combine CTA of `slices` has at least
-// kSparseBf16RecordJobs such jobs (on an H200 Flash N = 4..32 and Pro N = 2..32: 1.04-1.14x).
-// With fewer (N = 1 in groups of 16 or 32 heads, Flash N = 2: 32 or 64 jobs, a warp or two of
-// 256 threads) the combine is a chain of loads and sums per thread, which eight columns lengthen:
-// bf16 records there were 0.96-1.01x warm, 0.96-0.98x cold, so those rows keep fp32 records.
-constexpr int kSparseBf16RecordJobs = 128;
-HDK_HOST_DEVICE bool sparse_bf16_records(int group_heads, int slices) {
-  return group_heads * static_cast<int>(kSparseRecordColumns / 8) / slices >= kSparseBf16RecordJobs;
 }
 
 // The combine's share of split `split` of `splits`: the column units [first, first + count) of
