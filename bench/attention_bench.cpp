@@ -56,6 +56,19 @@ constexpr int64_t kHcaLength =
     4096;                           // long-context HCA list: 4096 compressed entries (512K tokens)
 constexpr int64_t kBlockSize = 64;  // pages of the compressed pool and of the key cache
 
+// The compressed entries of an HCA list named `hca` (kHcaLength) or `hcaE` (E entries, e.g. hca512
+// for a 65536-token context), 0 for any other name.
+int64_t hca_entries(const std::string& list) {
+  if (list == "hca") return kHcaLength;
+  if (list.size() <= 3 || list.compare(0, 3, "hca") != 0) return 0;
+  int64_t entries = 0;
+  for (size_t i = 3; i < list.size(); ++i) {
+    if (list[i] < '0' || list[i] > '9' || entries > (int64_t{1} << 40)) return 0;
+    entries = 10 * entries + (list[i] - '0');
+  }
+  return entries;
+}
+
 // The index_topk forms a point can take: the keys' format and the query's form.
 struct IndexForm {
   const char* name;
@@ -483,7 +496,8 @@ void print_attention_usage() {
       "hdk-bench attention [options]\n"
       "  --preset flash,pro    Hq 64, CSA top-512 / Hq 128, CSA top-1024 (index_topk: top_k)\n"
       "  --ops LIST            sparse,index (default both)\n"
-      "  --lists LIST          sparse_decode lists: csa (128 + top-k), hca (128 + 4096)\n"
+      "  --lists LIST          sparse_decode lists: csa (128 + top-k), hca (128 + 4096),\n"
+      "                        hcaE (128 + E, e.g. hca512: a 65536-token context)\n"
       "  --N LIST              sparse_decode queries (default 1-128 GPU, 1,2 CPU)\n"
       "  --csa-spread S        a CSA list picks its entries out of S x top-k of the query's own\n"
       "                        (default 4); an HCA list reads all of its own\n"
@@ -599,7 +613,9 @@ int attention_command(Options& options) {
     if (op != "sparse" && op != "index") throw std::runtime_error("unknown op '" + op + "'");
   }
   for (const std::string& list : lists) {
-    if (list != "csa" && list != "hca") throw std::runtime_error("unknown list '" + list + "'");
+    if (list != "csa" && hca_entries(list) <= 0) {
+      throw std::runtime_error("unknown list '" + list + "' (csa, hca or hcaE, E > 0 entries)");
+    }
   }
   for (const std::string& name : presets)
     find_preset(name);  // an unknown name fails before the run starts
@@ -677,7 +693,7 @@ int attention_command(Options& options) {
       const AttentionPreset& preset = find_preset(name);
       for (const std::string& list : lists) {
         const bool csa = list == "csa";
-        const int64_t compressed = csa ? preset.csa_length : kHcaLength;
+        const int64_t compressed = csa ? preset.csa_length : hca_entries(list);
         for (int64_t N : rows) {
           std::fprintf(stderr, "\rsparse_decode %s %s N=%lld ...   ", preset.name, list.c_str(),
                        static_cast<long long>(N));
@@ -689,7 +705,7 @@ int attention_command(Options& options) {
           base.length = kWindow + compressed;
           base.heads = preset.heads;
           attempt(base, [&] {
-            return bench.sparse(preset, csa ? "csa" : "hca", compressed, csa ? spread : 1, N);
+            return bench.sparse(preset, list.c_str(), compressed, csa ? spread : 1, N);
           });
         }
       }
@@ -727,7 +743,8 @@ int attention_command(Options& options) {
       table,
       "GB/s = KV bytes read / time. sparse_decode: N x L x 584 (every query reads its own L ="
       "\n128 SWA entries of its ring page + the compressed entries: CSA top-k picked out of"
-      "\n--csa-spread x top-k of its own, HCA all 4096 of its own); not counted: q and out"
+      "\n--csa-spread x top-k of its own, HCA all of its own: 4096, or E for hcaE); not counted: q "
+      "and out"
       "\n(N x Hq x 512 bf16 each), lse, sink and the int32 indices (N x L x 4)."
       "\nindex_topk: N x entries x 68 (MXFP4 keys of the row's own pages, block size 64; list"
       "\nmxfp4 with bf16 q, mxfp4q with packed E2M1 q) or x 132 (list fp8: FP8 keys, E4M3 q);"

@@ -287,8 +287,8 @@ TEST(SparseDecodePlan, FewestTilesTakeOneWaveOfTheSms) {
               dsv4::detail::plan_sparse_fewest_tiles(rows, heads, length, sm_count);
           const int groups = dsv4::detail::sparse_head_groups(heads);
           const int64_t tiles = dsv4::detail::sparse_tiles(length);
-          // One tile a CTA where a wave holds them all, else two for lists of 17 tiles or more;
-          // lists of 2 tiles up to 8 (row, head group) pairs.
+          // One tile a CTA where a wave holds them all, else two for lists of 17 tiles or more
+          // (10 for two head groups); lists of 2 tiles up to 8 (row, head group) pairs.
           auto fit = [&](int64_t splits, int64_t group_count) {
             return splits <= dsv4::detail::kSparseMaxWorkspaceSplits &&
                    rows * group_count * splits <= sm_count &&
@@ -296,8 +296,8 @@ TEST(SparseDecodePlan, FewestTilesTakeOneWaveOfTheSms) {
           };
           const int64_t splits = fit(tiles, groups) ? tiles : (tiles + 1) / 2;
           const bool short_fits = tiles > 2 || rows * groups <= 8;
-          const bool fits =
-              tiles >= 2 && short_fits && fit(splits, groups) && (splits == tiles || tiles >= 17);
+          const bool fits = tiles >= 2 && short_fits && fit(splits, groups) &&
+                            (splits == tiles || tiles >= (groups == 2 ? 10 : 17));
           EXPECT_EQ(plan.through_workspace, fits);
           if (!fits) {
             EXPECT_EQ(plan.groups, groups);
@@ -348,6 +348,13 @@ TEST(SparseDecodePlan, FewestTilesTakeOneWaveOfTheSms) {
   EXPECT_EQ(plan_sparse_fewest_tiles(4, 128, 1152, 132).splits, 9);
   EXPECT_EQ(plan_sparse_fewest_tiles(7, 128, 1152, 132).splits, 9);
   EXPECT_FALSE(plan_sparse_fewest_tiles(8, 128, 1152, 132).through_workspace);
+  // Pro's HCA lists of a 65536-token context (2 groups x 10 tiles): one tile a CTA up to 6 rows,
+  // two up to 13; Flash's (one group) one tile only.
+  EXPECT_EQ(plan_sparse_fewest_tiles(6, 128, 640, 132).splits, 10);
+  EXPECT_EQ(plan_sparse_fewest_tiles(7, 128, 640, 132).splits, 5);
+  EXPECT_EQ(plan_sparse_fewest_tiles(13, 128, 640, 132).splits, 5);
+  EXPECT_FALSE(plan_sparse_fewest_tiles(14, 128, 640, 132).through_workspace);
+  EXPECT_FALSE(plan_sparse_fewest_tiles(8, 128, 576, 132).through_workspace);  // 9 tiles
   EXPECT_EQ(plan_sparse_fewest_tiles(4, 64, 4224, 132).splits, 33);
   EXPECT_FALSE(plan_sparse_fewest_tiles(5, 64, 4224, 132).through_workspace);
   EXPECT_EQ(plan_sparse_fewest_tiles(8, 64, 128, 132).splits, 2);

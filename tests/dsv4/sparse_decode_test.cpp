@@ -1257,7 +1257,8 @@ TEST(SparseDecodeCuda, FewRowsTakeTheFewestTilesACta) {
   for (const Shape shape :
        {Shape{2, 64, 512, 128}, Shape{1, 128, 1024, 128}, Shape{3, 64, 200, 128},
         Shape{1, 64, 4200, 128}, Shape{4, 128, 1024, 128}, Shape{3, 64, 64, 64},
-        Shape{4, 128, 100, 28}, Shape{2, 80, 1000, 128}, Shape{5, 48, 512, 128}}) {
+        Shape{4, 128, 100, 28}, Shape{2, 80, 1000, 128}, Shape{5, 48, 512, 128},
+        Shape{8, 128, 512, 128}}) {
     SparseCase c;
     c.N = shape.rows;
     c.heads = shape.heads;
@@ -1269,9 +1270,11 @@ TEST(SparseDecodeCuda, FewRowsTakeTheFewestTilesACta) {
     SCOPED_TRACE(c.describe());
     const int64_t tiles = dsv4::detail::sparse_tiles(c.L + c.extra_L);
     const int64_t groups = dsv4::detail::sparse_head_groups(c.heads);
-    // Two tiles a CTA only for lists of 17 tiles or more (kSparseTwoTileMinTiles).
+    // Two tiles a CTA only for lists of 17 tiles or more (kSparseTwoTileMinTiles), 10 for two
+    // head groups.
+    const int64_t two_tiles_from = groups == 2 ? 10 : 17;
     const int64_t splits = tiles <= 64 && c.N * groups * tiles <= sm_count ? tiles
-                           : tiles >= 17                                   ? (tiles + 1) / 2
+                           : tiles >= two_tiles_from                       ? (tiles + 1) / 2
                                                                            : sm_count + 1;
     if (c.N * groups * splits > sm_count) continue;  // a device too small for one wave of them
     // The smallest head group whose CTAs still fit the wave.

@@ -264,6 +264,13 @@ HDK_HOST_DEVICE SparsePlan plan_sparse_workspace(int64_t rows, int64_t heads, in
 // tiles) 0.90-0.91x in the step at N = 32 and 64, where lists of 18-66 tiles gained 1.05-1.30x
 // (H200, instruction caches flushed; Pro CSA N = 4, HCA lists of 34 tiles at N = 2 and 4).
 constexpr int64_t kSparseTwoTileMinTiles = 17;
+// Rows of two head groups (65-128 heads), whose CTAs the pipelined kernel pairs in clusters to
+// share each tile's conversion, take two tiles a CTA from lists of this many tiles. H200, one call,
+// two rounds, against the pipelined clusters of 2 x 4: Pro HCA lists of 10 tiles (a 65536-token
+// context) at N = 7..13 in 5 splits of 2 tiles 1.03-1.07x with the instruction caches flushed
+// (N = 8 27.4 -> 25.7 us) and the decode step's Pro HCA layer at N = 8 1.07x (32.9 -> 30.9 us),
+// but 0.87-0.89x warm: judged, as the rest of this plan, cold and by the step.
+constexpr int64_t kSparseTwoTileMinTilesTwoGroups = 10;
 
 // Lists of 2 tiles (the SWA window with its step) split into two one-tile CTAs through the
 // workspace only while a call has at most this many (row, head group) pairs: the cluster's
@@ -274,7 +281,8 @@ constexpr int64_t kSparseShortListMaxRowGroups = 8;
 
 // The fewest tiles a CTA through the workspace (the tensor-core kernel that converts on all 8
 // warps), where every CTA of every row fits in one wave of the SMs: one tile a CTA, else two
-// (lists of at least kSparseTwoTileMinTiles tiles, and those of 65-128 tiles, above 64 splits).
+// (lists of at least kSparseTwoTileMinTiles tiles, kSparseTwoTileMinTilesTwoGroups for two head
+// groups, and those of 65-128 tiles, above 64 splits).
 // A call then takes one or two tiles' latency, the partial's write and the combine. The
 // pipelined kernel's steady state does not pay there, and its code (101-145 KB, 76 KB of it run
 // at Flash CSA N = 1) is fetched cold in a decode step. On an H200 with the SMs' instruction
@@ -300,7 +308,9 @@ HDK_HOST_DEVICE SparsePlan plan_sparse_fewest_tiles(int64_t rows, int64_t heads,
   const int64_t tiles = sparse_tiles(list_length);
   if (tiles < 2 || (tiles == 2 && rows * plan.groups > kSparseShortListMaxRowGroups)) return plan;
   const int most = sparse_workspace_max_splits(rows, plan.groups, tiles, sm_count);
-  const int64_t longest = tiles < kSparseTwoTileMinTiles ? 1 : 2;  // tiles a CTA
+  const int64_t two_tiles_from =
+      plan.groups == 2 ? kSparseTwoTileMinTilesTwoGroups : kSparseTwoTileMinTiles;
+  const int64_t longest = tiles < two_tiles_from ? 1 : 2;  // tiles a CTA
   for (int64_t per_cta = 1; per_cta <= longest; ++per_cta) {
     const int64_t splits = hdk::detail::ceil_div(tiles, per_cta);
     if (splits <= most) {
