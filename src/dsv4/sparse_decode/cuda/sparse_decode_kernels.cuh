@@ -18,7 +18,8 @@ namespace detail {
 constexpr int kSparseThreads = 256;
 constexpr int kSparseWarps = kSparseThreads / 32;
 constexpr int kSparsePipelinedThreads = 384;
-// The combine kernel's, kSparseCombineThreads, are its plan's (sparse_decode_plan.h).
+// The combine kernel's (kSparseCombineThreads) are set where its plan counts their jobs
+// (sparse_decode_plan.h).
 
 // A tensor-core kernel's instance. Their templates stay in their own translation units (nvcc 13
 // makes a kernel template's stub local to the unit that defines it), which hand out the instances:
