@@ -94,12 +94,12 @@ TensorCoreLaunch plan_tensor_core(const SparseDecodeProblem& p, bool pipelined, 
                                              kOperation);
     return launch;
   };
-  // A workspace plan's record type (sparse_bf16_records).
+  const bool bf16_outputs = p.out_dtype == DType::kBFloat16;
+  // A workspace plan's record type, for the plans that do not set it themselves (the fewest
+  // tiles, a forced split count).
   auto with_records = [&](SparsePlan plan) {
-    plan.bf16_records =
-        plan.through_workspace && p.out_dtype == DType::kBFloat16 &&
-        sparse_bf16_records(plan.group_heads,
-                            sparse_combine_slices(p.num_rows, plan.groups, sm_count));
+    plan.bf16_records = plan.through_workspace &&
+                        sparse_plan_bf16_records(plan, p.num_rows, sm_count, bf16_outputs);
     return plan;
   };
   auto launch_of = [&](bool use_pipelined) {
@@ -112,9 +112,8 @@ TensorCoreLaunch plan_tensor_core(const SparseDecodeProblem& p, bool pipelined, 
     launch.plan = plan_sparse_decode(p.num_rows, p.num_heads, p.list_length(), resident, costs);
     const SparseWorkspaceChoice through = workspace_override.load();
     if (p.workspace != nullptr && through != SparseWorkspaceChoice::kNever) {
-      const SparsePlan split =
-          plan_sparse_workspace(p.num_rows, p.num_heads, p.list_length(), sm_count, costs,
-                                p.out_dtype == DType::kBFloat16);
+      const SparsePlan split = plan_sparse_workspace(p.num_rows, p.num_heads, p.list_length(),
+                                                     sm_count, costs, bf16_outputs);
       const bool faster =
           sparse_plan_steps(split, p.num_rows, p.list_length(), resident, costs) <
           sparse_plan_steps(launch.plan, p.num_rows, p.list_length(), resident, costs);

@@ -161,13 +161,17 @@ HDK_HOST_DEVICE int sparse_combine_slices(int64_t rows, int groups, int sm_count
 // 1.03-1.05x warm, 1.02-1.04x with the instruction caches flushed, Flash HCA N = 24 1.01-1.02x;
 // doubled down to 128 jobs too (N = 3, 5 and 6 of both presets) they were 0.96-0.99x.
 constexpr int kSparseCombineMinJobs = 2 * kSparseCombineThreads;
+// A record's column units a head, one combine job each: 64 octets of bf16, 128 quads of fp32.
+HDK_HOST_DEVICE int sparse_record_units(bool bf16_records) {
+  return static_cast<int>(kSparseRecordColumns) / (bf16_records ? 8 : 4);
+}
 HDK_HOST_DEVICE int sparse_combine_launch_slices(int64_t rows, int groups, int sm_count,
                                                  int group_heads, bool bf16_records) {
   const int slices = sparse_combine_slices(rows, groups, sm_count);
   const int64_t most = sm_count / (rows * groups);
-  const int64_t units = bf16_records ? kSparseRecordColumns / 8 : kSparseRecordColumns / 4;
   const bool room = slices < kSparseCombineMaxSlices && slices < most;
-  return room && group_heads * units / (2 * slices) >= kSparseCombineMinJobs ? 2 * slices : slices;
+  const int jobs = group_heads * sparse_record_units(bf16_records) / (2 * slices);
+  return room && jobs >= kSparseCombineMinJobs ? 2 * slices : slices;
 }
 
 // Whether a row split through the workspace with bf16 outputs keeps its partial O as bf16
@@ -179,7 +183,14 @@ HDK_HOST_DEVICE int sparse_combine_launch_slices(int64_t rows, int groups, int s
 // bf16 records there were 0.96-1.01x warm, 0.96-0.98x cold, so those rows keep fp32 records.
 constexpr int kSparseBf16RecordJobs = 128;
 HDK_HOST_DEVICE bool sparse_bf16_records(int group_heads, int slices) {
-  return group_heads * static_cast<int>(kSparseRecordColumns / 8) / slices >= kSparseBf16RecordJobs;
+  return group_heads * sparse_record_units(true) / slices >= kSparseBf16RecordJobs;
+}
+// The record type of `plan` through the workspace for a call of `rows` rows whose outputs are
+// bf16 or not (what SparsePlan::bf16_records holds where the plan goes through it).
+HDK_HOST_DEVICE bool sparse_plan_bf16_records(const SparsePlan& plan, int64_t rows, int sm_count,
+                                              bool bf16_outputs) {
+  return bf16_outputs &&
+         sparse_bf16_records(plan.group_heads, sparse_combine_slices(rows, plan.groups, sm_count));
 }
 
 // The combine kernel's cost in tile times of the kernel before it: its launch behind the split
@@ -237,9 +248,7 @@ HDK_HOST_DEVICE SparsePlan plan_sparse_workspace(int64_t rows, int64_t heads, in
   int64_t splits = sparse_workspace_max_splits(rows, plan.groups, tiles, sm_count);
   const bool short_splits = tiles >= kSparseWorkspaceShortSplitsMinListTiles &&
                             tiles <= kSparseWorkspaceShortSplitsMaxListTiles;
-  const bool bf16_records =
-      bf16_outputs &&
-      sparse_bf16_records(plan.group_heads, sparse_combine_slices(rows, plan.groups, sm_count));
+  const bool bf16_records = sparse_plan_bf16_records(plan, rows, sm_count, bf16_outputs);
   int64_t min_tiles = kSparseWorkspaceShortSplitTiles;
   if (!short_splits && bf16_records) {
     min_tiles = kSparseWorkspaceMinTilesBf16Records;
