@@ -74,21 +74,24 @@ struct IndexForm {
   const char* name;
   dsv4::KeyFormat format;
   int64_t key_bytes;
-  bool packed_query;  // packed E2M1 q with UE8M0 scales (else bf16, or E4M3 with FP8 keys)
+  bool packed_query;  // packed E2M1 q with UE8M0 scales (else exact, or E4M3 with FP8 keys)
+  DType exact_q = DType::kBFloat16;  // the exact q's dtype
 };
 
-// mxfp4: exact bf16 q over MXFP4 keys (the contract's default); fp8: E4M3 q over FP8 keys
-// (DeepGEMM's Hopper form); mxfp4q: packed E2M1 q with UE8M0 scales over MXFP4 keys (the
-// reference indexer's quantized query).
-const IndexForm kIndexForms[] = {{"mxfp4", dsv4::KeyFormat::kMXFP4, dsv4::kMxfp4KeyBytes, false},
-                                 {"fp8", dsv4::KeyFormat::kFP8, dsv4::kFp8KeyBytes, false},
-                                 {"mxfp4q", dsv4::KeyFormat::kMXFP4, dsv4::kMxfp4KeyBytes, true}};
+// mxfp4: exact bf16 q over MXFP4 keys (the contract's default); mxfp4f32: exact fp32 q over
+// MXFP4 keys; fp8: E4M3 q over FP8 keys (DeepGEMM's Hopper form); mxfp4q: packed E2M1 q with UE8M0
+// scales over MXFP4 keys (the reference indexer's quantized query).
+const IndexForm kIndexForms[] = {
+    {"mxfp4", dsv4::KeyFormat::kMXFP4, dsv4::kMxfp4KeyBytes, false},
+    {"mxfp4f32", dsv4::KeyFormat::kMXFP4, dsv4::kMxfp4KeyBytes, false, DType::kFloat32},
+    {"fp8", dsv4::KeyFormat::kFP8, dsv4::kFp8KeyBytes, false},
+    {"mxfp4q", dsv4::KeyFormat::kMXFP4, dsv4::kMxfp4KeyBytes, true}};
 
 const IndexForm& find_index_form(const std::string& name) {
   for (const IndexForm& form : kIndexForms) {
     if (name == form.name) return form;
   }
-  throw std::runtime_error("unknown key format '" + name + "' (mxfp4, fp8 or mxfp4q)");
+  throw std::runtime_error("unknown key format '" + name + "' (mxfp4, mxfp4f32, fp8 or mxfp4q)");
 }
 
 struct Point {
@@ -327,7 +330,8 @@ class AttentionBench {
     const IndexForm* form = nullptr;
     int64_t N = 0, entries = 0, pages_per_row = 0, num_blocks = 0;
     std::vector<uint8_t> cache;
-    std::vector<uint8_t> q;         // bf16 (mxfp4), E4M3 codes (fp8) or packed E2M1 (mxfp4q)
+    std::vector<uint8_t>
+        q;  // bf16 (mxfp4), fp32 (mxfp4f32), E4M3 codes (fp8), packed E2M1 (mxfp4q)
     std::vector<uint8_t> q_scales;  // mxfp4q: UE8M0 bytes [N, H, 4]
     std::vector<float> weights;
     std::vector<int32_t> block_table, num_entries;
@@ -356,6 +360,10 @@ class AttentionBench {
         in->q_scales.resize(static_cast<size_t>(q_values / 32));
         for (uint8_t& byte : in->q_scales)
           byte = static_cast<uint8_t>(124 + random.below(7));
+      } else if (form.exact_q == DType::kFloat32) {
+        const std::vector<float> q = normal_floats(rng, q_values, 1.0f);
+        in->q.resize(q.size() * 4);
+        std::memcpy(in->q.data(), q.data(), in->q.size());
       } else {
         const std::vector<uint16_t> q = normal_bf16(rng, q_values, 1.0f);
         in->q.resize(q.size() * 2);
@@ -398,7 +406,7 @@ class AttentionBench {
         params.q = TensorView::contiguous(q, DType::kUInt8, {N, H, dsv4::kIndexerKeyDim / 2}, at);
         params.q_scales = TensorView::contiguous(scales, DType::kUInt8, {N, H, 4}, at);
       } else {
-        params.q = TensorView::contiguous(q, DType::kBFloat16, {N, H, dsv4::kIndexerKeyDim}, at);
+        params.q = TensorView::contiguous(q, form.exact_q, {N, H, dsv4::kIndexerKeyDim}, at);
       }
     };
     dsv4::IndexerParams p;
@@ -472,7 +480,7 @@ class AttentionBench {
     if (where.type == Device::Type::kCUDA) {
       const dsv4::detail::IndexLaunchReport launch =
           dsv4::detail::index_topk_launch_report(dsv4::detail::validate_index_topk(p), where.index);
-      point.kernel = launch.segments > 0 ? "workspace" : "cluster";
+      point.kernel = launch.segments == 0 ? "cluster" : launch.key_ring ? "ring" : "workspace";
       // Scoring CTAs / the select's CTAs a row ("1 CTA": the select's one-CTA kernel).
       point.cluster =
           (launch.segments > 0 ? std::to_string(launch.segments) : std::string("-")) + "/" +
@@ -503,8 +511,9 @@ void print_attention_usage() {
       "                        (default 4); an HCA list reads all of its own\n"
       "  --index-N LIST        index_topk rows (default 1,4,16,64 GPU, 1 CPU)\n"
       "  --entries LIST        index_topk keys per row (default 8192,65536,262144 GPU, 8192 CPU)\n"
-      "  --formats LIST        index_topk forms: mxfp4 (bf16 q, the default), fp8 (E4M3 q over\n"
-      "                        FP8 keys), mxfp4q (packed E2M1 q with UE8M0 scales)\n"
+      "  --formats LIST        index_topk forms: mxfp4 (bf16 q, the default), mxfp4f32 (fp32\n"
+      "                        q), fp8 (E4M3 q over FP8 keys), mxfp4q (packed E2M1 q with\n"
+      "                        UE8M0 scales)\n"
       "  --hot                 keep caches warm between runs (default: flushed, cold)\n"
       "  --flush-code          also evict the SMs' instruction caches before each run (the\n"
       "                        L2 flush leaves them holding the last replay's code)\n"
@@ -529,6 +538,10 @@ void print_attention_usage() {
       "                        pipelined-always (warp-specialized whatever a CTA walks)\n"
       "  --index-kernel K      index_topk on tensor cores: auto (warpgroups up to 64 heads) or\n"
       "                        warp (the mma.sync kernel at any head count; comparison)\n"
+      "  --index-ring R        index_topk's MXFP4 keys through the scoring kernel's key ring in\n"
+      "                        shared memory: auto (the plan's), never (from registers) or\n"
+      "                        always (wherever the workspace holds the rows, every row\n"
+      "                        streaming; comparison)\n"
 
       "  --cpu                 run on the CPU even when a GPU is present\n");
 }
@@ -569,6 +582,7 @@ int attention_command(Options& options) {
   const std::string json_path = options.text("json", "");
   const int64_t forced_splits = options.integer("splits", 0);
   const std::string index_kernel = options.text("index-kernel", "auto");
+  const std::string index_ring = options.text("index-ring", "auto");
   const std::string sparse_kernel = options.text("sparse-kernel", "auto");
   const std::string workspace = options.text("workspace", "on");
   const std::string dependent = options.text("pdl", "on");
@@ -582,6 +596,10 @@ int attention_command(Options& options) {
   if (forced_splits < 0) throw std::runtime_error("--splits must be at least 1");
   if (index_kernel != "auto" && index_kernel != "warp") {
     throw std::runtime_error("--index-kernel must be auto or warp, got '" + index_kernel + "'");
+  }
+  if (index_ring != "auto" && index_ring != "never" && index_ring != "always") {
+    throw std::runtime_error("--index-ring must be auto, never or always, got '" + index_ring +
+                             "'");
   }
   if (sparse_kernel != "auto" && sparse_kernel != "mma" && sparse_kernel != "pipelined" &&
       sparse_kernel != "pipelined-always") {
@@ -598,6 +616,10 @@ int attention_command(Options& options) {
   dsv4::detail::set_index_score_path(index_kernel == "warp"
                                          ? dsv4::detail::IndexScorePath::kWarpMma
                                          : dsv4::detail::IndexScorePath::kTensorCore);
+  dsv4::detail::set_index_key_ring_override(
+      index_ring == "never"    ? dsv4::detail::IndexKeyRingChoice::kNever
+      : index_ring == "always" ? dsv4::detail::IndexKeyRingChoice::kAlways
+                               : dsv4::detail::IndexKeyRingChoice::kAuto);
   dsv4::detail::set_sparse_decode_kernel_override(
       sparse_kernel == "mma"         ? dsv4::detail::SparseDecodeKernel::kTensorCore
       : sparse_kernel == "pipelined" ? dsv4::detail::SparseDecodeKernel::kTensorCorePipelined
@@ -607,6 +629,7 @@ int attention_command(Options& options) {
 #else
   if (forced_splits != 0) throw std::runtime_error("--splits needs the CUDA backend");
   if (index_kernel != "auto") throw std::runtime_error("--index-kernel needs the CUDA backend");
+  if (index_ring != "auto") throw std::runtime_error("--index-ring needs the CUDA backend");
   if (sparse_kernel != "auto") throw std::runtime_error("--sparse-kernel needs the CUDA backend");
 #endif
   for (const std::string& op : ops) {
@@ -747,14 +770,17 @@ int attention_command(Options& options) {
       "and out"
       "\n(N x Hq x 512 bf16 each), lse, sink and the int32 indices (N x L x 4)."
       "\nindex_topk: N x entries x 68 (MXFP4 keys of the row's own pages, block size 64; list"
-      "\nmxfp4 with bf16 q, mxfp4q with packed E2M1 q) or x 132 (list fp8: FP8 keys, E4M3 q);"
+      "\nmxfp4 with bf16 q, mxfp4f32 with fp32 q, mxfp4q with packed E2M1 q) or x 132 (list"
+      "\nfp8: FP8 keys, E4M3 q);"
       "\nnot counted: q (N x 64 x 128 values), weights, block table, the top-k indices and"
       "\nslots written (timed with topk_slots, without topk_scores). %copy = GB/s / copy bw."
       "\nkernel, cluster (sparse_decode on CUDA): the kernel that ran (pipelined, mma or simple)"
       "\nand its row cluster, head groups x list splits ('ws': the splits are combined through"
       "\nthe workspace by a second kernel instead of inside one cluster)."
       "\nkernel, cluster (index_topk on CUDA): workspace (scoring CTAs over every SM, then a"
-      "\nselect; --workspace on) or cluster (one launch), and scoring CTAs / select cluster a row."
+      "\nselect; --workspace on), ring (the same, the scoring streaming the keys through its"
+      "\nkey ring in shared memory) or cluster (one launch), and scoring CTAs / select cluster a"
+      "\nrow."
       "\nfloor_us = one empty-kernel graph replay + bytes / copy bandwidth; x_floor = time / floor."
       "\ntarget: sparse_decode >= 75% of copy at N >= 32; index_topk >= 70% at 65536+ entries."
       "\ncheck (--verify): against the float64 reference with the tests' bounds, for points"

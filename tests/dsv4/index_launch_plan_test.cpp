@@ -502,7 +502,7 @@ TEST(IndexWorkspacePlan, E4m3RowsStreamThroughTheWorkspace) {
 }
 
 // Which E4M3 rings copy their tiles as whole pages: E4M3 keys in 16-byte aligned pages of a
-// multiple of 64 entries.
+// multiple of 64 entries; MXFP4 tiles never.
 TEST(IndexWorkspacePlan, WholePageTilesNeedAlignedPagesOfSixtyFourEntries) {
   EXPECT_TRUE(index_key_ring_whole_pages(IndexQueryForm::kE4M3, true, 64));
   EXPECT_TRUE(index_key_ring_whole_pages(IndexQueryForm::kE4M3, true, 128));
@@ -557,25 +557,75 @@ TEST(IndexWorkspacePlan, Mxfp4KeysTakeTheRingWhereItMeasuredFaster) {
   EXPECT_TRUE(index_mxfp4_ring_pays(1, 262144));
 }
 
-// The scoring kernel's key ring follows the query form, the path and index_mxfp4_ring_pays.
+// Each ring holds its warpgroups' stages of codes, then their scales, and the E4M3 ring then
+// 8-byte aligned barriers, one a stage (its tiles copied as whole pages complete on them).
+TEST(IndexWorkspacePlan, KeyRingsHoldTheirTilesScalesAndBarriers) {
+  for (int warpgroups : {1, 2}) {
+    const int stages = warpgroups * kFp8KeyStages;
+    EXPECT_EQ(fp8_key_ring_barriers(warpgroups), stages * (kFp8KeyTileBytes + 256));
+    EXPECT_EQ(fp8_key_ring_bytes(warpgroups), fp8_key_ring_barriers(warpgroups) + stages * 8);
+    EXPECT_EQ(fp8_key_ring_barriers(warpgroups) % 8, 0);
+    EXPECT_EQ(mxfp4_key_ring_bytes(warpgroups), stages * (kMxfp4KeyTileBytes + 256));
+  }
+}
+
+// The scoring kernel's key ring follows the query form and the path: E4M3 keys and the exact q
+// over MXFP4 keys on the warpgroup kernel always stream, the packed MXFP4 q where
+// index_mxfp4_ring_pays, NVFP4 keys and the exact q on the warp kernel or CUDA cores never.
 TEST(IndexWorkspacePlan, KeyRingForEachQueryForm) {
   const size_t e4m3 = static_cast<size_t>(fp8_key_ring_bytes(2));
   const size_t mxfp4 = static_cast<size_t>(mxfp4_key_ring_bytes(2));
   EXPECT_LT(mxfp4, e4m3);  // 64 bytes of codes an entry, not 128
   for (int64_t rows : {1, 8, 128}) {
     for (int64_t capacity : {2048, 16384, 262144}) {
-      EXPECT_EQ(index_key_ring_bytes(IndexQueryForm::kE4M3, true, rows, capacity, 2), e4m3);
-      EXPECT_EQ(index_key_ring_bytes(IndexQueryForm::kMXFP4, true, rows, capacity, 2),
-                index_mxfp4_ring_pays(rows, capacity) ? mxfp4 : 0u);
-      EXPECT_EQ(index_key_ring_bytes(IndexQueryForm::kExact, true, rows, capacity, 2), 0u);
-      for (IndexQueryForm form :
-           {IndexQueryForm::kE4M3, IndexQueryForm::kMXFP4, IndexQueryForm::kExact}) {
-        EXPECT_EQ(index_key_ring_bytes(form, false, rows, capacity, 2), 0u) << "CUDA cores";
+      const size_t mxfp4_if_pays = index_mxfp4_ring_pays(rows, capacity) ? mxfp4 : 0u;
+      for (bool exact_mxfp4_warpgroup : {false, true}) {
+        EXPECT_EQ(index_key_ring_bytes(IndexQueryForm::kE4M3, true, exact_mxfp4_warpgroup, rows,
+                                       capacity, 2),
+                  e4m3);
+        EXPECT_EQ(index_key_ring_bytes(IndexQueryForm::kMXFP4, true, exact_mxfp4_warpgroup, rows,
+                                       capacity, 2),
+                  mxfp4_if_pays);
+        EXPECT_EQ(index_key_ring_bytes(IndexQueryForm::kExact, true, exact_mxfp4_warpgroup, rows,
+                                       capacity, 2),
+                  exact_mxfp4_warpgroup ? mxfp4 : 0u);
+        for (IndexQueryForm form :
+             {IndexQueryForm::kE4M3, IndexQueryForm::kMXFP4, IndexQueryForm::kExact}) {
+          EXPECT_FALSE(index_form_has_key_ring(form, false, exact_mxfp4_warpgroup));
+          EXPECT_EQ(index_key_ring_bytes(form, false, exact_mxfp4_warpgroup, rows, capacity, 2), 0u)
+              << "CUDA cores";
+        }
       }
     }
   }
-  EXPECT_EQ(index_key_ring_bytes(IndexQueryForm::kMXFP4, true, 8, 16384, 2), mxfp4);
-  EXPECT_EQ(index_key_ring_bytes(IndexQueryForm::kMXFP4, true, 1, 65536, 2), 0u);
+  EXPECT_EQ(index_key_ring_bytes(IndexQueryForm::kMXFP4, true, false, 8, 16384, 2), mxfp4);
+  EXPECT_EQ(index_key_ring_bytes(IndexQueryForm::kExact, true, true, 1, 2048, 2), mxfp4);
+  EXPECT_EQ(index_key_ring_bytes(IndexQueryForm::kExact, true, false, 8, 16384, 2), 0u);
+  EXPECT_EQ(index_key_ring_bytes(IndexQueryForm::kMXFP4, true, false, 1, 65536, 2), 0u);
+}
+
+// Every row streams (kIndexStreamRowsPerLaunch rows a launch) for E4M3 tiles copied as whole
+// pages and for the exact q over MXFP4 keys on the warpgroup kernel; other rows by
+// index_rows_stream's sizes.
+TEST(IndexWorkspacePlan, EveryRowStreamsForWholePagesAndTheExactQueryOverMxfp4Keys) {
+  EXPECT_TRUE(index_every_row_streams(IndexQueryForm::kE4M3, true, 64, false));
+  EXPECT_FALSE(index_every_row_streams(IndexQueryForm::kE4M3, true, 48, false));
+  EXPECT_FALSE(index_every_row_streams(IndexQueryForm::kE4M3, false, 64, false));
+  EXPECT_TRUE(index_every_row_streams(IndexQueryForm::kExact, false, 3, true));
+  EXPECT_FALSE(index_every_row_streams(IndexQueryForm::kExact, true, 64, false));
+  EXPECT_FALSE(index_every_row_streams(IndexQueryForm::kMXFP4, true, 64, true));
+  // 128 rows of 2048 entries, which stream only where every row does: one launch, 2 scoring
+  // CTAs a row on 132 SMs.
+  const IndexLaunchPlan cluster = plan_index_launch(128, 64, 2048, 512, true, false, 132, 232448);
+  const IndexWorkspacePlan streamed = plan_index_workspace(
+      128, 64, 2048, 512, true, false, 132, 232448, cluster, hdk::detail::ResidentClusterCounts(),
+      static_cast<size_t>(mxfp4_key_ring_bytes(2)), true);
+  EXPECT_EQ(streamed.rows_per_launch, 128);
+  EXPECT_EQ(streamed.segments, 2);
+  const IndexWorkspacePlan sized = plan_index_workspace(
+      128, 64, 2048, 512, true, false, 132, 232448, cluster, hdk::detail::ResidentClusterCounts(),
+      static_cast<size_t>(mxfp4_key_ring_bytes(2)), false);
+  EXPECT_EQ(sized.segments, 0);
 }
 
 // index_topk_workspace_bytes promises enough for every call up to its arguments.

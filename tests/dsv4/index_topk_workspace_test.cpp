@@ -3,7 +3,8 @@
 // entries, top_k up to 2048, bf16 and fp32 queries, MXFP4 and NVFP4 keys, exact ties, keys stored
 // with NaN markers, invalid rows of every kind), on a block id out of range in any scoring CTA's
 // share, and on cases of the quantized q forms (E4M3 q over fp8 keys, packed MXFP4 q over mxfp4
-// keys) its outputs equal the one-launch path's bit for bit (indices, scores, slots,
+// keys), and of the exact q over mxfp4 keys streamed through the scoring kernel's key ring, its
+// outputs equal the one-launch path's bit for bit (indices, scores, slots,
 // invalid_count), whatever bytes the workspace held before, and match the float64 reference
 // (index_topk_test.cpp's tolerances); a workspace too small is an error naming it before anything
 // is written; a CUDA graph replays it to the same bytes. Every case skips without a GPU.
@@ -290,7 +291,8 @@ void random_cases_equal_the_one_launch_path_and_the_reference(IndexBackend backe
 // A workspace below index_topk_workspace_bytes for the call's sizes: an error naming it, with the
 // bytes needed and given, and nothing written, whether or not the call's plan would use it (so a
 // short allocation fails on the first call, not on a later one of other sizes). One of the
-// documented size that the plan does not use (64 rows fill the SMs) changes nothing.
+// documented size that the plan does not use (64 rows of NVFP4 keys fill the SMs) changes
+// nothing.
 void too_small_is_an_error_before_any_write(IndexBackend backend) {
   auto expect_refused = [&](const IndexCase& c, const IndexInputs& in, int64_t given,
                             int64_t needed) {
@@ -325,9 +327,11 @@ void too_small_is_an_error_before_any_write(IndexBackend backend) {
   ASSERT_TRUE(used) << "one row of 16384 entries is meant to spread over the SMs";
   expect_refused(c, in, needed - 256, needed);
 
+  // NVFP4 keys: the exact q over MXFP4 keys streams every row through the workspace.
   IndexCase many;
   many.counts = std::vector<int64_t>(64, 2048);
   many.top_k = 64;
+  many.format = KeyFormat::kNVFP4;
   IndexInputs many_in = make_index_inputs(many);
   const int64_t many_needed = workspace_bytes_for(many_in, many);
   ASSERT_GT(many_needed, 16);
@@ -429,6 +433,56 @@ void quantized_queries_equal_the_one_launch_path_and_the_reference(IndexBackend 
     // index_mxfp4_ring_pays).
     for (int64_t block_size : {128, 16, 3})
       run(form, std::vector<int64_t>{17000, 3, 0, 2100, 700, 64, 65, 1500}, block_size);
+  }
+}
+
+// The exact q (bf16 and fp32) over MXFP4 keys streamed through the key ring (every row on the
+// warpgroup kernel, index_every_row_streams): the one-launch path's bytes (the same products from
+// registers) and the reference, with a poisoned workspace. Key scales on both sides of the
+// two-step decode (spread_key_scales), a key stored with NaN markers, pages of 64 and 128
+// entries (16-byte copies) and of 16 and 3 (tiles across pages, 4-byte copies), and 130 rows
+// (two pairs of launches, 128 rows and 2). On tensor cores the ring runs (and the override that
+// turns it off gives the same bytes); on the warp and CUDA cores it does not exist.
+void exact_queries_stream_mxfp4_keys_through_the_ring(IndexBackend backend) {
+  uint64_t seed = 970;
+  std::vector<int64_t> many_rows(130);
+  for (size_t i = 0; i < many_rows.size(); ++i)
+    many_rows[i] = static_cast<int64_t>((i * 577) % 1201);
+  many_rows[129] = 20000;
+  for (DType q_dtype : {DType::kBFloat16, DType::kFloat32}) {
+    for (int64_t block_size : {64, 128, 16, 3, 0}) {
+      IndexCase c;
+      c.format = KeyFormat::kMXFP4;
+      c.q_dtype = q_dtype;
+      c.counts =
+          block_size == 0 ? many_rows : std::vector<int64_t>{17000, 3, 0, 2100, 700, 64, 65, 16400};
+      if (block_size == 0) block_size = 64;
+      c.top_k = block_size == 3 ? 2048 : 512;
+      c.block_size = block_size;
+      c.spread_key_scales = block_size % 2 == 0;
+      c.seed = seed++;
+      SCOPED_TRACE(c.describe() + " on " + index_backend_name(backend));
+      IndexInputs in = make_index_inputs(c);
+      store_nan_key(c, in, c.counts.size() == 8 ? 0 : 129, 9000);  // in each case's longest row
+      const Outputs one_launch = run_on_cuda(c, in, backend, nullptr);
+      const Workspace poisoned{workspace_bytes_for(in, c), seed};
+      dsv4::detail::IndexLaunchReport report;
+      const Outputs through = run_on_cuda(c, in, backend, &poisoned, nullptr, &report);
+      const bool warpgroup = backend == IndexBackend::kCudaTensorCore;
+      EXPECT_EQ(report.key_ring, warpgroup) << "the warpgroup kernel streams every row";
+      if (warpgroup) {
+        EXPECT_GT(report.segments, 0);
+      }
+      expect_same_bytes(through, one_launch, "the key ring against no workspace");
+      dsv4::detail::set_index_key_ring_override(dsv4::detail::IndexKeyRingChoice::kNever);
+      dsv4::detail::IndexLaunchReport registers;
+      const Outputs from_registers = run_on_cuda(c, in, backend, &poisoned, nullptr, &registers);
+      dsv4::detail::set_index_key_ring_override(dsv4::detail::IndexKeyRingChoice::kAuto);
+      EXPECT_FALSE(registers.key_ring);
+      expect_same_bytes(from_registers, through, "the register-fed scoring against the ring");
+      EXPECT_EQ(check_against_reference(c, in, in, through, index_tolerance(backend, c)), 0);
+      EXPECT_EQ(read_counter(through.counter, DType::kInt32), 3);
+    }
   }
 }
 
@@ -542,6 +596,12 @@ TEST_P(IndexTopkWorkspace, OneCtaSelectEqualsTheOneLaunchPathAndTheReference) {
 TEST_P(IndexTopkWorkspace, QuantizedQueriesEqualTheOneLaunchPathAndTheReference) {
 #ifdef HDK_WITH_CUDA
   quantized_queries_equal_the_one_launch_path_and_the_reference(backend());
+#endif
+}
+
+TEST_P(IndexTopkWorkspace, ExactQueriesStreamMxfp4KeysThroughTheRing) {
+#ifdef HDK_WITH_CUDA
+  exact_queries_stream_mxfp4_keys_through_the_ring(backend());
 #endif
 }
 

@@ -63,8 +63,8 @@ HDK_HOST_DEVICE int fp8_key_chunk_offset(int row, int chunk) {
   return operand_chunk_offset(row, chunk, kFp8TileEntries);
 }
 
-// The MXFP4 key ring (packed E2M1 q over kMXFP4 keys): the same stages of 64 entries, each 64
-// bytes of codes, then as many tiles of the entries' 4 scale bytes.
+// The MXFP4 key ring (MXFP4 keys under the packed E2M1 q or the exact q): the same stages of 64
+// entries, each 64 bytes of codes, then as many tiles of the entries' 4 scale bytes.
 constexpr int kMxfp4KeyTileBytes = kFp8TileEntries * 64;
 HDK_HOST_DEVICE constexpr int mxfp4_key_ring_bytes(int warpgroups) {
   return warpgroups * kFp8KeyStages * (kMxfp4KeyTileBytes + kFp8TileEntries * 4);

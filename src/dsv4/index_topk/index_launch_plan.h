@@ -228,15 +228,16 @@ constexpr int64_t kIndexWorkspaceMinEntries = 256;
 // SM (kIndexStreamCtasPerSm). Measured against the one launch, whose E4M3 keys go through
 // registers (H200, top 512 and 1024): up to 32 rows 1.03-1.29x at 2048-65536 entries; 64 rows
 // 1.04x at 16384 entries, 1.13x at 65536, but 0.93-0.96x at 2048; beyond 64 rows, 64 a launch,
-// 1.11-1.12x at 65536 entries but 0.88-0.90x at 16384. With `whole_page_tiles` (the ring's tiles
-// copied as whole pieces of their pages, index_key_ring_whole_pages) the ring is 1.10-1.14x
+// 1.11-1.12x at 65536 entries but 0.88-0.90x at 16384. With the ring's tiles copied as whole
+// pieces of their pages (index_key_ring_whole_pages) the ring is 1.10-1.14x
 // faster and every row streams, kIndexStreamRowsPerLaunch rows a launch: against the one launch
 // 64 rows of 2048 entries 1.04-1.10x, and against launches of 64 rows (with the rule before)
 // 96 and 128 rows of 2048-16384 entries 1.13-1.48x, of 65536 0.99x and 1.05x (H200, two rounds
-// each; 128 rows of 2048 in launches of 64 had been 0.74x the one launch).
+// each; 128 rows of 2048 in launches of 64 had been 0.74x the one launch). `every_row_streams`
+// (index_every_row_streams): those E4M3 tiles, and the exact q over MXFP4 keys.
 constexpr int64_t kIndexStreamCtasPerSm = 2;
-inline bool index_rows_stream(int64_t num_rows, int64_t capacity, bool whole_page_tiles) {
-  if (whole_page_tiles) return true;
+inline bool index_rows_stream(int64_t num_rows, int64_t capacity, bool every_row_streams) {
+  if (every_row_streams) return true;
   if (num_rows <= 32) return true;
   return capacity >= (num_rows <= kIndexMaxWorkspaceRows ? 16384 : 65536);
 }
@@ -245,6 +246,9 @@ inline bool index_rows_stream(int64_t num_rows, int64_t capacity, bool whole_pag
 // thread): pages of a multiple of 64 entries, 16-byte aligned (`wide`). The scoring kernel's
 // segments start on multiples of 64 entries (index_score_segment), so every tile is then 64
 // consecutive entries of one page (a warpgroup with a single tile still copies it by threads).
+// MXFP4 tiles come by thread pairs: under the exact q, whose reads of a tile as stored would meet
+// no bank conflict, whole-page copies measured 0.97-1.02x (bf16 q) and 0.95-0.99x (fp32 q) on an
+// H200, 1-128 rows of 2048-65536 entries.
 HDK_HOST_DEVICE bool index_key_ring_whole_pages(IndexQueryForm form, bool wide,
                                                 int64_t block_size) {
   return form == IndexQueryForm::kE4M3 && wide && block_size % kFp8TileEntries == 0;
@@ -259,14 +263,38 @@ inline bool index_mxfp4_ring_pays(int64_t num_rows, int64_t capacity) {
   return capacity >= 16384 && (num_rows >= 8 || num_rows * capacity >= 262144);
 }
 
+// Whether a call's scoring kernel may stream its keys through a key ring: the FP8 forms on tensor
+// cores, and the exact q over MXFP4 keys on the warpgroup kernel (`exact_mxfp4_warpgroup`; NVFP4
+// keys, the warp kernel and CUDA cores score from registers).
+inline bool index_form_has_key_ring(IndexQueryForm form, bool tensor, bool exact_mxfp4_warpgroup) {
+  if (!tensor) return false;
+  return form != IndexQueryForm::kExact || exact_mxfp4_warpgroup;
+}
+
+// The exact q over MXFP4 keys on the warpgroup kernel streams every row through the key ring,
+// kIndexStreamRowsPerLaunch rows a launch. Its register-fed kernels keep two 64-entry tiles a
+// warpgroup in flight where the ring keeps three, and run one CTA an SM where the ring runs two.
+// Against them (H200, top 512 and 1024, 1-128 rows of 2048-65536 entries, two rounds): bf16 q
+// 1.03-1.50x in every cell (8 x 65536 75.9 -> 50.8 us, 128 x 65536 508.4 -> 467.7), 1.03-1.72x
+// with the instruction caches flushed; fp32 q 1.03-1.52x, but 0.96-0.98x where a warpgroup has one
+// or two tiles (16 and 32 rows of 2048 entries, 2 rows of 16384; one rule serves both dtypes).
+// Launches of 64 rows instead of 128 at 128 x 65536: 483.8 against 471.5 us.
+// Where the rows stream: the E4M3 tiles copied as whole pieces of their pages, and this.
+inline bool index_every_row_streams(IndexQueryForm form, bool wide, int64_t block_size,
+                                    bool exact_mxfp4_warpgroup) {
+  if (form == IndexQueryForm::kExact) return exact_mxfp4_warpgroup;
+  return index_key_ring_whole_pages(form, wide, block_size);
+}
+
 // The key ring of the workspace's scoring kernel for a call, its CTAs of `warpgroups` warpgroups
-// (0: the kernel scores from registers): E4M3 q over FP8 keys on tensor cores always streams,
-// the packed MXFP4 q where index_mxfp4_ring_pays; the exact forms and CUDA cores never.
-inline size_t index_key_ring_bytes(IndexQueryForm form, bool tensor, int64_t num_rows,
-                                   int64_t capacity, int warpgroups) {
-  if (!tensor) return 0;
+// (0: the kernel scores from registers): E4M3 q over FP8 keys on tensor cores and the exact q over
+// MXFP4 keys on the warpgroup kernel always stream, the packed MXFP4 q where
+// index_mxfp4_ring_pays.
+inline size_t index_key_ring_bytes(IndexQueryForm form, bool tensor, bool exact_mxfp4_warpgroup,
+                                   int64_t num_rows, int64_t capacity, int warpgroups) {
+  if (!index_form_has_key_ring(form, tensor, exact_mxfp4_warpgroup)) return 0;
   if (form == IndexQueryForm::kE4M3) return static_cast<size_t>(fp8_key_ring_bytes(warpgroups));
-  if (form == IndexQueryForm::kMXFP4 && index_mxfp4_ring_pays(num_rows, capacity))
+  if (form == IndexQueryForm::kExact || index_mxfp4_ring_pays(num_rows, capacity))
     return static_cast<size_t>(mxfp4_key_ring_bytes(warpgroups));
   return 0;
 }
@@ -308,8 +336,8 @@ HDK_HOST_DEVICE int64_t index_score_segment(int64_t length, int64_t segments) {
 
 // The plan for a call with a workspace, given its one-cluster plan (`cluster_plan`, for the
 // scoring kernel's clusters) and the clusters the select kernel runs at once. `key_ring_bytes`:
-// the FP8-form scoring kernel's key ring (0: the kernel scores from registers); its rows stream
-// where index_rows_stream says so (`whole_page_tiles`: index_key_ring_whole_pages). Otherwise
+// the scoring kernel's key ring (0: the kernel scores from registers); its rows stream where
+// index_rows_stream says so (`every_row_streams`: index_every_row_streams). Otherwise
 // segments = 0 where the rows are more than kIndexMaxWorkspaceRows or their clusters already keep
 // half the SMs or more busy, or where scoring CTAs of kIndexWorkspaceMinEntries would be no more
 // than the cluster's.
@@ -318,16 +346,16 @@ inline IndexWorkspacePlan plan_index_workspace(
     int sm_count, int shared_limit, const IndexLaunchPlan& cluster_plan,
     const hdk::detail::ResidentClusterCounts& select_clusters =
         hdk::detail::ResidentClusterCounts(),
-    size_t key_ring_bytes = 0, bool whole_page_tiles = false) {
+    size_t key_ring_bytes = 0, bool every_row_streams = false) {
   IndexWorkspacePlan plan;
   if (num_rows <= 0 || capacity <= 0) return plan;
   const int64_t tiles = (capacity + kIndexScoreMinEntries - 1) / kIndexScoreMinEntries;
-  if (key_ring_bytes > 0 && index_rows_stream(num_rows, capacity, whole_page_tiles)) {
-    // Launches of 128 rows with whole pages: MXFP4 rows with the packed q, whose scoring is
-    // bound by its instructions, took 0.91x at 96 rows of 65536 entries in one launch (192
+  if (key_ring_bytes > 0 && index_rows_stream(num_rows, capacity, every_row_streams)) {
+    // Launches of 128 rows where every row streams: MXFP4 rows with the packed q, whose scoring
+    // is bound by its instructions, took 0.91x at 96 rows of 65536 entries in one launch (192
     // scoring CTAs for 264 places) against 64 + 32, and stay at 64 a launch.
     plan.rows_per_launch =
-        std::min(num_rows, whole_page_tiles ? kIndexStreamRowsPerLaunch : kIndexMaxWorkspaceRows);
+        std::min(num_rows, every_row_streams ? kIndexStreamRowsPerLaunch : kIndexMaxWorkspaceRows);
     plan.segments = std::min<int64_t>(
         tiles, std::max<int64_t>(1, kIndexStreamCtasPerSm * sm_count / plan.rows_per_launch));
   } else {

@@ -1,6 +1,7 @@
 // Scoring on bf16 tensor cores, keys converted in registers (bf16 or fp32 q, hi then lo): the
-// warpgroup kernel (wgmma m64n64k16, up to 64 heads) and the warp kernel (mma.sync m16n8k16, any
-// head count).
+// warpgroup kernel (wgmma m64n64k16, up to 64 heads; its MXFP4 keys loaded into registers or, in
+// the workspace's scoring kernel, streamed through the key ring) and the warp kernel (mma.sync
+// m16n8k16, any head count).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -12,7 +13,9 @@
 #include "core/cuda/wgmma.cuh"
 #include "dsv4/attention/attention_problem.h"
 #include "dsv4/index_topk/cuda/index_key_loads.cuh"
+#include "dsv4/index_topk/cuda/index_key_ring.cuh"
 #include "dsv4/index_topk/cuda/index_topk_device.cuh"
+#include "dsv4/index_topk/index_fp8_layout.h"
 #include "dsv4/index_topk/index_launch_plan.h"
 #include "dsv4/index_topk/index_mma_layout.h"
 #include "dsv4/index_topk/index_wgmma_layout.h"
@@ -21,6 +24,62 @@ namespace hdk {
 namespace dsv4 {
 namespace detail {
 namespace {
+
+// The A fragments of a tile's k-steps from this thread's pieces of its two MXFP4 entries (rows
+// upper and upper + 8 of its warp's 16: words of dims 32t .. 32t + 31 and their scale bytes).
+// Scale bytes above 136 (scales above 2^9, NaN) take two multiplies; a warp that has one converts
+// every piece that way (the same exact values).
+__device__ __forceinline__ void mxfp4_rows_fragments(const uint32_t (&upper)[4],
+                                                     const uint32_t (&lower)[4],
+                                                     const uint32_t (&scale_bytes)[2],
+                                                     uint32_t (&a)[2][16]) {
+  if (__any_sync(kFullMask,
+                 mxfp4_needs_two_steps(scale_bytes[0]) || mxfp4_needs_two_steps(scale_bytes[1]))) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const uint32_t scale = scale_pair(decode_ue8m0(static_cast<uint8_t>(scale_bytes[r])));
+      entry_fragments<true>(r == 0 ? upper : lower, scale, scale, a[r]);
+    }
+  } else {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const uint32_t scale = mxfp4_placed_multiplier(scale_bytes[r]);
+      entry_fragments<false>(r == 0 ? upper : lower, scale, scale, a[r]);
+    }
+  }
+}
+
+// D = A x q for a tile (accumulator i: row upper + 8 ((i / 2) % 2), head wgmma_d_coord(thread,
+// i).col): 8 k-steps of wgmma m64n64k16 against the staged q (`q_hi`'s descriptor; fp32 q adds
+// its lo half), waited for.
+template <bool kFp32Q>
+__device__ __forceinline__ void multiply_tile(float (&d)[32], const uint32_t (&a)[2][16],
+                                              uint64_t q_hi, uint64_t q_lo) {
+  wgmma_fence();
+#pragma unroll
+  for (int step = 0; step < kWarpgroupSteps; ++step) {
+    const uint32_t fragment[4] = {
+        step_fragment(a[0], a[1], step, 0), step_fragment(a[0], a[1], step, 1),
+        step_fragment(a[0], a[1], step, 2), step_fragment(a[0], a[1], step, 3)};
+    const int offset = scores_operand(step, kWarpgroupHeads).start;
+    wgmma_m64n64k16_a_registers(d, fragment, wgmma_descriptor_advance(q_hi, offset), step > 0);
+    if (kFp32Q) {
+      wgmma_m64n64k16_a_registers(d, fragment, wgmma_descriptor_advance(q_lo, offset), true);
+    }
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+  wgmma_fence_accumulators(d);
+}
+
+// The thread's two rows' sums over its 16 heads of relu(D) x weight (NaN kept).
+__device__ __forceinline__ void weighted_rows(const float (&d)[32],
+                                              const float (&weight)[kWarpgroupHeads / 4],
+                                              float (&sum)[2]) {
+#pragma unroll
+  for (int i = 0; i < 32; ++i)
+    sum[(i / 2) % 2] += relu_keep_nan(d[i]) * weight[2 * (i / 4) + i % 2];
+}
 
 // Tensor cores, up to 64 heads: scores entries first .. first + count - 1 of the row into
 // out[0 .. count). Warpgroup g takes the 64-entry tiles g, g + 2, ...; a thread converts rows r
@@ -71,23 +130,8 @@ __device__ void score_warpgroup(const IndexerProblem& p, int64_t row, int64_t fi
       if (tile >= tiles) break;  // the same for the whole warpgroup
       uint32_t a[2][16];
       if (kFormat == KeyFormat::kMXFP4) {
-        // Scale bytes above 136 (scales above 2^9, NaN) take two multiplies; a warp that has one
-        // converts every piece that way (the same exact values).
-        const uint32_t s0 = stage[u][0].scale_bytes, s1 = stage[u][1].scale_bytes;
-        if (__any_sync(kFullMask, mxfp4_needs_two_steps(s0) || mxfp4_needs_two_steps(s1))) {
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const uint32_t scale =
-                scale_pair(decode_ue8m0(static_cast<uint8_t>(stage[u][r].scale_bytes)));
-            entry_fragments<true>(stage[u][r].words, scale, scale, a[r]);
-          }
-        } else {
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const uint32_t scale = mxfp4_placed_multiplier(stage[u][r].scale_bytes);
-            entry_fragments<false>(stage[u][r].words, scale, scale, a[r]);
-          }
-        }
+        const uint32_t scale_bytes[2] = {stage[u][0].scale_bytes, stage[u][1].scale_bytes};
+        mxfp4_rows_fragments(stage[u][0].words, stage[u][1].words, scale_bytes, a);
       } else {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -101,33 +145,62 @@ __device__ void score_warpgroup(const IndexerProblem& p, int64_t row, int64_t fi
       load(tile + kStride, stage[u]);  // past the end: entry `first`, dropped
 
       float d[32];
-      wgmma_fence();
-#pragma unroll
-      for (int step = 0; step < kWarpgroupSteps; ++step) {
-        const uint32_t fragment[4] = {
-            step_fragment(a[0], a[1], step, 0), step_fragment(a[0], a[1], step, 1),
-            step_fragment(a[0], a[1], step, 2), step_fragment(a[0], a[1], step, 3)};
-        const int offset = scores_operand(step, kWarpgroupHeads).start;
-        wgmma_m64n64k16_a_registers(d, fragment, wgmma_descriptor_advance(q_hi, offset), step > 0);
-        if (kFp32Q) {
-          wgmma_m64n64k16_a_registers(d, fragment, wgmma_descriptor_advance(q_lo, offset), true);
-        }
-      }
-      wgmma_commit();
-      wgmma_wait<0>();
-      wgmma_fence_accumulators(d);
-
-      // Accumulator i is row upper + 8 ((i / 2) % 2), head wgmma_d_coord(thread, i).col.
+      multiply_tile<kFp32Q>(d, a, q_hi, q_lo);
       float sum[2] = {0.0f, 0.0f};
-#pragma unroll
-      for (int i = 0; i < 32; ++i)
-        sum[(i / 2) % 2] += relu_keep_nan(d[i]) * weight[2 * (i / 4) + i % 2];
+      weighted_rows(d, weight, sum);
       // A carried 2^-kPlacedShift: exact back (a power of two), not folded into the weights,
       // which could then overflow.
       write_quad_rows(sum, tile * kWarpgroupEntries, upper, t, count, out, first_level,
                       [](float total) { return total * kPlacedScoreFactor; });
     }
   }
+}
+
+// The exact q (bf16, or fp32 as hi + lo) over MXFP4 keys, up to 64 heads, the workspace's scoring
+// kernel: score_warpgroup's products and scores, bit for bit, with the keys' stored bytes streamed
+// through the key ring (stream_key_ring) instead of loaded into registers, so that a warpgroup
+// keeps three tiles in flight and two CTAs share an SM. Thread t reads chunk t (scale group t)
+// of its two entries, the 16 bytes score_warpgroup loads from memory (mxfp4_key_chunk_offset puts
+// the 8 lanes of a 16-byte load phase, two entries' 4 chunks, in distinct banks).
+template <QueryKind kQ>
+__device__ void score_warpgroup_ring_exact(const IndexerProblem& p, int64_t row, int64_t first,
+                                           int64_t count, const IndexLaunch& launch,
+                                           uint8_t* shared, uint32_t* out, bool wide,
+                                           const KeyPages& pages, uint32_t* first_level) {
+  constexpr bool kFp32Q = kQ == QueryKind::kFp32;
+  static_assert(kQ == QueryKind::kBf16 || kFp32Q, "the exact q forms");
+  const int thread = threadIdx.x % 128;
+  const int t = threadIdx.x & 3;
+  const int upper = wgmma_d_coord(thread, 0).row;  // this thread's rows: upper and upper + 8
+  const float* staged_weights = reinterpret_cast<const float*>(shared + launch.weights);
+  float weight[kWarpgroupHeads / 4];
+#pragma unroll
+  for (int i = 0; i < kWarpgroupHeads / 4; ++i)
+    weight[i] = staged_weights[wgmma_d_coord(thread, 4 * (i / 2) + i % 2).col];
+  const uint64_t q_hi =
+      wgmma_descriptor(shared_address(shared + launch.q), scores_operand(0, kWarpgroupHeads));
+  const uint64_t q_lo =
+      wgmma_descriptor(shared_address(shared + launch.q_lo), scores_operand(0, kWarpgroupHeads));
+  stream_key_ring<KeyFormat::kMXFP4>(
+      p, row, first, count, launch, shared, wide, pages, [&](const KeyRingTile& tile) {
+        uint32_t words[2][4];
+        uint32_t scale_bytes[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const uint4 v = *reinterpret_cast<const uint4*>(tile.codes +
+                                                          mxfp4_key_chunk_offset(upper + 8 * r, t));
+          words[r][0] = v.x, words[r][1] = v.y, words[r][2] = v.z, words[r][3] = v.w;
+          scale_bytes[r] = (tile.scales[upper + 8 * r] >> (8 * t)) & 0xffu;
+        }
+        uint32_t a[2][16];
+        mxfp4_rows_fragments(words[0], words[1], scale_bytes, a);
+        float d[32];
+        multiply_tile<kFp32Q>(d, a, q_hi, q_lo);
+        float sum[2] = {0.0f, 0.0f};
+        weighted_rows(d, weight, sum);
+        write_quad_rows(sum, tile.entry, upper, t, count, out, first_level,
+                        [](float total) { return total * kPlacedScoreFactor; });
+      });
 }
 
 // Tensor cores, any head count: scores entries first .. first + count - 1 of the row into

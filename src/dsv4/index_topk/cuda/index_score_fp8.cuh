@@ -8,12 +8,10 @@
 
 #include <cstdint>
 
-#include "core/cuda/async_copy.cuh"
-#include "core/cuda/mbarrier.cuh"
-#include "core/cuda/named_barrier.cuh"
 #include "core/cuda/wgmma.cuh"
 #include "dsv4/attention/attention_problem.h"
 #include "dsv4/index_topk/cuda/index_key_loads.cuh"
+#include "dsv4/index_topk/cuda/index_key_ring.cuh"
 #include "dsv4/index_topk/cuda/index_topk_device.cuh"
 #include "dsv4/index_topk/index_fp8_layout.h"
 #include "dsv4/index_topk/index_launch_plan.h"
@@ -94,16 +92,15 @@ __device__ __forceinline__ void add_scaled_group(float (&dot)[32], float (&group
 
 // The FP8 forms on FP8 tensor cores, the workspace's scoring kernel (E4M3 q over kFP8 keys, packed
 // MXFP4 q over kMXFP4 keys): scores entries first .. first + count - 1 of the row into
-// out[0 .. count), any head count. Warpgroup g takes the 64-entry tiles g, g + 2, ... Their
-// stored bytes go by cp.async, as they are, into a ring of kFp8KeyStages tiles of its own in
-// shared memory (launch.key_ring; index_fp8_layout.h): while it multiplies one tile the next
-// three are in flight and no register holds them, so the kernel takes 118 (E4M3) or 128 (MXFP4)
-// registers where score_warpgroup_fp8 takes 226-254, and two CTAs share an SM. Each thread then
-// loads from the tile the very pieces score_warpgroup_fp8 loads from memory and builds the same A
-// fragments, so both give the same scores bit for bit. E4M3: per staged 64-head tile of q one chain
-// of 4 k-steps, the key's scale, relu (NaN kept), the heads' weights and the quad's sum. MXFP4:
-// each k-step (scale group) alone into one set of accumulators (score_warpgroup_fp8 takes two at a
-// time; a group's product is exact either way), times both scales, the groups added in order.
+// out[0 .. count), any head count, their stored bytes streamed through the key ring
+// (stream_key_ring, index_key_ring.cuh). With no tile in registers the kernel takes 118 (E4M3) or
+// 128 (MXFP4) registers where score_warpgroup_fp8 takes 226-254, and two CTAs share an SM. Each
+// thread loads from the tile the very pieces score_warpgroup_fp8 loads from memory and builds the
+// same A fragments, so both give the same scores bit for bit. E4M3: per staged 64-head tile of q
+// one chain of 4 k-steps, the key's scale, relu (NaN kept), the heads' weights and the quad's sum.
+// MXFP4: each k-step (scale group) alone into one set of accumulators (score_warpgroup_fp8 takes
+// two at a time; a group's product is exact either way), times both scales, the groups added in
+// order.
 template <QueryKind kQ>
 __device__ void score_warpgroup_ring(const IndexerProblem& p, int64_t row, int64_t first,
                                      int64_t count, const IndexLaunch& launch, uint8_t* shared,
@@ -111,97 +108,11 @@ __device__ void score_warpgroup_ring(const IndexerProblem& p, int64_t row, int64
                                      uint32_t* first_level, bool remainder) {
   constexpr bool kE4M3 = kQ == QueryKind::kE4M3;
   constexpr KeyFormat kFormat = kE4M3 ? KeyFormat::kFP8 : KeyFormat::kMXFP4;
-  constexpr int kTileBytes = kE4M3 ? kFp8KeyTileBytes : kMxfp4KeyTileBytes;
-  const int warpgroup = threadIdx.x / 128, thread = threadIdx.x % 128;
+  constexpr int kFp8EntryBytes = static_cast<int>(key_data_bytes(KeyFormat::kFP8));
+  const int thread = threadIdx.x % 128;
   const int t = threadIdx.x & 3;
   const int upper = wgmma_d_coord(thread, 0).row;  // this thread's rows: upper and upper + 8
   const Fp8StagedQuery staged = fp8_staged_query(shared, launch);
-  uint8_t* codes = shared + launch.key_ring + warpgroup * kFp8KeyStages * kTileBytes;
-  // 4 bytes an entry: E4M3's fp32 scale, MXFP4's 4 UE8M0 group scales.
-  uint32_t* scales = reinterpret_cast<uint32_t*>(shared + launch.key_ring +
-                                                 kWarpgroups * kFp8KeyStages * kTileBytes) +
-                     warpgroup * kFp8KeyStages * kFp8TileEntries;
-  const int64_t tiles = ceil_div(count, int64_t{kFp8TileEntries});
-  const int64_t own_tiles =
-      tiles > warpgroup ? ceil_div(tiles - warpgroup, int64_t{kWarpgroups}) : 0;
-  const int barrier = hdk::detail::kFirstNamedBarrier + warpgroup;
-
-  // The warpgroup's k-th tile into stage k % kFp8KeyStages: thread pairs take an entry each
-  // (one lookup of its page a thread), the pair's copy i being chunks 2 i and 2 i + 1, so a warp's
-  // copy reads 16 entries' whole 32-byte sectors; the even thread also copies the scales. Past
-  // the end of the segment the pair copies entry `first` (its score is dropped). Every thread
-  // commits one group a call, empty or not, so the waits count tiles.
-  const int copy_entry = thread / 2, copy_half = thread % 2;
-  constexpr int64_t kDataBytes = key_data_bytes(kFormat);
-  constexpr int kCopies = static_cast<int>(kDataBytes / 32);  // 16-byte chunks a thread copies
-  auto chunk_offset_of = [](int entry, int chunk) {
-    return kE4M3 ? fp8_key_chunk_offset(entry, chunk) : mxfp4_key_chunk_offset(entry, chunk);
-  };
-  int chunk_offset[kCopies];
-#pragma unroll
-  for (int i = 0; i < kCopies; ++i)
-    chunk_offset[i] = chunk_offset_of(copy_entry, copy_half + 2 * i);
-  const int64_t scale_offset = p.keys.block_size * kDataBytes;
-  // E4M3 tiles that are whole pieces of a page (block_size a multiple of 64, the segment on a
-  // tile boundary, 16-byte aligned pages: the scoring kernel's segments start on multiples of 64)
-  // come as two bulk copies by one thread, codes and scales, completing on the stage's barrier:
-  // no page lookup or copy by the other 127 threads. The codes then sit in the tile as stored,
-  // 128 bytes an entry, without the swizzle (the 8 lanes of a load phase read two entries' same
-  // chunks: 2-way bank conflicts), and every thread builds the same fragments from them. A
-  // warpgroup with one tile copies it by thread pairs: there the one thread's lookup, copies and
-  // barriers came to more than they saved (H200, one row of 16384 keys, 128 entries a CTA: 24.0
-  // -> 24.8 us).
-  const bool whole_pages =
-      kE4M3 && index_key_ring_whole_pages(IndexQueryForm::kE4M3, wide, p.keys.block_size) &&
-      first % kFp8TileEntries == 0 && own_tiles >= 2;
-  uint64_t* const tile_landed =
-      reinterpret_cast<uint64_t*>(shared + launch.key_ring + fp8_key_ring_barriers(kWarpgroups)) +
-      warpgroup * kFp8KeyStages;
-  auto issue_whole_page = [&](int64_t k) {
-    if (k >= own_tiles) return;
-    const int stage = static_cast<int>(k % kFp8KeyStages);
-    const EntryPlace place =
-        place_of(p, row, first + (warpgroup + k * kWarpgroups) * kFp8TileEntries, pages);
-    // The warpgroup's reads of the stage's last tile (ordered before this by the named barrier)
-    // come before the copy's writes through the async proxy.
-    hdk::detail::fence_shared_for_async_proxy();
-    uint64_t* landed = tile_landed + stage;
-    hdk::detail::mbarrier_arrive_expect_bytes(landed, kTileBytes + kFp8TileEntries * 4);
-    hdk::detail::bulk_copy_from_global(shared_address(codes + stage * kTileBytes),
-                                       place.page + place.offset * kDataBytes, kTileBytes,
-                                       shared_address(landed));
-    hdk::detail::bulk_copy_from_global(shared_address(scales + stage * kFp8TileEntries),
-                                       place.page + scale_offset + place.offset * 4,
-                                       kFp8TileEntries * 4, shared_address(landed));
-  };
-  auto issue = [&](int64_t k) {
-    if (whole_pages) {
-      if (thread == 0) issue_whole_page(k);
-      return;
-    }
-    if (k < own_tiles) {
-      const int stage = static_cast<int>(k % kFp8KeyStages);
-      const int64_t e = (warpgroup + k * kWarpgroups) * kFp8TileEntries + copy_entry;
-      const EntryPlace place = place_of(p, row, first + (e < count ? e : 0), pages);
-      const uint8_t* source = place.page + place.offset * kDataBytes + 16 * copy_half;
-      uint8_t* target = codes + stage * kTileBytes;
-#pragma unroll
-      for (int i = 0; i < kCopies; ++i) {
-        if (wide) {
-          hdk::detail::cp_async_16(target + chunk_offset[i], source + 32 * i);
-        } else {
-#pragma unroll
-          for (int w = 0; w < 4; ++w)
-            hdk::detail::cp_async_4(target + chunk_offset[i] + 4 * w, source + 32 * i + 4 * w);
-        }
-      }
-      if (copy_half == 0) {
-        hdk::detail::cp_async_4(scales + stage * kFp8TileEntries + copy_entry,
-                                place.page + scale_offset + place.offset * 4);
-      }
-    }
-    hdk::detail::cp_async_commit();
-  };
   // The weights of this thread's 16 heads of a 64-head tile (accumulator i: head col(i), weight
   // (i / 4) * 2 + i % 2), reloaded per head tile only when there are several.
   float weights[16];
@@ -212,44 +123,9 @@ __device__ void score_warpgroup_ring(const IndexerProblem& p, int64_t row, int64
           staged.weights[head_tile * kFp8HeadTile + wgmma_d_coord(thread, 4 * (j / 2) + j % 2).col];
   };
   load_weights(0);
-  if (whole_pages) {
-    if (thread == 0) {
-      for (int stage = 0; stage < kFp8KeyStages; ++stage)
-        hdk::detail::mbarrier_init(tile_landed + stage, 1);
-    }
-    hdk::detail::named_barrier_sync(barrier, 128);  // the barriers are initialized
-  }
-#pragma unroll
-  for (int k = 0; k < kFp8KeyStages - 1; ++k)
-    issue(k);
-  // Where this thread reads its two entries' bytes 32 t .. 32 t + 31 in a tile (chunks 2 t and
-  // 2 t + 1 of rows upper and upper + 8).
-  int piece_offset[2][2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      piece_offset[r][half] =
-          whole_pages ? (upper + 8 * r) * static_cast<int>(kDataBytes) + 16 * (2 * t + half)
-                      : fp8_key_chunk_offset(upper + 8 * r, 2 * t + half);
-    }
-  }
-
-  for (int64_t k = 0; k < own_tiles; ++k) {
-    // Tile k has landed for every thread; tile k - 1 is done with, so its stage takes the next.
-    if (whole_pages) {
-      hdk::detail::mbarrier_wait(tile_landed + k % kFp8KeyStages,
-                                 static_cast<uint32_t>((k / kFp8KeyStages) & 1));
-    } else {
-      hdk::detail::cp_async_wait<kFp8KeyStages - 2>();
-    }
-    fence_shared_for_wgmma();
-    hdk::detail::named_barrier_sync(barrier, 128);
-    issue(k + kFp8KeyStages - 1);
-    const int stage = static_cast<int>(k % kFp8KeyStages);
-    const uint32_t* tile_scales = scales + stage * kFp8TileEntries;
-    const uint32_t scale_words[2] = {tile_scales[upper], tile_scales[upper + 8]};
-    const uint8_t* tile = codes + stage * kTileBytes;
+  stream_key_ring<
+      kFormat>(p, row, first, count, launch, shared, wide, pages, [&](const KeyRingTile& tile) {
+    const uint32_t scale_words[2] = {tile.scales[upper], tile.scales[upper + 8]};
     float sum[2] = {0.0f, 0.0f};
     if constexpr (kE4M3) {
       const float key_scale[2] = {__uint_as_float(scale_words[0]), __uint_as_float(scale_words[1])};
@@ -261,7 +137,10 @@ __device__ void score_warpgroup_ring(const IndexerProblem& p, int64_t row, int64
       for (int r = 0; r < 2; ++r) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          const uint4 v = *reinterpret_cast<const uint4*>(tile + piece_offset[r][half]);
+          const int offset = tile.whole_pages
+                                 ? (upper + 8 * r) * kFp8EntryBytes + 16 * (2 * t + half)
+                                 : fp8_key_chunk_offset(upper + 8 * r, 2 * t + half);
+          const uint4 v = *reinterpret_cast<const uint4*>(tile.codes + offset);
           words[r][4 * half] = v.x, words[r][4 * half + 1] = v.y;
           words[r][4 * half + 2] = v.z, words[r][4 * half + 3] = v.w;
         }
@@ -305,7 +184,7 @@ __device__ void score_warpgroup_ring(const IndexerProblem& p, int64_t row, int64
 #pragma unroll
         for (int g = 0; g < kFp8Steps; ++g) {
           words[r][g] = *reinterpret_cast<const uint32_t*>(
-              tile + mxfp4_key_chunk_offset(upper + 8 * r, g) + 4 * t);
+              tile.codes + mxfp4_key_chunk_offset(upper + 8 * r, g) + 4 * t);
         }
       }
       uint32_t a[kFp8Steps][4];
@@ -334,16 +213,9 @@ __device__ void score_warpgroup_ring(const IndexerProblem& p, int64_t row, int64
           sum[(i / 2) % 2] += relu_keep_nan(dot[i]) * weights[(i / 4) * 2 + i % 2];
       }
     }
-    write_quad_rows(sum, (warpgroup + k * kWarpgroups) * kFp8TileEntries, upper, t, count, out,
-                    first_level, [](float total) { return total; });
-  }
-  // The ring is free again for the next call (a chunked segment scores again on every pass).
-  hdk::detail::cp_async_wait<0>();
-  hdk::detail::named_barrier_sync(barrier, 128);
-  if (whole_pages && thread == 0) {  // every copy issued has landed and been waited for
-    for (int stage = 0; stage < kFp8KeyStages; ++stage)
-      hdk::detail::mbarrier_invalidate(tile_landed + stage);
-  }
+    write_quad_rows(sum, tile.entry, upper, t, count, out, first_level,
+                    [](float total) { return total; });
+  });
 }
 
 // FP8 tensor cores, E4M3 q and kFP8 keys: an entry's 32 bytes for quad lane t (dims 32t ..

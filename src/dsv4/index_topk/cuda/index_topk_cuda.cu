@@ -69,11 +69,13 @@ namespace {
 constexpr const char* kOperation = "hdk::dsv4::index_topk";
 
 std::atomic<int> g_score_path{static_cast<int>(IndexScorePath::kTensorCore)};
+std::atomic<int> g_key_ring{static_cast<int>(IndexKeyRingChoice::kAuto)};
 
 // Scores entries first .. first + count - 1 of the row into out[0 .. count) (shared or global
 // memory) on the kernel's path; the warpgroup kernel also counts them into `first_level` when
 // given.
-// `kKeyRing`: the FP8 forms' keys through the launch's key ring (the workspace's scoring kernel).
+// `kKeyRing`: the keys through the launch's key ring (the workspace's scoring kernel; the FP8
+// forms, and the exact q over MXFP4 keys on the warpgroup kernel).
 template <ScoreKernel kScore, QueryKind kQ, KeyFormat kFormat, bool kKeyRing = false>
 __device__ __forceinline__ void score_entries(const IndexerProblem& p, int64_t row, int64_t first,
                                               int64_t count, const IndexLaunch& launch,
@@ -83,6 +85,11 @@ __device__ __forceinline__ void score_entries(const IndexerProblem& p, int64_t r
   if constexpr (kKeyRing && is_fp8_query(kQ) && kScore != ScoreKernel::kCudaCore) {
     score_warpgroup_ring<kQ>(p, row, first, count, launch, shared, out, wide, pages, first_level,
                              remainder);
+  } else if constexpr (kKeyRing) {
+    static_assert(kScore == ScoreKernel::kWarpgroup && kFormat == KeyFormat::kMXFP4,
+                  "the exact q streams MXFP4 keys on the warpgroup kernel");
+    score_warpgroup_ring_exact<kQ>(p, row, first, count, launch, shared, out, wide, pages,
+                                   first_level);
   } else if constexpr (is_fp8_query(kQ) && kScore != ScoreKernel::kCudaCore) {
     score_warpgroup_fp8<kQ>(p, row, first, count, launch, shared, out, wide, pages, first_level,
                             remainder);
@@ -287,8 +294,9 @@ using ScoringKernel = void (*)(IndexerProblem, IndexLaunch, IndexWorkspaceLayout
 
 // The kernels of one scoring path, query dtype and key format.
 // `scoring`: the workspace's scoring kernel that reads keys into registers; `scoring_ring`: the
-// one that streams them through the key ring (the FP8 forms on tensor cores; E4M3 keys always
-// take it, MXFP4 keys where index_mxfp4_ring_pays), nullptr for the other forms.
+// one that streams them through the key ring (the FP8 forms on tensor cores, E4M3 keys always;
+// the exact q over MXFP4 keys on the warpgroup kernel; index_key_ring_bytes says when), nullptr
+// for the other forms.
 struct Kernels {
   OneLaunchKernel one_launch;
   ScoringKernel scoring;
@@ -297,7 +305,9 @@ struct Kernels {
 
 template <ScoreKernel kScore, QueryKind kQ, KeyFormat kFormat>
 Kernels kernels_of() {
-  constexpr bool kRing = is_fp8_query(kQ) && kScore != ScoreKernel::kCudaCore;
+  constexpr bool kRing = is_fp8_query(kQ)
+                             ? kScore != ScoreKernel::kCudaCore
+                             : kScore == ScoreKernel::kWarpgroup && kFormat == KeyFormat::kMXFP4;
   if constexpr (kRing && kQ == QueryKind::kE4M3) {
     return Kernels{index_topk_kernel<kScore, kQ, kFormat>, nullptr,
                    index_score_kernel<kScore, kQ, kFormat, true>};
@@ -368,6 +378,10 @@ IndexScorePath index_score_path() {
   return static_cast<IndexScorePath>(g_score_path.load(std::memory_order_relaxed));
 }
 
+void set_index_key_ring_override(IndexKeyRingChoice choice) {
+  g_key_ring.store(static_cast<int>(choice), std::memory_order_relaxed);
+}
+
 namespace {
 
 // What a call launches: the kernels of its scoring path, the one-launch plan and, with a
@@ -378,6 +392,7 @@ struct IndexLaunchChoice {
   IndexWorkspacePlan workspace;
   FastDivide pages;
   bool wide = false;
+  bool key_ring = false;  // the workspace's scoring kernel streams the keys (scoring_ring)
 };
 
 IndexLaunchChoice choose_launch(const IndexerProblem& p, int device) {
@@ -437,12 +452,24 @@ IndexLaunchChoice choose_launch(const IndexerProblem& p, int device) {
     const hdk::detail::ResidentClusterCounts& select_clusters =
         hdk::detail::resident_clusters(index_select_kernel<false>, kSelectThreads,
                                        static_cast<size_t>(shared_limit), device, kOperation);
-    const size_t key_ring_bytes =
-        index_key_ring_bytes(p.q_form, tensor, p.num_rows, capacity, kWarpgroups);
-    choice.workspace =
-        plan_index_workspace(p.num_rows, planned_heads, capacity, p.top_k, tensor, fp32_q, sm_count,
-                             shared_limit, choice.plan, select_clusters, key_ring_bytes,
-                             index_key_ring_whole_pages(p.q_form, choice.wide, p.keys.block_size));
+    const bool exact_mxfp4_warpgroup =
+        score == ScoreKernel::kWarpgroup && p.format == KeyFormat::kMXFP4;
+    size_t key_ring_bytes = index_key_ring_bytes(p.q_form, tensor, exact_mxfp4_warpgroup,
+                                                 p.num_rows, capacity, kWarpgroups);
+    bool every_row_streams =
+        index_every_row_streams(p.q_form, choice.wide, p.keys.block_size, exact_mxfp4_warpgroup);
+    const auto ring_choice =
+        static_cast<IndexKeyRingChoice>(g_key_ring.load(std::memory_order_relaxed));
+    if (p.q_form != IndexQueryForm::kE4M3 && ring_choice != IndexKeyRingChoice::kAuto) {
+      const bool ring = ring_choice == IndexKeyRingChoice::kAlways &&
+                        index_form_has_key_ring(p.q_form, tensor, exact_mxfp4_warpgroup);
+      key_ring_bytes = ring ? static_cast<size_t>(mxfp4_key_ring_bytes(kWarpgroups)) : 0;
+      every_row_streams = ring;
+    }
+    choice.workspace = plan_index_workspace(p.num_rows, planned_heads, capacity, p.top_k, tensor,
+                                            fp32_q, sm_count, shared_limit, choice.plan,
+                                            select_clusters, key_ring_bytes, every_row_streams);
+    choice.key_ring = key_ring_bytes > 0 && choice.workspace.segments > 0;
     // The scoring kernel's shared memory has a ring exactly when the plan gave it one.
     if (key_ring_bytes > 0) choice.kernels.scoring = choice.kernels.scoring_ring;
     if (choice.workspace.segments > 0) {
@@ -476,6 +503,7 @@ IndexLaunchReport index_topk_launch_report(const IndexerProblem& p, int device) 
   report.cluster_size =
       report.segments > 0 ? choice.workspace.select.cluster_size : choice.plan.cluster_size;
   report.select_in_one_cta = report.segments > 0 && choice.workspace.select_in_one_cta;
+  report.key_ring = choice.key_ring;
   return report;
 }
 

@@ -25,6 +25,7 @@ struct IndexLaunchReport {
   int64_t segments = 0;
   int cluster_size = 0;
   bool select_in_one_cta = false;
+  bool key_ring = false;  // the scoring kernel streams the keys through shared memory
 };
 IndexLaunchReport index_topk_launch_report(const IndexerProblem& problem, int device);
 
@@ -35,6 +36,14 @@ IndexLaunchReport index_topk_launch_report(const IndexerProblem& problem, int de
 enum class IndexScorePath { kTensorCore, kWarpMma, kCudaCore };
 void set_index_score_path(IndexScorePath path);
 IndexScorePath index_score_path();
+
+// Whether the workspace's scoring kernel streams MXFP4 keys through its key ring: where the plan
+// says (kAuto, the default), never (kNever: from registers), or wherever the form has a ring and
+// the workspace holds the rows, every row streaming (kAlways). E4M3 keys always stream. A tuning
+// aid for A/B runs (`hdk-bench attention --index-ring`), affecting every later call in the
+// process.
+enum class IndexKeyRingChoice { kAuto, kNever, kAlways };
+void set_index_key_ring_override(IndexKeyRingChoice choice);
 
 }  // namespace detail
 }  // namespace dsv4
