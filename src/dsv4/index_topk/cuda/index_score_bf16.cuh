@@ -49,6 +49,27 @@ __device__ __forceinline__ void mxfp4_rows_fragments(const uint32_t (&upper)[4],
   }
 }
 
+// A warpgroup kernel's staged q as a thread uses it: the weights of its accumulator columns
+// (heads 8 j + 2t + (0, 1)), for good, and the B descriptors of k-step 0 (the other steps' are
+// fixed byte offsets from them).
+struct WarpgroupQuery {
+  float weight[kWarpgroupHeads / 4];
+  uint64_t q_hi, q_lo;
+};
+__device__ __forceinline__ WarpgroupQuery warpgroup_query(const uint8_t* shared,
+                                                          const IndexLaunch& launch, int thread) {
+  WarpgroupQuery query;
+  const float* staged_weights = reinterpret_cast<const float*>(shared + launch.weights);
+#pragma unroll
+  for (int i = 0; i < kWarpgroupHeads / 4; ++i)
+    query.weight[i] = staged_weights[wgmma_d_coord(thread, 4 * (i / 2) + i % 2).col];
+  query.q_hi =
+      wgmma_descriptor(shared_address(shared + launch.q), scores_operand(0, kWarpgroupHeads));
+  query.q_lo =
+      wgmma_descriptor(shared_address(shared + launch.q_lo), scores_operand(0, kWarpgroupHeads));
+  return query;
+}
+
 // D = A x q for a tile (accumulator i: row upper + 8 ((i / 2) % 2), head wgmma_d_coord(thread,
 // i).col): 8 k-steps of wgmma m64n64k16 against the staged q (`q_hi`'s descriptor; fp32 q adds
 // its lo half), waited for.
@@ -97,17 +118,7 @@ __device__ void score_warpgroup(const IndexerProblem& p, int64_t row, int64_t fi
   const int warpgroup = threadIdx.x / 128, thread = threadIdx.x % 128;
   const int lane = threadIdx.x & 31, t = lane & 3;
   const int upper = wgmma_d_coord(thread, 0).row;  // this thread's rows: upper and upper + 8
-  // This thread's accumulator columns are heads 8 j + 2t + (0, 1): their weights, for good.
-  const float* staged_weights = reinterpret_cast<const float*>(shared + launch.weights);
-  float weight[kWarpgroupHeads / 4];
-#pragma unroll
-  for (int i = 0; i < kWarpgroupHeads / 4; ++i)
-    weight[i] = staged_weights[wgmma_d_coord(thread, 4 * (i / 2) + i % 2).col];
-  // The B descriptors of k-step 0; the other steps' are fixed byte offsets from them.
-  const uint64_t q_hi =
-      wgmma_descriptor(shared_address(shared + launch.q), scores_operand(0, kWarpgroupHeads));
-  const uint64_t q_lo =
-      wgmma_descriptor(shared_address(shared + launch.q_lo), scores_operand(0, kWarpgroupHeads));
+  const WarpgroupQuery query = warpgroup_query(shared, launch, thread);
   const int64_t tiles = ceil_div(count, kWarpgroupEntries);
 
   auto load = [&](int64_t tile, RawPiece(&rows)[2]) {
@@ -145,9 +156,9 @@ __device__ void score_warpgroup(const IndexerProblem& p, int64_t row, int64_t fi
       load(tile + kStride, stage[u]);  // past the end: entry `first`, dropped
 
       float d[32];
-      multiply_tile<kFp32Q>(d, a, q_hi, q_lo);
+      multiply_tile<kFp32Q>(d, a, query.q_hi, query.q_lo);
       float sum[2] = {0.0f, 0.0f};
-      weighted_rows(d, weight, sum);
+      weighted_rows(d, query.weight, sum);
       // A carried 2^-kPlacedShift: exact back (a power of two), not folded into the weights,
       // which could then overflow.
       write_quad_rows(sum, tile * kWarpgroupEntries, upper, t, count, out, first_level,
@@ -172,15 +183,7 @@ __device__ void score_warpgroup_ring_exact(const IndexerProblem& p, int64_t row,
   const int thread = threadIdx.x % 128;
   const int t = threadIdx.x & 3;
   const int upper = wgmma_d_coord(thread, 0).row;  // this thread's rows: upper and upper + 8
-  const float* staged_weights = reinterpret_cast<const float*>(shared + launch.weights);
-  float weight[kWarpgroupHeads / 4];
-#pragma unroll
-  for (int i = 0; i < kWarpgroupHeads / 4; ++i)
-    weight[i] = staged_weights[wgmma_d_coord(thread, 4 * (i / 2) + i % 2).col];
-  const uint64_t q_hi =
-      wgmma_descriptor(shared_address(shared + launch.q), scores_operand(0, kWarpgroupHeads));
-  const uint64_t q_lo =
-      wgmma_descriptor(shared_address(shared + launch.q_lo), scores_operand(0, kWarpgroupHeads));
+  const WarpgroupQuery query = warpgroup_query(shared, launch, thread);
   stream_key_ring<KeyFormat::kMXFP4>(
       p, row, first, count, launch, shared, wide, pages, [&](const KeyRingTile& tile) {
         uint32_t words[2][4];
@@ -195,9 +198,9 @@ __device__ void score_warpgroup_ring_exact(const IndexerProblem& p, int64_t row,
         uint32_t a[2][16];
         mxfp4_rows_fragments(words[0], words[1], scale_bytes, a);
         float d[32];
-        multiply_tile<kFp32Q>(d, a, q_hi, q_lo);
+        multiply_tile<kFp32Q>(d, a, query.q_hi, query.q_lo);
         float sum[2] = {0.0f, 0.0f};
-        weighted_rows(d, weight, sum);
+        weighted_rows(d, query.weight, sum);
         write_quad_rows(sum, tile.entry, upper, t, count, out, first_level,
                         [](float total) { return total * kPlacedScoreFactor; });
       });
