@@ -490,9 +490,9 @@ void exact_queries_stream_mxfp4_keys_through_the_ring(IndexBackend backend) {
 // holds the page: each CTA checks the row's first kIndexEarlyPages pages and its own, and the
 // select reads a short row's first flag or ORs a long row's. Pages at the start, middle and end
 // of a long row (first, middle and last of its CTAs; the first among every CTA's early pages) and
-// the last page of a short one, for the exact q over MXFP4 keys and E4M3 q over FP8 keys (the key
-// ring): the
-// one-launch path's bytes (it checks the whole row in every CTA of the row's cluster), the row
+// the last page of a short one, for the exact q over MXFP4 keys and E4M3 q over FP8 keys (both
+// through the key ring): the one-launch path's bytes (it checks the whole row in every CTA of the
+// row's cluster), the row
 // all padding and counted once, the other row untouched. The pages past a row's entries are -1
 // in every case and change nothing.
 void a_bad_block_in_any_share_invalidates_its_row(IndexBackend backend) {
