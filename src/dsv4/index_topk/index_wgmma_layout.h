@@ -66,6 +66,18 @@ HDK_HOST_DEVICE uint32_t rotate_left(uint32_t x, int n) {
 #endif
 }
 
+// The bits of `ones` where `mask` has a one, those of `zeros` elsewhere: one LOP3 on the device
+// (the compiler had made an AND and a LOP3 of the expression).
+HDK_HOST_DEVICE uint32_t merge_bits(uint32_t mask, uint32_t ones, uint32_t zeros) {
+#if defined(__CUDA_ARCH__)
+  uint32_t merged;
+  asm("lop3.b32 %0, %1, %2, %3, 0xe4;" : "=r"(merged) : "r"(ones), "r"(zeros), "r"(mask));
+  return merged;
+#else
+  return (ones & mask) | (zeros & ~mask);
+#endif
+}
+
 // The 8 codes of a little-endian word (code n in bits 4n .. 4n + 3) as 4 bf16 pairs, each value
 // the code's times 2^-126: pair i holds code i (low half) and code i + 4 (high half). A code's
 // sign bit must land 6 bits above where its magnitude lands, so the word's codes 0, 1, 4, 5 are
@@ -74,8 +86,8 @@ HDK_HOST_DEVICE uint32_t rotate_left(uint32_t x, int n) {
 HDK_HOST_DEVICE void place_e2m1_word(uint32_t word, uint32_t (&pairs)[4]) {
   constexpr uint32_t kPairBits = 0x81c081c0u;  // sign bit 15 and bits 8..6 of each half
   const uint32_t signs = rotate_left(word, 6);
-  const uint32_t codes_0145 = (word & 0x00770077u) | (signs & ~0x00770077u);
-  const uint32_t codes_2367 = (word & 0x77007700u) | (signs & ~0x77007700u);
+  const uint32_t codes_0145 = merge_bits(0x00770077u, word, signs);
+  const uint32_t codes_2367 = merge_bits(0x77007700u, word, signs);
   pairs[0] = rotate_left(codes_0145, 6) & kPairBits;
   pairs[1] = rotate_left(codes_0145, 2) & kPairBits;
   pairs[2] = rotate_left(codes_2367, 30) & kPairBits;
