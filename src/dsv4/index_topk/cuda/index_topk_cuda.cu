@@ -20,14 +20,16 @@
 // 262144 entries per row with no workspace. A longer row still gets exact results: each CTA
 // then scores its segment in chunks again on every pass of the select (usually 2 or 3 passes,
 // at most 7).
-// With a workspace, few rows (and FP8-form rows where index_rows_stream and, for MXFP4 keys,
-// index_mxfp4_ring_pays say so) take two launches instead: scoring CTAs over every SM write each
-// row's keys to the workspace (index_score_kernel; FP8-form keys stream through a ring in shared
-// memory there), then a cluster a row, or one CTA for a row of up to 16384 keys (cta_select),
-// selects from them (index_select_kernel).
-// The pieces: index_topk_device.cuh (shared), index_query_staging.cuh (1), index_key_loads.cuh
-// and index_score_{bf16,fp8,cuda_core}.cuh (2), index_select_row.cuh (2 and 3); this file holds the
-// kernels and their dispatch. docs/dsv4-attention.md has the reasoning and the numbers.
+// With a workspace, few rows (and the rows that stream: E4M3 and packed-MXFP4 rows where
+// index_rows_stream and index_mxfp4_ring_pays say so, every row of the exact q over MXFP4 keys
+// on warpgroups) take two launches instead: scoring CTAs over every SM write each row's keys to
+// the workspace (index_score_kernel; streaming rows come through a ring in shared memory there,
+// index_key_ring.cuh), then a cluster a row, or one CTA for a row of up to 16384 keys
+// (cta_select), selects from them (index_select_kernel).
+// The pieces: index_topk_device.cuh (shared), index_query_staging.cuh (1), index_key_loads.cuh,
+// index_key_ring.cuh and index_score_{bf16,fp8,cuda_core}.cuh (2), index_select_row.cuh (2 and
+// 3); this file holds the kernels and their dispatch. docs/dsv4-attention.md has the reasoning
+// and the numbers.
 #include "dsv4/index_topk/cuda/index_topk_cuda.h"
 
 #include <cooperative_groups.h>
