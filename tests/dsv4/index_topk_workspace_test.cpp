@@ -436,6 +436,20 @@ void quantized_queries_equal_the_one_launch_path_and_the_reference(IndexBackend 
   }
 }
 
+// Turns the MXFP4 key ring off (set_index_key_ring_override) until the scope ends, whatever
+// throws in between, so that no later test runs without it.
+class KeyRingOffScope {
+ public:
+  KeyRingOffScope() {
+    dsv4::detail::set_index_key_ring_override(dsv4::detail::IndexKeyRingChoice::kNever);
+  }
+  ~KeyRingOffScope() {
+    dsv4::detail::set_index_key_ring_override(dsv4::detail::IndexKeyRingChoice::kAuto);
+  }
+  KeyRingOffScope(const KeyRingOffScope&) = delete;
+  KeyRingOffScope& operator=(const KeyRingOffScope&) = delete;
+};
+
 // The exact q (bf16 and fp32) over MXFP4 keys streamed through the key ring (every row on the
 // warpgroup kernel, index_every_row_streams): the one-launch path's bytes (the same products from
 // registers) and the reference, with a poisoned workspace. Key scales on both sides of the
@@ -474,10 +488,12 @@ void exact_queries_stream_mxfp4_keys_through_the_ring(IndexBackend backend) {
         EXPECT_GT(report.segments, 0);
       }
       expect_same_bytes(through, one_launch, "the key ring against no workspace");
-      dsv4::detail::set_index_key_ring_override(dsv4::detail::IndexKeyRingChoice::kNever);
       dsv4::detail::IndexLaunchReport registers;
-      const Outputs from_registers = run_on_cuda(c, in, backend, &poisoned, nullptr, &registers);
-      dsv4::detail::set_index_key_ring_override(dsv4::detail::IndexKeyRingChoice::kAuto);
+      Outputs from_registers;
+      {
+        const KeyRingOffScope off;
+        from_registers = run_on_cuda(c, in, backend, &poisoned, nullptr, &registers);
+      }
       EXPECT_FALSE(registers.key_ring);
       expect_same_bytes(from_registers, through, "the register-fed scoring against the ring");
       EXPECT_EQ(check_against_reference(c, in, in, through, index_tolerance(backend, c)), 0);

@@ -9,7 +9,9 @@
 #include <cstdint>
 
 #include "core/bf16_pairs.h"
+#include "core/ceil_div.h"
 #include "core/cuda/gate_mma.cuh"
+#include "core/cuda/shared_address.cuh"
 #include "core/cuda/wgmma.cuh"
 #include "dsv4/attention/attention_problem.h"
 #include "dsv4/index_topk/cuda/index_key_loads.cuh"
@@ -19,6 +21,7 @@
 #include "dsv4/index_topk/index_launch_plan.h"
 #include "dsv4/index_topk/index_mma_layout.h"
 #include "dsv4/index_topk/index_wgmma_layout.h"
+#include "dsv4/kv_cache/kv_formats.h"
 
 namespace hdk {
 namespace dsv4 {

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "core/ceil_div.h"
+#include "core/cuda/shared_address.cuh"
 #include "core/cuda/wgmma.cuh"
 #include "dsv4/attention/attention_problem.h"
 #include "dsv4/index_topk/cuda/index_key_loads.cuh"
