@@ -82,14 +82,17 @@ HDK_HOST_DEVICE uint32_t merge_bits(uint32_t mask, uint32_t ones, uint32_t zeros
 // the code's times 2^-126: pair i holds code i (low half) and code i + 4 (high half). A code's
 // sign bit must land 6 bits above where its magnitude lands, so the word's codes 0, 1, 4, 5 are
 // merged with the word rotated by 6 (their sign bits moved next to their magnitudes' targets),
-// likewise 2, 3, 6, 7, and each pair is one rotation and mask of its merge.
+// likewise 2, 3, 6, 7, and each pair is one shift or rotation and mask of its merge.
 HDK_HOST_DEVICE void place_e2m1_word(uint32_t word, uint32_t (&pairs)[4]) {
   constexpr uint32_t kPairBits = 0x81c081c0u;  // sign bit 15 and bits 8..6 of each half
   const uint32_t signs = rotate_left(word, 6);
   const uint32_t codes_0145 = merge_bits(0x00770077u, word, signs);
   const uint32_t codes_2367 = merge_bits(0x77007700u, word, signs);
-  pairs[0] = rotate_left(codes_0145, 6) & kPairBits;
-  pairs[1] = rotate_left(codes_0145, 2) & kPairBits;
+  // Pairs 0 and 1 keep no bit that their rotation would wrap around, so a plain shift places them:
+  // the compiler runs it on the FMA pipe (IMAD.SHL), where a rotation takes the ALU pipe, the one
+  // the scoring kernels' placement is bound by.
+  pairs[0] = (codes_0145 << 6) & kPairBits;
+  pairs[1] = (codes_0145 << 2) & kPairBits;
   pairs[2] = rotate_left(codes_2367, 30) & kPairBits;
   pairs[3] = rotate_left(codes_2367, 26) & kPairBits;
 }

@@ -113,6 +113,10 @@ __device__ __forceinline__ void stream_key_ring(const IndexerProblem& p, int64_t
                                        place.page + scale_offset + place.offset * 4,
                                        kFp8TileEntries * 4, shared_address(landed));
   };
+  // The pairs' entries in 32 bits (a row's entries are below 2^31, checked on the host): 64-bit
+  // compares and adds take the ALU pipe, which the MXFP4 placement keeps busy.
+  const uint32_t first_entry = static_cast<uint32_t>(first);
+  const uint32_t entries = static_cast<uint32_t>(count);
   auto issue = [&](int64_t k) {
     if (whole_pages) {
       if (thread == 0) issue_whole_page(k);
@@ -120,9 +124,11 @@ __device__ __forceinline__ void stream_key_ring(const IndexerProblem& p, int64_t
     }
     if (k < own_tiles) {
       const int stage = static_cast<int>(k % kFp8KeyStages);
-      const int64_t e = (warpgroup + k * kWarpgroups) * kFp8TileEntries + copy_entry;
-      const EntryPlace place = place_of(p, row, first + (e < count ? e : 0), pages);
-      const uint8_t* source = place.page + place.offset * kDataBytes + 16 * copy_half;
+      const uint32_t e = static_cast<uint32_t>((warpgroup + k * kWarpgroups) * kFp8TileEntries) +
+                         static_cast<uint32_t>(copy_entry);
+      const EntryPlace place = place_of(p, row, first_entry + (e < entries ? e : 0u), pages);
+      const uint8_t* source =
+          place.page + static_cast<uint32_t>(place.offset * kDataBytes + 16 * copy_half);
       uint8_t* target = codes + stage * kTileBytes;
 #pragma unroll
       for (int i = 0; i < kCopies; ++i) {
@@ -135,8 +141,9 @@ __device__ __forceinline__ void stream_key_ring(const IndexerProblem& p, int64_t
         }
       }
       if (copy_half == 0) {
-        hdk::detail::cp_async_4(scales + stage * kFp8TileEntries + copy_entry,
-                                place.page + scale_offset + place.offset * 4);
+        hdk::detail::cp_async_4(
+            scales + stage * kFp8TileEntries + copy_entry,
+            place.page + scale_offset + static_cast<uint32_t>(place.offset * 4));
       }
     }
     hdk::detail::cp_async_commit();

@@ -95,8 +95,10 @@ __device__ __forceinline__ void write_quad_rows(float (&sum)[2], int64_t tile_en
     sum[r] += __shfl_xor_sync(kFullMask, sum[r], 2);
   }
   if (t < 2) {  // lane t = 0 writes the upper row, t = 1 the lower one
-    const int64_t e = tile_entry + upper + 8 * t;
-    if (e < count) {
+    // In 32 bits (a row's entries are below 2^31, checked on the host): 64-bit compares and adds
+    // take the ALU pipe, which the MXFP4 placement keeps busy.
+    const uint32_t e = static_cast<uint32_t>(tile_entry) + static_cast<uint32_t>(upper + 8 * t);
+    if (e < static_cast<uint32_t>(count)) {
       const uint32_t key = ordered_key(finish(t == 0 ? sum[0] : sum[1]));
       out[e] = key;
       if (first_level != nullptr)
