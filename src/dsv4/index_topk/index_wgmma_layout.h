@@ -14,9 +14,9 @@
 //
 // Dequantization: an E2M1 code s e1 e0 m placed as bf16 bits s << 15 | e1 e0 m << 6 is exactly
 // the code's value times 2^-126 (e1 e0 = 0 is a bf16 subnormal like E2M1's 0.5 is an E2M1 one),
-// so 8 codes of a word become 4 bf16 pairs by a rotate, two merges, and a rotate and a mask per
-// pair. One bf16x2 multiply by 2^(126 - kPlacedShift) x the scale then gives the A value code x
-// scale x 2^-kPlacedShift exactly, and the epilogue multiplies each score by 2^kPlacedShift
+// so 8 codes of a word become 4 bf16 pairs by a rotate, two merges, and a shift or rotate and a
+// mask per pair. One bf16x2 multiply by 2^(126 - kPlacedShift) x the scale then gives the A value
+// code x scale x 2^-kPlacedShift exactly, and the epilogue multiplies each score by 2^kPlacedShift
 // (scaling by a power of two commutes with every rounding, so the scores are those of code x
 // scale). The shift keeps that multiplier a bf16 for every NVFP4 scale and for MXFP4 scale bytes up
 // to 136 (scales up to 2^9); larger bytes (and NaN) go in two exact steps: x 2^(126 -
