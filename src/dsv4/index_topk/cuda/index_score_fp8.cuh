@@ -71,25 +71,27 @@ __device__ __forceinline__ float mxfp4_group_scale(uint32_t scales, int g) {
 // The product of MXFP4 scale group `step` (exact in `group`) times both its scales, the key's
 // (`key_scale`, per row) and, where the row has one (`remainder`), the head's multiplier, added
 // to `dot` in group order: the one arithmetic of both FP8 tensor-core kernels, which give the same
-// scores bit for bit.
-__device__ __forceinline__ void add_scaled_group(float (&dot)[32], float (&group)[32], int step,
-                                                 const float (&key_scale)[2][kFp8Steps],
+// scores bit for bit. A group's scaled product is exact (a power of two times an exact sum, in
+// fp32's normal range), so one fused multiply-add rounds as the product and the sum would: one
+// FFMA an accumulator where an FMUL and an FADD had each taken the FMA pipe.
+__device__ __forceinline__ void add_scaled_group(float (&dot)[32], const float (&group)[32],
+                                                 int step, const float (&key_scale)[2][kFp8Steps],
                                                  bool remainder, const float* multipliers,
                                                  int head_tile, int thread) {
+  auto add = [&](int i, float scale) {
+    dot[i] = step == 0 ? group[i] * scale : fmaf(group[i], scale, dot[i]);
+  };
   if (remainder) {  // the same for the whole row
 #pragma unroll
     for (int i = 0; i < 32; ++i) {
       const int head = head_tile * kFp8HeadTile + wgmma_d_coord(thread, i).col;
-      group[i] *= key_scale[(i / 2) % 2][step] * multipliers[4 * head + step];
+      add(i, key_scale[(i / 2) % 2][step] * multipliers[4 * head + step]);
     }
   } else {
 #pragma unroll
     for (int i = 0; i < 32; ++i)
-      group[i] *= key_scale[(i / 2) % 2][step];
+      add(i, key_scale[(i / 2) % 2][step]);
   }
-#pragma unroll
-  for (int i = 0; i < 32; ++i)
-    dot[i] = step == 0 ? group[i] : dot[i] + group[i];
 }
 
 // The FP8 forms on FP8 tensor cores, the workspace's scoring kernel (E4M3 q over kFP8 keys, packed
