@@ -85,6 +85,22 @@ TEST(IndexFp8Layout, E2m1TranslationKeepsEveryValue) {
   }
 }
 
+TEST(IndexFp8Layout, KeyGroupScalesAreTheirUe8m0Values) {
+  for (uint32_t byte = 0; byte < 256; ++byte) {
+    const float want = decode_ue8m0(static_cast<uint8_t>(byte));
+    for (int g = 0; g < 4; ++g) {
+      // The other groups' bytes must not leak in: fill them with the byte's complement.
+      const uint32_t others = (~byte & 0xffu) * 0x01010101u & ~(0xffu << (8 * g));
+      const float got = mxfp4_group_scale(others | (byte << (8 * g)), g);
+      if (std::isnan(want)) {
+        EXPECT_TRUE(std::isnan(got)) << byte;
+      } else {
+        EXPECT_EQ(got, want) << byte << " group " << g;
+      }
+    }
+  }
+}
+
 TEST(IndexFp8Layout, FoldedQueryExponentsStayExactInE4m3) {
   for (int exponent = -127; exponent <= 127; ++exponent) {
     const int folded = folded_query_exponent(exponent);

@@ -32,6 +32,7 @@
 #include <cstdint>
 
 #include "core/bf16_pairs.h"
+#include "core/float_bits.h"
 #include "core/host_device.h"
 #include "dsv4/sparse_decode/cuda/sparse_decode_layout.h"
 
@@ -133,6 +134,16 @@ HDK_HOST_DEVICE uint32_t mxfp4_step_fragment(const uint32_t (&upper)[4], const u
                                              int step, int reg) {
   const uint32_t word = (reg % 2 == 0 ? upper : lower)[step];
   return e2m1x4_as_e4m3(reg / 2 == 0 ? word : word >> 16);
+}
+
+// An MXFP4 key's scale of group g from its 4 UE8M0 bytes (group 0 in the low bits): decode_ue8m0's
+// value without its branches, which the FP8 kernels' epilogue had taken as eight branch regions a
+// tile. The byte is the float's exponent field, and bytes 0 (2^-127, a subnormal) and 255 (NaN)
+// also set the mantissa's top bit.
+HDK_HOST_DEVICE float mxfp4_group_scale(uint32_t scales, int g) {
+  const uint32_t byte = (scales >> (8 * g)) & 0xffu;
+  const uint32_t top_mantissa_bit = byte == 0u || byte == 0xffu ? 0x00400000u : 0u;
+  return hdk::detail::float_of_bits((byte << 23) | top_mantissa_bit);
 }
 
 // How much of an MXFP4 q group's scale exponent (byte - 127) its E4M3 codes hold: E2M1 values

@@ -63,16 +63,6 @@ __device__ __forceinline__ void fp8_step_fragments(const uint32_t (&upper)[kWord
   }
 }
 
-// An MXFP4 key's scale of group g from its 4 UE8M0 bytes (group 0 in the low bits), decode_ue8m0's
-// value without its branches (eight a tile, each a branch region of its own): the byte is the
-// float's exponent field, and bytes 0 (2^-127, a subnormal) and 255 (NaN) also set the mantissa's
-// top bit.
-__device__ __forceinline__ float mxfp4_group_scale(uint32_t scales, int g) {
-  const uint32_t byte = (scales >> (8 * g)) & 0xffu;
-  const uint32_t top_mantissa_bit = byte == 0u || byte == 0xffu ? 0x00400000u : 0u;
-  return __uint_as_float((byte << 23) | top_mantissa_bit);
-}
-
 // The product of MXFP4 scale group `step` (exact in `group`) times both its scales, the key's
 // (`key_scale`, per row) and, where the row has one (`remainder`), the head's multiplier, added
 // to `dot` in group order: the one arithmetic of both FP8 tensor-core kernels, which give the same
