@@ -454,8 +454,9 @@ IndexLaunchChoice choose_launch(const IndexerProblem& p, int device) {
     const hdk::detail::ResidentClusterCounts& select_clusters =
         hdk::detail::resident_clusters(index_select_kernel<false>, kSelectThreads,
                                        static_cast<size_t>(shared_limit), device, kOperation);
-    const bool exact_mxfp4_warpgroup =
-        score == ScoreKernel::kWarpgroup && p.format == KeyFormat::kMXFP4;
+    const bool exact_mxfp4_warpgroup = p.q_form == IndexQueryForm::kExact &&
+                                       score == ScoreKernel::kWarpgroup &&
+                                       p.format == KeyFormat::kMXFP4;
     size_t key_ring_bytes = index_key_ring_bytes(p.q_form, tensor, exact_mxfp4_warpgroup,
                                                  p.num_rows, capacity, kWarpgroups);
     bool every_row_streams =
