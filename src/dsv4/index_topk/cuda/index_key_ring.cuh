@@ -17,7 +17,6 @@
 #include "core/cuda/mbarrier.cuh"
 #include "core/cuda/named_barrier.cuh"
 #include "core/cuda/shared_address.cuh"
-#include "core/cuda/wgmma.cuh"
 #include "dsv4/attention/attention_problem.h"
 #include "dsv4/index_topk/cuda/index_key_loads.cuh"
 #include "dsv4/index_topk/cuda/index_topk_device.cuh"
@@ -161,13 +160,14 @@ __device__ __forceinline__ void stream_key_ring(const IndexerProblem& p, int64_t
 
   for (int64_t k = 0; k < own_tiles; ++k) {
     // Tile k has landed for every thread; tile k - 1 is done with, so its stage takes the next.
+    // Every consumer reads the ring by ordinary shared loads (its fragments go to the tensor
+    // cores from registers), so the barrier orders the copies before them without a proxy fence.
     if (whole_pages) {
       hdk::detail::mbarrier_wait(tile_landed + k % kFp8KeyStages,
                                  static_cast<uint32_t>((k / kFp8KeyStages) & 1));
     } else {
       hdk::detail::cp_async_wait<kFp8KeyStages - 2>();
     }
-    fence_shared_for_wgmma();
     hdk::detail::named_barrier_sync(barrier, 128);
     issue(k + kFp8KeyStages - 1);
     const int stage = static_cast<int>(k % kFp8KeyStages);

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "core/ceil_div.h"
 #include "core/cuda/shared_address.cuh"
@@ -64,28 +65,27 @@ __device__ __forceinline__ void fp8_step_fragments(const uint32_t (&upper)[kWord
 }
 
 // The product of MXFP4 scale group `step` (exact in `group`) times both its scales, the key's
-// (`key_scale`, per row) and, where the row has one (`remainder`), the head's multiplier, added
-// to `dot` in group order: the one arithmetic of both FP8 tensor-core kernels, which give the same
+// (`key_scale`, per row) and, where the row has one (kRemainder), the head's multiplier, added to
+// `dot` in group order: the one arithmetic of both FP8 tensor-core kernels, which give the same
 // scores bit for bit. A group's scaled product is exact (a power of two times an exact sum, in
 // fp32's normal range), so one fused multiply-add rounds as the product and the sum would: one
-// FFMA an accumulator where an FMUL and an FADD had each taken the FMA pipe.
+// FFMA an accumulator where an FMUL and an FADD had each taken the FMA pipe. The remainder is a
+// template argument so that a caller can choose it once for many groups: chosen per group, the
+// compiler merged group 0's two multiplies behind the branch and copied the key's scale into 32
+// registers for it (32 moves a tile).
+template <bool kRemainder>
 __device__ __forceinline__ void add_scaled_group(float (&dot)[32], const float (&group)[32],
                                                  int step, const float (&key_scale)[2][kFp8Steps],
-                                                 bool remainder, const float* multipliers,
-                                                 int head_tile, int thread) {
-  auto add = [&](int i, float scale) {
-    dot[i] = step == 0 ? group[i] * scale : fmaf(group[i], scale, dot[i]);
-  };
-  if (remainder) {  // the same for the whole row
+                                                 const float* multipliers, int head_tile,
+                                                 int thread) {
 #pragma unroll
-    for (int i = 0; i < 32; ++i) {
+  for (int i = 0; i < 32; ++i) {
+    float scale = key_scale[(i / 2) % 2][step];
+    if constexpr (kRemainder) {
       const int head = head_tile * kFp8HeadTile + wgmma_d_coord(thread, i).col;
-      add(i, key_scale[(i / 2) % 2][step] * multipliers[4 * head + step]);
+      scale *= multipliers[4 * head + step];
     }
-  } else {
-#pragma unroll
-    for (int i = 0; i < 32; ++i)
-      add(i, key_scale[(i / 2) % 2][step]);
+    dot[i] = step == 0 ? group[i] * scale : fmaf(group[i], scale, dot[i]);
   }
 }
 
@@ -188,28 +188,36 @@ __device__ void score_warpgroup_ring(const IndexerProblem& p, int64_t row, int64
       }
       uint32_t a[kFp8Steps][4];
       fp8_step_fragments<kQ>(words[0], words[1], a);
-      for (int head_tile = 0; head_tile < staged.head_tiles; ++head_tile) {
-        const uint64_t q_tile =
-            wgmma_descriptor_advance(staged.q_tile0, head_tile * kFp8HeadTileBytes);
-        if (staged.head_tiles > 1) load_weights(head_tile);
-        // Accumulator i is row upper + 8 ((i / 2) % 2), head 64 head_tile + col(i).
-        float dot[32];
+      // The row's remainder is chosen once a tile, for all its groups (add_scaled_group).
+      auto multiply_head_tiles = [&](auto remainder) {
+        for (int head_tile = 0; head_tile < staged.head_tiles; ++head_tile) {
+          const uint64_t q_tile =
+              wgmma_descriptor_advance(staged.q_tile0, head_tile * kFp8HeadTileBytes);
+          if (staged.head_tiles > 1) load_weights(head_tile);
+          // Accumulator i is row upper + 8 ((i / 2) % 2), head 64 head_tile + col(i).
+          float dot[32];
 #pragma unroll
-        for (int step = 0; step < kFp8Steps; ++step) {
-          float group[32];
-          wgmma_fence();
-          wgmma_m64n64k32_e4m3_a_registers(
-              group, a[step],
-              wgmma_descriptor_advance(q_tile, scores_operand(step, kFp8HeadTile).start), false);
-          wgmma_commit();
-          wgmma_wait<0>();
-          wgmma_fence_accumulators(group);
-          add_scaled_group(dot, group, step, key_scale, remainder, staged.multipliers, head_tile,
-                           thread);
+          for (int step = 0; step < kFp8Steps; ++step) {
+            float group[32];
+            wgmma_fence();
+            wgmma_m64n64k32_e4m3_a_registers(
+                group, a[step],
+                wgmma_descriptor_advance(q_tile, scores_operand(step, kFp8HeadTile).start), false);
+            wgmma_commit();
+            wgmma_wait<0>();
+            wgmma_fence_accumulators(group);
+            add_scaled_group<decltype(remainder)::value>(dot, group, step, key_scale,
+                                                         staged.multipliers, head_tile, thread);
+          }
+#pragma unroll
+          for (int i = 0; i < 32; ++i)
+            sum[(i / 2) % 2] += relu_keep_nan(dot[i]) * weights[(i / 4) * 2 + i % 2];
         }
-#pragma unroll
-        for (int i = 0; i < 32; ++i)
-          sum[(i / 2) % 2] += relu_keep_nan(dot[i]) * weights[(i / 4) * 2 + i % 2];
+      };
+      if (remainder) {
+        multiply_head_tiles(std::true_type{});
+      } else {
+        multiply_head_tiles(std::false_type{});
       }
     }
     write_quad_rows(sum, tile.entry, upper, t, count, out, first_level,
@@ -362,8 +370,13 @@ __device__ void score_warpgroup_fp8(const IndexerProblem& p, int64_t row, int64_
             wgmma_fence_accumulators(group[1]);
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
-              add_scaled_group(dot, group[j], 2 * pair + j, key_scale, remainder,
-                               staged.multipliers, head_tile, thread);
+              if (remainder) {
+                add_scaled_group<true>(dot, group[j], 2 * pair + j, key_scale, staged.multipliers,
+                                       head_tile, thread);
+              } else {
+                add_scaled_group<false>(dot, group[j], 2 * pair + j, key_scale, staged.multipliers,
+                                        head_tile, thread);
+              }
             }
           }
         }
