@@ -419,14 +419,19 @@ void quantized_queries_equal_the_one_launch_path_and_the_reference(IndexBackend 
     EXPECT_EQ(read_counter(through.counter, DType::kInt32), 3);
   };
   // 70 rows, one of them long: both FP8 forms on tensor cores stream through the workspace 64
-  // rows a launch (two pairs of launches); on CUDA cores they take the one launch.
+  // rows a launch (two pairs of launches); on CUDA cores they take the one launch. With the long
+  // row at 20000 entries the packed MXFP4 q still streams every row (index_ring_rows) where the
+  // E4M3 rule by sizes would keep the one launch.
   std::vector<int64_t> many_rows(70);
   for (size_t i = 0; i < many_rows.size(); ++i)
     many_rows[i] = static_cast<int64_t>((i * 977) % 3001);
   many_rows[66] = 66000;
+  std::vector<int64_t> many_shorter_rows = many_rows;
+  many_shorter_rows[66] = 20000;
   for (IndexQuery form : {IndexQuery::kE4M3, IndexQuery::kMXFP4}) {
     for (const std::vector<int64_t>& counts :
-         {std::vector<int64_t>{70000}, std::vector<int64_t>{30000, 17, 0, 45000}, many_rows}) {
+         {std::vector<int64_t>{70000}, std::vector<int64_t>{30000, 17, 0, 45000}, many_rows,
+          many_shorter_rows}) {
       run(form, counts, 64);
     }
     // 8 rows, one of 17000 entries: both forms take the key ring (index_rows_stream,
@@ -451,7 +456,7 @@ class KeyRingOffScope {
 };
 
 // The exact q (bf16 and fp32) over MXFP4 keys streamed through the key ring (every row on the
-// warpgroup kernel, index_every_row_streams): the one-launch path's bytes (the same products from
+// warpgroup kernel, index_ring_rows): the one-launch path's bytes (the same products from
 // registers) and the reference, with a poisoned workspace. Key scales on both sides of the
 // two-step decode (spread_key_scales), a key stored with NaN markers, pages of 64 and 128
 // entries (16-byte copies) and of 16 and 3 (tiles across pages, 4-byte copies), and 130 rows

@@ -20,13 +20,13 @@
 // 262144 entries per row with no workspace. A longer row still gets exact results: each CTA
 // then scores its segment in chunks again on every pass of the select (usually 2 or 3 passes,
 // at most 7).
-// With a workspace, few rows (and the rows that stream: E4M3 and packed-MXFP4 rows where
-// index_rows_stream and index_mxfp4_ring_pays say so, every row of the exact q over MXFP4 keys
-// on warpgroups) take two launches instead: scoring CTAs over every SM write each row's keys to
-// the workspace (index_score_kernel; streaming rows come through a ring in shared memory there,
-// index_key_ring.cuh), then a cluster a row, or one CTA for a row of up to 16384 keys
-// (cta_select), selects from them (index_select_kernel).
-// The pieces: index_topk_device.cuh (shared), index_query_staging.cuh (1), index_key_loads.cuh,
+// With a workspace, few rows (and the rows that stream, index_ring_rows: E4M3 rows by their
+// sizes or all of them, every packed-MXFP4 row where index_mxfp4_ring_pays, every row of the
+// exact q over MXFP4 keys on warpgroups) take two launches instead: scoring CTAs over every SM
+// write each row's keys to the workspace (index_score_kernel; streaming rows come through a ring in
+// shared memory there, index_key_ring.cuh), then a cluster a row, or one CTA for a row of up to
+// 16384 keys (cta_select), selects from them (index_select_kernel). The pieces:
+// index_topk_device.cuh (shared), index_query_staging.cuh (1), index_key_loads.cuh,
 // index_key_ring.cuh and index_score_{bf16,fp8,cuda_core}.cuh (2), index_select_row.cuh (2 and
 // 3); this file holds the kernels and their dispatch. docs/dsv4-attention.md has the reasoning
 // and the numbers.
@@ -459,19 +459,19 @@ IndexLaunchChoice choose_launch(const IndexerProblem& p, int device) {
                                        p.format == KeyFormat::kMXFP4;
     size_t key_ring_bytes = index_key_ring_bytes(p.q_form, tensor, exact_mxfp4_warpgroup,
                                                  p.num_rows, capacity, kWarpgroups);
-    bool every_row_streams =
-        index_every_row_streams(p.q_form, choice.wide, p.keys.block_size, exact_mxfp4_warpgroup);
+    IndexRingRows ring_rows =
+        index_ring_rows(p.q_form, choice.wide, p.keys.block_size, exact_mxfp4_warpgroup);
     const auto ring_choice =
         static_cast<IndexKeyRingChoice>(g_key_ring.load(std::memory_order_relaxed));
     if (p.q_form != IndexQueryForm::kE4M3 && ring_choice != IndexKeyRingChoice::kAuto) {
       const bool ring = ring_choice == IndexKeyRingChoice::kAlways &&
                         index_form_has_key_ring(p.q_form, tensor, exact_mxfp4_warpgroup);
       key_ring_bytes = ring ? static_cast<size_t>(mxfp4_key_ring_bytes(kWarpgroups)) : 0;
-      every_row_streams = ring;
+      ring_rows = ring ? IndexRingRows::kEveryWide : IndexRingRows::kByLength;
     }
-    choice.workspace = plan_index_workspace(p.num_rows, planned_heads, capacity, p.top_k, tensor,
-                                            fp32_q, sm_count, shared_limit, choice.plan,
-                                            select_clusters, key_ring_bytes, every_row_streams);
+    choice.workspace =
+        plan_index_workspace(p.num_rows, planned_heads, capacity, p.top_k, tensor, fp32_q, sm_count,
+                             shared_limit, choice.plan, select_clusters, key_ring_bytes, ring_rows);
     choice.key_ring = key_ring_bytes > 0 && choice.workspace.segments > 0;
     // The scoring kernel's shared memory has a ring exactly when the plan gave it one.
     if (key_ring_bytes > 0) choice.kernels.scoring = choice.kernels.scoring_ring;
