@@ -1,9 +1,9 @@
 // index_topk's FP8 tensor-core scoring, checked on the CPU: the k orders of
 // dsv4/index_topk/index_fp8_layout.h cover each key dim once per k-step group as the kernel
 // needs (MXFP4: k-step g is exactly scale group g), the staged q chunks are their inverse, the
-// E2M1-to-E4M3 translation keeps every value, and a warpgroup's products, emulated thread by
-// thread with the very fragment builders the kernel calls (A from the loaded key words, B from
-// the staged, swizzled q tile), equal a plain float64 dot product of the same codes, and the
+// E2M1-to-E4M3 translation keeps every value (times 2^-6), and a warpgroup's products, emulated
+// thread by thread with the very fragment builders the kernel calls (A from the loaded key words, B
+// from the staged, swizzled q tile), equal a plain float64 dot product of the same codes, and the
 // key ring gives the scoring kernel the very pieces the one-launch kernel loads. What this
 // cannot check: that the hardware follows the PTX fragment layout transcribed here (the CUDA
 // cases of index_topk_test.cpp do, against the reference).
@@ -64,23 +64,32 @@ TEST(IndexFp8Layout, StagedChunksAreTheInverseOfTheKeyOrder) {
         const int step = chunk / 2, k = 16 * (chunk % 2) + 4 * i + b;
         // E4M3: byte b of word fp8_chunk_query_word is q's dim 4 word + b.
         EXPECT_EQ(4 * fp8_chunk_query_word(chunk, i) + b, fp8_key_dim(step, k));
-        // MXFP4: code 4 (chunk % 2) + b of packed word mxfp4_chunk_query_word: dim 8 word + code.
-        EXPECT_EQ(8 * mxfp4_chunk_query_word(chunk, i) + 4 * (chunk % 2) + b,
+        // MXFP4: code mxfp4_chunk_query_code of packed word mxfp4_chunk_query_word: dim
+        // 8 word + code.
+        EXPECT_EQ(8 * mxfp4_chunk_query_word(chunk, i) + mxfp4_chunk_query_code(chunk, b),
                   mxfp4_key_dim(step, k));
       }
     }
   }
 }
 
-TEST(IndexFp8Layout, E2m1TranslationKeepsEveryValue) {
-  for (uint32_t codes = 0; codes < 0x10000u; ++codes) {
-    const uint32_t bytes = e2m1x4_as_e4m3(codes);
-    for (int n = 0; n < 4; ++n) {
-      const uint8_t code = static_cast<uint8_t>((codes >> (4 * n)) & 0xf);
-      const uint8_t byte = static_cast<uint8_t>(bytes >> (8 * n));
-      const float want = decode_e2m1(code), got = decode_e4m3(byte);
-      ASSERT_EQ(want, got) << std::hex << codes << " code " << n;
-      ASSERT_EQ(std::signbit(want), std::signbit(got)) << std::hex << codes;
+// Every E2M1 code in every position of a word, the other codes random: byte i of the even
+// (odd) translation is the E4M3 code of 2^-6 times code 2i's (2i + 1's) value, sign included.
+TEST(IndexFp8Layout, E2m1TranslationKeepsEveryValueTimesTwoToTheMinusSix) {
+  std::mt19937_64 rng(7);
+  for (int n = 0; n < 8; ++n) {
+    for (uint32_t code = 0; code < 16; ++code) {
+      for (int trial = 0; trial < 64; ++trial) {
+        const uint32_t word = (static_cast<uint32_t>(rng()) & ~(0xfu << (4 * n))) | code << (4 * n);
+        const uint32_t bytes =
+            n % 2 == 0 ? e2m1_even_as_scaled_e4m3(word) : e2m1_odd_as_scaled_e4m3(word);
+        const uint8_t byte = static_cast<uint8_t>(bytes >> (8 * (n / 2)));
+        const float want = std::ldexp(decode_e2m1(static_cast<uint8_t>(code)), -6);
+        const float got = decode_e4m3(byte);
+        ASSERT_EQ(got, want) << std::hex << word << " code " << n;
+        ASSERT_EQ(std::signbit(got), std::signbit(want)) << std::hex << word << " code " << n;
+        ASSERT_EQ(got * kMxfp4KeyCodeScale, decode_e2m1(static_cast<uint8_t>(code)));
+      }
     }
   }
 }
@@ -155,9 +164,15 @@ void check_product(bool mxfp4, uint64_t seed) {
         if (!mxfp4) {
           word = word_of(&q[head * kDim + 4 * fp8_chunk_query_word(chunk, i)]);
         } else {
+          // As stage_fp8_queries stages them: each code's value to E4M3.
           const uint32_t loaded =
               word_of(&packed_q[head * 64 + 4 * mxfp4_chunk_query_word(chunk, i)]);
-          word = e2m1x4_as_e4m3(chunk % 2 == 0 ? loaded : loaded >> 16);
+          word = 0;
+          for (int b = 0; b < 4; ++b) {
+            const uint8_t code =
+                static_cast<uint8_t>((loaded >> (4 * mxfp4_chunk_query_code(chunk, b))) & 0xfu);
+            word |= static_cast<uint32_t>(encode_e4m3(decode_e2m1(code))) << (8 * b);
+          }
         }
         std::memcpy(&staged[fp8_query_chunk_offset(head, chunk) + 4 * i], &word, 4);
       }
@@ -185,8 +200,10 @@ void check_product(bool mxfp4, uint64_t seed) {
         const int row = a_row(thread, reg);
         for (int byte = 0; byte < 4; ++byte) {
           const int k = a_k(thread, reg, byte);
-          const double a_value = decode_e4m3(static_cast<uint8_t>(a >> (8 * byte)));
-          // The A byte must be the key's value at the dim the order names.
+          // The A byte must be the key's value at the dim the order names (MXFP4: 2^-6 times it,
+          // the 2^6 applied once to an entry's sum).
+          const double a_value = decode_e4m3(static_cast<uint8_t>(a >> (8 * byte))) *
+                                 (mxfp4 ? kMxfp4KeyCodeScale : 1.0f);
           const int dim = mxfp4 ? mxfp4_key_dim(step, k) : fp8_key_dim(step, k);
           ASSERT_EQ(a_value, value(true, row, dim)) << "step " << step << " k " << k;
           for (int head = 0; head < kHeads; ++head)

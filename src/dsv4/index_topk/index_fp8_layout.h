@@ -10,13 +10,14 @@
 //    into a ring of 64-entry tiles in shared memory (the key ring) and loads the same pieces
 //    from there, so both compute the same products.
 //  - MXFP4 q against kMXFP4 keys (DeepSeek-V4's reference indexer quantizes q like the keys):
-//    every E2M1 value is exact in E4M3, so the key codes become E4M3 codes of the same values by
-//    a table lookup, and q enters as E4M3 codes of its values times the part of its group scale
-//    E4M3 can hold. k-step g is the 32 dims of scale group g and starts from zero: each group's
-//    sum of 32 products of 2-bit mantissas is an exact multiple of 2^-2 below 2^11 (times a power
-//    of two), so the tensor core computes it exactly. Each group's product then gets both
-//    scales (exact powers of two) and the groups are added in order, as the CPU backend adds
-//    them.
+//    every E2M1 value times 2^-6 is an E4M3 value whose code is the E2M1 code's bits moved
+//    (e2m1_even_as_scaled_e4m3), so the key codes become E4M3 codes of 2^-6 times their values,
+//    and q enters as E4M3 codes of its values times the part of its group scale E4M3 can hold.
+//    k-step g is the 32 dims of scale group g and starts from zero: each group's sum of 32
+//    products of 2-bit mantissas is an exact multiple of 2^-2 below 2^11 (times a power of two),
+//    so the tensor core computes it exactly. Each group's product then gets both scales (exact
+//    powers of two) and the groups are added in order, as the CPU backend adds them, and an
+//    entry's weighted sum over the heads is multiplied by 2^6 (kMxfp4KeyCodeScale) once.
 //
 // A (64 entries x 32 bytes a k-step) is in registers: the PTX ISA's fragment of 8-bit types has
 // one 32-bit register per 8-row x 16-byte square, thread (lane / 4) of the square's rows holding
@@ -31,7 +32,6 @@
 
 #include <cstdint>
 
-#include "core/bf16_pairs.h"
 #include "core/float_bits.h"
 #include "core/host_device.h"
 #include "dsv4/sparse_decode/cuda/sparse_decode_layout.h"
@@ -87,10 +87,10 @@ HDK_HOST_DEVICE int fp8_key_dim(int step, int k) {
 }
 
 // The same for the MXFP4 form: k-step g is scale group g; quad lane t loads word 4g + t of the
-// key's 64 bytes (dims 32g + 8t .. + 7), its low 4 codes for bytes 4t .. + 3, its high 4 for
+// key's 64 bytes (dims 32g + 8t .. + 7), its even codes for bytes 4t .. + 3, its odd ones for
 // bytes 16 + 4t .. + 3.
 HDK_HOST_DEVICE int mxfp4_key_dim(int step, int k) {
-  return 32 * step + 8 * ((k % 16) / 4) + 4 * (k / 16) + k % 4;
+  return 32 * step + 8 * ((k % 16) / 4) + 2 * (k % 4) + k / 16;
 }
 
 // Byte offset of staged chunk `chunk` (bytes 16 chunk .. + 15 of the head's 128, i.e. k-step
@@ -106,21 +106,31 @@ HDK_HOST_DEVICE int fp8_chunk_query_word(int chunk, int i) {
   return 8 * i + chunk;
 }
 
-// MXFP4 form: word i of staged chunk `chunk` is half chunk % 2 of packed q's word
-// 4 (chunk / 2) + i (its codes 4 (chunk % 2) .. + 3).
+// MXFP4 form: word i of staged chunk `chunk` is the even (chunk % 2 = 0) or odd codes of packed
+// q's word 4 (chunk / 2) + i, its byte b code mxfp4_chunk_query_code(chunk, b) of that word.
 HDK_HOST_DEVICE int mxfp4_chunk_query_word(int chunk, int i) {
   return 4 * (chunk / 2) + i;
 }
-
-// The E4M3 codes of the values of 4 E2M1 codes (bits 0..15 of `codes`, code n in bits 4n ..
-// 4n + 3), one byte each: magnitudes by one byte permute from the table of the 8 E2M1 magnitudes'
-// E4M3 codes (0, 0.5, 1, 1.5, 2, 3, 4, 6), signs moved from bit 3 of each code to bit 7 of its
-// byte (-0 stays -0).
-HDK_HOST_DEVICE uint32_t e2m1x4_as_e4m3(uint32_t codes) {
-  const uint32_t magnitudes = byte_perm(0x3c383000u, 0x4c484440u, codes & 0x7777u);
-  const uint32_t spread = byte_perm(codes, 0u, 0x1100u);  // bytes b0, b0, b1, b1
-  return magnitudes | ((spread << 4) & 0x00800080u) | (spread & 0x80008000u);
+HDK_HOST_DEVICE int mxfp4_chunk_query_code(int chunk, int b) {
+  return 2 * b + chunk % 2;
 }
+
+// The E4M3 codes of 2^-6 times the values of the even codes (e2m1_even_as_scaled_e4m3) or the odd
+// ones of 8 E2M1 codes (code n in bits 4n .. 4n + 3 of `word`): byte i of the result from code
+// 2i or 2i + 1, its sign moved to bit 7 and its three magnitude bits to bits 2..4 (-0 stays -0).
+// An E4M3 code of exponent field e and mantissa m there is 2^(e - 7) (1 + m / 2) = 2^-6 x
+// 2^(e - 1) (1 + m / 2), and with e = 0 2^-6 (m / 2): E2M1's value of the same bits times 2^-6,
+// every value exact. Three or four instructions a word of A where a table lookup took six.
+HDK_HOST_DEVICE uint32_t e2m1_even_as_scaled_e4m3(uint32_t word) {
+  return ((word << 4) & 0x80808080u) | ((word << 2) & 0x1c1c1c1cu);
+}
+HDK_HOST_DEVICE uint32_t e2m1_odd_as_scaled_e4m3(uint32_t word) {
+  return (word & 0x80808080u) | ((word >> 2) & 0x1c1c1c1cu);
+}
+// What an entry's weighted sum over the heads is multiplied by, once, in the MXFP4 form: its key
+// codes hold 2^-6 times their values, and multiplying by a power of two commutes with every
+// rounding of the sum's products and additions in fp32's normal range.
+constexpr float kMxfp4KeyCodeScale = 64.0f;
 
 // A register `reg` (0..3) of k-step `step`, E4M3 form, from the thread's two entries' 8 words
 // (rows r and r + 8): word 2 step (bytes 4t ..) or 2 step + 1 (bytes 16 + 4t ..).
@@ -129,11 +139,12 @@ HDK_HOST_DEVICE uint32_t fp8_step_fragment(const uint32_t (&upper)[8], const uin
   return (reg % 2 == 0 ? upper : lower)[2 * step + reg / 2];
 }
 
-// The same for the MXFP4 form, from each entry's 4 words (word g = the key's word 4g + t).
+// The same for the MXFP4 form, from each entry's 4 words (word g = the key's word 4g + t): 2^-6
+// times the values (kMxfp4KeyCodeScale).
 HDK_HOST_DEVICE uint32_t mxfp4_step_fragment(const uint32_t (&upper)[4], const uint32_t (&lower)[4],
                                              int step, int reg) {
   const uint32_t word = (reg % 2 == 0 ? upper : lower)[step];
-  return e2m1x4_as_e4m3(reg / 2 == 0 ? word : word >> 16);
+  return reg / 2 == 0 ? e2m1_even_as_scaled_e4m3(word) : e2m1_odd_as_scaled_e4m3(word);
 }
 
 // An MXFP4 key's scale of group g from its 4 UE8M0 bytes (group 0 in the low bits): decode_ue8m0's

@@ -127,12 +127,14 @@ __device__ bool stage_fp8_queries(const IndexerProblem& p, int64_t row, const In
         const float folded = power_of_two(folded_query_exponent(static_cast<int>(scale) - 127));
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          const uint32_t codes = c % 2 == 0 ? loaded[i] : loaded[i] >> 16;
+          // Code mxfp4_chunk_query_code(c, b) = 2 b + c % 2 of the word at bits 8 b .. 8 b + 3.
+          const uint32_t codes = loaded[i] >> (4 * mxfp4_chunk_query_code(c, 0));
+          auto code = [&](int b) { return static_cast<uint8_t>((codes >> (8 * b)) & 0xfu); };
           uint32_t packed = 0;
 #pragma unroll
           for (int j = 0; j < 4; j += 2) {
-            const float first = decode_e2m1(static_cast<uint8_t>((codes >> (4 * j)) & 0xfu));
-            const float second = decode_e2m1(static_cast<uint8_t>((codes >> (4 * j + 4)) & 0xfu));
+            const float first = decode_e2m1(code(j));
+            const float second = decode_e2m1(code(j + 1));
             // Exact: every E2M1 value times 2^-8 .. 2^6 is an E4M3 value.
             const uint32_t pair = __nv_cvt_float2_to_fp8x2(
                 make_float2(first * folded, second * folded), __NV_SATFINITE, __NV_E4M3);

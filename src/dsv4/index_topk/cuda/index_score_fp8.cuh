@@ -46,7 +46,8 @@ __device__ __forceinline__ Fp8StagedQuery fp8_staged_query(const uint8_t* shared
 }
 
 // The A fragments of a tile's kFp8Steps k-steps from a thread's pieces of its two rows (upper and
-// upper + 8): E4M3 codes as they are, MXFP4 codes turned into the E4M3 codes of their values.
+// upper + 8): E4M3 codes as they are, MXFP4 codes turned into the E4M3 codes of 2^-6 times their
+// values.
 template <QueryKind kQ, size_t kWords>
 __device__ __forceinline__ void fp8_step_fragments(const uint32_t (&upper)[kWords],
                                                    const uint32_t (&lower)[kWords],
@@ -62,6 +63,13 @@ __device__ __forceinline__ void fp8_step_fragments(const uint32_t (&upper)[kWord
       }
     }
   }
+}
+
+// An entry's score from its weighted sum over the heads: the MXFP4 form's key codes hold 2^-6
+// times their values (kMxfp4KeyCodeScale), so its sum is multiplied by 2^6 once.
+template <QueryKind kQ>
+__device__ __forceinline__ float fp8_entry_score(float total) {
+  return kQ == QueryKind::kMXFP4 ? total * kMxfp4KeyCodeScale : total;
 }
 
 // The product of MXFP4 scale group `step` (exact in `group`) times both its scales, the key's
@@ -221,7 +229,7 @@ __device__ void score_warpgroup_ring(const IndexerProblem& p, int64_t row, int64
       }
     }
     write_quad_rows(sum, tile.entry, upper, t, count, out, first_level,
-                    [](float total) { return total; });
+                    [](float total) { return fp8_entry_score<kQ>(total); });
   });
 }
 
@@ -387,7 +395,7 @@ __device__ void score_warpgroup_fp8(const IndexerProblem& p, int64_t row, int64_
         }
       }
       write_quad_rows(sum, tile * kWarpgroupEntries, upper, t, count, out, first_level,
-                      [](float total) { return total; });
+                      [](float total) { return fp8_entry_score<kQ>(total); });
     }
   }
 }
