@@ -47,7 +47,7 @@ struct Call {
 const size_t kE4m3Ring = fp8_key_ring_bytes(2);
 
 IndexRingRows ring_rows_of(const Call& c) {
-  return c.whole_pages ? IndexRingRows::kEveryWide : IndexRingRows::kByLength;
+  return c.whole_pages ? IndexRingRows::kEvery : IndexRingRows::kByLength;
 }
 
 void check_plan(const Call& c) {
@@ -487,15 +487,15 @@ TEST(IndexWorkspacePlan, E4m3RowsStreamThroughTheWorkspace) {
   EXPECT_TRUE(index_rows_stream(32, 1, IndexRingRows::kByLength));
   EXPECT_FALSE(index_rows_stream(33, 2048, IndexRingRows::kByLength));
   // Tiles copied as whole pages: every row streams, 128 rows a launch.
-  EXPECT_TRUE(index_rows_stream(64, 2048, IndexRingRows::kEveryWide));
-  EXPECT_TRUE(index_rows_stream(128, 2048, IndexRingRows::kEveryWide));
-  EXPECT_TRUE(index_rows_stream(1000, 1, IndexRingRows::kEveryWide));
+  EXPECT_TRUE(index_rows_stream(64, 2048, IndexRingRows::kEvery));
+  EXPECT_TRUE(index_rows_stream(128, 2048, IndexRingRows::kEvery));
+  EXPECT_TRUE(index_rows_stream(1000, 1, IndexRingRows::kEvery));
   auto whole = [&](int64_t rows, int64_t capacity) {
     const IndexLaunchPlan cluster =
         plan_index_launch(rows, 64, capacity, 512, true, false, kH100Sms, kH100Shared);
     return plan_index_workspace(rows, 64, capacity, 512, true, false, kH100Sms, kH100Shared,
                                 cluster, hdk::detail::ResidentClusterCounts(), kE4m3Ring,
-                                IndexRingRows::kEveryWide);
+                                IndexRingRows::kEvery);
   };
   EXPECT_EQ(whole(128, 16384).rows_per_launch, 128);
   EXPECT_EQ(whole(128, 16384).segments, 2);
@@ -609,15 +609,14 @@ TEST(IndexWorkspacePlan, KeyRingForEachQueryForm) {
   EXPECT_EQ(index_key_ring_bytes(IndexQueryForm::kMXFP4, true, false, 1, 65536, 2), 0u);
 }
 
-// Every row streams for E4M3 tiles copied as whole pages and for the exact q over MXFP4 keys on
-// the warpgroup kernel (kIndexStreamRowsPerLaunch rows a launch), and for the packed MXFP4 q
-// wherever its ring is on (kIndexMaxWorkspaceRows a launch); other E4M3 rows by
-// index_rows_stream's sizes.
+// Every row streams, kIndexStreamRowsPerLaunch rows a launch, for E4M3 tiles copied as whole
+// pages, for the exact q over MXFP4 keys on the warpgroup kernel and for the packed MXFP4 q
+// wherever its ring is on; other E4M3 rows by index_rows_stream's sizes.
 TEST(IndexWorkspacePlan, EveryRowStreamsForWholePagesAndTheMxfp4Forms) {
-  EXPECT_EQ(index_ring_rows(IndexQueryForm::kE4M3, true, 64, false), IndexRingRows::kEveryWide);
+  EXPECT_EQ(index_ring_rows(IndexQueryForm::kE4M3, true, 64, false), IndexRingRows::kEvery);
   EXPECT_EQ(index_ring_rows(IndexQueryForm::kE4M3, true, 48, false), IndexRingRows::kByLength);
   EXPECT_EQ(index_ring_rows(IndexQueryForm::kE4M3, false, 64, false), IndexRingRows::kByLength);
-  EXPECT_EQ(index_ring_rows(IndexQueryForm::kExact, false, 3, true), IndexRingRows::kEveryWide);
+  EXPECT_EQ(index_ring_rows(IndexQueryForm::kExact, false, 3, true), IndexRingRows::kEvery);
   EXPECT_EQ(index_ring_rows(IndexQueryForm::kExact, true, 64, false), IndexRingRows::kByLength);
   EXPECT_EQ(index_ring_rows(IndexQueryForm::kMXFP4, true, 64, false), IndexRingRows::kEvery);
   EXPECT_EQ(index_ring_rows(IndexQueryForm::kMXFP4, false, 3, false), IndexRingRows::kEvery);
@@ -630,33 +629,18 @@ TEST(IndexWorkspacePlan, EveryRowStreamsForWholePagesAndTheMxfp4Forms) {
   };
   // 128 rows of 2048 entries, which stream only where every row does: one launch, 2 scoring
   // CTAs a row on 132 SMs.
-  EXPECT_EQ(plan(128, 2048, IndexRingRows::kEveryWide).rows_per_launch, 128);
-  EXPECT_EQ(plan(128, 2048, IndexRingRows::kEveryWide).segments, 2);
+  EXPECT_EQ(plan(128, 2048, IndexRingRows::kEvery).rows_per_launch, 128);
+  EXPECT_EQ(plan(128, 2048, IndexRingRows::kEvery).segments, 2);
   EXPECT_EQ(plan(128, 2048, IndexRingRows::kByLength).segments, 0);
   // The packed q's rows of 16384 entries, which the E4M3 rule by sizes keeps in the one launch
-  // beyond 64 rows: all rows in one launch where their scoring CTAs fill 80% of the 264 places
-  // (128 rows: 2 a row; 72 rows: 3 a row), else 64 a launch (96 rows: 192 CTAs).
+  // beyond 64 rows: every row streams, 128 a launch.
   EXPECT_EQ(plan(128, 16384, IndexRingRows::kByLength).segments, 0);
   EXPECT_EQ(plan(128, 16384, IndexRingRows::kEvery).rows_per_launch, 128);
   EXPECT_EQ(plan(128, 16384, IndexRingRows::kEvery).segments, 2);
-  EXPECT_EQ(plan(72, 16384, IndexRingRows::kEvery).rows_per_launch, 72);
-  EXPECT_EQ(plan(72, 16384, IndexRingRows::kEvery).segments, 3);
-  EXPECT_EQ(plan(96, 16384, IndexRingRows::kEvery).rows_per_launch, 64);
-  EXPECT_EQ(plan(96, 16384, IndexRingRows::kEvery).segments, 4);
+  EXPECT_EQ(plan(96, 16384, IndexRingRows::kEvery).rows_per_launch, 96);
+  EXPECT_EQ(plan(96, 16384, IndexRingRows::kEvery).segments, 2);
   EXPECT_EQ(plan(300, 65536, IndexRingRows::kEvery).rows_per_launch, 128);
   EXPECT_EQ(plan(8, 65536, IndexRingRows::kEvery).rows_per_launch, 8);
-  // Up to 64 rows always in one launch; more either all (up to 128) or 64 a launch.
-  for (int64_t rows = 1; rows <= 300; ++rows) {
-    const int64_t per_launch = std::min<int64_t>(
-        rows, index_stream_rows_per_launch(IndexRingRows::kEvery, rows, kH100Sms));
-    if (rows <= kIndexMaxWorkspaceRows) {
-      EXPECT_EQ(per_launch, rows);
-    } else {
-      EXPECT_TRUE(per_launch == std::min<int64_t>(rows, kIndexStreamRowsPerLaunch) ||
-                  per_launch == kIndexMaxWorkspaceRows)
-          << rows << " rows: " << per_launch << " a launch";
-    }
-  }
 }
 
 // index_topk_workspace_bytes promises enough for every call up to its arguments.

@@ -241,28 +241,12 @@ constexpr int64_t kIndexStreamCtasPerSm = 2;
 // launch of the scoring and select kernels takes.
 enum class IndexRingRows {
   kByLength,  // E4M3 tiles copied by thread pairs: where index_rows_stream's sizes say, 64 a launch
-  kEvery,     // the packed MXFP4 q where its ring is on (index_mxfp4_ring_pays): 64 a launch
-  kEveryWide,  // E4M3 tiles copied as whole pages, the exact q over MXFP4 keys: 128 a launch
+  kEvery,     // every row, kIndexStreamRowsPerLaunch a launch (index_ring_rows says which forms)
 };
 inline bool index_rows_stream(int64_t num_rows, int64_t capacity, IndexRingRows rows) {
-  if (rows != IndexRingRows::kByLength) return true;
+  if (rows == IndexRingRows::kEvery) return true;
   if (num_rows <= 32) return true;
   return capacity >= (num_rows <= kIndexMaxWorkspaceRows ? 16384 : 65536);
-}
-// Rows a launch takes where its rows stream, on `sm_count` SMs. The packed MXFP4 q (kEvery),
-// whose scoring is bound by its instructions, takes up to kIndexStreamRowsPerLaunch rows in one
-// launch where their scoring CTAs (as many a row as keep two on every SM) fill at least 80% of
-// the SMs' places, and 64 a launch where fewer would leave SMs with one CTA among SMs with two.
-// H200, against 64 a launch (flash and pro, 16384-65536 entries, two rounds): 72 rows 1.27-1.38x
-// (216 CTAs for 264 places; 72 x 32768 265.4 -> 201.1 us), 112 and 128 rows 1.02-1.15x, 256
-// rows in launches of 128 1.02-1.14x; 96 rows (192 CTAs) 0.86-0.99x (96 x 65536 477.9 -> 556.1).
-inline int64_t index_stream_rows_per_launch(IndexRingRows rows, int64_t num_rows, int sm_count) {
-  if (rows == IndexRingRows::kByLength) return kIndexMaxWorkspaceRows;
-  if (rows == IndexRingRows::kEveryWide) return kIndexStreamRowsPerLaunch;
-  const int64_t launch_rows = std::max<int64_t>(1, std::min(num_rows, kIndexStreamRowsPerLaunch));
-  const int64_t places = kIndexStreamCtasPerSm * sm_count;
-  const int64_t ctas = launch_rows * std::max<int64_t>(1, places / launch_rows);
-  return 5 * ctas >= 4 * places ? launch_rows : kIndexMaxWorkspaceRows;
 }
 
 // Whether the E4M3 key ring copies each tile as a whole piece of its page (two bulk copies, one
@@ -302,23 +286,27 @@ inline bool index_form_has_key_ring(IndexQueryForm form, bool tensor, bool exact
 // with the instruction caches flushed; fp32 q 1.03-1.52x, but 0.96-0.98x where a warpgroup has one
 // or two tiles (16 and 32 rows of 2048 entries, 2 rows of 16384; one rule serves both dtypes).
 // Launches of 64 rows instead of 128 at 128 x 65536: 483.8 against 471.5 us.
-// The packed MXFP4 q's ring is on only where it pays, and then every row streams
-// (index_stream_rows_per_launch says how many a launch). Against the rule by sizes, which had
-// kept rows of 16384-32768 entries beyond 64 rows in the one launch and taken 64 + 1 launches for
-// 65 rows of 65536 (H200, flash and pro, two rounds): 65-256 rows 1.22-1.86x at 16384-32768
-// entries (128 x 16384 195.5 -> 154.1 us, 72 x 32768 373.7 -> 201.7), 65 and 72 rows of 65536
-// 1.32-1.72x.
+// The packed MXFP4 q's ring is on only where it pays, and then every row streams, as many as
+// kIndexStreamRowsPerLaunch a launch. Against the rule by sizes, which had kept rows of 16384-32768
+// entries beyond 64 rows in the one launch and taken 64 + 1 launches for 65 rows of 65536 (H200,
+// flash and pro, two rounds): 65-256 rows 1.22-1.86x at 16384-32768 entries (128 x 16384 195.5 ->
+// 154.1 us, 72 x 32768 373.7 -> 201.7), 65 and 72 rows of 65536 1.32-1.72x. One launch of all rows
+// against launches of 64 (H200, flash, two rounds): 67 and 70 rows 1.31-1.40x, 80 rows a tie, 100
+// to 128 rows 1.02-1.15x, but 89 and 96 rows of 65536 entries 0.86-0.89x (178-192 scoring CTAs for
+// 264 places, some SMs with one CTA among SMs with two) and ties at 16384. The split where the CTAs
+// fill less than 80% of the places, for every streaming form: the exact q and E4M3 keys 0.63-0.98x
+// at 67-104 rows, but the exact bf16 q 1.12-1.15x at 89 and 96 rows of 65536 entries.
 inline IndexRingRows index_ring_rows(IndexQueryForm form, bool wide, int64_t block_size,
                                      bool exact_mxfp4_warpgroup) {
   switch (form) {
     case IndexQueryForm::kExact:
-      return exact_mxfp4_warpgroup ? IndexRingRows::kEveryWide : IndexRingRows::kByLength;
+      return exact_mxfp4_warpgroup ? IndexRingRows::kEvery : IndexRingRows::kByLength;
     case IndexQueryForm::kMXFP4:
       return IndexRingRows::kEvery;
     case IndexQueryForm::kE4M3:
       break;
   }
-  return index_key_ring_whole_pages(form, wide, block_size) ? IndexRingRows::kEveryWide
+  return index_key_ring_whole_pages(form, wide, block_size) ? IndexRingRows::kEvery
                                                             : IndexRingRows::kByLength;
 }
 
@@ -388,7 +376,8 @@ inline IndexWorkspacePlan plan_index_workspace(
   const int64_t tiles = (capacity + kIndexScoreMinEntries - 1) / kIndexScoreMinEntries;
   if (key_ring_bytes > 0 && index_rows_stream(num_rows, capacity, ring_rows)) {
     plan.rows_per_launch =
-        std::min(num_rows, index_stream_rows_per_launch(ring_rows, num_rows, sm_count));
+        std::min(num_rows, ring_rows == IndexRingRows::kEvery ? kIndexStreamRowsPerLaunch
+                                                              : kIndexMaxWorkspaceRows);
     plan.segments = std::min<int64_t>(
         tiles, std::max<int64_t>(1, kIndexStreamCtasPerSm * sm_count / plan.rows_per_launch));
   } else {

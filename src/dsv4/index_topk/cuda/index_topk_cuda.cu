@@ -467,7 +467,7 @@ IndexLaunchChoice choose_launch(const IndexerProblem& p, int device) {
       const bool ring = ring_choice == IndexKeyRingChoice::kAlways &&
                         index_form_has_key_ring(p.q_form, tensor, exact_mxfp4_warpgroup);
       key_ring_bytes = ring ? static_cast<size_t>(mxfp4_key_ring_bytes(kWarpgroups)) : 0;
-      ring_rows = ring ? IndexRingRows::kEveryWide : IndexRingRows::kByLength;
+      ring_rows = ring ? IndexRingRows::kEvery : IndexRingRows::kByLength;
     }
     choice.workspace =
         plan_index_workspace(p.num_rows, planned_heads, capacity, p.top_k, tensor, fp32_q, sm_count,
