@@ -643,6 +643,53 @@ TEST(IndexWorkspacePlan, EveryRowStreamsForWholePagesAndTheMxfp4Forms) {
   EXPECT_EQ(plan(8, 65536, IndexRingRows::kEvery).rows_per_launch, 8);
 }
 
+// The key ring a call gets: the plan's (kAuto), or the comparison aid's forced choice for the
+// MXFP4 forms (E4M3 keys keep the plan's whatever the choice).
+TEST(IndexWorkspacePlan, KeyRingFollowsThePlanOrTheForcedChoice) {
+  const size_t e4m3 = static_cast<size_t>(fp8_key_ring_bytes(2));
+  const size_t mxfp4 = static_cast<size_t>(mxfp4_key_ring_bytes(2));
+  using Choice = IndexKeyRingChoice;
+  // (form, tensor, exact_mxfp4_warpgroup, wide, block_size, rows, capacity)
+  auto ring = [](IndexQueryForm form, bool tensor, bool exact, bool wide, int64_t rows,
+                 int64_t capacity, Choice choice) {
+    return index_key_ring(form, tensor, exact, wide, 64, rows, capacity, 2, choice);
+  };
+  for (Choice choice : {Choice::kAuto, Choice::kNever, Choice::kAlways}) {
+    const IndexKeyRing fp8 = ring(IndexQueryForm::kE4M3, true, false, true, 1, 2048, choice);
+    EXPECT_EQ(fp8.bytes, e4m3);
+    EXPECT_EQ(fp8.rows, IndexRingRows::kEvery);
+    const IndexKeyRing fp8_narrow =
+        ring(IndexQueryForm::kE4M3, true, false, false, 1, 2048, choice);
+    EXPECT_EQ(fp8_narrow.bytes, e4m3);
+    EXPECT_EQ(fp8_narrow.rows, IndexRingRows::kByLength);
+  }
+  // The plan: the packed q's ring only where it pays, the exact q's on the warpgroup kernel.
+  for (int64_t rows : {1, 8, 128}) {
+    for (int64_t capacity : {2048, 16384, 65536}) {
+      for (bool tensor : {false, true}) {
+        for (IndexQueryForm form : {IndexQueryForm::kExact, IndexQueryForm::kMXFP4}) {
+          const bool exact = form == IndexQueryForm::kExact && tensor;
+          const IndexKeyRing planned =
+              ring(form, tensor, exact, true, rows, capacity, Choice::kAuto);
+          EXPECT_EQ(planned.bytes, index_key_ring_bytes(form, tensor, exact, rows, capacity, 2));
+          EXPECT_EQ(planned.rows, index_ring_rows(form, true, 64, exact));
+          const IndexKeyRing never =
+              ring(form, tensor, exact, true, rows, capacity, Choice::kNever);
+          EXPECT_EQ(never.bytes, 0u);
+          EXPECT_EQ(never.rows, IndexRingRows::kByLength);
+          const IndexKeyRing always =
+              ring(form, tensor, exact, true, rows, capacity, Choice::kAlways);
+          EXPECT_EQ(always.bytes, tensor ? mxfp4 : 0u) << rows << " x " << capacity;
+          EXPECT_EQ(always.rows, tensor ? IndexRingRows::kEvery : IndexRingRows::kByLength);
+        }
+      }
+    }
+  }
+  // Forced on where the plan would not take it: one packed row of 2048 entries.
+  EXPECT_EQ(ring(IndexQueryForm::kMXFP4, true, false, true, 1, 2048, Choice::kAuto).bytes, 0u);
+  EXPECT_EQ(ring(IndexQueryForm::kMXFP4, true, false, true, 1, 2048, Choice::kAlways).bytes, mxfp4);
+}
+
 // index_topk_workspace_bytes promises enough for every call up to its arguments.
 TEST(IndexWorkspacePlan, WorkspaceBytesGrowWithRowsAndEntries) {
   for (int64_t rows = 1; rows <= 80; ++rows) {

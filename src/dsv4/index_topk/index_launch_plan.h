@@ -323,6 +323,33 @@ inline size_t index_key_ring_bytes(IndexQueryForm form, bool tensor, bool exact_
   return 0;
 }
 
+// Whether the workspace's scoring kernel streams MXFP4 keys through its key ring: where the plan
+// says (kAuto, the default), never (kNever: from registers), or wherever the form has a ring and
+// the workspace holds the rows, every row streaming (kAlways). E4M3 keys always stream. A tuning
+// aid for A/B runs (`hdk-bench attention --index-ring`, set_index_key_ring_override).
+enum class IndexKeyRingChoice { kAuto, kNever, kAlways };
+
+// A call's key ring: its bytes (0: the scoring kernel scores from registers) and which rows stream
+// through it, as the plan has them (index_key_ring_bytes, index_ring_rows) or as `choice` forces.
+struct IndexKeyRing {
+  size_t bytes = 0;
+  IndexRingRows rows = IndexRingRows::kByLength;
+};
+inline IndexKeyRing index_key_ring(IndexQueryForm form, bool tensor, bool exact_mxfp4_warpgroup,
+                                   bool wide, int64_t block_size, int64_t num_rows,
+                                   int64_t capacity, int warpgroups,
+                                   IndexKeyRingChoice choice = IndexKeyRingChoice::kAuto) {
+  if (form != IndexQueryForm::kE4M3 && choice != IndexKeyRingChoice::kAuto) {
+    const bool ring = choice == IndexKeyRingChoice::kAlways &&
+                      index_form_has_key_ring(form, tensor, exact_mxfp4_warpgroup);
+    return IndexKeyRing{ring ? static_cast<size_t>(mxfp4_key_ring_bytes(warpgroups)) : 0,
+                        ring ? IndexRingRows::kEvery : IndexRingRows::kByLength};
+  }
+  return IndexKeyRing{
+      index_key_ring_bytes(form, tensor, exact_mxfp4_warpgroup, num_rows, capacity, warpgroups),
+      index_ring_rows(form, wide, block_size, exact_mxfp4_warpgroup)};
+}
+
 // Rows of up to this many entries are selected by one CTA each (cta_select, kCtaSelectThreads)
 // instead of a cluster. Against the clusters (H200, one device call, two rounds, top 512 and 1024,
 // 1-64 rows through the workspace, 1024 threads a CTA): 2048 keys a row 1.03-1.16x; 16384 keys

@@ -457,24 +457,16 @@ IndexLaunchChoice choose_launch(const IndexerProblem& p, int device) {
     const bool exact_mxfp4_warpgroup = p.q_form == IndexQueryForm::kExact &&
                                        score == ScoreKernel::kWarpgroup &&
                                        p.format == KeyFormat::kMXFP4;
-    size_t key_ring_bytes = index_key_ring_bytes(p.q_form, tensor, exact_mxfp4_warpgroup,
-                                                 p.num_rows, capacity, kWarpgroups);
-    IndexRingRows ring_rows =
-        index_ring_rows(p.q_form, choice.wide, p.keys.block_size, exact_mxfp4_warpgroup);
-    const auto ring_choice =
-        static_cast<IndexKeyRingChoice>(g_key_ring.load(std::memory_order_relaxed));
-    if (p.q_form != IndexQueryForm::kE4M3 && ring_choice != IndexKeyRingChoice::kAuto) {
-      const bool ring = ring_choice == IndexKeyRingChoice::kAlways &&
-                        index_form_has_key_ring(p.q_form, tensor, exact_mxfp4_warpgroup);
-      key_ring_bytes = ring ? static_cast<size_t>(mxfp4_key_ring_bytes(kWarpgroups)) : 0;
-      ring_rows = ring ? IndexRingRows::kEvery : IndexRingRows::kByLength;
-    }
+    const IndexKeyRing ring =
+        index_key_ring(p.q_form, tensor, exact_mxfp4_warpgroup, choice.wide, p.keys.block_size,
+                       p.num_rows, capacity, kWarpgroups,
+                       static_cast<IndexKeyRingChoice>(g_key_ring.load(std::memory_order_relaxed)));
     choice.workspace =
         plan_index_workspace(p.num_rows, planned_heads, capacity, p.top_k, tensor, fp32_q, sm_count,
-                             shared_limit, choice.plan, select_clusters, key_ring_bytes, ring_rows);
-    choice.key_ring = key_ring_bytes > 0 && choice.workspace.segments > 0;
+                             shared_limit, choice.plan, select_clusters, ring.bytes, ring.rows);
+    choice.key_ring = ring.bytes > 0 && choice.workspace.segments > 0;
     // The scoring kernel's shared memory has a ring exactly when the plan gave it one.
-    if (key_ring_bytes > 0) choice.kernels.scoring = choice.kernels.scoring_ring;
+    if (ring.bytes > 0) choice.kernels.scoring = choice.kernels.scoring_ring;
     if (choice.workspace.segments > 0) {
       if (choice.kernels.scoring == nullptr) {
         throw Error(std::string(kOperation) + ": internal error: no scoring kernel for the plan");

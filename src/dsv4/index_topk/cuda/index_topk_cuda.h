@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "dsv4/attention/attention_problem.h"
+#include "dsv4/index_topk/index_launch_plan.h"
 #include "hdk/cuda_stream.h"
 
 namespace hdk {
@@ -37,12 +38,8 @@ enum class IndexScorePath { kTensorCore, kWarpMma, kCudaCore };
 void set_index_score_path(IndexScorePath path);
 IndexScorePath index_score_path();
 
-// Whether the workspace's scoring kernel streams MXFP4 keys through its key ring: where the plan
-// says (kAuto, the default), never (kNever: from registers), or wherever the form has a ring and
-// the workspace holds the rows, every row streaming (kAlways). E4M3 keys always stream. A tuning
-// aid for A/B runs (`hdk-bench attention --index-ring`), affecting every later call in the
+// The key ring's choice (IndexKeyRingChoice, index_launch_plan.h) for every later call in the
 // process.
-enum class IndexKeyRingChoice { kAuto, kNever, kAlways };
 void set_index_key_ring_override(IndexKeyRingChoice choice);
 
 }  // namespace detail
