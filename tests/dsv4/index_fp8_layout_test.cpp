@@ -295,6 +295,32 @@ TEST(IndexFp8Layout, Mxfp4KeyRingFillsTheTileWithoutBankConflicts) {
   }
 }
 
+// The packed q's loads give every thread the key's words 4 g + t of both its entries, whether
+// thread pairs copied the tile (in the swizzle) or it came as a whole piece of its page.
+TEST(IndexFp8Layout, Mxfp4KeyWordsAreTheKeysWordsInEitherTile) {
+  std::vector<uint8_t> page(kMxfp4KeyTileBytes), paired(kMxfp4KeyTileBytes);
+  for (size_t i = 0; i < page.size(); ++i)
+    page[i] = static_cast<uint8_t>(i * 37 + i / 64);
+  for (int row = 0; row < kFp8TileEntries; ++row) {
+    for (int chunk = 0; chunk < 4; ++chunk)
+      std::memcpy(&paired[mxfp4_key_chunk_offset(row, chunk)], &page[row * 64 + 16 * chunk], 16);
+  }
+  auto word = [](const std::vector<uint8_t>& tile, int offset) {
+    uint32_t w;
+    std::memcpy(&w, &tile[offset], 4);
+    return w;
+  };
+  for (int row = 0; row < kFp8TileEntries; ++row) {
+    for (int g = 0; g < 4; ++g) {
+      for (int t = 0; t < 4; ++t) {
+        const uint32_t expected = word(page, row * 64 + 4 * (4 * g + t));
+        EXPECT_EQ(word(page, mxfp4_key_word_offset(row, g, t, true)), expected);
+        EXPECT_EQ(word(paired, mxfp4_key_word_offset(row, g, t, false)), expected);
+      }
+    }
+  }
+}
+
 TEST(IndexFp8Layout, E4m3WarpgroupProductIsTheDotProduct) {
   check_product(false, 1);
   check_product(false, 2);

@@ -506,15 +506,16 @@ TEST(IndexWorkspacePlan, E4m3RowsStreamThroughTheWorkspace) {
   EXPECT_EQ(whole(64, 65536).segments, 4);
 }
 
-// Which E4M3 rings copy their tiles as whole pages: E4M3 keys in 16-byte aligned pages of a
-// multiple of 64 entries; MXFP4 tiles never.
+// Which rings copy their tiles as whole pages: E4M3 keys and the packed MXFP4 q, in 16-byte
+// aligned pages of a multiple of 64 entries; the exact q's MXFP4 tiles never.
 TEST(IndexWorkspacePlan, WholePageTilesNeedAlignedPagesOfSixtyFourEntries) {
-  EXPECT_TRUE(index_key_ring_whole_pages(IndexQueryForm::kE4M3, true, 64));
-  EXPECT_TRUE(index_key_ring_whole_pages(IndexQueryForm::kE4M3, true, 128));
-  EXPECT_FALSE(index_key_ring_whole_pages(IndexQueryForm::kE4M3, false, 64));
-  EXPECT_FALSE(index_key_ring_whole_pages(IndexQueryForm::kE4M3, true, 16));
-  EXPECT_FALSE(index_key_ring_whole_pages(IndexQueryForm::kE4M3, true, 96));
-  EXPECT_FALSE(index_key_ring_whole_pages(IndexQueryForm::kMXFP4, true, 64));
+  for (IndexQueryForm form : {IndexQueryForm::kE4M3, IndexQueryForm::kMXFP4}) {
+    EXPECT_TRUE(index_key_ring_whole_pages(form, true, 64));
+    EXPECT_TRUE(index_key_ring_whole_pages(form, true, 128));
+    EXPECT_FALSE(index_key_ring_whole_pages(form, false, 64));
+    EXPECT_FALSE(index_key_ring_whole_pages(form, true, 16));
+    EXPECT_FALSE(index_key_ring_whole_pages(form, true, 96));
+  }
   EXPECT_FALSE(index_key_ring_whole_pages(IndexQueryForm::kExact, true, 64));
 }
 
@@ -562,15 +563,17 @@ TEST(IndexWorkspacePlan, Mxfp4KeysTakeTheRingWhereItMeasuredFaster) {
   EXPECT_TRUE(index_mxfp4_ring_pays(1, 262144));
 }
 
-// Each ring holds its warpgroups' stages of codes, then their scales, and the E4M3 ring then
-// 8-byte aligned barriers, one a stage (its tiles copied as whole pages complete on them).
+// Each ring holds its warpgroups' stages of codes, then their scales, then 8-byte aligned
+// barriers, one a stage (its tiles copied as whole pages complete on them).
 TEST(IndexWorkspacePlan, KeyRingsHoldTheirTilesScalesAndBarriers) {
   for (int warpgroups : {1, 2}) {
     const int stages = warpgroups * kFp8KeyStages;
     EXPECT_EQ(fp8_key_ring_barriers(warpgroups), stages * (kFp8KeyTileBytes + 256));
     EXPECT_EQ(fp8_key_ring_bytes(warpgroups), fp8_key_ring_barriers(warpgroups) + stages * 8);
     EXPECT_EQ(fp8_key_ring_barriers(warpgroups) % 8, 0);
-    EXPECT_EQ(mxfp4_key_ring_bytes(warpgroups), stages * (kMxfp4KeyTileBytes + 256));
+    EXPECT_EQ(mxfp4_key_ring_barriers(warpgroups), stages * (kMxfp4KeyTileBytes + 256));
+    EXPECT_EQ(mxfp4_key_ring_bytes(warpgroups), mxfp4_key_ring_barriers(warpgroups) + stages * 8);
+    EXPECT_EQ(mxfp4_key_ring_barriers(warpgroups) % 8, 0);
   }
 }
 

@@ -65,10 +65,14 @@ HDK_HOST_DEVICE int fp8_key_chunk_offset(int row, int chunk) {
 }
 
 // The MXFP4 key ring (MXFP4 keys under the packed E2M1 q or the exact q): the same stages of 64
-// entries, each 64 bytes of codes, then as many tiles of the entries' 4 scale bytes.
+// entries, each 64 bytes of codes, then as many tiles of the entries' 4 scale bytes, then a
+// barrier a stage (the packed q's tiles copied as whole pages complete on them).
 constexpr int kMxfp4KeyTileBytes = kFp8TileEntries * 64;
-HDK_HOST_DEVICE constexpr int mxfp4_key_ring_bytes(int warpgroups) {
+HDK_HOST_DEVICE constexpr int mxfp4_key_ring_barriers(int warpgroups) {
   return warpgroups * kFp8KeyStages * (kMxfp4KeyTileBytes + kFp8TileEntries * 4);
+}
+HDK_HOST_DEVICE constexpr int mxfp4_key_ring_bytes(int warpgroups) {
+  return mxfp4_key_ring_barriers(warpgroups) + warpgroups * kFp8KeyStages * 8;
 }
 
 // Byte offset, in an MXFP4 key-ring tile, of the codes 16 chunk .. + 15 (chunk 0..3: scale group
@@ -77,6 +81,17 @@ HDK_HOST_DEVICE constexpr int mxfp4_key_ring_bytes(int warpgroups) {
 // of a warp's load (8 rows, t = 0..3, one group) in 32 distinct banks.
 HDK_HOST_DEVICE int mxfp4_key_chunk_offset(int row, int chunk) {
   return row * 64 + ((chunk ^ ((row >> 1) & 3)) * 16);
+}
+
+// Byte offset, in an MXFP4 key-ring tile, of word t of entry `row`'s chunk of scale group `group`
+// (the packed q's loads): at mxfp4_key_chunk_offset where thread pairs copied the tile, as stored
+// in a tile copied as a whole piece of its page (index_key_ring_whole_pages). There a warp's load
+// of one group meets 4-way bank conflicts (entries 2 apart share banks), which cost less than
+// any way around them measured: reading at the swizzled offsets and putting the words back in
+// group order by selects was 0.97-0.99x the thread pairs' tiles where the conflicting loads were
+// 0.98-1.05x (H200, packed q, 4-128 rows of 16384-65536 keys).
+HDK_HOST_DEVICE int mxfp4_key_word_offset(int row, int group, int t, bool whole_pages) {
+  return (whole_pages ? row * 64 + 16 * group : mxfp4_key_chunk_offset(row, group)) + 4 * t;
 }
 
 // The key dim that byte `k` (0..31) of k-step `step` stands for, E4M3 form: quad lane t loads

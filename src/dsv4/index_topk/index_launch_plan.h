@@ -249,16 +249,16 @@ inline bool index_rows_stream(int64_t num_rows, int64_t capacity, IndexRingRows 
   return capacity >= (num_rows <= kIndexMaxWorkspaceRows ? 16384 : 65536);
 }
 
-// Whether the E4M3 key ring copies each tile as a whole piece of its page (two bulk copies, one
-// thread): pages of a multiple of 64 entries, 16-byte aligned (`wide`). The scoring kernel's
-// segments start on multiples of 64 entries (index_score_segment), so every tile is then 64
-// consecutive entries of one page (a warpgroup with a single tile still copies it by threads).
-// MXFP4 tiles come by thread pairs: under the exact q, whose reads of a tile as stored would meet
-// no bank conflict, whole-page copies measured 0.97-1.02x (bf16 q) and 0.95-0.99x (fp32 q) on an
-// H200, 1-128 rows of 2048-65536 entries.
+// Whether the key ring copies each tile as a whole piece of its page (two bulk copies, one
+// thread): E4M3 keys and the packed MXFP4 q, pages of a multiple of 64 entries, 16-byte aligned
+// (`wide`). The scoring kernel's segments start on multiples of 64 entries (index_score_segment),
+// so every tile is then 64 consecutive entries of one page (a warpgroup with a single tile still
+// copies it by threads). The exact q's MXFP4 tiles come by thread pairs: as whole pages they
+// measured 0.97-1.02x (bf16 q) and 0.95-0.99x (fp32 q) on an H200, 1-128 rows of 2048-65536
+// entries.
 HDK_HOST_DEVICE bool index_key_ring_whole_pages(IndexQueryForm form, bool wide,
                                                 int64_t block_size) {
-  return form == IndexQueryForm::kE4M3 && wide && block_size % kFp8TileEntries == 0;
+  return form != IndexQueryForm::kExact && wide && block_size % kFp8TileEntries == 0;
 }
 
 // MXFP4 keys with the packed query take the key ring only where it beat the workspace's or the

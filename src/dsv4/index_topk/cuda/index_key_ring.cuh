@@ -44,15 +44,15 @@ struct KeyRingTile {
 // Streams entries first .. first + count - 1 of the row through the calling warpgroup's part of
 // the ring, calling consume(KeyRingTile) on each of its tiles (warpgroup g takes the tiles g,
 // g + kWarpgroups, ...) in order; every thread of the warpgroup calls it. Past the end of the
-// segment a tile's entries are entry `first` again (their scores are to be dropped).
-template <KeyFormat kFormat, typename Consume>
+// segment a tile's entries are entry `first` again (their scores are to be dropped). kForm is the
+// consumer's q: E4M3 over FP8 keys, the packed or the exact q over MXFP4 keys.
+template <IndexQueryForm kForm, typename Consume>
 __device__ __forceinline__ void stream_key_ring(const IndexerProblem& p, int64_t row, int64_t first,
                                                 int64_t count, const IndexLaunch& launch,
                                                 uint8_t* shared, bool wide, const KeyPages& pages,
                                                 Consume&& consume) {
-  static_assert(kFormat == KeyFormat::kFP8 || kFormat == KeyFormat::kMXFP4,
-                "the key ring holds FP8 or MXFP4 keys");
-  constexpr bool kE4M3 = kFormat == KeyFormat::kFP8;
+  constexpr bool kE4M3 = kForm == IndexQueryForm::kE4M3;
+  constexpr KeyFormat kFormat = kE4M3 ? KeyFormat::kFP8 : KeyFormat::kMXFP4;
   constexpr int kTileBytes = kE4M3 ? kFp8KeyTileBytes : kMxfp4KeyTileBytes;
   const int warpgroup = threadIdx.x / 128, thread = threadIdx.x % 128;
   uint8_t* codes = shared + launch.key_ring + warpgroup * kFp8KeyStages * kTileBytes;
@@ -80,21 +80,22 @@ __device__ __forceinline__ void stream_key_ring(const IndexerProblem& p, int64_t
   for (int i = 0; i < kCopies; ++i)
     chunk_offset[i] = chunk_offset_of(copy_entry, copy_half + 2 * i);
   const int64_t scale_offset = p.keys.block_size * kDataBytes;
-  // E4M3 tiles that are whole pieces of a page (block_size a multiple of 64, the segment on a
-  // tile boundary, 16-byte aligned pages: the scoring kernel's segments start on multiples of 64)
-  // come as two bulk copies by one thread, codes and scales, completing on the stage's barrier:
-  // no page lookup or copy by the other 127 threads. The codes then sit in the tile as stored,
-  // 128 bytes an entry, without the swizzle (the 8 lanes of a load phase read two entries' same
-  // chunks: 2-way bank conflicts), and every thread builds the same fragments from them. A
+  // Tiles that are whole pieces of a page (block_size a multiple of 64, the segment on a tile
+  // boundary, 16-byte aligned pages: the scoring kernel's segments start on multiples of 64; E4M3
+  // keys and the packed q, index_key_ring_whole_pages) come as two bulk copies by one thread,
+  // codes and scales, completing on the stage's barrier: no page lookup or copy by the other 127
+  // threads. The codes then sit in the tile as stored, without the swizzle (bank conflicts: E4M3's
+  // 8 lanes of a load phase read two entries' same chunks, 2-way; the packed q's loads of a group
+  // 4-way, mxfp4_key_word_offset), and every thread builds the same fragments from them. A
   // warpgroup with one tile copies it by thread pairs: there the one thread's lookup, copies and
-  // barriers came to more than they saved (H200, one row of 16384 keys, 128 entries a CTA: 24.0
-  // -> 24.8 us). MXFP4 tiles always come by thread pairs (index_key_ring_whole_pages).
-  const bool whole_pages =
-      kE4M3 && index_key_ring_whole_pages(IndexQueryForm::kE4M3, wide, p.keys.block_size) &&
-      first % kFp8TileEntries == 0 && own_tiles >= 2;
+  // barriers came to more than they saved (H200, one row of 16384 E4M3 keys, 128 entries a CTA:
+  // 24.0 -> 24.8 us).
+  const bool whole_pages = index_key_ring_whole_pages(kForm, wide, p.keys.block_size) &&
+                           first % kFp8TileEntries == 0 && own_tiles >= 2;
+  const int barriers =
+      kE4M3 ? fp8_key_ring_barriers(kWarpgroups) : mxfp4_key_ring_barriers(kWarpgroups);
   uint64_t* const tile_landed =
-      reinterpret_cast<uint64_t*>(shared + launch.key_ring + fp8_key_ring_barriers(kWarpgroups)) +
-      warpgroup * kFp8KeyStages;
+      reinterpret_cast<uint64_t*>(shared + launch.key_ring + barriers) + warpgroup * kFp8KeyStages;
   auto issue_whole_page = [&](int64_t k) {
     if (k >= own_tiles) return;
     const int stage = static_cast<int>(k % kFp8KeyStages);

@@ -187,7 +187,7 @@ __device__ void score_warpgroup_ring_exact(const IndexerProblem& p, int64_t row,
   const int t = threadIdx.x & 3;
   const int upper = wgmma_d_coord(thread, 0).row;  // this thread's rows: upper and upper + 8
   const WarpgroupQuery query = warpgroup_query(shared, launch, thread);
-  stream_key_ring<KeyFormat::kMXFP4>(
+  stream_key_ring<IndexQueryForm::kExact>(
       p, row, first, count, launch, shared, wide, pages, [&](const KeyRingTile& tile) {
         uint32_t words[2][4];
         uint32_t scale_bytes[2];

@@ -114,7 +114,7 @@ __device__ void score_warpgroup_ring(const IndexerProblem& p, int64_t row, int64
                                      uint32_t* out, bool wide, const KeyPages& pages,
                                      uint32_t* first_level, bool remainder) {
   constexpr bool kE4M3 = kQ == QueryKind::kE4M3;
-  constexpr KeyFormat kFormat = kE4M3 ? KeyFormat::kFP8 : KeyFormat::kMXFP4;
+  constexpr IndexQueryForm kForm = kE4M3 ? IndexQueryForm::kE4M3 : IndexQueryForm::kMXFP4;
   constexpr int kFp8EntryBytes = static_cast<int>(key_data_bytes(KeyFormat::kFP8));
   const int thread = threadIdx.x % 128;
   const int t = threadIdx.x & 3;
@@ -131,7 +131,7 @@ __device__ void score_warpgroup_ring(const IndexerProblem& p, int64_t row, int64
   };
   load_weights(0);
   stream_key_ring<
-      kFormat>(p, row, first, count, launch, shared, wide, pages, [&](const KeyRingTile& tile) {
+      kForm>(p, row, first, count, launch, shared, wide, pages, [&](const KeyRingTile& tile) {
     const uint32_t scale_words[2] = {tile.scales[upper], tile.scales[upper + 8]};
     float sum[2] = {0.0f, 0.0f};
     if constexpr (kE4M3) {
@@ -191,7 +191,7 @@ __device__ void score_warpgroup_ring(const IndexerProblem& p, int64_t row, int64
 #pragma unroll
         for (int g = 0; g < kFp8Steps; ++g) {
           words[r][g] = *reinterpret_cast<const uint32_t*>(
-              tile.codes + mxfp4_key_chunk_offset(upper + 8 * r, g) + 4 * t);
+              tile.codes + mxfp4_key_word_offset(upper + 8 * r, g, t, tile.whole_pages));
         }
       }
       uint32_t a[kFp8Steps][4];
