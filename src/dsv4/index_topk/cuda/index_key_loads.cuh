@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "core/ceil_div.h"
 #include "core/fast_divide.h"
 #include "dsv4/attention/attention_problem.h"
 #include "dsv4/index_topk/cuda/index_topk_device.cuh"
@@ -109,6 +110,44 @@ __device__ __forceinline__ KeyPiece load_key_piece(const IndexerProblem& p, int6
     piece.scale_hi = pack_floats_bf16x2(hi, hi);
   }
   return piece;
+}
+
+// The register-fed warpgroup kernels' walk over a segment's 64-entry tiles (score_warpgroup,
+// score_warpgroup_fp8; the key ring's is stream_key_ring): warpgroup g takes the tiles g,
+// g + kWarpgroups, ..., a thread the entries upper and upper + 8 of each, their pieces
+// (load_piece(s): entry s of the row) requested kWarpgroupStages tiles ahead. For each tile
+// prepare(pieces) turns its two pieces into what its products take, before their registers
+// receive the pieces kWarpgroupStages tiles on, and finish(tile, prepared) multiplies and writes.
+// Past the end of the segment the pieces are entry `first` again (their scores are dropped).
+template <typename Piece, typename LoadPiece, typename Prepare, typename Finish>
+__device__ __forceinline__ void for_each_register_tile(int64_t first, int64_t count, int upper,
+                                                       LoadPiece&& load_piece, Prepare&& prepare,
+                                                       Finish&& finish) {
+  const int warpgroup = threadIdx.x / 128;
+  const int64_t tiles = ceil_div(count, kWarpgroupEntries);
+  auto load = [&](int64_t tile, Piece(&rows)[2]) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int64_t e = tile * kWarpgroupEntries + upper + 8 * r;
+      rows[r] = load_piece(first + (e < count ? e : 0));
+    }
+  };
+  Piece stage[kWarpgroupStages][2];
+#pragma unroll
+  for (int u = 0; u < kWarpgroupStages; ++u)
+    load(warpgroup + u * kWarpgroups, stage[u]);
+
+  constexpr int64_t kStride = int64_t{kWarpgroupStages} * kWarpgroups;
+  for (int64_t base = warpgroup; base < tiles; base += kStride) {
+#pragma unroll
+    for (int u = 0; u < kWarpgroupStages; ++u) {
+      const int64_t tile = base + u * kWarpgroups;
+      if (tile >= tiles) break;  // the same for the whole warpgroup
+      const auto prepared = prepare(stage[u]);
+      load(tile + kStride, stage[u]);
+      finish(tile, prepared);
+    }
+  }
 }
 
 }  // namespace

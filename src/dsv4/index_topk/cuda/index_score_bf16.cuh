@@ -118,56 +118,43 @@ __device__ void score_warpgroup(const IndexerProblem& p, int64_t row, int64_t fi
                                 const IndexLaunch& launch, const uint8_t* shared, uint32_t* out,
                                 bool wide, const KeyPages& pages, uint32_t* first_level) {
   constexpr bool kFp32Q = kQ == QueryKind::kFp32;
-  const int warpgroup = threadIdx.x / 128, thread = threadIdx.x % 128;
-  const int lane = threadIdx.x & 31, t = lane & 3;
+  const int thread = threadIdx.x % 128;
+  const int t = threadIdx.x & 3;
   const int upper = wgmma_d_coord(thread, 0).row;  // this thread's rows: upper and upper + 8
   const WarpgroupQuery query = warpgroup_query(shared, launch, thread);
-  const int64_t tiles = ceil_div(count, kWarpgroupEntries);
-
-  auto load = [&](int64_t tile, RawPiece(&rows)[2]) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int64_t e = tile * kWarpgroupEntries + upper + 8 * r;
-      rows[r] = load_raw_piece<kFormat>(p, row, first + (e < count ? e : 0), t, wide, pages);
-    }
+  struct Fragments {
+    uint32_t a[2][16];
   };
-  RawPiece stage[kWarpgroupStages][2];
+  for_each_register_tile<RawPiece>(
+      first, count, upper,
+      [&](int64_t s) { return load_raw_piece<kFormat>(p, row, s, t, wide, pages); },
+      [&](const RawPiece(&rows)[2]) {
+        Fragments f;
+        if (kFormat == KeyFormat::kMXFP4) {
+          const uint32_t scale_bytes[2] = {rows[0].scale_bytes, rows[1].scale_bytes};
+          mxfp4_rows_fragments(rows[0].words, rows[1].words, scale_bytes, f.a);
+        } else {
 #pragma unroll
-  for (int u = 0; u < kWarpgroupStages; ++u)
-    load(warpgroup + u * kWarpgroups, stage[u]);
-
-  constexpr int64_t kStride = int64_t{kWarpgroupStages} * kWarpgroups;
-  for (int64_t base = warpgroup; base < tiles; base += kStride) {
-#pragma unroll
-    for (int u = 0; u < kWarpgroupStages; ++u) {
-      const int64_t tile = base + u * kWarpgroups;
-      if (tile >= tiles) break;  // the same for the whole warpgroup
-      uint32_t a[2][16];
-      if (kFormat == KeyFormat::kMXFP4) {
-        const uint32_t scale_bytes[2] = {stage[u][0].scale_bytes, stage[u][1].scale_bytes};
-        mxfp4_rows_fragments(stage[u][0].words, stage[u][1].words, scale_bytes, a);
-      } else {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const uint32_t bytes = stage[u][r].scale_bytes;
-          entry_fragments<false>(
-              stage[u][r].words,
-              nvfp4_placed_multiplier(decode_e4m3(static_cast<uint8_t>(bytes & 0xffu))),
-              nvfp4_placed_multiplier(decode_e4m3(static_cast<uint8_t>(bytes >> 8))), a[r]);
+          for (int r = 0; r < 2; ++r) {
+            const uint32_t bytes = rows[r].scale_bytes;
+            entry_fragments<false>(
+                rows[r].words,
+                nvfp4_placed_multiplier(decode_e4m3(static_cast<uint8_t>(bytes & 0xffu))),
+                nvfp4_placed_multiplier(decode_e4m3(static_cast<uint8_t>(bytes >> 8))), f.a[r]);
+          }
         }
-      }
-      load(tile + kStride, stage[u]);  // past the end: entry `first`, dropped
-
-      float d[32];
-      multiply_tile<kFp32Q>(d, a, query.q_hi, query.q_lo);
-      float sum[2] = {0.0f, 0.0f};
-      weighted_rows(d, query.weight, sum);
-      // A carried 2^-kPlacedShift: exact back (a power of two), not folded into the weights,
-      // which could then overflow.
-      write_quad_rows(sum, tile * kWarpgroupEntries, upper, t, count, out, first_level,
-                      [](float total) { return total * kPlacedScoreFactor; });
-    }
-  }
+        return f;
+      },
+      [&](int64_t tile, const Fragments& f) {
+        float d[32];
+        multiply_tile<kFp32Q>(d, f.a, query.q_hi, query.q_lo);
+        float sum[2] = {0.0f, 0.0f};
+        weighted_rows(d, query.weight, sum);
+        // A carried 2^-kPlacedShift: exact back (a power of two), not folded into the weights,
+        // which could then overflow.
+        write_quad_rows(sum, tile * kWarpgroupEntries, upper, t, count, out, first_level,
+                        [](float total) { return total * kPlacedScoreFactor; });
+      });
 }
 
 // The exact q (bf16, or fp32 as hi + lo) over MXFP4 keys, up to 64 heads, the workspace's scoring

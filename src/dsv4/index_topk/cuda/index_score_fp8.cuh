@@ -297,107 +297,93 @@ __device__ void score_warpgroup_fp8(const IndexerProblem& p, int64_t row, int64_
                                     int64_t count, const IndexLaunch& launch, const uint8_t* shared,
                                     uint32_t* out, bool wide, const KeyPages& pages,
                                     uint32_t* first_level, bool remainder) {
-  const int warpgroup = threadIdx.x / 128, thread = threadIdx.x % 128;
-  const int lane = threadIdx.x & 31, t = lane & 3;
+  const int thread = threadIdx.x % 128;
+  const int t = threadIdx.x & 3;
   const int upper = wgmma_d_coord(thread, 0).row;  // this thread's rows: upper and upper + 8
   const Fp8StagedQuery staged = fp8_staged_query(shared, launch);
-  const int64_t tiles = ceil_div(count, kWarpgroupEntries);
-
   using Piece = Fp8ScoringPiece<kQ>;
-  auto load = [&](int64_t tile, Piece(&rows)[2]) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int64_t e = tile * kWarpgroupEntries + upper + 8 * r;
-      rows[r] = load_fp8_piece<kQ>(p, row, first + (e < count ? e : 0), t, wide, pages);
-    }
+  struct Fragments {
+    uint32_t a[kFp8Steps][4];
+    // Per row: the key's scale (E4M3), or its 4 group scales (MXFP4).
+    float key_scale[2][kQ == QueryKind::kE4M3 ? 1 : kFp8Steps];
   };
-  Piece stage[kWarpgroupStages][2];
+  for_each_register_tile<Piece>(
+      first, count, upper, [&](int64_t s) { return load_fp8_piece<kQ>(p, row, s, t, wide, pages); },
+      [&](const Piece(&rows)[2]) {
+        Fragments f;
+        fp8_step_fragments<kQ>(rows[0].words, rows[1].words, f.a);
 #pragma unroll
-  for (int u = 0; u < kWarpgroupStages; ++u)
-    load(warpgroup + u * kWarpgroups, stage[u]);
-
-  constexpr int64_t kStride = int64_t{kWarpgroupStages} * kWarpgroups;
-  for (int64_t base = warpgroup; base < tiles; base += kStride) {
+        for (int r = 0; r < 2; ++r) {
+          if constexpr (kQ == QueryKind::kE4M3) {
+            f.key_scale[r][0] = rows[r].scale;
+          } else {
 #pragma unroll
-    for (int u = 0; u < kWarpgroupStages; ++u) {
-      const int64_t tile = base + u * kWarpgroups;
-      if (tile >= tiles) break;  // the same for the whole warpgroup
-      uint32_t a[kFp8Steps][4];
-      // Per row: the key's scale (E4M3), or its 4 group scales (MXFP4).
-      float key_scale[2][kQ == QueryKind::kE4M3 ? 1 : kFp8Steps];
-      fp8_step_fragments<kQ>(stage[u][0].words, stage[u][1].words, a);
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        if constexpr (kQ == QueryKind::kE4M3) {
-          key_scale[r][0] = stage[u][r].scale;
-        } else {
-#pragma unroll
-          for (int g = 0; g < kFp8Steps; ++g)
-            key_scale[r][g] = mxfp4_group_scale(stage[u][r].scales, g);
-        }
-      }
-      load(tile + kStride, stage[u]);  // past the end: entry `first`, dropped
-
-      float sum[2] = {0.0f, 0.0f};
-      for (int head_tile = 0; head_tile < staged.head_tiles; ++head_tile) {
-        const uint64_t q_tile =
-            wgmma_descriptor_advance(staged.q_tile0, head_tile * kFp8HeadTileBytes);
-        // Accumulator i is row upper + 8 ((i / 2) % 2), head 64 head_tile + col(i).
-        float dot[32];
-        if constexpr (kQ == QueryKind::kE4M3) {
-          wgmma_fence();
-#pragma unroll
-          for (int step = 0; step < kFp8Steps; ++step) {
-            wgmma_m64n64k32_e4m3_a_registers(
-                dot, a[step],
-                wgmma_descriptor_advance(q_tile, scores_operand(step, kFp8HeadTile).start),
-                step > 0);
+            for (int g = 0; g < kFp8Steps; ++g)
+              f.key_scale[r][g] = mxfp4_group_scale(rows[r].scales, g);
           }
-          wgmma_commit();
-          wgmma_wait<0>();
-          wgmma_fence_accumulators(dot);
-#pragma unroll
-          for (int i = 0; i < 32; ++i)
-            dot[i] *= key_scale[(i / 2) % 2][0];
-        } else {
-#pragma unroll
-          for (int pair = 0; pair < kFp8Steps / 2; ++pair) {
-            float group[2][32];
+        }
+        return f;
+      },
+      [&](int64_t tile, const Fragments& f) {
+        float sum[2] = {0.0f, 0.0f};
+        for (int head_tile = 0; head_tile < staged.head_tiles; ++head_tile) {
+          const uint64_t q_tile =
+              wgmma_descriptor_advance(staged.q_tile0, head_tile * kFp8HeadTileBytes);
+          // Accumulator i is row upper + 8 ((i / 2) % 2), head 64 head_tile + col(i).
+          float dot[32];
+          if constexpr (kQ == QueryKind::kE4M3) {
             wgmma_fence();
 #pragma unroll
-            for (int j = 0; j < 2; ++j) {
-              const int step = 2 * pair + j;
+            for (int step = 0; step < kFp8Steps; ++step) {
               wgmma_m64n64k32_e4m3_a_registers(
-                  group[j], a[step],
+                  dot, f.a[step],
                   wgmma_descriptor_advance(q_tile, scores_operand(step, kFp8HeadTile).start),
-                  false);
+                  step > 0);
             }
             wgmma_commit();
             wgmma_wait<0>();
-            wgmma_fence_accumulators(group[0]);
-            wgmma_fence_accumulators(group[1]);
+            wgmma_fence_accumulators(dot);
 #pragma unroll
-            for (int j = 0; j < 2; ++j) {
-              if (remainder) {
-                add_scaled_group<true>(dot, group[j], 2 * pair + j, key_scale, staged.multipliers,
-                                       head_tile, thread);
-              } else {
-                add_scaled_group<false>(dot, group[j], 2 * pair + j, key_scale, staged.multipliers,
-                                        head_tile, thread);
+            for (int i = 0; i < 32; ++i)
+              dot[i] *= f.key_scale[(i / 2) % 2][0];
+          } else {
+#pragma unroll
+            for (int pair = 0; pair < kFp8Steps / 2; ++pair) {
+              float group[2][32];
+              wgmma_fence();
+#pragma unroll
+              for (int j = 0; j < 2; ++j) {
+                const int step = 2 * pair + j;
+                wgmma_m64n64k32_e4m3_a_registers(
+                    group[j], f.a[step],
+                    wgmma_descriptor_advance(q_tile, scores_operand(step, kFp8HeadTile).start),
+                    false);
+              }
+              wgmma_commit();
+              wgmma_wait<0>();
+              wgmma_fence_accumulators(group[0]);
+              wgmma_fence_accumulators(group[1]);
+#pragma unroll
+              for (int j = 0; j < 2; ++j) {
+                if (remainder) {
+                  add_scaled_group<true>(dot, group[j], 2 * pair + j, f.key_scale,
+                                         staged.multipliers, head_tile, thread);
+                } else {
+                  add_scaled_group<false>(dot, group[j], 2 * pair + j, f.key_scale,
+                                          staged.multipliers, head_tile, thread);
+                }
               }
             }
           }
-        }
 #pragma unroll
-        for (int i = 0; i < 32; ++i) {
-          const float w = staged.weights[head_tile * kFp8HeadTile + wgmma_d_coord(thread, i).col];
-          sum[(i / 2) % 2] += relu_keep_nan(dot[i]) * w;
+          for (int i = 0; i < 32; ++i) {
+            const float w = staged.weights[head_tile * kFp8HeadTile + wgmma_d_coord(thread, i).col];
+            sum[(i / 2) % 2] += relu_keep_nan(dot[i]) * w;
+          }
         }
-      }
-      write_quad_rows(sum, tile * kWarpgroupEntries, upper, t, count, out, first_level,
-                      [](float total) { return fp8_entry_score<kQ>(total); });
-    }
-  }
+        write_quad_rows(sum, tile * kWarpgroupEntries, upper, t, count, out, first_level,
+                        [](float total) { return fp8_entry_score<kQ>(total); });
+      });
 }
 
 }  // namespace
