@@ -10,6 +10,7 @@
 // is written; a CUDA graph replays it to the same bytes. Every case skips without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -404,6 +405,12 @@ void quantized_queries_equal_the_one_launch_path_and_the_reference(IndexBackend 
     c.signed_key_scales = c.seed % 2 == 0;  // fp8 scales of either sign and zero
     SCOPED_TRACE(c.describe() + " on " + index_backend_name(backend));
     IndexInputs in = make_index_inputs(c);
+    // A NaN key (MXFP4: its group's scale byte 0xFF) in the longest row: the tile that holds it
+    // takes the ring's full scale decode, the others its short form (mxfp4_normal_group_scale).
+    if (form == IndexQuery::kMXFP4) {
+      const auto longest = std::max_element(counts.begin(), counts.end());
+      store_nan_key(c, in, longest - counts.begin(), *longest / 2);
+    }
     const Outputs one_launch = run_on_cuda(c, in, backend, nullptr);
     bool used = false;
     const Workspace poisoned{workspace_bytes_for(in, c), seed};
