@@ -517,6 +517,10 @@ TEST(IndexWorkspacePlan, WholePageTilesNeedAlignedPagesOfSixtyFourEntries) {
     EXPECT_FALSE(index_key_ring_whole_pages(form, true, 96));
   }
   EXPECT_FALSE(index_key_ring_whole_pages(IndexQueryForm::kExact, true, 64));
+  // The scoring kernel settles the form at compile time by the same predicate.
+  static_assert(index_form_takes_whole_pages(IndexQueryForm::kE4M3), "E4M3 keys");
+  static_assert(index_form_takes_whole_pages(IndexQueryForm::kMXFP4), "the packed q");
+  static_assert(!index_form_takes_whole_pages(IndexQueryForm::kExact), "the exact q");
 }
 
 // The select of a row through the workspace runs in one CTA up to 16384 keys (the measured

@@ -256,9 +256,12 @@ inline bool index_rows_stream(int64_t num_rows, int64_t capacity, IndexRingRows 
 // copies it by threads). The exact q's MXFP4 tiles come by thread pairs: as whole pages they
 // measured 0.97-1.02x (bf16 q) and 0.95-0.99x (fp32 q) on an H200, 1-128 rows of 2048-65536
 // entries.
+HDK_HOST_DEVICE constexpr bool index_form_takes_whole_pages(IndexQueryForm form) {
+  return form != IndexQueryForm::kExact;
+}
 HDK_HOST_DEVICE bool index_key_ring_whole_pages(IndexQueryForm form, bool wide,
                                                 int64_t block_size) {
-  return form != IndexQueryForm::kExact && wide && block_size % kFp8TileEntries == 0;
+  return index_form_takes_whole_pages(form) && wide && block_size % kFp8TileEntries == 0;
 }
 
 // MXFP4 keys with the packed query take the key ring only where it beat the workspace's or the
