@@ -40,12 +40,12 @@ HDK_HOST_DEVICE bool any_e4m3_nan(uint32_t word) {
   return ((~t - 0x01010101u) & t & 0x80808080u) != 0;
 }
 
-// Nonzero bits (bit 7 of a byte) where a byte of `word` is an E4M3 NaN code: its low seven bits
-// are all set exactly when (byte & 0x7f) + 1 reaches bit 7, with no carry into the next byte. No
-// branch, so a kernel can OR these over many words and test once (any_e4m3_nan answers for one
-// word).
-HDK_HOST_DEVICE uint32_t e4m3_nan_flags(uint32_t word) {
-  return ((word & 0x7f7f7f7fu) + 0x01010101u) & 0x80808080u;
+// Bit 7 of a byte set where that byte of `word` is an E4M3 NaN code, the other bits garbage: the
+// byte's low seven bits are all set exactly when (byte & 0x7f) + 1 reaches bit 7, with no carry
+// into the next byte. No branch and no mask, so a kernel ORs these over many words and masks once
+// with 0x80808080 (any_e4m3_nan answers for one word).
+HDK_HOST_DEVICE uint32_t e4m3_nan_carries(uint32_t word) {
+  return (word & 0x7f7f7f7fu) + 0x01010101u;
 }
 
 // bf16 bits of 2^(byte - 127), the UE8M0 scale (0 is the subnormal 2^-127; 0xFF, NaN, is the

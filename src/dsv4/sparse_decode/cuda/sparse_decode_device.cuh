@@ -135,24 +135,12 @@ __device__ __forceinline__ int64_t slot_value(const LoadedSlot& loaded) {
 
 // ---- FP8 to bf16 --------------------------------------------------------------------------------
 
-// Eight stored FP8 codes times 2^(scale - 127) as eight bf16 (exact; scale byte 0 is 2^-127).
-// NaN codes and the NaN scale come out as some finite value: the caller flags them
-// (fp8_nan_bits) instead.
-__device__ __forceinline__ uint4 dequantize_8(uint2 codes, uint32_t scale_byte) {
-  const uint32_t up = kBf16TwoTo120 * 0x10001u;
-  const uint32_t scale = ue8m0_as_bf16(scale_byte) * 0x10001u;
-  auto convert = [&](uint32_t spread) {
-    return mul_bf16x2(mul_bf16x2(e4m3_spread_pair_as_scaled_bf16(spread), up), scale);
-  };
-  return make_uint4(
-      convert(__byte_perm(codes.x, 0, 0x4140)), convert(__byte_perm(codes.x, 0, 0x4342)),
-      convert(__byte_perm(codes.y, 0, 0x4140)), convert(__byte_perm(codes.y, 0, 0x4342)));
-}
-
-// dequantize_8 with one multiply: the placed pair (value x 2^-120) times 2^(scale - 7) is the
-// same exact product, and 2^(scale - 7) is a bf16 number for scale bytes up to
-// kOneMultiplyMaxScale (UE8M0 2^7; the writer's scales of values up to 448 x 2^7). `factor`:
-// one_multiply_factor(scale byte), or 0 for an entry that is not real (its row comes out zero).
+// Eight stored FP8 codes times a bf16 pair `factor`, each placed pair (value x 2^-120) times it
+// once. For a scale byte up to kOneMultiplyMaxScale (UE8M0 2^7; the writer's scales of values up
+// to 448 x 2^7) the factor one_multiply_factor(scale byte), 2^(scale - 7), gives the exact
+// value x 2^(scale - 127); 0 gives the zero row of an entry that is not real; 2^120 gives the
+// exact values, to be scaled after. NaN codes come out as some finite value: the caller flags
+// them.
 constexpr uint32_t kOneMultiplyMaxScale = 134;
 __device__ __forceinline__ uint32_t one_multiply_factor(uint32_t scale_byte) {
   return ((scale_byte + 120u) << 7) * 0x10001u;
@@ -164,11 +152,6 @@ __device__ __forceinline__ uint4 dequantize_8_by(uint2 codes, uint32_t factor) {
   return make_uint4(
       convert(__byte_perm(codes.x, 0, 0x4140)), convert(__byte_perm(codes.x, 0, 0x4342)),
       convert(__byte_perm(codes.y, 0, 0x4140)), convert(__byte_perm(codes.y, 0, 0x4342)));
-}
-
-// Nonzero where a code is an FP8 NaN or the scale byte is the NaN scale (0xff + 1 sets bit 8).
-__device__ __forceinline__ uint32_t fp8_nan_bits(uint2 codes, uint32_t scale_byte) {
-  return e4m3_nan_flags(codes.x) | e4m3_nan_flags(codes.y) | ((scale_byte + 1) & 0x100u);
 }
 
 // ---- the query tile of the tensor-core kernels --------------------------------------------------

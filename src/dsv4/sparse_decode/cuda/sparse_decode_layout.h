@@ -64,22 +64,23 @@ HDK_HOST_DEVICE int operand_chunk_offset(int row, int chunk, int rows) {
   return (chunk / 8) * operand_block_bytes(rows) + row * 128 + ((chunk % 8) ^ (row % 8)) * 16;
 }
 
-// The pipelined kernel's producer: lane l of a warp converts chunks producer_chunk(l / 8, j),
+// An entry's share (sparse_decode_entry_share.cuh; the pipelined kernel's producer and the
+// tensor-core kernel's conversion): lane l of a warp converts chunks share_chunk(l / 8, j),
 // j < 16, of an entry (j < 14: FP8 chunks, two per 16 stored bytes; 14, 15: RoPE chunks), and
-// stores chunk j at producer_chunk_offset, the form the kernel computes (equal to
-// operand_chunk_offset(row, producer_chunk(quarter, j), rows)): the swizzled position within the
+// stores chunk j at share_chunk_offset, the form the kernel computes (equal to
+// operand_chunk_offset(row, share_chunk(quarter, j), rows)): the swizzled position within the
 // row takes one of two values, (2 quarter + j % 2) ^ (row % 8).
-HDK_HOST_DEVICE int producer_chunk(int quarter, int j) {
+HDK_HOST_DEVICE int share_chunk(int quarter, int j) {
   return 8 * (j / 2) + 2 * quarter + j % 2;
 }
-HDK_HOST_DEVICE int producer_chunk_offset(int row, int quarter, int j, int rows) {
+HDK_HOST_DEVICE int share_chunk_offset(int row, int quarter, int j, int rows) {
   return (j / 2) * operand_block_bytes(rows) + row * 128 + ((2 * quarter + j % 2) ^ (row % 8)) * 16;
 }
 
-// A row of the pipelined producer's raw pass (sparse_decode_pipelined_kernel.cu): an entry's 576
-// data bytes, its 8 scale bytes, and 8 bytes of padding, so that the 8 entries whose 16-byte pieces
-// one load phase reads (lanes 8 q .. 8 q + 7 of a warp, entries 8 w .. 8 w + 7) start 20 banks
-// apart and never share a bank.
+// A row of the pipelined producer's raw pass and of the tensor-core kernel's raw tile: an entry's
+// 576 data bytes, its 8 scale bytes, and 8 bytes of padding, so that the 8 entries whose 16-byte
+// pieces one load phase reads (lanes 8 q .. 8 q + 7 of a warp, entries 8 w .. 8 w + 7) start 20
+// banks apart and never share a bank.
 constexpr int kRawEntryStride = 592;
 
 // A wgmma operand relative to its tile: start, leading and stride byte offsets of its descriptor.

@@ -28,6 +28,7 @@
 #include "dsv4/kv_cache/kv_cache_problem.h"
 #include "dsv4/kv_cache/kv_formats.h"
 #include "dsv4/sparse_decode/cuda/sparse_decode_device.cuh"
+#include "dsv4/sparse_decode/cuda/sparse_decode_entry_share.cuh"
 #include "dsv4/sparse_decode/cuda/sparse_decode_finish.cuh"
 #include "dsv4/sparse_decode/cuda/sparse_decode_kernels.cuh"
 #include "dsv4/sparse_decode/cuda/sparse_decode_layout.h"
@@ -52,8 +53,7 @@ using hdk::detail::cp_async_wait;
 struct MmaSharedMemory {
   uint8_t q[kQBytes];                            // 64 heads x 512 bf16, an operand tile
   uint8_t e[kEBytes];                            // the tile's 64 entries x 512 bf16, another
-  uint8_t raw[kTile][kEntryDataBytes];           // the next tile's data bytes as stored
-  uint8_t raw_scales[kTile][kEntryScaleBytes];   // and its scale bytes
+  uint8_t raw[kTile][kRawEntryStride];           // the next tile as stored (data, scale bytes)
   float exchange[2][kScoreRegisters * 128];      // each warpgroup's partial S
   int valid[2][kTile];                           // which entries of two tiles are real
   float stat_m[kHeads];                          // row maxima (log2 units)
@@ -69,9 +69,10 @@ constexpr int kSharedBytes = static_cast<int>(sizeof(MmaSharedMemory)) + kSwizzl
 static_assert(kHeads * kStageStride * 4 <= static_cast<int>(offsetof(MmaSharedMemory, exchange)),
               "O staging overlaps");
 static_assert(kSharedBytes <= 227 * 1024, "shared memory beyond an SM's");
-static_assert(kEntryDataBytes % 16 == 0 && offsetof(MmaSharedMemory, raw) % 16 == 0 &&
+static_assert(offsetof(MmaSharedMemory, raw) % 16 == 0 && kRawEntryStride % 16 == 0 &&
+                  kRawEntryStride >= kEntryDataBytes + kEntryScaleBytes &&
                   offsetof(MmaSharedMemory, e) % kSwizzleAtomBytes == 0,
-              "align");
+              "a raw entry holds its data and scale bytes at 16-byte alignment");
 
 // Where an entry's stored bytes are: its 576 data bytes and 8 scale bytes, or nothing (data ==
 // nullptr) for a skipped entry and a slot beyond its cache (which also marks the CTA bad).
@@ -140,14 +141,14 @@ __device__ __forceinline__ const uint8_t* shuffle_pointer(const uint8_t* pointer
 }
 
 // Enqueues the stored bytes of the warp's eight entries of a tile (located by locate_entry)
-// into the raw buffer and records which are real (valid[e]). A 16-byte aligned pool (kWide): lane
-// i < 8 holds entry warp + 8 i and requests its 576 data bytes by one bulk copy, completing on
-// raw_full (the warp's lane 0 expects them), and its scale word by cp.async. Otherwise the warp's
-// lanes share each entry's 72 eight-byte data chunks and its scale word, by cp.async.
+// into the raw tile (entry e's row of kRawEntryStride bytes: its data, then its scale bytes) and
+// records which are real (valid[e]). A 16-byte aligned pool (kWide): lane i < 8 holds entry
+// warp + 8 i and requests its 576 data bytes by one bulk copy, completing on raw_full (the warp's
+// lane 0 expects them), and its scale word by cp.async. Otherwise the warp's lanes share each
+// entry's 72 eight-byte data chunks and its scale word, by cp.async.
 template <bool kWide>
 __device__ void issue_tile(const EntrySource& mine, uint8_t* smem, int* valid, int warp, int lane) {
   uint8_t* raw = smem + offsetof(MmaSharedMemory, raw);
-  uint8_t* raw_scales = smem + offsetof(MmaSharedMemory, raw_scales);
   constexpr uint32_t kDataBytes = static_cast<uint32_t>(kEntryDataBytes);
   if constexpr (kWide) {
     uint64_t* raw_full = reinterpret_cast<uint64_t*>(smem + offsetof(MmaSharedMemory, raw_full));
@@ -158,9 +159,10 @@ __device__ void issue_tile(const EntrySource& mine, uint8_t* smem, int* valid, i
       hdk::detail::mbarrier_arrive_expect_bytes(raw_full, __popc(real_lanes) * kDataBytes);
     }
     if (real) {
-      hdk::detail::bulk_copy_from_global(shared_address(raw + e * kDataBytes), mine.data,
-                                         kDataBytes, shared_address(raw_full));
-      cp_async_8(raw_scales + e * kEntryScaleBytes, mine.scales);
+      uint8_t* target = raw + e * kRawEntryStride;
+      hdk::detail::bulk_copy_from_global(shared_address(target), mine.data, kDataBytes,
+                                         shared_address(raw_full));
+      cp_async_8(target + kDataBytes, mine.scales);
     }
     if (lane < kEntriesPerWarp) valid[e] = real ? 1 : 0;
   } else {
@@ -173,63 +175,35 @@ __device__ void issue_tile(const EntrySource& mine, uint8_t* smem, int* valid, i
       const uint8_t* scales = shuffle_pointer(mine.scales, i);
       if (lane == 0) valid[e] = data != nullptr ? 1 : 0;
       if (data == nullptr) continue;
-      uint8_t* target = raw + e * kDataBytes;
+      uint8_t* target = raw + e * kRawEntryStride;
 #pragma unroll
       for (int pass = 0; pass < kPasses; ++pass) {
         const int c = lane + 32 * pass;
         if (c < kDataChunks) {
           cp_async_8(target + c * 8, data + c * 8);
         } else if (c == kDataChunks) {
-          cp_async_8(raw_scales + e * kEntryScaleBytes, scales);
+          cp_async_8(target + kDataBytes, scales);
         }
       }
     }
   }
 }
 
-// The raw tile to bf16 rows of E (zero rows for entries that are not real). Thread t converts
-// output chunk c = t % 64 (8 values) of entries t / 64, + 4, ...: chunks 0..55 are FP8 values
-// (scale group c / 8), 56..63 the RoPE values copied as stored. Returns whether a real entry
-// held an FP8 NaN code or a NaN scale: such a value is not turned into NaN here, the caller
-// marks the row bad, which is what its NaN would have done (every head's sums take it in).
-__device__ bool dequantize_tile(uint8_t* smem, const int* valid, int tid) {
-  const uint8_t* raw = smem + offsetof(MmaSharedMemory, raw);
-  const uint8_t* raw_scales = smem + offsetof(MmaSharedMemory, raw_scales);
-  constexpr int kNopeChunks = static_cast<int>(kNopeDim / 8);
-  constexpr int kEntriesPerPass = kSparseThreads / kChunksPerRow;
-  static_assert(kEntriesPerPass == 4, "rows e and e + 4 alternate between two swizzles");
-  const int c = tid % kChunksPerRow;
-  const int first_entry = tid / kChunksPerRow;
-  const bool fp8 = c < kNopeChunks;
-  const int source = fp8 ? 8 * c : static_cast<int>(kNopeDim) + 16 * (c - kNopeChunks);
-  // Rows e and e + 4 swizzle chunk c differently (e % 8 differs by 4); eight rows later the
-  // pattern repeats one swizzle atom further.
+// The raw tile to bf16 rows of E (zero rows for entries that are not real), as the pipelined
+// kernel's producer converts a stage: lane l of warp w converts quarter l / 8 of entry
+// 8 w + l % 8 (read_share, store_share). All of a thread's shared loads go out before its first
+// conversion, a load phase reads 8 rows 20 banks apart (kRawEntryStride), and an entry's scale
+// bytes are read once: about 500 instructions a thread, where 16 steps of 8 values, each waiting
+// for its flag, codes and scale byte, took about 810 (one-tile CTAs 1.04-1.07x, two tiles
+// 1.07-1.09x, H200). Returns whether a real entry held an FP8 NaN code or a NaN scale.
+__device__ bool convert_tile(uint8_t* smem, const int* valid, int warp, int lane) {
+  static_assert(kEntriesPerWarp * 4 == 32, "a warp's lanes are its entries' four quarters");
+  const int entry = kEntriesPerWarp * warp + lane % kEntriesPerWarp;
+  const int quarter = lane / kEntriesPerWarp;
+  const uint8_t* raw = smem + offsetof(MmaSharedMemory, raw) + entry * kRawEntryStride;
   const uint32_t e_tile = shared_address(smem + offsetof(MmaSharedMemory, e));
-  const uint32_t target_even = e_tile + operand_chunk_offset(first_entry, c, kTile);
-  const uint32_t target_odd =
-      e_tile + operand_chunk_offset(first_entry + kEntriesPerPass, c, kTile);
-  uint32_t nan_bits = 0;
-#pragma unroll 4
-  for (int i = 0; i < kTile / kEntriesPerPass; ++i) {
-    const int e = first_entry + kEntriesPerPass * i;
-    uint4 value = make_uint4(0, 0, 0, 0);
-    if (valid[e]) {
-      const uint8_t* entry = raw + e * kEntryDataBytes;
-      if (fp8) {
-        const uint2 codes = *reinterpret_cast<const uint2*>(entry + source);
-        const uint32_t scale_byte = raw_scales[e * kEntryScaleBytes + c / 8];
-        nan_bits |= fp8_nan_bits(codes, scale_byte);
-        value = dequantize_8(codes, scale_byte);
-      } else {
-        value = *reinterpret_cast<const uint4*>(entry + source);
-      }
-    }
-    const uint32_t target = (i % 2 == 0 ? target_even : target_odd) + (i / 2) * kSwizzleAtomBytes;
-    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(target), "r"(value.x),
-                 "r"(value.y), "r"(value.z), "r"(value.w)
-                 : "memory");
-  }
-  return nan_bits != 0;
+  return store_share<ShareScaling::kTwo>(read_share(raw, quarter), valid[entry] != 0, e_tile, entry,
+                                         quarter) != 0;
 }
 
 // kGroupHeads: the heads of the CTA's group (SparsePlan::group_heads; 32 and 16 only through the
@@ -319,7 +293,7 @@ __global__ void __launch_bounds__(kSparseThreads, 1)
     if (kWide) hdk::detail::mbarrier_wait(&shared.raw_full, static_cast<uint32_t>(t - first) & 1);
     wgmma_wait<0>();  // the last tile's O = P E no longer reads E
     __syncthreads();  // the raw tile has landed in every thread's view; E is free
-    if (dequantize_tile(smem, tile_valid, tid)) *bad = 1;
+    if (convert_tile(smem, tile_valid, warp, lane)) *bad = 1;
     if (t == first) cp_async_wait<0>();  // the queries
     fence_shared_for_wgmma();
     __syncthreads();  // E is complete (and Q, on the first tile); the raw buffer is free

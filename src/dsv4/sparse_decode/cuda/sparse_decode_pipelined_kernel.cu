@@ -41,11 +41,11 @@
 #include "dsv4/attention/attention_problem.h"
 #include "dsv4/kv_cache/kv_cache_problem.h"
 #include "dsv4/sparse_decode/cuda/sparse_decode_device.cuh"
+#include "dsv4/sparse_decode/cuda/sparse_decode_entry_share.cuh"
 #include "dsv4/sparse_decode/cuda/sparse_decode_finish.cuh"
 #include "dsv4/sparse_decode/cuda/sparse_decode_kernels.cuh"
 #include "dsv4/sparse_decode/cuda/sparse_decode_layout.h"
 #include "dsv4/sparse_decode/cuda/sparse_decode_plan.h"
-#include "dsv4/sparse_decode/cuda/sparse_decode_producer.cuh"
 #include "hdk/dsv4/kv_cache.h"
 #include "hdk/dtype.h"
 
@@ -287,12 +287,13 @@ __global__ void __launch_bounds__(kSparsePipelinedThreads, 1)
         }
         if (t >= kPipelinedStages) mbarrier_wait(barriers.empty + slot, empty_parity(t));
         if (slot == 0) {
-          nan_bits |= store_share(share, real[0], stage_address(t), entry, quarter);
+          nan_bits |= store_share<ShareScaling::kOneWhereExact>(share, real[0], stage_address(t),
+                                                                entry, quarter);
         } else {
           cp_async_wait<0>();
           __syncwarp();  // quarter 0's copy of the entry's scale bytes has landed
-          nan_bits |=
-              store_share(read_share(raw, quarter), real[1], stage_address(t), entry, quarter);
+          nan_bits |= store_share<ShareScaling::kOneWhereExact>(read_share(raw, quarter), real[1],
+                                                                stage_address(t), entry, quarter);
         }
         if (quarter == 0) valid[slot * kTile + entry] = real[slot] ? 1 : 0;
         fence_shared_for_wgmma();  // for this CTA's wgmma and for the bulk copies
@@ -374,7 +375,8 @@ __global__ void __launch_bounds__(kSparsePipelinedThreads, 1)
         // before the signal was 4-5% slower on the long lists, when both passes were loads).
         auto convert = [&](int pass, const EntryShare& bytes) {
           const int entry = pass * 32 + entry_in_pass;
-          nan_bits |= store_share(bytes, real[pass], stage_address(i), entry, quarter);
+          nan_bits |= store_share<ShareScaling::kOneWhereExact>(bytes, real[pass], stage_address(i),
+                                                                entry, quarter);
           if (quarter == 0) valid[stage * kTile + entry] = real[pass] ? 1 : 0;
         };
         const bool more = i + 1 < count;

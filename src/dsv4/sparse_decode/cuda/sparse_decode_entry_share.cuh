@@ -1,6 +1,8 @@
-// The producer warpgroup's pieces of sparse_decode's pipelined tensor-core kernel
-// (sparse_decode_pipelined_kernel.cu): where a thread's share of an entry lies, its loads (into
-// registers, or through shared memory by cp.async), and its conversion into an E stage.
+// A thread's share of an entry (a quarter of its stored bytes) in sparse_decode's tensor-core
+// kernels: where it lies, its loads (into registers, or through shared memory by cp.async) and its
+// conversion into a tile of E. The pipelined kernel's producer warpgroup converts its stages this
+// way (sparse_decode_pipelined_kernel.cu), and the tensor-core kernel its tiles from the raw tile
+// (sparse_decode_mma_kernel.cu).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -27,13 +29,13 @@ namespace {
 
 using hdk::detail::cp_async_8;
 
-// One producer thread's share of one entry: output chunks producer_chunk(quarter, j), j < 16, of
+// One thread's share of one entry: output chunks share_chunk(quarter, j), j < 16, of
 // E's row (sparse_decode_layout.h; j < 14: FP8 chunks, 8 codes each, two per 16 stored bytes;
 // j = 14, 15: RoPE chunks), as stored. Quarters 0..3 of an entry are lanes l, l + 8, l + 16,
 // l + 24 of a warp, so a 16-byte load instruction reads 64 contiguous bytes of each of 8 entries.
-constexpr int kProducerFp8Chunks = static_cast<int>(kNopeDim / 8) / 4;  // 14
+constexpr int kShareFp8Chunks = static_cast<int>(kNopeDim / 8) / 4;  // 14
 struct EntryShare {
-  uint4 codes[kProducerFp8Chunks / 2];  // chunks 2 k and 2 k + 1 of the thread's share
+  uint4 codes[kShareFp8Chunks / 2];  // chunks 2 k and 2 k + 1 of the thread's share
   uint4 rope[2];
   uint2 scales;  // the entry's 8 scale bytes
 };
@@ -67,8 +69,8 @@ struct ProducerEntry {
 template <bool kWide>
 __device__ __forceinline__ void load_share(const ProducerEntry& entry, int quarter,
                                            EntryShare& share) {
-  // 16 bytes at 16 (quarter + 4 k) of the FP8 codes: chunks producer_chunk(quarter, 2 k) and
-  // producer_chunk(quarter, 2 k + 1); 32 bytes at 32 quarter of the RoPE values.
+  // 16 bytes at 16 (quarter + 4 k) of the FP8 codes: chunks share_chunk(quarter, 2 k) and
+  // share_chunk(quarter, 2 k + 1); 32 bytes at 32 quarter of the RoPE values.
   auto load_16 = [&](const uint8_t* source) {
     if (kWide) return load_now_16(source);
     const uint2 lo = load_now_8(source);
@@ -76,7 +78,7 @@ __device__ __forceinline__ void load_share(const ProducerEntry& entry, int quart
     return make_uint4(lo.x, lo.y, hi.x, hi.y);
   };
 #pragma unroll
-  for (int k = 0; k < kProducerFp8Chunks / 2; ++k)
+  for (int k = 0; k < kShareFp8Chunks / 2; ++k)
     share.codes[k] = load_16(entry.data + 16 * (quarter + 4 * k));
 #pragma unroll
   for (int k = 0; k < 2; ++k)
@@ -102,7 +104,7 @@ __device__ __forceinline__ void copy_share_async(const ProducerEntry& entry, int
     }
   };
 #pragma unroll
-  for (int k = 0; k < kProducerFp8Chunks / 2; ++k)
+  for (int k = 0; k < kShareFp8Chunks / 2; ++k)
     copy_16(16 * (quarter + 4 * k));
 #pragma unroll
   for (int k = 0; k < 2; ++k)
@@ -120,7 +122,7 @@ __device__ __forceinline__ EntryShare read_share(const uint8_t* raw, int quarter
   };
   EntryShare share;
 #pragma unroll
-  for (int k = 0; k < kProducerFp8Chunks / 2; ++k)
+  for (int k = 0; k < kShareFp8Chunks / 2; ++k)
     share.codes[k] = read_16(16 * (quarter + 4 * k));
 #pragma unroll
   for (int k = 0; k < 2; ++k)
@@ -158,14 +160,25 @@ __device__ __forceinline__ ProducerEntry producer_entry(const SparseDecodeProble
   return real ? entry : dummy;
 }
 
-// The share's chunks as bf16 into row `entry` of the E stage at shared address `stage` (zeros
-// for an entry that is not real); returns, for a real entry, nonzero where a code is an FP8 NaN
-// or a scale byte the NaN scale (what fp8_nan_bits finds, accumulated with fewer instructions).
+// How store_share scales a chunk's placed codes (value x 2^-120) by its scale byte: where every
+// real entry of the warp has scale bytes up to kOneMultiplyMaxScale, by one multiply a pair, with
+// two multiplies a pair in a second copy of the loop for the other warps (kOneWhereExact: the
+// pipelined kernel's producer, bound by its instructions; two multiplies always made its Flash
+// cells 0.88-0.95x from 8 rows, H200); or by two multiplies a pair always (kTwo: the tensor-core
+// kernel, whose code a decode step fetches cold: with both copies, 6 KB more, its cells from 4
+// rows read 0.93-0.96x with the instruction caches flushed, with one copy 1.00-1.05x).
+enum class ShareScaling { kOneWhereExact, kTwo };
+
+// The share's chunks as bf16 into row `entry` of the E tile at shared address `stage` (zeros for
+// an entry that is not real); returns, for a real entry, nonzero where a code is an FP8 NaN or a
+// scale byte the NaN scale. Such a value is not turned into NaN: the caller marks the row bad,
+// which is what its NaN would have done (every head's sums take it in).
+template <ShareScaling kScaling>
 __device__ __forceinline__ uint32_t store_share(const EntryShare& share, bool real, uint32_t stage,
                                                 int entry, int quarter) {
   const uint32_t row = static_cast<uint32_t>(entry) * 128;
-  // Chunk producer_chunk(quarter, j) lies at chunk (2 quarter + j % 2) ^ (entry % 8) of block
-  // j / 2 (producer_chunk_offset): two swizzled positions serve all sixteen.
+  // Chunk share_chunk(quarter, j) lies at chunk (2 quarter + j % 2) ^ (entry % 8) of block
+  // j / 2 (share_chunk_offset): two swizzled positions serve all sixteen.
   const uint32_t swizzled[2] = {static_cast<uint32_t>(((2 * quarter) ^ (entry % 8)) * 16),
                                 static_cast<uint32_t>(((2 * quarter + 1) ^ (entry % 8)) * 16)};
   auto store = [&](int j, uint4 value) {
@@ -174,46 +187,53 @@ __device__ __forceinline__ uint32_t store_share(const EntryShare& share, bool re
                  "r"(value.y), "r"(value.z), "r"(value.w)
                  : "memory");
   };
-  auto scale_of = [&](int j) {  // chunk producer_chunk(quarter, j)'s scale group is j / 2
+  auto scale_of = [&](int j) {  // chunk share_chunk(quarter, j)'s scale group is j / 2
     const int group = j / 2;
     return ((group < 4 ? share.scales.x : share.scales.y) >> (8 * (group % 4))) & 0xffu;
   };
-  // Bit 7 of a byte ends up set where (code & 0x7f) + 1 carries into it, that is for the codes
-  // 0x7f and 0xff (e4m3_nan_flags); the other bits collect garbage and are masked at the end.
+  // Bit 7 of a byte ends up set for the codes 0x7f and 0xff (e4m3_nan_carries); the other bits
+  // collect garbage and are masked at the end.
   auto codes_of = [&](int j) {
     const uint4 pair = share.codes[j / 2];
     return j % 2 == 0 ? make_uint2(pair.x, pair.y) : make_uint2(pair.z, pair.w);
   };
   uint32_t nan_sum = 0;
   auto add_nan_flags = [&](uint2 codes) {
-    nan_sum |= ((codes.x & 0x7f7f7f7fu) + 0x01010101u) | ((codes.y & 0x7f7f7f7fu) + 0x01010101u);
+    nan_sum |= e4m3_nan_carries(codes.x) | e4m3_nan_carries(codes.y);
   };
-  // The 7 scale bytes (the 8th is padding) decide, for the whole warp, whether one multiply a
-  // pair is exact; the other path is for scales above 2^7.
-  uint32_t top = __vmaxu4(share.scales.x, share.scales.y & 0x00ffffffu);
-  top = __vmaxu4(top, top >> 16);
-  top = __vmaxu4(top, top >> 8) & 0xffu;
-  if (__all_sync(kFullMask, !real || top <= kOneMultiplyMaxScale)) {
-#pragma unroll
-    for (int j = 0; j < kProducerFp8Chunks; ++j) {
-      add_nan_flags(codes_of(j));
-      store(j, dequantize_8_by(codes_of(j), real ? one_multiply_factor(scale_of(j)) : 0u));
-    }
-  } else {
+  auto two_multiplies = [&] {
     const uint32_t up = kBf16TwoTo120 * 0x10001u;
 #pragma unroll
-    for (int j = 0; j < kProducerFp8Chunks; ++j) {
+    for (int j = 0; j < kShareFp8Chunks; ++j) {
       add_nan_flags(codes_of(j));
       const uint4 placed = dequantize_8_by(codes_of(j), up);  // the values, exact
       const uint32_t scale = real ? ue8m0_as_bf16(scale_of(j)) * 0x10001u : 0u;
       store(j, make_uint4(mul_bf16x2(placed.x, scale), mul_bf16x2(placed.y, scale),
                           mul_bf16x2(placed.z, scale), mul_bf16x2(placed.w, scale)));
     }
+  };
+  if constexpr (kScaling == ShareScaling::kTwo) {
+    two_multiplies();
+  } else {
+    // The 7 scale bytes (the 8th is padding) decide, for the whole warp, whether one multiply a
+    // pair is exact; the other path is for scales above 2^7.
+    uint32_t top = __vmaxu4(share.scales.x, share.scales.y & 0x00ffffffu);
+    top = __vmaxu4(top, top >> 16);
+    top = __vmaxu4(top, top >> 8) & 0xffu;
+    if (__all_sync(kFullMask, !real || top <= kOneMultiplyMaxScale)) {
+#pragma unroll
+      for (int j = 0; j < kShareFp8Chunks; ++j) {
+        add_nan_flags(codes_of(j));
+        store(j, dequantize_8_by(codes_of(j), real ? one_multiply_factor(scale_of(j)) : 0u));
+      }
+    } else {
+      two_multiplies();
+    }
   }
 #pragma unroll
   for (int k = 0; k < 2; ++k) {  // RoPE chunks 56 + 2 quarter + k, copied
     const uint4 value = share.rope[k];
-    store(kProducerFp8Chunks + k, real ? value : make_uint4(0, 0, 0, 0));
+    store(kShareFp8Chunks + k, real ? value : make_uint4(0, 0, 0, 0));
   }
   // A scale byte 0xff is a zero byte of its complement (the padding byte's complement is 0xff).
   auto has_zero_byte = [](uint32_t v) { return (v - 0x01010101u) & ~v & 0x80808080u; };
