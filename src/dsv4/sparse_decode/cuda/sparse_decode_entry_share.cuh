@@ -162,11 +162,13 @@ __device__ __forceinline__ ProducerEntry producer_entry(const SparseDecodeProble
 
 // How store_share scales a chunk's placed codes (value x 2^-120) by its scale byte: where every
 // real entry of the warp has scale bytes up to kOneMultiplyMaxScale, by one multiply a pair, with
-// two multiplies a pair in a second copy of the loop for the other warps (kOneWhereExact: the
-// pipelined kernel's producer, bound by its instructions; two multiplies always made its Flash
-// cells 0.88-0.95x from 8 rows, H200); or by two multiplies a pair always (kTwo: the tensor-core
-// kernel, whose code a decode step fetches cold: with both copies, 6 KB more, its cells from 4
-// rows read 0.93-0.96x with the instruction caches flushed, with one copy 1.00-1.05x).
+// two multiplies a pair in a second copy of the loop for the other warps (kOneWhereExact); or by
+// two multiplies a pair always (kTwo), one copy of the loop, 6 KB less code, which a decode step
+// fetches cold. Measured on an H200 with the instruction caches flushed: the tensor-core kernel's
+// cells from 4 rows read 0.93-0.96x with both copies, 1.00-1.05x with one; the pipelined kernel's
+// producers 1.00-1.08x with one where two head groups share the conversion (Pro: each converts
+// half of a tile; the decode step's Pro CSA and HCA layers 0.99-1.07x), but where one producer
+// converts every entry (Flash), bound by its instructions, 0.88-0.95x warm from 16 rows.
 enum class ShareScaling { kOneWhereExact, kTwo };
 
 // The share's chunks as bf16 into row `entry` of the E tile at shared address `stage` (zeros for

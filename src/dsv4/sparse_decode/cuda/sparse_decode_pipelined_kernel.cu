@@ -161,6 +161,9 @@ template <bool kWide, bool kSharedConversion, SparsePartials kPartials>
 __global__ void __launch_bounds__(kSparsePipelinedThreads, 1)
     sparse_decode_pipelined_kernel(SparseDecodeProblem p, SparsePlan plan, bool q_vector,
                                    bool out_vector) {
+  // One copy of the conversion loop where a producer converts half of each tile (ShareScaling).
+  constexpr ShareScaling kScaling =
+      kSharedConversion ? ShareScaling::kTwo : ShareScaling::kOneWhereExact;
   constexpr bool kThroughWorkspace = kPartials != SparsePartials::kInCluster;
   hdk::detail::begin_dependent_kernel();
   extern __shared__ __align__(128) uint8_t shared_bytes[];
@@ -287,13 +290,12 @@ __global__ void __launch_bounds__(kSparsePipelinedThreads, 1)
         }
         if (t >= kPipelinedStages) mbarrier_wait(barriers.empty + slot, empty_parity(t));
         if (slot == 0) {
-          nan_bits |= store_share<ShareScaling::kOneWhereExact>(share, real[0], stage_address(t),
-                                                                entry, quarter);
+          nan_bits |= store_share<kScaling>(share, real[0], stage_address(t), entry, quarter);
         } else {
           cp_async_wait<0>();
           __syncwarp();  // quarter 0's copy of the entry's scale bytes has landed
-          nan_bits |= store_share<ShareScaling::kOneWhereExact>(read_share(raw, quarter), real[1],
-                                                                stage_address(t), entry, quarter);
+          nan_bits |= store_share<kScaling>(read_share(raw, quarter), real[1], stage_address(t),
+                                            entry, quarter);
         }
         if (quarter == 0) valid[slot * kTile + entry] = real[slot] ? 1 : 0;
         fence_shared_for_wgmma();  // for this CTA's wgmma and for the bulk copies
@@ -375,8 +377,7 @@ __global__ void __launch_bounds__(kSparsePipelinedThreads, 1)
         // before the signal was 4-5% slower on the long lists, when both passes were loads).
         auto convert = [&](int pass, const EntryShare& bytes) {
           const int entry = pass * 32 + entry_in_pass;
-          nan_bits |= store_share<ShareScaling::kOneWhereExact>(bytes, real[pass], stage_address(i),
-                                                                entry, quarter);
+          nan_bits |= store_share<kScaling>(bytes, real[pass], stage_address(i), entry, quarter);
           if (quarter == 0) valid[stage * kTile + entry] = real[pass] ? 1 : 0;
         };
         const bool more = i + 1 < count;
