@@ -321,6 +321,27 @@ TEST(IndexFp8Layout, Mxfp4KeyWordsAreTheKeysWordsInEitherTile) {
   }
 }
 
+// The E4M3 q's loads give every thread the stored bytes 16 chunk .. + 15 of both its entries,
+// whether thread pairs copied the tile (in the swizzle) or it came as a whole piece of its page.
+TEST(IndexFp8Layout, E4m3KeyPiecesAreTheKeysBytesInEitherTile) {
+  std::vector<uint8_t> page(kFp8KeyTileBytes), paired(kFp8KeyTileBytes);
+  for (size_t i = 0; i < page.size(); ++i)
+    page[i] = static_cast<uint8_t>(i * 29 + i / 128);
+  for (int row = 0; row < kFp8TileEntries; ++row) {
+    for (int chunk = 0; chunk < 8; ++chunk)
+      std::memcpy(&paired[fp8_key_chunk_offset(row, chunk)], &page[row * 128 + 16 * chunk], 16);
+  }
+  for (int row = 0; row < kFp8TileEntries; ++row) {
+    for (int chunk = 0; chunk < 8; ++chunk) {
+      const uint8_t* expected = &page[row * 128 + 16 * chunk];
+      EXPECT_EQ(std::memcmp(&page[fp8_key_piece_offset(row, chunk, true)], expected, 16), 0)
+          << row << " " << chunk;
+      EXPECT_EQ(std::memcmp(&paired[fp8_key_piece_offset(row, chunk, false)], expected, 16), 0)
+          << row << " " << chunk;
+    }
+  }
+}
+
 TEST(IndexFp8Layout, E4m3WarpgroupProductIsTheDotProduct) {
   check_product(false, 1);
   check_product(false, 2);

@@ -64,6 +64,14 @@ HDK_HOST_DEVICE int fp8_key_chunk_offset(int row, int chunk) {
   return operand_chunk_offset(row, chunk, kFp8TileEntries);
 }
 
+// Byte offset, in an E4M3 key-ring tile, of the stored bytes 16 chunk .. + 15 of entry `row` (the
+// E4M3 q's loads): at fp8_key_chunk_offset where thread pairs copied the tile, as stored (128 bytes
+// an entry) in a tile copied as a whole piece of its page (index_key_ring_whole_pages). There the
+// 8 lanes of a load phase read two entries' same chunks, 2-way bank conflicts.
+HDK_HOST_DEVICE int fp8_key_piece_offset(int row, int chunk, bool whole_pages) {
+  return whole_pages ? row * 128 + 16 * chunk : fp8_key_chunk_offset(row, chunk);
+}
+
 // The MXFP4 key ring (MXFP4 keys under the packed E2M1 q or the exact q): the same stages of 64
 // entries, each 64 bytes of codes, then as many tiles of the entries' 4 scale bytes, then a
 // barrier a stage (the packed q's tiles copied as whole pages complete on them).

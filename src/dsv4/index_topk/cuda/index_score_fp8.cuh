@@ -115,7 +115,6 @@ __device__ void score_warpgroup_ring(const IndexerProblem& p, int64_t row, int64
                                      uint32_t* first_level, bool remainder) {
   constexpr bool kE4M3 = kQ == QueryKind::kE4M3;
   constexpr IndexQueryForm kForm = kE4M3 ? IndexQueryForm::kE4M3 : IndexQueryForm::kMXFP4;
-  constexpr int kFp8EntryBytes = static_cast<int>(key_data_bytes(KeyFormat::kFP8));
   const int thread = threadIdx.x % 128;
   const int t = threadIdx.x & 3;
   const int upper = wgmma_d_coord(thread, 0).row;  // this thread's rows: upper and upper + 8
@@ -144,9 +143,7 @@ __device__ void score_warpgroup_ring(const IndexerProblem& p, int64_t row, int64
       for (int r = 0; r < 2; ++r) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          const int offset = tile.whole_pages
-                                 ? (upper + 8 * r) * kFp8EntryBytes + 16 * (2 * t + half)
-                                 : fp8_key_chunk_offset(upper + 8 * r, 2 * t + half);
+          const int offset = fp8_key_piece_offset(upper + 8 * r, 2 * t + half, tile.whole_pages);
           const uint4 v = *reinterpret_cast<const uint4*>(tile.codes + offset);
           words[r][4 * half] = v.x, words[r][4 * half + 1] = v.y;
           words[r][4 * half + 2] = v.z, words[r][4 * half + 3] = v.w;
