@@ -295,16 +295,31 @@ TEST(IndexFp8Layout, Mxfp4KeyRingFillsTheTileWithoutBankConflicts) {
   }
 }
 
+// A key-ring tile as a whole piece of its page (`entry_bytes` an entry, as stored) and the same
+// tile as thread pairs copy it (16-byte chunk c of entry `row` at chunk_offset(row, c)).
+struct RingTiles {
+  std::vector<uint8_t> page, paired;
+};
+template <typename ChunkOffset>
+RingTiles ring_tiles(int entry_bytes, ChunkOffset&& chunk_offset) {
+  RingTiles tiles{std::vector<uint8_t>(kFp8TileEntries * entry_bytes),
+                  std::vector<uint8_t>(kFp8TileEntries * entry_bytes)};
+  for (size_t i = 0; i < tiles.page.size(); ++i)
+    tiles.page[i] = static_cast<uint8_t>(i * 37 + i / entry_bytes);
+  for (int row = 0; row < kFp8TileEntries; ++row) {
+    for (int chunk = 0; chunk < entry_bytes / 16; ++chunk) {
+      std::memcpy(&tiles.paired[chunk_offset(row, chunk)],
+                  &tiles.page[row * entry_bytes + 16 * chunk], 16);
+    }
+  }
+  return tiles;
+}
+
 // The packed q's loads give every thread the key's words 4 g + t of both its entries, whether
 // thread pairs copied the tile (in the swizzle) or it came as a whole piece of its page.
 TEST(IndexFp8Layout, Mxfp4KeyWordsAreTheKeysWordsInEitherTile) {
-  std::vector<uint8_t> page(kMxfp4KeyTileBytes), paired(kMxfp4KeyTileBytes);
-  for (size_t i = 0; i < page.size(); ++i)
-    page[i] = static_cast<uint8_t>(i * 37 + i / 64);
-  for (int row = 0; row < kFp8TileEntries; ++row) {
-    for (int chunk = 0; chunk < 4; ++chunk)
-      std::memcpy(&paired[mxfp4_key_chunk_offset(row, chunk)], &page[row * 64 + 16 * chunk], 16);
-  }
+  const RingTiles tiles = ring_tiles(64, mxfp4_key_chunk_offset);
+  ASSERT_EQ(static_cast<int>(tiles.page.size()), kMxfp4KeyTileBytes);
   auto word = [](const std::vector<uint8_t>& tile, int offset) {
     uint32_t w;
     std::memcpy(&w, &tile[offset], 4);
@@ -313,9 +328,9 @@ TEST(IndexFp8Layout, Mxfp4KeyWordsAreTheKeysWordsInEitherTile) {
   for (int row = 0; row < kFp8TileEntries; ++row) {
     for (int g = 0; g < 4; ++g) {
       for (int t = 0; t < 4; ++t) {
-        const uint32_t expected = word(page, row * 64 + 4 * (4 * g + t));
-        EXPECT_EQ(word(page, mxfp4_key_word_offset(row, g, t, true)), expected);
-        EXPECT_EQ(word(paired, mxfp4_key_word_offset(row, g, t, false)), expected);
+        const uint32_t expected = word(tiles.page, row * 64 + 4 * (4 * g + t));
+        EXPECT_EQ(word(tiles.page, mxfp4_key_word_offset(row, g, t, true)), expected);
+        EXPECT_EQ(word(tiles.paired, mxfp4_key_word_offset(row, g, t, false)), expected);
       }
     }
   }
@@ -324,19 +339,15 @@ TEST(IndexFp8Layout, Mxfp4KeyWordsAreTheKeysWordsInEitherTile) {
 // The E4M3 q's loads give every thread the stored bytes 16 chunk .. + 15 of both its entries,
 // whether thread pairs copied the tile (in the swizzle) or it came as a whole piece of its page.
 TEST(IndexFp8Layout, E4m3KeyPiecesAreTheKeysBytesInEitherTile) {
-  std::vector<uint8_t> page(kFp8KeyTileBytes), paired(kFp8KeyTileBytes);
-  for (size_t i = 0; i < page.size(); ++i)
-    page[i] = static_cast<uint8_t>(i * 29 + i / 128);
-  for (int row = 0; row < kFp8TileEntries; ++row) {
-    for (int chunk = 0; chunk < 8; ++chunk)
-      std::memcpy(&paired[fp8_key_chunk_offset(row, chunk)], &page[row * 128 + 16 * chunk], 16);
-  }
+  const RingTiles tiles = ring_tiles(128, fp8_key_chunk_offset);
+  ASSERT_EQ(static_cast<int>(tiles.page.size()), kFp8KeyTileBytes);
   for (int row = 0; row < kFp8TileEntries; ++row) {
     for (int chunk = 0; chunk < 8; ++chunk) {
-      const uint8_t* expected = &page[row * 128 + 16 * chunk];
-      EXPECT_EQ(std::memcmp(&page[fp8_key_piece_offset(row, chunk, true)], expected, 16), 0)
+      const uint8_t* expected = &tiles.page[row * 128 + 16 * chunk];
+      EXPECT_EQ(std::memcmp(&tiles.page[fp8_key_piece_offset(row, chunk, true)], expected, 16), 0)
           << row << " " << chunk;
-      EXPECT_EQ(std::memcmp(&paired[fp8_key_piece_offset(row, chunk, false)], expected, 16), 0)
+      EXPECT_EQ(std::memcmp(&tiles.paired[fp8_key_piece_offset(row, chunk, false)], expected, 16),
+                0)
           << row << " " << chunk;
     }
   }
