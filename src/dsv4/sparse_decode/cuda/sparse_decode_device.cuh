@@ -13,7 +13,6 @@
 #include "core/cuda/async_copy.cuh"
 #include "core/cuda/shared_address.cuh"
 #include "dsv4/attention/attention_problem.h"
-#include "dsv4/kv_cache/e4m3_bits.h"
 #include "dsv4/kv_cache/kv_cache_problem.h"
 #include "dsv4/kv_cache/kv_formats.h"
 #include "dsv4/sparse_decode/cuda/sparse_decode_kernels.cuh"
@@ -131,27 +130,6 @@ __device__ __forceinline__ LoadedSlot load_slot_now(const SparseDecodeProblem& p
 __device__ __forceinline__ int64_t slot_value(const LoadedSlot& loaded) {
   return loaded.wide ? static_cast<int64_t>((uint64_t{loaded.high} << 32) | loaded.low)
                      : static_cast<int64_t>(static_cast<int32_t>(loaded.low));
-}
-
-// ---- FP8 to bf16 --------------------------------------------------------------------------------
-
-// Eight stored FP8 codes times a bf16 pair `factor`, each placed pair (value x 2^-120) times it
-// once. For a scale byte up to kOneMultiplyMaxScale (UE8M0 2^7; the writer's scales of values up
-// to 448 x 2^7) the factor one_multiply_factor(scale byte), 2^(scale - 7), gives the exact
-// value x 2^(scale - 127); 0 gives the zero row of an entry that is not real; 2^120 gives the
-// exact values, to be scaled after. NaN codes come out as some finite value: the caller flags
-// them.
-constexpr uint32_t kOneMultiplyMaxScale = 134;
-__device__ __forceinline__ uint32_t one_multiply_factor(uint32_t scale_byte) {
-  return ((scale_byte + 120u) << 7) * 0x10001u;
-}
-__device__ __forceinline__ uint4 dequantize_8_by(uint2 codes, uint32_t factor) {
-  auto convert = [&](uint32_t spread) {
-    return mul_bf16x2(e4m3_spread_pair_as_scaled_bf16(spread), factor);
-  };
-  return make_uint4(
-      convert(__byte_perm(codes.x, 0, 0x4140)), convert(__byte_perm(codes.x, 0, 0x4342)),
-      convert(__byte_perm(codes.y, 0, 0x4140)), convert(__byte_perm(codes.y, 0, 0x4342)));
 }
 
 // ---- the query tile of the tensor-core kernels --------------------------------------------------

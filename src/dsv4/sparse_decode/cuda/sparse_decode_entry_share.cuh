@@ -160,6 +160,25 @@ __device__ __forceinline__ ProducerEntry producer_entry(const SparseDecodeProble
   return real ? entry : dummy;
 }
 
+// Eight stored FP8 codes times a bf16 pair `factor`, each placed pair (value x 2^-120) times it
+// once. For a scale byte up to kOneMultiplyMaxScale (UE8M0 2^7; the writer's scales of values up
+// to 448 x 2^7) the factor one_multiply_factor(scale byte), 2^(scale - 7), gives the exact
+// value x 2^(scale - 127); 0 gives the zero row of an entry that is not real; 2^120 gives the
+// exact values, to be scaled after. NaN codes come out as some finite value: the caller flags
+// them.
+constexpr uint32_t kOneMultiplyMaxScale = 134;
+__device__ __forceinline__ uint32_t one_multiply_factor(uint32_t scale_byte) {
+  return ((scale_byte + 120u) << 7) * 0x10001u;
+}
+__device__ __forceinline__ uint4 dequantize_8_by(uint2 codes, uint32_t factor) {
+  auto convert = [&](uint32_t spread) {
+    return mul_bf16x2(e4m3_spread_pair_as_scaled_bf16(spread), factor);
+  };
+  return make_uint4(
+      convert(__byte_perm(codes.x, 0, 0x4140)), convert(__byte_perm(codes.x, 0, 0x4342)),
+      convert(__byte_perm(codes.y, 0, 0x4140)), convert(__byte_perm(codes.y, 0, 0x4342)));
+}
+
 // How store_share scales a chunk's placed codes (value x 2^-120) by its scale byte: where every
 // real entry of the warp has scale bytes up to kOneMultiplyMaxScale, by one multiply a pair, with
 // two multiplies a pair in a second copy of the loop for the other warps (kOneWhereExact); or by
