@@ -51,6 +51,18 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* barrier, uint32_t parity
   }
 }
 
+// Whether the phase of parity `parity` has completed, without waiting (acquire when it has).
+__device__ __forceinline__ bool mbarrier_test(uint64_t* barrier, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n .reg .pred p;\n mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      " selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(shared_address(barrier)), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
 // ---- across the CTAs of a cluster --------------------------------------------------------------
 // A CTA hands data to a peer CTA's shared memory by bulk copies that complete bytes on the peer's
 // barrier (as a TMA load does), so the peer's waiters need no more than mbarrier_wait; a peer

@@ -24,7 +24,7 @@
 // entries, so each converts half of every tile (entries 32 g .. 32 g + 31 for group g) and copies
 // its rows into the other's stage (cp.async.bulk between the CTAs' shared memories, the bytes
 // completing on the receiver's full barrier); the receiver's consumers also arrive, once a
-// warpgroup, on the sender's empty barrier, since the sender refills both copies of a stage.
+// warp, on the sender's empty barrier, since the sender refills both copies of a stage.
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
@@ -34,6 +34,7 @@
 
 #include "core/cuda/async_copy.cuh"
 #include "core/cuda/dependent_launch.cuh"
+#include "core/cuda/elect_lane.cuh"
 #include "core/cuda/mbarrier.cuh"
 #include "core/cuda/shared_address.cuh"
 #include "core/cuda/wgmma.cuh"
@@ -62,6 +63,7 @@ using hdk::detail::mbarrier_arrive;
 using hdk::detail::mbarrier_arrive_expect_bytes;
 using hdk::detail::mbarrier_arrive_remote;
 using hdk::detail::mbarrier_init;
+using hdk::detail::mbarrier_test;
 using hdk::detail::mbarrier_wait;
 
 constexpr int kPipelinedStages = 2;
@@ -135,13 +137,14 @@ __device__ __forceinline__ PipelineBarriers pipeline_barriers(PipelinedSharedMem
   return {base, base + kPipelinedStages, single, single + 1, single + 2, single + 3};
 }
 // `shared_conversion`: the peer CTA's half of each stage arrives by bulk copies (bytes on the
-// full barrier, expected by this CTA's producer), and each of its two consumer warpgroups
+// full barrier, expected by this CTA's producer), and each warp of its two consumer warpgroups
 // arrives once on the empty barrier when it no longer reads its own copy of the stage.
+constexpr int kPeerArrivals = 4;  // a consumer warpgroup's warps
 __device__ __forceinline__ void init_pipeline_barriers(const PipelineBarriers& barriers,
                                                        bool shared_conversion) {
   for (int stage = 0; stage < kPipelinedStages; ++stage) {
     mbarrier_init(barriers.full + stage, 128);
-    mbarrier_init(barriers.empty + stage, 2 * 128 + (shared_conversion ? 2 : 0));
+    mbarrier_init(barriers.empty + stage, 2 * 128 + (shared_conversion ? 2 * kPeerArrivals : 0));
   }
   mbarrier_init(barriers.p_ready, 128);
   mbarrier_init(barriers.p_free, 128);
@@ -226,8 +229,27 @@ __global__ void __launch_bounds__(kSparsePipelinedThreads, 1)
     const int quarter = lane / 8;
     // Entries pass * 32 + entry_in_pass of each tile.
     const int entry_in_pass = producer_warp * 8 + lane % 8;
+    // Where two head groups share the conversion (Pro), the thread's place (its quarter of an
+    // entry, its entry of a pass, its row of the raw pass) is read from %tid.x where it is used:
+    // kept in a register across that loop it was spilled, and its reload waited behind every
+    // global load in flight (the producer's loads share one dependency counter). Flash's
+    // producer, bound by its instructions, keeps it (read at each use there: 0.95-0.98x).
+    auto thread_now = [] {
+      uint32_t t;
+      asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(t));
+      return static_cast<int>(t) - kProducerThread0;
+    };
+    auto quarter_now = [&] { return thread_now() % 32 / 8; };
+    auto entry_in_pass_now = [&] {
+      const int t = thread_now();
+      return t / 32 * 8 + t % 8;
+    };
+    auto raw_row = [&] {
+      return smem + offsetof(PipelinedSharedMemory, raw) + entry_in_pass_now() * kRawEntryStride;
+    };
     auto entry_index = [&](int64_t i, int pass) {
-      return (first + i) * kTile + pass * 32 + entry_in_pass;
+      return (first + i) * kTile + pass * 32 +
+             (kSharedConversion ? entry_in_pass_now() : entry_in_pass);
     };
     const hdk::detail::FastDivide pages[2] = {
         hdk::detail::FastDivide(static_cast<uint32_t>(p.cache.block_size)),
@@ -250,19 +272,16 @@ __global__ void __launch_bounds__(kSparsePipelinedThreads, 1)
       // bytes on the peer's full barrier). Two tiles' bytes are in flight behind the conversion
       // (below: one in registers, one in the raw pass).
       const int pass = group;
-      const int entry = pass * 32 + entry_in_pass;
+      auto entry_now = [&] { return pass * 32 + entry_in_pass_now(); };
       const uint32_t valid_flags = shared_address(valid);
       // A CTA's shared memory is one range of the cluster's shared window, so the peer's copy
       // of any of this CTA's variables lies one distance away (one register, not three).
       const uint32_t to_peer = cluster_shared_address(e_tiles, peer) - e_tiles;
-      // This warp's 8 rows in each of the 8 column blocks of a stage, and its 8 flags.
-      const uint32_t warp_rows = static_cast<uint32_t>(pass * 32 + producer_warp * 8);
       // Even tiles come through registers (share), odd tiles through this thread's row of the
       // raw pass (copy_share_async), each requested two tiles before it is converted. An even
       // step locates the entries of both next tiles (t + 2 and t + 3) from slots loaded two
       // tiles earlier, so that an odd step uses no loaded register: the use of one would also
       // wait for the even tile's loads issued just before it (see copy_share_async).
-      uint8_t* raw = smem + offsetof(PipelinedSharedMemory, raw) + entry_in_pass * kRawEntryStride;
       LoadedSlot slot_ahead[2];         // at an even tile t, the slots of tiles t + 2 and t + 3
       ProducerEntry odd_ahead = dummy;  // from an even tile t on, tile t + 3's entry
       if (count > 0) {
@@ -275,8 +294,8 @@ __global__ void __launch_bounds__(kSparsePipelinedThreads, 1)
                                                 entry_of(1, pass, first_slots[1])};
         real[0] = first_entries[0].real;
         real[1] = first_entries[1].real;
-        load_share<kWide>(first_entries[0], quarter, share);
-        copy_share_async<kWide>(first_entries[1], quarter, raw);
+        load_share<kWide>(first_entries[0], quarter_now(), share);
+        copy_share_async<kWide>(first_entries[1], quarter_now(), raw_row());
         cp_async_commit();
       }
       // Tile t, whose stage is t % 2 (`slot`).
@@ -285,23 +304,28 @@ __global__ void __launch_bounds__(kSparsePipelinedThreads, 1)
         if (slot == 0) {
           even_ahead = entry_of(t + 2, pass, slot_ahead[0]);
           odd_ahead = entry_of(t + 3, pass, slot_ahead[1]);
-          slot_ahead[0] = load_slot_now(p, n, entry_index(t + 4, pass));
-          slot_ahead[1] = load_slot_now(p, n, entry_index(t + 5, pass));
         }
         if (t >= kPipelinedStages) mbarrier_wait(barriers.empty + slot, empty_parity(t));
         if (slot == 0) {
-          nan_bits |= store_share<kScaling>(share, real[0], stage_address(t), entry, quarter);
+          nan_bits |=
+              store_share<kScaling>(share, real[0], stage_address(t), entry_now(), quarter_now());
+          // Tiles t + 4 and t + 5's slots only now: the conversion's first use of the share
+          // waits for every load in flight, and would have waited for these too.
+          slot_ahead[0] = load_slot_now(p, n, entry_index(t + 4, pass));
+          slot_ahead[1] = load_slot_now(p, n, entry_index(t + 5, pass));
         } else {
           cp_async_wait<0>();
           __syncwarp();  // quarter 0's copy of the entry's scale bytes has landed
-          nan_bits |= store_share<kScaling>(read_share(raw, quarter), real[1], stage_address(t),
-                                            entry, quarter);
+          nan_bits |= store_share<kScaling>(read_share(raw_row(), quarter_now()), real[1],
+                                            stage_address(t), entry_now(), quarter_now());
         }
-        if (quarter == 0) valid[slot * kTile + entry] = real[slot] ? 1 : 0;
+        if (quarter_now() == 0) valid[slot * kTile + entry_now()] = real[slot] ? 1 : 0;
         fence_shared_for_wgmma();  // for this CTA's wgmma and for the bulk copies
         __syncwarp();  // (and every quarter has read the raw scale bytes quarter 0 copies next)
         const uint32_t full = shared_address(barriers.full + slot);
-        if (lane == 0) {
+        if (hdk::detail::elect_one_lane()) {
+          // This warp's 8 rows in each of the 8 column blocks of a stage, and its 8 flags.
+          const uint32_t warp_rows = static_cast<uint32_t>(pass * 32 + thread_now() / 32 * 8);
 #pragma unroll
           for (int block = 0; block < 8; ++block) {
             const uint32_t offset = static_cast<uint32_t>(slot) * kEBytes +
@@ -321,10 +345,10 @@ __global__ void __launch_bounds__(kSparsePipelinedThreads, 1)
         if (t + 2 < count) {
           if (slot == 0) {
             real[0] = even_ahead.real;
-            load_share<kWide>(even_ahead, quarter, share);
+            load_share<kWide>(even_ahead, quarter_now(), share);
           } else {
             real[1] = odd_ahead.real;
-            copy_share_async<kWide>(odd_ahead, quarter, raw);
+            copy_share_async<kWide>(odd_ahead, quarter_now(), raw_row());
             cp_async_commit();
           }
         }
@@ -428,11 +452,12 @@ __global__ void __launch_bounds__(kSparsePipelinedThreads, 1)
     // when it is free again.
     const uint32_t peer_empty =
         kSharedConversion ? cluster_shared_address(shared_address(barriers.empty), peer) : 0u;
-    // The peer's arrival comes from one thread a warpgroup: after the warpgroup's wgmma_wait
-    // none of its products reads the stage any more.
+    // The peer's arrivals come from one lane a warp (elected: a thread index kept for this
+    // test spilled and was reloaded at every tile): after the warp's wgmma_wait none of its
+    // products reads the stage any more.
     auto release_stage = [&](int stage) {
       mbarrier_arrive(barriers.empty + stage);
-      if (kSharedConversion && thread == 0) {
+      if (kSharedConversion && hdk::detail::elect_one_lane()) {
         mbarrier_arrive_remote(peer_empty + static_cast<uint32_t>(stage) * 8);
       }
     };
@@ -454,6 +479,17 @@ __global__ void __launch_bounds__(kSparsePipelinedThreads, 1)
         const uint64_t e_scores = wgmma_descriptor(e_tile, scores_operand(0, kTile));
         const uint64_t e_outputs = wgmma_descriptor(e_tile, outputs_operand(0, 0, kTile));
         const int* tile_valid = valid + stage * kTile;
+        // The last tile's stage is released once this warpgroup's O product on it is done. Where
+        // this tile is not converted yet, that is now: the producer, which refills that stage
+        // next, is behind, and releasing only after this tile's S was issued would add a round
+        // trip between the warpgroups to its every tile.
+        bool released = i == 0;
+        if (!released &&
+            !__any_sync(kFullMask, mbarrier_test(barriers.full + stage, full_parity(i)))) {
+          wgmma_wait<0>();
+          if (i + 1 < count) release_stage(stage ^ 1);
+          released = true;
+        }
         mbarrier_wait(barriers.full + stage, full_parity(i));
         float s[kScoreRegisters];
         wgmma_fence();
@@ -464,7 +500,7 @@ __global__ void __launch_bounds__(kSparsePipelinedThreads, 1)
                           k > 0);
         }
         wgmma_commit();
-        if (i > 0) {
+        if (!released) {
           wgmma_wait<1>();  // the last tile's O product: its stage is free on this side
           if (i + 1 < count) release_stage(stage ^ 1);
         }
