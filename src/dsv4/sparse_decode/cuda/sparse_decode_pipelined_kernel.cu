@@ -36,6 +36,7 @@
 #include "core/cuda/dependent_launch.cuh"
 #include "core/cuda/elect_lane.cuh"
 #include "core/cuda/mbarrier.cuh"
+#include "core/cuda/named_barrier.cuh"
 #include "core/cuda/shared_address.cuh"
 #include "core/cuda/wgmma.cuh"
 #include "core/fast_divide.h"
@@ -69,6 +70,8 @@ using hdk::detail::mbarrier_wait;
 constexpr int kPipelinedStages = 2;
 constexpr int kProducerThread0 = 256;                    // warpgroup 2
 constexpr int kPipeBarriers = 2 * kPipelinedStages + 4;  // PipelineBarriers
+// The named barrier of warpgroup 0's 128 threads (its vote on the early stage release).
+constexpr int kScoreWarpgroupBarrier = hdk::detail::kFirstNamedBarrier;
 
 // A CTA's shared memory, from a 1024-byte boundary (wgmma's swizzle atom). After the list, the
 // CTA's unnormalized O ([64][kStageStride] fp32) overlays q and the E stages.
@@ -482,10 +485,13 @@ __global__ void __launch_bounds__(kSparsePipelinedThreads, 1)
         // The last tile's stage is released once this warpgroup's O product on it is done. Where
         // this tile is not converted yet, that is now: the producer, which refills that stage
         // next, is behind, and releasing only after this tile's S was issued would add a round
-        // trip between the warpgroups to its every tile.
+        // trip between the warpgroups to its every tile. The warpgroup decides together (a
+        // barrier's vote): its warps' wgmma instructions must follow one sequence, which a warp
+        // that tested just before the phase completed and one that tested just after would not.
         bool released = i == 0;
         if (!released &&
-            !__any_sync(kFullMask, mbarrier_test(barriers.full + stage, full_parity(i)))) {
+            hdk::detail::named_barrier_any(kScoreWarpgroupBarrier, 128,
+                                           !mbarrier_test(barriers.full + stage, full_parity(i)))) {
           wgmma_wait<0>();
           if (i + 1 < count) release_stage(stage ^ 1);
           released = true;
