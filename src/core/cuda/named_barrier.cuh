@@ -1,8 +1,10 @@
 // Barriers among some of a CTA's warps (bar.sync with an id and a thread count): a warpgroup
 // that runs its own pipeline waits for its own 128 threads, not the CTA's.
+// Where some of a CTA's warps pass more of them than others, compute-sanitizer's racecheck
+// reports races across every later __syncthreads (a 384-thread kernel whose first warpgroup
+// alone passes one bar.sync or barrier.red is enough; with each warpgroup passing as many on its
+// own id, none): warps that decide together outside such a balanced use vote through an mbarrier.
 #pragma once
-
-#include <cstdint>
 
 namespace hdk {
 namespace detail {
@@ -14,20 +16,6 @@ constexpr int kFirstNamedBarrier = 1;
 // shared-memory accesses as __syncthreads does among them.
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
-// named_barrier_sync that also returns whether `pred` held in any of the `threads` threads: one
-// decision for a group of warps that must take the same branch (a warpgroup's wgmma
-// instructions follow one sequence in all its warps).
-__device__ __forceinline__ bool named_barrier_any(int id, int threads, bool pred) {
-  uint32_t any;
-  asm volatile(
-      "{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n barrier.red.or.pred q, %2, %3, p;\n"
-      " selp.u32 %0, 1, 0, q;\n}\n"
-      : "=r"(any)
-      : "r"(pred ? 1u : 0u), "r"(id), "r"(threads)
-      : "memory");
-  return any != 0;
 }
 
 }  // namespace detail

@@ -36,8 +36,8 @@
 #include "core/cuda/dependent_launch.cuh"
 #include "core/cuda/elect_lane.cuh"
 #include "core/cuda/mbarrier.cuh"
-#include "core/cuda/named_barrier.cuh"
 #include "core/cuda/shared_address.cuh"
+#include "core/cuda/thread_index.cuh"
 #include "core/cuda/wgmma.cuh"
 #include "core/fast_divide.h"
 #include "dsv4/attention/attention_problem.h"
@@ -69,27 +69,26 @@ using hdk::detail::mbarrier_wait;
 
 constexpr int kPipelinedStages = 2;
 constexpr int kProducerThread0 = 256;                    // warpgroup 2
-constexpr int kPipeBarriers = 2 * kPipelinedStages + 4;  // PipelineBarriers
-// The named barrier of warpgroup 0's 128 threads (its vote on the early stage release).
-constexpr int kScoreWarpgroupBarrier = hdk::detail::kFirstNamedBarrier;
+constexpr int kPipeBarriers = 2 * kPipelinedStages + 5;  // PipelineBarriers
 
 // A CTA's shared memory, from a 1024-byte boundary (wgmma's swizzle atom). After the list, the
 // CTA's unnormalized O ([64][kStageStride] fp32) overlays q and the E stages.
 // The raw tile is addressed as smem + offsetof(...): through the member (shared.raw[e]) NVVM
 // folds the constant offset later and the generated code changes.
 struct PipelinedSharedMemory {
-  uint8_t q[kQBytes];                            // 64 heads x 512 bf16 (load_queries)
-  uint8_t e[kPipelinedStages][kEBytes];          // the E stages
-  uint8_t p[operand_block_bytes(kHeads)];        // P, 64 x 64 bf16, an operand tile
-  float alpha[kHeads];                           // the rows' rescale factors
-  int valid[kPipelinedStages][kTile];            // which entries of each stage are real
-  float stat_m[kHeads];                          // row maxima (log2 units)
-  float stat_l[kHeads];                          // row sums
-  float sink[kHeads];                            // the heads' sinks (load_sink)
-  int bad;                                       // the CTA's invalid-row flag
-  int unused[3];                                 // pads the flag to 16 bytes
-  float factors[kSparseMaxWideCluster][kHeads];  // each split's weight in the combined row
-  uint64_t barriers[kPipeBarriers];              // PipelineBarriers
+  uint8_t q[kQBytes];                              // 64 heads x 512 bf16 (load_queries)
+  uint8_t e[kPipelinedStages][kEBytes];            // the E stages
+  uint8_t p[operand_block_bytes(kHeads)];          // P, 64 x 64 bf16, an operand tile
+  float alpha[kHeads];                             // the rows' rescale factors
+  int valid[kPipelinedStages][kTile];              // which entries of each stage are real
+  float stat_m[kHeads];                            // row maxima (log2 units)
+  float stat_l[kHeads];                            // row sums
+  float sink[kHeads];                              // the heads' sinks (load_sink)
+  int bad;                                         // the CTA's invalid-row flag
+  uint32_t early_votes[2];                         // warpgroup 0's, a byte a warp, by tile parity
+  int unused;                                      // pads the words to 16 bytes
+  float factors[kSparseMaxWideCluster][kHeads];    // each split's weight in the combined row
+  uint64_t barriers[(kPipeBarriers + 1) / 2 * 2];  // PipelineBarriers (raw at 16 bytes)
   // One pass of a tile as stored (32 entries of kRawEntryStride bytes: data, then the 8 scale
   // bytes), where the producer lands the bytes it does not load into registers
   // (copy_share_async): pass 1 of the next tile, or with a shared conversion every odd tile.
@@ -133,11 +132,12 @@ struct PipelineBarriers {
   uint64_t* p_free;          // warpgroup 1
   uint64_t* queries_ready;   // both consumers: Q loaded, checked, fenced
   uint64_t* registers_back;  // warpgroup 0, back at the launch's register count
+  uint64_t* early_voted;     // warpgroup 0, its warps' votes on the early release stored
 };
 __device__ __forceinline__ PipelineBarriers pipeline_barriers(PipelinedSharedMemory& shared) {
   uint64_t* base = shared.barriers;
   uint64_t* single = base + 2 * kPipelinedStages;  // the barriers without a stage
-  return {base, base + kPipelinedStages, single, single + 1, single + 2, single + 3};
+  return {base, base + kPipelinedStages, single, single + 1, single + 2, single + 3, single + 4};
 }
 // `shared_conversion`: the peer CTA's half of each stage arrives by bulk copies (bytes on the
 // full barrier, expected by this CTA's producer), and each warp of its two consumer warpgroups
@@ -153,6 +153,7 @@ __device__ __forceinline__ void init_pipeline_barriers(const PipelineBarriers& b
   mbarrier_init(barriers.p_free, 128);
   mbarrier_init(barriers.queries_ready, 2 * 128);
   mbarrier_init(barriers.registers_back, 128);
+  mbarrier_init(barriers.early_voted, 128);
 }
 template <int kRegisters>
 __device__ __forceinline__ void raise_registers() {
@@ -237,11 +238,7 @@ __global__ void __launch_bounds__(kSparsePipelinedThreads, 1)
     // kept in a register across that loop it was spilled, and its reload waited behind every
     // global load in flight (the producer's loads share one dependency counter). Flash's
     // producer, bound by its instructions, keeps it (read at each use there: 0.95-0.98x).
-    auto thread_now = [] {
-      uint32_t t;
-      asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(t));
-      return static_cast<int>(t) - kProducerThread0;
-    };
+    auto thread_now = [] { return hdk::detail::thread_index_now() - kProducerThread0; };
     auto quarter_now = [&] { return thread_now() % 32 / 8; };
     auto entry_in_pass_now = [&] {
       const int t = thread_now();
@@ -466,6 +463,11 @@ __global__ void __launch_bounds__(kSparsePipelinedThreads, 1)
     };
     if (warpgroup == 0) {
       raise_registers<kScoreRegistersCap>();
+      // Pro's workspace instances keep their place in no register across the loop (it was
+      // spilled there, and each reload waited behind the tile's loads): read from %tid.x at
+      // each use. In the cluster instances the same re-reads cost 0.96-0.98x.
+      constexpr bool kPlaceNow = kSharedConversion && kThroughWorkspace;
+      auto thread_now = [&] { return kPlaceNow ? hdk::detail::thread_index_now() % 128 : thread; };
       mbarrier_wait(barriers.queries_ready, 0);
       // Descriptors are made once (Q) or once a tile (E) and advanced by each k-step's constant
       // offset from k-step 0 (which starts at offset 0): made whole for every product they took
@@ -476,6 +478,26 @@ __global__ void __launch_bounds__(kSparsePipelinedThreads, 1)
       const uint64_t q_scores =
           wgmma_descriptor(shared_address(shared.q), scores_operand(0, kHeads));
       const float score_scale = p.scale * kLog2e;
+      // Whether any warp of the warpgroup found tile i (> 0) not converted yet: each warp stores
+      // its vote in its byte of the tile parity's word, and every thread arrives (so that its
+      // read of the word two votes back is ordered before the rewrite). A named barrier's
+      // reduction (barrier.red) would do it in one instruction, but racecheck then reports
+      // every later exchange through __syncthreads as a race (a named barrier in only some of a
+      // CTA's warps upsets its model).
+      auto early_vote = [&](int64_t i, bool want) {
+        const uint32_t votes =
+            shared_address(shared.early_votes) + 4 * static_cast<uint32_t>(i & 1);
+        const uint32_t warp_wants = __any_sync(kFullMask, want) ? 1 : 0;
+        if (hdk::detail::elect_one_lane()) {
+          const uint32_t byte = votes + static_cast<uint32_t>(hdk::detail::thread_index_now()) / 32;
+          asm volatile("st.shared.u8 [%0], %1;\n" ::"r"(byte), "r"(warp_wants) : "memory");
+        }
+        mbarrier_arrive(barriers.early_voted);
+        mbarrier_wait(barriers.early_voted, static_cast<uint32_t>((i - 1) & 1));
+        uint32_t word;
+        asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(word) : "r"(votes) : "memory");
+        return word != 0;
+      };
       for (int64_t i = 0; i < count; ++i) {
         const int stage = static_cast<int>(i & 1);
         const uint32_t e_tile = stage_address(i);
@@ -485,13 +507,11 @@ __global__ void __launch_bounds__(kSparsePipelinedThreads, 1)
         // The last tile's stage is released once this warpgroup's O product on it is done. Where
         // this tile is not converted yet, that is now: the producer, which refills that stage
         // next, is behind, and releasing only after this tile's S was issued would add a round
-        // trip between the warpgroups to its every tile. The warpgroup decides together (a
-        // barrier's vote): its warps' wgmma instructions must follow one sequence, which a warp
+        // trip between the warpgroups to its every tile. The warpgroup decides together
+        // (early_vote): its warps' wgmma instructions must follow one sequence, which a warp
         // that tested just before the phase completed and one that tested just after would not.
         bool released = i == 0;
-        if (!released &&
-            hdk::detail::named_barrier_any(kScoreWarpgroupBarrier, 128,
-                                           !mbarrier_test(barriers.full + stage, full_parity(i)))) {
+        if (!released && early_vote(i, !mbarrier_test(barriers.full + stage, full_parity(i)))) {
           wgmma_wait<0>();
           if (i + 1 < count) release_stage(stage ^ 1);
           released = true;
@@ -517,14 +537,14 @@ __global__ void __launch_bounds__(kSparsePipelinedThreads, 1)
         float alpha[2];
         constexpr int kSteps = kTile / 16;
         uint32_t weights[kSteps][4];
-        softmax_tile(s, tile_valid, thread, score_scale, row_max, row_sum, o, alpha, weights);
+        softmax_tile(s, tile_valid, thread_now(), score_scale, row_max, row_sum, o, alpha, weights);
         // P and the rescale factors for warpgroup 1, once it is done with the last tile's.
         if (i > 0) mbarrier_wait(barriers.p_free, static_cast<uint32_t>((i - 1) & 1));
 #pragma unroll
         for (int k = 0; k < kSteps; ++k) {
 #pragma unroll
           for (int reg = 0; reg < 4; ++reg) {
-            const MatrixCoord at = wgmma_a_coord(thread, reg, 0);
+            const MatrixCoord at = wgmma_a_coord(thread_now(), reg, 0);
             const int col = at.col + 16 * k;
             const uint32_t target =
                 p_tile + operand_chunk_offset(at.row, col / 8, kHeads) + (col % 8) * 2;
@@ -532,9 +552,12 @@ __global__ void __launch_bounds__(kSparsePipelinedThreads, 1)
                          : "memory");
           }
         }
-        if (lane % 4 == 0) {
-          alpha_shared[warp_rows] = alpha[0];
-          alpha_shared[warp_rows + 8] = alpha[1];
+        // The lane from %tid.x in every instance: kept for this test beside the vote's
+        // registers it was spilled and reloaded at every tile in two of the cluster instances.
+        if (hdk::detail::thread_index_now() % 4 == 0) {
+          const int rows = kPlaceNow ? 16 * (thread_now() / 32) + thread_now() % 32 / 4 : warp_rows;
+          alpha_shared[rows] = alpha[0];
+          alpha_shared[rows + 8] = alpha[1];
         }
         fence_shared_for_wgmma();
         mbarrier_arrive(barriers.p_ready);
